@@ -1,0 +1,158 @@
+"""Typed config trees: dataclasses filled from YAML files and dotted `key=value` overrides.
+
+A config is a tree of dataclasses. `load_config(Root, "run.yaml", ["actor.lr=1e-5"])`
+reads the YAML, applies the overrides in order, checks every key against the dataclass
+fields (an unknown key names the closest valid one), converts values to the declared field
+types, and returns the filled instance. Dataclasses may validate themselves in
+`__post_init__`. `save_config` writes the resolved tree back as YAML for the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message says where and how to fix it."""
+
+
+def _closest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f"; did you mean {match[0]!r}?" if match else f"; valid keys: {sorted(options)}"
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key part")
+    # YAML parsing gives ints, floats, bools, null and lists the way a user types them.
+    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part!r} is a value, not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _convert(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{where}: {value!r} matches none of {annotation}: {errors}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a section (mapping), got {value!r}")
+        return _build(annotation, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        item_type = args[0] if args else Any
+        items = [_convert(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML reads "1e-5" (no dot) as a string
+        except ValueError:
+            pass
+    if annotation in (int, str, float) and not isinstance(value, annotation) or (
+        annotation is int and isinstance(value, bool)
+    ):
+        raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type[T], values: dict, prefix: str = "") -> T:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        where = f"{prefix}.{key}" if prefix else key
+        if key not in fields:
+            raise ConfigError(f"unknown config key {where!r}{_closest(key, list(fields))}")
+        kwargs[key] = _convert(value, hints[key], where)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        section = prefix or cls.__name__
+        raise ConfigError(f"invalid config section {section!r}: {err}") from err
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
+    """Build `cls` from an optional YAML file plus dotted overrides (applied in order)."""
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+        tree = loaded
+    for text in overrides:
+        key_path, value = _parse_override(text)
+        _set_path(tree, key_path, value)
+    return _build(cls, tree)
+
+
+def config_to_dict(config: Any) -> dict:
+    """A plain dict of the resolved config (tuples as lists), fit for YAML or JSON."""
+    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(config))))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def save_config(config: Any, path: str | Path) -> Path:
+    """Write the resolved config as YAML (atomically: a crash never leaves half a file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,94 @@
+"""Config loading: YAML + dotted overrides into typed dataclasses, with clear errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+import yaml
+
+from hybridflow.config import ConfigError, config_to_dict, load_config, save_config
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: Literal["constant", "cosine"] = "constant"
+
+
+@dataclass
+class Actor:
+    optim: Optim = field(default_factory=Optim)
+    micro_batch_size: int = 4
+    use_lora: bool = False
+    model_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+@dataclass
+class Root:
+    actor: Actor = field(default_factory=Actor)
+    seed: int = 0
+    tags: list[str] = field(default_factory=list)
+
+
+def test_defaults_yaml_then_overrides_in_order(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"seed": 3, "actor": {"optim": {"lr": 2e-5}}}))
+    cfg = load_config(Root, path, ["actor.optim.lr=3e-5", "actor.micro_batch_size=8", "seed=5"])
+    assert cfg.seed == 5
+    assert cfg.actor.optim.lr == pytest.approx(3e-5)
+    assert cfg.actor.micro_batch_size == 8
+    assert cfg.actor.optim.betas == (0.9, 0.999)  # untouched default
+
+
+def test_value_types_are_converted_and_checked():
+    cfg = load_config(Root, None, ["actor.optim.lr=1", "actor.optim.betas=[0.8, 0.95]",
+                                   "tags=[a, b]", "actor.model_path=null", "actor.use_lora=true"])
+    assert isinstance(cfg.actor.optim.lr, float) and cfg.actor.optim.lr == 1.0
+    assert cfg.actor.optim.betas == (0.8, 0.95)
+    assert cfg.tags == ["a", "b"] and cfg.actor.model_path is None and cfg.actor.use_lora is True
+    with pytest.raises(ConfigError, match="actor.micro_batch_size: expected int"):
+        load_config(Root, None, ["actor.micro_batch_size=four"])
+    with pytest.raises(ConfigError, match="actor.use_lora: expected true/false"):
+        load_config(Root, None, ["actor.use_lora=3"])
+    with pytest.raises(ConfigError, match="not one of"):
+        load_config(Root, None, ["actor.optim.schedule=linear"])
+
+
+def test_unknown_key_names_the_closest_valid_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'actor.optim.lrr'.*did you mean 'lr'"):
+        load_config(Root, None, ["actor.optim.lrr=1e-5"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'actr'.*did you mean 'actor'"):
+        load_config(Root, None, ["actr.micro_batch_size=2"])
+
+
+def test_section_validation_error_names_the_section():
+    with pytest.raises(ConfigError, match=r"invalid config section 'actor'.*micro_batch_size must be >= 1"):
+        load_config(Root, None, ["actor.micro_batch_size=0"])
+
+
+def test_malformed_overrides_and_files(tmp_path):
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(Root, None, ["seed"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Root, tmp_path / "missing.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(Root, bad)
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(Root, None, ["seed=1", "seed.x=2"])
+
+
+def test_save_round_trip(tmp_path):
+    cfg = load_config(Root, None, ["actor.optim.lr=4e-5", "tags=[x]"])
+    out = save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(Root, out) == cfg
+    assert config_to_dict(cfg)["actor"]["optim"]["betas"] == [0.9, 0.999]
+    assert not (tmp_path / "config.yaml.tmp").exists()
