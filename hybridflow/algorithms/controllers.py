@@ -1,0 +1,105 @@
+"""KL coefficient controllers for the KL-in-reward penalty (config `algorithm.kl_ctrl.*`).
+
+- `FixedKLController(kl_coef)`: beta never changes.
+- `AdaptiveKLController(init_kl_coef, target_kl, horizon)`: Ziegler et al. 2019,
+  "Fine-Tuning Language Models from Human Preferences" (arXiv 1909.08593):
+  e = clip(KL / KL_target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon).
+
+Both expose `.value`, `.update(current_kl, n_steps)` and `state_dict()` /
+`load_state_dict()` so a resumed run continues with the same beta.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _check_coef(name: str, value: float) -> float:
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
+class FixedKLController:
+    """Constant KL coefficient."""
+
+    kind = "fixed"
+
+    def __init__(self, kl_coef: float) -> None:
+        self._value = _check_coef("kl_coef", kl_coef)
+
+    @property
+    def value(self) -> float:
+        return self._value
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op: a fixed coefficient ignores the measured KL."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "value": self._value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_kind(state, self.kind)
+        self._value = _check_coef("value", state["value"])
+
+
+class AdaptiveKLController:
+    """Proportional controller that steers the measured KL towards `target_kl`."""
+
+    kind = "adaptive"
+    # Ziegler et al. clip the proportional error so one noisy batch moves beta by at most
+    # 20% of n_steps / horizon.
+    ERROR_CLIP = 0.2
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
+        self._value = _check_coef("init_kl_coef", init_kl_coef)
+        if not (math.isfinite(target_kl) and target_kl > 0):
+            raise ValueError(f"target_kl must be > 0, got {target_kl}")
+        if not horizon > 0:
+            raise ValueError(f"horizon must be > 0 (in samples), got {horizon}")
+        self.target_kl = float(target_kl)
+        self.horizon = int(horizon)
+
+    @property
+    def value(self) -> float:
+        return self._value
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """beta <- beta * (1 + clip(KL/target - 1, -0.2, 0.2) * n_steps / horizon)."""
+        if not math.isfinite(current_kl):
+            raise ValueError(f"current_kl must be finite, got {current_kl}")
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+        error = min(max(current_kl / self.target_kl - 1.0, -self.ERROR_CLIP), self.ERROR_CLIP)
+        self._value *= 1.0 + error * n_steps / self.horizon
+        # n_steps > horizon with a negative error could flip the sign; beta stays >= 0.
+        self._value = max(self._value, 0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "value": self._value, "target_kl": self.target_kl, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_kind(state, self.kind)
+        self._value = _check_coef("value", state["value"])
+        self.target_kl = float(state["target_kl"])
+        self.horizon = int(state["horizon"])
+
+
+def _check_kind(state: dict[str, Any], kind: str) -> None:
+    if state.get("kind") != kind:
+        raise ValueError(f"state_dict is for a {state.get('kind')!r} KL controller, not {kind!r}")
+
+
+def build_kl_controller(
+    kind: str, kl_coef: float, target_kl: float | None = None, horizon: int | None = None
+) -> FixedKLController | AdaptiveKLController:
+    """Controller from `algorithm.kl_ctrl.type` ('fixed' | 'adaptive') and its fields."""
+    if kind == "fixed":
+        return FixedKLController(kl_coef)
+    if kind == "adaptive":
+        if target_kl is None or horizon is None:
+            raise ValueError("adaptive KL controller needs algorithm.kl_ctrl.target_kl and .horizon")
+        return AdaptiveKLController(kl_coef, target_kl, horizon)
+    raise ValueError(f"unknown algorithm.kl_ctrl.type {kind!r}; known: adaptive, fixed")

@@ -1,0 +1,1 @@
+"""Tests of hybridflow.algorithms (pure tensor math, CPU)."""
