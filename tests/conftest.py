@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: tiny Hugging Face models made locally (no downloads)."""
+"""Shared pytest fixtures: tiny Hugging Face models made locally (no downloads), and one
+embedded Ray instance for the whole test session."""
 
 from __future__ import annotations
 
@@ -17,3 +18,24 @@ def tiny_model_dirs(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tiny_model_dirs):
     return tiny_model_dirs["llama"]
+
+
+# Logical CPUs of the session's Ray: more than this machine's cores on purpose, so that a
+# few worker groups (one CPU per rank) can be alive at once; they are mostly idle.
+RAY_TEST_CPUS = 16
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """The session's embedded Ray (127.0.0.1, no dashboard), started once and shut down at
+    the end. Starting Ray costs seconds and each actor that imports torch costs more, so
+    tests share it; a Ray already running in this process is reused and left running."""
+    import ray
+
+    from hybridflow.controller import init_ray
+
+    started_here = not ray.is_initialized()
+    runtime = init_ray(num_cpus=RAY_TEST_CPUS)  # describes the running one when reused
+    yield runtime
+    if started_here:
+        ray.shutdown()

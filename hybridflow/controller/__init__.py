@@ -1,0 +1,66 @@
+"""The controller runtime: worker groups on Ray, driven from one controller process.
+
+    from hybridflow.controller import (Dispatch, ResourcePool, Worker, WorkerGroup,
+                                       init_ray, register)
+
+    class Doubler(Worker):
+        @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+        def double(self, batch):
+            batch.batch["x"] = batch.batch["x"] * 2
+            return batch
+
+    init_ray()                                    # embedded local Ray on 127.0.0.1
+    group = WorkerGroup(ResourcePool([4]), Doubler)
+    out = group.double(batch)                     # split by rank, run, concatenated back
+
+See `decorator` for the dispatch modes, `colocate` for several roles in one set of
+processes, `futures` for non-blocking calls and `errors` for what failures look like.
+"""
+
+from hybridflow.controller.colocate import create_colocated_worker_groups
+from hybridflow.controller.decorator import (
+    Dispatch,
+    DispatchMode,
+    Execute,
+    MethodSpec,
+    register,
+    register_dispatch_mode,
+    registered_methods,
+)
+from hybridflow.controller.dispatch import DispatchContext, Split
+from hybridflow.controller.errors import DispatchError, WorkerError
+from hybridflow.controller.futures import CallFuture, DataProtoFuture
+from hybridflow.controller.host import RoleSpec
+from hybridflow.controller.ray_runtime import RayRuntime, describe_ray, init_ray
+from hybridflow.controller.resource_pool import ResourcePool, Slot
+from hybridflow.controller.selfcheck import run_selfcheck
+from hybridflow.controller.worker import MeshCoord, Worker, WorkerContext
+from hybridflow.controller.worker_group import WorkerGroup
+
+__all__ = [
+    "CallFuture",
+    "DataProtoFuture",
+    "Dispatch",
+    "DispatchContext",
+    "DispatchError",
+    "DispatchMode",
+    "Execute",
+    "MeshCoord",
+    "MethodSpec",
+    "RayRuntime",
+    "ResourcePool",
+    "RoleSpec",
+    "Slot",
+    "Split",
+    "Worker",
+    "WorkerContext",
+    "WorkerError",
+    "WorkerGroup",
+    "create_colocated_worker_groups",
+    "describe_ray",
+    "init_ray",
+    "register",
+    "register_dispatch_mode",
+    "registered_methods",
+    "run_selfcheck",
+]

@@ -1,0 +1,31 @@
+"""Errors raised by the controller runtime.
+
+`WorkerError` is what the controller sees when something went wrong inside a worker
+process (an exception or the process dying); `DispatchError` is raised on the controller
+before any worker runs, when a call's input cannot be split the way its dispatch mode asks.
+"""
+
+from __future__ import annotations
+
+
+class DispatchError(ValueError):
+    """A call's arguments do not fit its dispatch mode; nothing was sent to any worker."""
+
+
+class WorkerError(RuntimeError):
+    """A worker failed while running a call: it raised, or its process died.
+
+    Attributes name the failing worker (``role``, ``rank``, ``node``, ``pid``), the call
+    (``method``) and, for exceptions, the worker-side traceback (``remote_traceback``).
+    """
+
+    def __init__(self, message: str, *, role: str, rank: int, node: str, pid: int | None,
+                 method: str, died: bool, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.role = role
+        self.rank = rank
+        self.node = node
+        self.pid = pid
+        self.method = method
+        self.died = died
+        self.remote_traceback = remote_traceback

@@ -1,0 +1,219 @@
+"""Results of worker-group calls: waiting for them and handing them on.
+
+A call submits one Ray task per rank and gets one ObjectRef per rank. `gather` waits for
+all of them but fails as soon as any one fails, so a dead or raising rank never leaves the
+controller waiting on ranks that are stuck in a collective with it.
+
+A non-blocking call returns a `CallFuture` (or a `DataProtoFuture` for modes whose ranks
+each return one data-parallel part). Passed to another group's call, the future's refs go
+to the workers as they are: Ray resolves them inside the worker processes, and the
+controller neither waits for nor copies the data. When the receiving call needs a
+different split, a small Ray task (no CPU reserved, so it always schedules) regroups the
+parts next to the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from hybridflow.controller.errors import DispatchError, WorkerError
+
+if TYPE_CHECKING:
+    from hybridflow.controller.decorator import DispatchMode
+    from hybridflow.controller.dispatch import DispatchContext
+
+# How often a pending call re-checks for a failed rank; it bounds how late a death is seen.
+POLL_S = 0.2
+# After a first failure, how long to wait for other ranks' failures (see _late_failures).
+DEATH_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Who runs a task: used to name the worker in errors."""
+
+    role: str
+    rank: int
+    node: str
+    pid: int | None
+
+
+def gather(refs: list[ray.ObjectRef], owners: list[RankInfo], method: str,
+           timeout_s: float | None = None) -> list[Any]:
+    """Values of ``refs`` in order; a failure raises `WorkerError` within seconds."""
+    position = {ref: i for i, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(refs)
+    pending = list(refs)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while pending:
+        wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+        failures = _fetch(ready, position, results)
+        if failures:
+            failures += _late_failures(pending, position)
+            raise _primary_error(failures, owners, method)
+        if pending and deadline is not None and time.monotonic() >= deadline:
+            late = sorted(owners[position[r]].rank for r in pending)
+            raise TimeoutError(f"{method}: ranks {late} did not finish within {timeout_s} s")
+    return results
+
+
+def _fetch(ready: list[ray.ObjectRef], position: dict, results: list[Any]) -> list[tuple[int, RayError]]:
+    """Store the values of ``ready`` refs; return (index, error) of those that failed."""
+    try:
+        values = ray.get(ready)
+    except RayError:
+        values = None
+    if values is not None:
+        for ref, value in zip(ready, values):
+            results[position[ref]] = value
+        return []
+    failures = []
+    for ref in ready:  # one failed: fetch one by one to know which
+        try:
+            results[position[ref]] = ray.get(ref)
+        except RayError as err:
+            failures.append((position[ref], err))
+    return failures
+
+
+def _late_failures(pending: list[ray.ObjectRef], position: dict) -> list[tuple[int, RayError]]:
+    # A rank that dies makes its peers' collectives fail, often before Ray has noticed
+    # the death. Give the other ranks a moment so the death, the cause, is what we report.
+    if not pending:
+        return []
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+    return _fetch(ready, position, [None] * len(position))
+
+
+def _primary_error(failures: list[tuple[int, RayError]], owners: list[RankInfo], method: str) -> WorkerError:
+    """The error to raise: a death before an exception, then the lowest rank; the others
+    are listed in its message."""
+    failures.sort(key=lambda f: (not isinstance(f[1], RayActorError), owners[f[0]].rank))
+    index, err = failures[0]
+    primary = to_worker_error(err, owners[index], method)
+    others = [f"{owners[i].role} rank {owners[i].rank}: {type(e).__name__}" for i, e in failures[1:]]
+    if others:
+        primary.args = (f"{primary.args[0]}\nAlso failed: {'; '.join(others)}",)
+    primary.__cause__ = err
+    return primary
+
+
+def to_worker_error(err: RayError, owner: RankInfo, method: str) -> WorkerError:
+    """Name the worker, the call and the cause (with the worker's traceback)."""
+    where = f"{owner.role} rank {owner.rank} (node {owner.node}, pid {owner.pid})"
+    if isinstance(err, RayTaskError):
+        # str() of Ray's task error is the worker-side traceback (the dual-class instance
+        # that ray.get raises does not keep the traceback_str attribute).
+        remote_tb = str(err)
+        message = f"{where} raised in {method}:\n{remote_tb}"
+        return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
+                           method=method, died=False, remote_traceback=remote_tb)
+    if isinstance(err, RayActorError):
+        message = (f"{where} died during {method}: its process exited or was killed. "
+                   f"The group cannot be used any more; shut it down and create a new one.\nRay: {err}")
+        return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
+                           method=method, died=True)
+    message = f"{where} failed in {method}: {type(err).__name__}: {err}"
+    return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
+                       method=method, died=False)
+
+
+class CallFuture:
+    """A call that may still be running: ``get()`` waits and collects like a blocking call."""
+
+    def __init__(self, *, method: str, mode: DispatchMode, ctx: DispatchContext, refs: list[ray.ObjectRef],
+                 owners: list[RankInfo], selected: list[int], pad_size: int | ray.ObjectRef = 0) -> None:
+        self.method = method
+        self._mode = mode
+        self._ctx = ctx
+        self._refs = refs
+        self._owners = owners
+        self._selected = selected
+        self._pad_size = pad_size
+        self._whole: ray.ObjectRef | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.method}, {len(self._refs)} ranks, collects {len(self._selected)})"
+
+    @property
+    def parts(self) -> list[ray.ObjectRef]:
+        """Refs of the outputs the controller collects, in collect order."""
+        return [self._refs[i] for i in self._selected]
+
+    @property
+    def pad_size(self) -> int | ray.ObjectRef:
+        """Padding samples at the end of the parts (a ref when not known on the controller)."""
+        return self._pad_size
+
+    def done(self) -> bool:
+        """True when every rank has finished (successfully or not)."""
+        _, pending = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        return not pending
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        """Wait for all ranks, then collect; a failing rank raises `WorkerError`."""
+        values = gather(self._refs, self._owners, self.method, timeout_s)
+        pad = self._pad_size
+        if isinstance(pad, ray.ObjectRef):
+            pad = gather([pad], [self._owners[0]], f"{self.method} (padding size)", timeout_s)[0]
+        ctx = dataclasses.replace(self._ctx, pad_size=pad)
+        return self._mode.collect(ctx, [values[i] for i in self._selected])
+
+    def whole_ref(self) -> ray.ObjectRef:
+        """One ref to the collected value, built next to the data without the controller."""
+        if self._whole is None:
+            if self._mode.rank_zero:
+                self._whole = self._refs[self._selected[0]]
+            else:
+                self._whole = _collect_task.remote(self._mode, self._ctx, self._pad_size, *self.parts)
+        return self._whole
+
+
+class DataProtoFuture(CallFuture):
+    """A future whose collected parts are one DataProto per data-parallel rank.
+
+    Handed to a data-parallel call of a group with the same dp size, each rank receives
+    its part's ref directly; ``get()`` gives the concatenated, unpadded DataProto.
+    """
+
+
+def regroup(value: CallFuture, n: int, pad: bool, label: str) -> tuple[list[ray.ObjectRef], ray.ObjectRef | int]:
+    """``n`` data-parallel part refs (and their padding) for a future from another split."""
+    if isinstance(value, DataProtoFuture):
+        if len(value.parts) == n:
+            return value.parts, value.pad_size
+        sources, source_pad = value.parts, value.pad_size
+    else:
+        sources, source_pad = [value.whole_ref()], 0
+    refs = _regroup_task.options(num_returns=n + 1).remote(n, pad, source_pad, label, *sources)
+    return list(refs[:n]), refs[n]
+
+
+# num_cpus=0: worker pools usually hold every CPU in placement groups, and a task that
+# waits for a free CPU would wait forever.
+@ray.remote(num_cpus=0)
+def _collect_task(mode: DispatchMode, ctx: DispatchContext, pad_size: int, *outputs: Any) -> Any:
+    return mode.collect(dataclasses.replace(ctx, pad_size=pad_size), list(outputs))
+
+
+@ray.remote(num_cpus=0)
+def _regroup_task(n: int, pad: bool, source_pad: int, label: str, *sources: Any) -> tuple:
+    from hybridflow.protocol import DataProto
+
+    for source in sources:
+        if not isinstance(source, DataProto):
+            raise DispatchError(f"{label}: a future passed as data-parallel input holds a "
+                                f"{type(source).__name__}, not a DataProto")
+    whole = DataProto.concat(list(sources)) if len(sources) > 1 else sources[0]
+    whole = whole.unpad(source_pad) if source_pad else whole
+    if len(whole) % n and not pad:
+        raise DispatchError(f"{label}: {len(whole)} samples do not split into {n} equal parts and padding is off")
+    padded, pad_size = whole.pad_to_divisor(n)
+    return (*padded.chunk(n), pad_size)

@@ -1,0 +1,104 @@
+"""Starting or joining Ray for the controller.
+
+`init_ray()` starts an embedded single-node Ray whose services listen on 127.0.0.1 only
+(dashboard off); `init_ray(address=...)` joins an existing cluster instead. Calling it
+when Ray is already up in this process returns the running instance's description.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import ray
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class RayRuntime:
+    """What the controller is connected to."""
+
+    address: str  # GCS address of the cluster
+    embedded: bool  # True when init_ray started it (and it listens on 127.0.0.1 only)
+    num_nodes: int
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRuntime:
+    """Join the Ray cluster at ``address``, or start an embedded local Ray when it is None.
+
+    ``num_cpus`` sets the embedded instance's logical CPU count (Ray schedules by it; it
+    may exceed the physical cores, e.g. to fit a test's worker groups on a small machine).
+    It must be None when joining a cluster, whose nodes declare their own resources.
+
+    Workers of the embedded instance get the controller's user import folders (script
+    folder, test folders) on their path, so worker classes defined there load. On a joined
+    cluster they must be importable on every node (an installed package, or a Ray
+    runtime_env set up by the cluster's job submission).
+    """
+    if address and num_cpus is not None:
+        raise ValueError(
+            f"init_ray: num_cpus={num_cpus} only applies to an embedded Ray; a joined cluster "
+            f"({address}) declares its own resources. Drop num_cpus or drop address."
+        )
+    if ray.is_initialized():
+        return describe_ray()
+    if address:
+        ray.init(address=address)
+        return describe_ray()
+    with _loopback_node_ip():
+        ray.init(
+            address="local",  # a new instance even when RAY_ADDRESS is set in the environment
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,
+            runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
+        )
+    return describe_ray(embedded=True)
+
+
+def describe_ray(embedded: bool | None = None) -> RayRuntime:
+    """The running instance: GCS address, whether it is local-only, alive node count."""
+    context = ray.get_runtime_context()
+    gcs = context.gcs_address
+    nodes = [node for node in ray.nodes() if node["Alive"]]
+    if embedded is None:
+        embedded = gcs.startswith(LOOPBACK + ":")
+    return RayRuntime(address=gcs, embedded=embedded, num_nodes=len(nodes))
+
+
+@contextlib.contextmanager
+def _loopback_node_ip() -> Iterator[None]:
+    # Ray deliberately turns 127.0.0.1 into the machine's routable IP so that other nodes
+    # can join, and then binds its services on all interfaces. An embedded instance has no
+    # other nodes, so we switch off Ray's cluster-address lookup while it starts: GCS,
+    # raylet and workers then bind to 127.0.0.1 only. This flag is read at call time; when a
+    # future Ray drops it, the instance still starts, only bound more widely.
+    from ray._private import ray_constants
+
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if saved is None:
+        yield
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def _driver_pythonpath() -> str:
+    # Worker classes often live in modules the controller imported from its own path
+    # (a script's folder, a test folder). Workers of the embedded instance run on this
+    # machine, so they get the same user folders; installed packages are found anyway.
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    folders = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.getcwd())
+        if os.path.isdir(path) and not any(path.startswith(p + os.sep) or path == p for p in prefixes):
+            folders.append(path)
+    existing = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join(dict.fromkeys(folders + ([existing] if existing else [])))

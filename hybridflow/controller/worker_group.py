@@ -1,0 +1,197 @@
+"""`WorkerGroup`: one Ray actor per slot of a pool, driven like a single object.
+
+``WorkerGroup(pool, MyWorker, *args, **kwargs)`` starts one process per slot, builds
+``MyWorker(*args, **kwargs)`` in each (rank, world size and rendezvous address set), and
+binds every ``@register`` method: ``wg.method(batch)`` splits ``batch`` as the method's
+dispatch mode says, runs the method on the ranks and collects the results. A
+non-blocking method returns a `CallFuture` at once; it can be passed straight into another
+group's call.
+
+Actors get ``max_restarts=0``: a worker whose process dies stays dead, and the pending
+call fails with a `WorkerError` naming it instead of waiting for a restart that would
+have lost the rank's state anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybridflow.controller.decorator import MethodSpec, registered_methods
+from hybridflow.controller.dispatch import DispatchContext, Split, check_mesh
+from hybridflow.controller.errors import DispatchError
+from hybridflow.controller.futures import CallFuture, DataProtoFuture, RankInfo, gather
+from hybridflow.controller.host import RoleSpec, WorkerHost
+from hybridflow.controller.resource_pool import ResourcePool
+from hybridflow.controller.worker import MeshCoord
+
+_HostActor = ray.remote(WorkerHost)
+# How long rank 0's process may take to start (scheduling + imports) before spawning
+# fails with an error instead of waiting forever (e.g. for resources that never free up).
+START_TIMEOUT_S = 600.0
+
+
+class HostSet:
+    """The processes of a group (shared by colocated roles) and where they run."""
+
+    def __init__(self, pool: ResourcePool, actors: list[Any], infos: list[dict[str, Any]]) -> None:
+        self.pool = pool
+        self.actors = actors
+        self.infos = infos
+        self.alive = True
+
+    @classmethod
+    def spawn(cls, pool: ResourcePool, roles: Mapping[str, RoleSpec]) -> HostSet:
+        """Start one host per slot, rendezvous, then build every role on every rank."""
+        if not roles:
+            raise ValueError("a worker group needs at least one role")
+        slots = pool.claim()
+        local = _local_ranks([s.node_id for s in slots])
+        options = pool.actor_options()
+        actors = [
+            _HostActor.options(
+                num_cpus=options["num_cpus"], num_gpus=options["num_gpus"], max_restarts=0, max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
+            ).remote(rank, len(slots), local[rank][0], local[rank][1], options["num_cpus"])
+            for rank, slot in enumerate(slots)
+        ]
+        hosts = cls(pool, actors, [{"pid": None, "ip": slot.node_ip, "node_id": slot.node_id} for slot in slots])
+        try:
+            first = next(iter(roles))
+            addr, port = gather([actors[0].rendezvous_address.remote()], hosts.owners(first)[:1], "rendezvous",
+                                timeout_s=START_TIMEOUT_S)[0]
+            hosts.infos = gather([a.setup.remote(addr, port) for a in actors], hosts.owners(first), "setup")
+            for role, spec in roles.items():
+                gather([a.build_role.remote(role, spec) for a in actors], hosts.owners(role),
+                       f"{role}.__init__ ({spec.cls.__qualname__})")
+        except BaseException:
+            hosts.kill()
+            raise
+        return hosts
+
+    def owners(self, role: str) -> list[RankInfo]:
+        return [RankInfo(role, rank, info["ip"], info["pid"]) for rank, info in enumerate(self.infos)]
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        if self.alive:
+            self.pool.unclaim()
+        self.alive = False
+
+
+def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
+    """(local rank, local world size) of every rank: its position among ranks on its node."""
+    seen: dict[str, int] = {}
+    positions = []
+    for node in node_ids:
+        positions.append(seen.get(node, 0))
+        seen[node] = positions[-1] + 1
+    return [(pos, seen[node]) for pos, node in zip(positions, node_ids)]
+
+
+class WorkerGroup:
+    """``world_size`` ranks of one role; registered methods are bound as attributes."""
+
+    def __init__(self, resource_pool: ResourcePool, worker_cls: type, *args: Any, **kwargs: Any) -> None:
+        role = worker_cls.__name__
+        hosts = HostSet.spawn(resource_pool, {role: RoleSpec(worker_cls, args, kwargs)})
+        self._attach(hosts, role, worker_cls)
+
+    @classmethod
+    def _from_hosts(cls, hosts: HostSet, role: str, worker_cls: type) -> WorkerGroup:
+        group = cls.__new__(cls)
+        group._attach(hosts, role, worker_cls)
+        return group
+
+    def _attach(self, hosts: HostSet, role: str, worker_cls: type) -> None:
+        self._hosts = hosts
+        self.role = role
+        self.worker_cls = worker_cls
+        self._meshes: dict[str, tuple[MeshCoord, ...]] = {}
+        for name, spec in registered_methods(worker_cls).items():
+            if hasattr(type(self), name) or name in self.__dict__:
+                raise ValueError(f"{worker_cls.__qualname__}.{name} is registered but clashes with "
+                                 f"WorkerGroup.{name}; rename the worker method")
+            setattr(self, name, self._bind(name, spec, getattr(worker_cls, name)))
+
+    def __repr__(self) -> str:
+        state = "" if self._hosts.alive else ", shut down"
+        return f"WorkerGroup({self.role}, world_size={self.world_size}{state})"
+
+    @property
+    def world_size(self) -> int:
+        return len(self._hosts.actors)
+
+    @property
+    def resource_pool(self) -> ResourcePool:
+        return self._hosts.pool
+
+    @property
+    def workers(self) -> list[Any]:
+        """The Ray actor handles, by rank (shared with colocated roles)."""
+        return list(self._hosts.actors)
+
+    @property
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Per rank: process id, node IP and Ray node id."""
+        return [dict(info, rank=rank) for rank, info in enumerate(self._hosts.infos)]
+
+    def shutdown(self) -> None:
+        """Kill the group's processes (those of colocated roles too). Idempotent."""
+        if self._hosts.alive:
+            self._hosts.kill()
+
+    # -------------------------------------------------------------------------- calls
+
+    def _bind(self, name: str, spec: MethodSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(name, spec, args, kwargs)
+
+        functools.update_wrapper(call, fn)  # keeps the worker method's name and docstring
+        return call
+
+    def _call(self, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
+        label = f"{self.role}.{method}"
+        if not self._hosts.alive:
+            raise RuntimeError(f"{label}: the worker group was shut down")
+        targets = [0] if spec.rank_zero else list(range(self.world_size))
+        mode = spec.dispatch
+        mesh = self._mesh(mode.mesh, label) if mode.mesh is not None else None
+        ctx = DispatchContext(label=label, mode=mode.name, world_size=len(targets), mesh=mesh)
+        split = _normalize(mode.split(ctx, args, kwargs), ctx)
+        refs = [self._hosts.actors[rank].execute.remote(self.role, method, *rank_args, **rank_kwargs)
+                for rank, (rank_args, rank_kwargs) in zip(targets, split.per_rank)]
+        selected = mode.select(ctx) if mode.select is not None else list(range(len(targets)))
+        owners = self._hosts.owners(self.role)
+        future_cls = DataProtoFuture if mode.proto_parts else CallFuture
+        future = future_cls(method=label, mode=mode, ctx=ctx, refs=refs, owners=[owners[r] for r in targets],
+                            selected=selected, pad_size=split.pad_size)
+        return future.get() if spec.blocking else future
+
+    def _mesh(self, name: str, label: str) -> tuple[MeshCoord, ...]:
+        # Coordinates do not change after the workers registered them: ask once per mesh.
+        if name not in self._meshes:
+            coords = gather([actor.mesh.remote(self.role, name) for actor in self._hosts.actors],
+                            self._hosts.owners(self.role), f"{label} (mesh {name!r} lookup)")
+            self._meshes[name] = check_mesh(label, name, coords)
+        return self._meshes[name]
+
+
+def _normalize(split: Split | list, ctx: DispatchContext) -> Split:
+    """Accept a plain per-rank list from custom modes; check one entry per rank."""
+    if not isinstance(split, Split):
+        split = Split(list(split))
+    if len(split.per_rank) != ctx.world_size:
+        raise DispatchError(f"{ctx.label} ({ctx.mode}): the split produced {len(split.per_rank)} argument sets "
+                            f"for {ctx.world_size} ranks")
+    for entry in split.per_rank:
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], tuple)
+                and isinstance(entry[1], dict)):
+            raise DispatchError(f"{ctx.label} ({ctx.mode}): a split must give (args tuple, kwargs dict) per rank, "
+                                f"got {type(entry).__name__}")
+    return split
