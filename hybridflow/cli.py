@@ -23,6 +23,10 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     report = run_selfcheck(world_size=args.world_size)
     table = Table(show_header=False)
     for key, value in report.items():
+        if key == "ranks":  # one short line per rank instead of a wall of dicts
+            value = "\n".join(
+                f"rank {r['rank']}: pid {r['pid']} on {r['ip']} ({r['backend']})" for r in value
+            )
         table.add_row(str(key), str(value))
     console.print(table)
     ok = bool(report.get("ok"))

@@ -91,3 +91,156 @@ def load_hf_config(path: str | Path) -> PretrainedConfig:
             f"supported families: {sorted(SUPPORTED_FAMILIES)}"
         )
     return AutoConfig.from_pretrained(path, local_files_only=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading the three model kinds the engines use: a causal LM (actor, reference, rollout),
+# a critic (backbone + scalar value head) and a reward model (sequence classifier, one label).
+
+MODEL_KINDS = ("causal_lm", "critic", "reward")
+
+# model kind -> transformers Auto class used to load and export it
+_AUTO_CLASS_FOR_KIND = {
+    "causal_lm": "AutoModelForCausalLM",
+    "critic": "AutoModelForTokenClassification",
+    "reward": "AutoModelForSequenceClassification",
+}
+
+
+class TokenScoreModel(torch.nn.Module):
+    """A backbone and a linear head that give one scalar per token.
+
+    The critic reads values at response positions, the reward model reads the score at
+    the last valid token. Attribute names (`model`, `score`) match the Hugging Face
+    `*ForTokenClassification` / `*ForSequenceClassification` classes, so parameter names
+    and state-dict keys are exactly those of the Hugging Face checkpoint. We do not call
+    the HF classes' own forward: the sequence classifier finds the last token through
+    `pad_token_id` (wrong when pad == eos) and the token classifier applies dropout.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, score: torch.nn.Linear, kind: str) -> None:
+        super().__init__()
+        if kind not in ("critic", "reward"):
+            raise ValueError(f"TokenScoreModel kind must be 'critic' or 'reward', got {kind!r}")
+        self.model = backbone
+        self.score = score
+        self.kind = kind
+        self.config = backbone.config
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per-token scalar scores [B, T] (in the compute dtype)."""
+        hidden = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        # A copy, not a view: FSDP2 hooks the root's output for backward, and an
+        # in-place op by a caller on a view would silently drop that hook.
+        return self.score(hidden).squeeze(-1).clone()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute decoder-layer activations in backward (delegates to the backbone)."""
+        self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+
+def _check_weights_present(path: Path) -> None:
+    patterns = ("*.safetensors", "pytorch_model*.bin")
+    if not any(any(path.glob(p)) for p in patterns):
+        raise ModelLoadError(
+            f"model directory {str(path)!r} has a config.json but no weights "
+            "(*.safetensors or pytorch_model*.bin); save the model with save_pretrained"
+        )
+
+
+def load_model(
+    path: str | Path,
+    kind: str = "causal_lm",
+    *,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+) -> torch.nn.Module:
+    """Load a model of `kind` ("causal_lm", "critic", "reward") from a local HF directory.
+
+    A critic may start from a causal-LM checkpoint: its value head is then newly
+    initialised from the torch RNG (seed it identically on every rank). A reward model
+    must be a saved `*ForSequenceClassification` with one label, since a fresh random
+    head would score nonsense silently.
+    """
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
+    path = Path(path)
+    config = load_hf_config(path)
+    _check_weights_present(path)
+    if kind == "reward":
+        _check_reward_config(path, config)
+    auto_cls = getattr(transformers, _AUTO_CLASS_FOR_KIND[kind])
+    extra = {"num_labels": 1} if kind != "causal_lm" else {}
+    try:
+        model = auto_cls.from_pretrained(
+            path,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            local_files_only=True,
+            **extra,
+        )
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ModelLoadError(f"could not load a {kind} model from {str(path)!r}: {err}") from err
+    if kind == "causal_lm":
+        return model
+    return TokenScoreModel(model.model, model.score, kind)
+
+
+def _check_reward_config(path: Path, config: PretrainedConfig) -> None:
+    archs = getattr(config, "architectures", None) or []
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ModelLoadError(
+            f"{str(path)!r} is not a reward model: its architectures are {archs}; a reward "
+            "model must be saved as a *ForSequenceClassification with num_labels=1"
+        )
+    if getattr(config, "num_labels", 1) != 1:
+        raise ModelLoadError(
+            f"reward model {str(path)!r} has num_labels={config.num_labels}; exactly 1 is needed"
+        )
+
+
+def hf_model_for_export(model: torch.nn.Module) -> transformers.PreTrainedModel:
+    """An empty Hugging Face model of the same class as `model`, for `save_pretrained`.
+
+    Built on the meta device, so it costs no memory until a state dict is assigned.
+    """
+    if isinstance(model, TokenScoreModel):
+        auto_cls = getattr(transformers, _AUTO_CLASS_FOR_KIND[model.kind])
+        config = model.config
+    elif isinstance(model, transformers.PreTrainedModel):
+        auto_cls, config = transformers.AutoModelForCausalLM, model.config
+    else:
+        raise TypeError(f"cannot export a {type(model).__name__}; expected a HF model or TokenScoreModel")
+    with torch.device("meta"):
+        return auto_cls.from_config(config)
+
+
+def model_family(model: torch.nn.Module) -> str:
+    """The model_type ("llama", "qwen2", ...) of a loaded model; error if unsupported."""
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise ModelLoadError(
+            f"model family {family!r} is not supported; supported: {sorted(SUPPORTED_FAMILIES)}"
+        )
+    return family
+
+
+def save_tiny_reward_model(path: str | Path, family: str = "llama", *, seed: int = 0, **sizes) -> Path:
+    """A randomly initialised one-label sequence classifier of `family`, saved in HF format."""
+    path = Path(path)
+    config = make_tiny_config(family, **sizes)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
