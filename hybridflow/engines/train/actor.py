@@ -1,0 +1,114 @@
+"""Actor (and reference) engine: response log-probs, entropy, and the PPO-style policy update.
+
+The reference policy is either a second `ActorEngine(config, trainable=False)` (stored
+in the compute dtype, no optimizer) or, with LoRA, the actor itself with its adapters
+switched off (`compute_ref_log_prob`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from hybridflow.algorithms import agg_loss, get_policy_loss, kl_loss
+from hybridflow.algorithms import AggregationScale
+from hybridflow.engines.train import batching
+from hybridflow.engines.train.config import ActorLossConfig, TrainEngineConfig
+from hybridflow.engines.train.engine import TrainEngine
+from hybridflow.engines.train.forward import causal_lm_log_probs
+from hybridflow.engines.train.lora import adapters_disabled
+from hybridflow.engines.train.update import run_update
+
+Tensor = torch.Tensor
+
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "old_log_probs", "advantages")
+
+
+class ActorEngine(TrainEngine):
+    """A causal LM policy over a (dp, tp) mesh. Batches are this rank's dp shard."""
+
+    def __init__(
+        self,
+        config: TrainEngineConfig,
+        loss: ActorLossConfig | None = None,
+        *,
+        trainable: bool = True,
+        fsdp_shard_dim: Callable[[str], int] | None = None,
+    ) -> None:
+        super().__init__(config, kind="causal_lm", trainable=trainable, fsdp_shard_dim=fsdp_shard_dim)
+        self.loss_config = loss if loss is not None else ActorLossConfig()
+        self._policy_loss = get_policy_loss(self.loss_config.policy.loss_mode)
+
+    def compute_log_prob(
+        self,
+        batch: Mapping[str, Tensor],
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs [B, R] of the response tokens under the current policy (and entropy [B, R])."""
+        batching.require_keys(batch, FORWARD_KEYS, "compute_log_prob")
+        out = self.forward_in_micro_batches(batch, lambda mb: self._log_probs(mb, temperature, with_entropy))
+        return out["log_probs"], out.get("entropys")
+
+    def compute_ref_log_prob(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0) -> Tensor:
+        """Log-probs [B, R] under the reference policy: this LoRA actor with adapters disabled."""
+        batching.require_keys(batch, FORWARD_KEYS, "compute_ref_log_prob")
+        with adapters_disabled(self.model):
+            out = self.forward_in_micro_batches(batch, lambda mb: self._log_probs(mb, temperature, False))
+        return out["log_probs"]
+
+    def _log_probs(self, mb: dict[str, Tensor], temperature: float, with_entropy: bool) -> dict[str, Tensor]:
+        lp, ent = causal_lm_log_probs(
+            self.model,
+            mb,
+            temperature=temperature,
+            chunk_size=self.config.logits_chunk_size,
+            pack_sequences=self.config.pack_sequences,
+            with_entropy=with_entropy,
+        )
+        return {"log_probs": lp} if ent is None else {"log_probs": lp, "entropys": ent}
+
+    def update_policy(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0) -> dict[str, float]:
+        """One trainer step of policy optimisation on this rank's batch; metrics under "actor/"."""
+        keys = UPDATE_KEYS + (("ref_log_probs",) if self.loss_config.use_kl_loss else ())
+        batching.require_keys(batch, keys, "update_policy")
+        return run_update(
+            self,
+            batch,
+            prefix="actor",
+            micro_step=lambda mb, agg: self._micro_step(mb, agg, temperature),
+            loss_scale_factor=self.loss_config.loss_scale_factor,
+        )
+
+    def _micro_step(
+        self, mb: dict[str, Tensor], agg: AggregationScale, temperature: float
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        cfg = self.loss_config
+        mode = cfg.policy.loss_agg_mode
+        mask = mb["response_mask"]
+        log_prob, entropy = causal_lm_log_probs(
+            self.model,
+            mb,
+            temperature=temperature,
+            chunk_size=self.config.logits_chunk_size,
+            pack_sequences=self.config.pack_sequences,
+            with_entropy=cfg.entropy_coeff > 0,
+        )
+        pg_loss, pg_metrics = self._policy_loss(
+            mb["old_log_probs"], log_prob, mb["advantages"], mask, config=cfg.policy, agg=agg
+        )
+        loss = pg_loss
+        sums = {"pg_loss": pg_loss.detach()}
+        if entropy is not None:
+            entropy_term = agg_loss(entropy, mask, mode, agg)
+            loss = loss - cfg.entropy_coeff * entropy_term
+            sums["entropy"] = entropy_term.detach()
+        if cfg.use_kl_loss:
+            kl, _ = kl_loss(log_prob, mb["ref_log_probs"], mask, kl_type=cfg.kl_loss_type, loss_agg_mode=mode, agg=agg)
+            loss = loss + cfg.kl_loss_coef * kl
+            sums["kl_loss"] = kl.detach()
+        sums["loss"] = loss.detach()
+        return loss, sums, pg_metrics

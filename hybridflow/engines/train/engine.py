@@ -1,0 +1,229 @@
+"""TrainEngine: one model loaded, sharded over a (dp, tp) mesh, and optionally trained.
+
+Build order (each step needs the previous one):
+  1. load the Hugging Face model on every rank (same seed, so newly initialised heads
+     are identical), fp32 if trained, else in the compute dtype;
+  2. LoRA adapters (actor only), activation checkpointing;
+  3. tensor parallel over "tp", then FSDP2 over "dp" with the mixed-precision policy;
+  4. optimizer and lr schedule, right after sharding (DEVELOPERS.md: FSDP2 trap).
+
+Role engines (`ActorEngine`, `CriticEngine`, `RewardModelEngine`) add the operations
+workers call; this class owns what they share: micro-batching, checkpoints, export,
+CPU offload, and access to the sharded parameters for resharding to the rollout engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor, Shard
+
+from hybridflow.engines.models import load_model
+from hybridflow.engines.train import batching
+from hybridflow.engines.train.config import TrainEngineConfig
+from hybridflow.engines.train.distributed import DP, TP, build_device_mesh, current_device, device_type
+from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
+from hybridflow.engines.train.lora import apply_lora, hf_model_of, hf_name
+from hybridflow.engines.train.optim import (
+    build_lr_scheduler,
+    build_optimizer,
+    clip_grad_norm,
+    trainable_parameters,
+)
+from hybridflow.engines.train.parallelize import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    apply_tensor_parallel,
+)
+
+Tensor = torch.Tensor
+
+
+class TrainEngine:
+    """A sharded model (see module docstring). `kind` is "causal_lm", "critic" or "reward"."""
+
+    def __init__(
+        self,
+        config: TrainEngineConfig,
+        *,
+        kind: str,
+        trainable: bool,
+        fsdp_shard_dim: Callable[[str], int] | None = None,
+    ) -> None:
+        """fsdp_shard_dim: HF parameter name -> the dim FSDP shards it on (None: dim 0 for
+        all); the resharder passes `reshard.aligned_shard_dim` to align with generation TP."""
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised; call "
+                "hybridflow.engines.train.init_distributed() (or init_process_group) first"
+            )
+        self.config = config
+        self.kind = kind
+        self.trainable = trainable
+        self.dp_size = config.check_parallel(dist.get_world_size(), device_type() == "cuda")
+        self.device = current_device()
+        self.device_mesh: DeviceMesh = build_device_mesh(config.tp_size)
+        self.dp_group = self.device_mesh[DP].get_group()
+        self.dp_rank = self.device_mesh[DP].get_local_rank()
+        self.compute_dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        self.fsdp_shard_dim = fsdp_shard_dim
+        self.model = self._build_model()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        if trainable:
+            self.optimizer = build_optimizer(self.model, config.optim)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, config.optim)
+        self.global_step = 0
+        # Drives mini-batch shuffling; seeded identically on all ranks and checkpointed.
+        self.shuffle_generator = torch.Generator().manual_seed(config.seed)
+        self._flops_params = matmul_parameter_count(hf_model_of(self.model))
+        self._offloaded = False
+
+    # ------------------------------------------------------------------ build
+
+    def _build_model(self) -> nn.Module:
+        cfg = self.config
+        torch.manual_seed(cfg.seed)
+        store_dtype = torch.float32 if self.trainable else self.compute_dtype
+        model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=cfg.attn_implementation)
+        if cfg.lora.enabled:
+            if self.kind != "causal_lm":
+                raise ValueError(f"LoRA is supported for the actor (causal LM) only, not for a {self.kind} model")
+            model = apply_lora(model, cfg.lora)
+        if cfg.gradient_checkpointing and self.trainable:
+            apply_activation_checkpointing(hf_model_of(model))
+        if cfg.tp_size > 1:
+            apply_tensor_parallel(model, self.device_mesh[TP])
+        mixed = self.trainable and self.compute_dtype != torch.float32
+        mp_policy = (
+            MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+            if mixed
+            else MixedPrecisionPolicy()
+        )
+        apply_fsdp(model, self.device_mesh[DP], mp_policy=mp_policy, shard_placement_fn=self._shard_placement_fn(model))
+        return model
+
+    def _shard_placement_fn(self, model: nn.Module) -> Callable[[nn.Parameter], Shard] | None:
+        if self.fsdp_shard_dim is None:
+            return None
+        # FSDP2 hands over parameter objects: name them now, after tensor parallelism.
+        names = {id(p): hf_name(n) for n, p in model.named_parameters()}
+        return lambda p: Shard(self.fsdp_shard_dim(names[id(p)]))
+
+    # ------------------------------------------------------------------ access
+
+    def named_sharded_parameters(self) -> Iterator[tuple[str, DTensor]]:
+        """(Hugging Face name, sharded DTensor) for every parameter.
+
+        Each DTensor carries its device mesh and placements: Shard(0) over "dp" from
+        FSDP2 (or the dim `fsdp_shard_dim` picks) and, for TP-split weights, the TP
+        placement over "tp". With LoRA the base weights are reported under their HF
+        names and adapter tensors under their peft names (`...lora_A.default.weight`);
+        merging is up to the caller.
+        """
+        for name, param in self.model.named_parameters():
+            yield hf_name(name), param
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return trainable_parameters(self.model)
+
+    # ------------------------------------------------------------------ micro-batching
+
+    def micro_batches(self, batch: Mapping[str, Tensor], *, for_update: bool) -> list[list[int]]:
+        """Index groups of `batch` for forward passes; the same number on every rank (collective)."""
+        mb = self.config.micro_batch
+        n = batching.batch_len(batch)
+        if mb.use_dynamic_bsz:
+            budget = mb.max_tokens_per_device if for_update else mb.forward_max_tokens_per_device
+            costs = batching.sequence_costs(batch["attention_mask"], self.config.pack_sequences)
+            return batching.micro_batch_indices_by_tokens(costs, budget, group=None)
+        size = mb.micro_batch_size_per_device if for_update else mb.forward_micro_batch_size_per_device
+        groups = batching.micro_batch_indices_by_count(n, size)
+        batching.check_same_count(len(groups), "micro-batches", group=None)
+        return groups
+
+    def forward_in_micro_batches(
+        self,
+        batch: Mapping[str, Tensor],
+        fn: Callable[[dict[str, Tensor]], dict[str, Tensor]],
+    ) -> dict[str, Tensor]:
+        """Run `fn` without gradients per micro-batch and put the outputs back in batch order.
+
+        Tensor-parallel ranks of one dp group must receive identical batches.
+        """
+        batch = self.to_device(batch)
+        groups = self.micro_batches(batch, for_update=False)
+        n = batching.batch_len(batch)
+        outputs: dict[str, list[Tensor]] = {}
+        order: list[int] = []
+        self.model.eval()
+        with torch.no_grad():
+            for idx in groups:
+                out = fn(batching.select(batch, idx))
+                for key, value in out.items():
+                    outputs.setdefault(key, []).append(value)
+                order.extend(idx)
+        inverse = torch.empty(n, dtype=torch.long)
+        inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(n)
+        return {k: torch.cat(v)[inverse.to(v[0].device)].cpu() for k, v in outputs.items()}
+
+    def to_device(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    # ------------------------------------------------------------------ metrics
+
+    def peak_flops(self) -> float:
+        if self.config.peak_flops_per_device is not None:
+            return self.config.peak_flops_per_device
+        return peak_flops(self.compute_dtype)
+
+    def flops_config(self) -> tuple[int, int, int]:
+        """(matmul parameters, layers, hidden size) for `flops.training_flops`."""
+        hf_config = hf_model_of(self.model).config
+        return self._flops_params, hf_config.num_hidden_layers, hf_config.hidden_size
+
+    # ------------------------------------------------------------------ offload (GPU)
+
+    def offload(self) -> None:
+        """Move parameters (param_offload) and optimizer state (optimizer_offload) to CPU."""
+        self._move_state(torch.device("cpu"))
+        self._offloaded = True
+
+    def onload(self) -> None:
+        """Bring offloaded parameters and optimizer state back to this rank's GPU."""
+        if self._offloaded:
+            self._move_state(self.device)
+            self._offloaded = False
+
+    def _move_state(self, device: torch.device) -> None:
+        if self.config.param_offload:
+            # FSDP2 modules move their sharded DTensor parameters with Module.to.
+            self.model.to(device)
+        if self.config.optimizer_offload and self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device, non_blocking=True)
+        if device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ updates
+
+    def require_trainable(self, op: str) -> None:
+        if self.optimizer is None:
+            raise RuntimeError(f"{op} needs a trainable engine; this one was built with trainable=False")
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """Clip, then step if the gradient norm is finite. Returns (norm, stepped)."""
+        norm = clip_grad_norm(self.trainable_parameters(), self.config.optim.grad_clip)
+        finite = bool(torch.isfinite(torch.tensor(norm)))
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, finite

@@ -1,0 +1,66 @@
+"""Export a trained engine's model to a Hugging Face directory (safetensors + config + tokenizer).
+
+The full state dict is gathered to rank 0 on the CPU (collective over all ranks), LoRA
+adapters are merged into their base weights, and the tensors are assigned to an empty
+(meta-device) Hugging Face model of the right class, which `save_pretrained` writes.
+Tokenizer and generation files are copied from the source model directory. The export
+is written to a temporary directory and renamed into place, so a crash never leaves a
+half-written model at the destination.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from hybridflow.engines.models import hf_model_for_export
+from hybridflow.engines.train.engine import TrainEngine
+from hybridflow.engines.train.lora import hf_model_of, is_lora, merged_hf_state_dict
+
+# Files that travel with a model directory but are not weights or config.json.
+_SIDE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "generation_config.json",
+)
+
+
+def export_hf(engine: TrainEngine, out_dir: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+    """Write the engine's model to `out_dir` in Hugging Face format (collective).
+
+    dtype: storage dtype of the exported weights (default: the training master dtype).
+    """
+    out_dir = Path(out_dir)
+    full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        _write(engine, full, out_dir, dtype)
+    dist.barrier()
+    return out_dir
+
+
+def _write(engine: TrainEngine, full: dict[str, torch.Tensor], out_dir: Path, dtype: torch.dtype | None) -> None:
+    if is_lora(engine.model):
+        full = merged_hf_state_dict(full, engine.config.lora)
+    if dtype is not None:
+        full = {k: v.to(dtype) for k, v in full.items()}
+    hf_model = hf_model_for_export(hf_model_of(engine.model))
+    missing, unexpected = hf_model.load_state_dict(full, strict=False, assign=True)
+    tied = {"lm_head.weight"} if getattr(hf_model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"export state dict mismatch: missing {missing}, unexpected {unexpected}")
+    if tied:
+        hf_model.tie_weights()
+    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf_model.save_pretrained(tmp, safe_serialization=True)
+    source = Path(engine.config.model_path)
+    for name in _SIDE_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, tmp / name)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)

@@ -1,0 +1,124 @@
+"""Forward passes of one micro-batch: response log-probs/entropy, values, reward scores.
+
+Layout (ARCHITECTURE.md): `input_ids` = left-padded prompt + right-padded response, of
+length S = P + R with R = `responses.shape[1]`. The token at position t is predicted by
+the logits at t - 1, so the response tokens (positions S-R .. S-1) use the logits at
+positions S-R-1 .. S-2. Only those R positions go through the lm_head (never the full
+[B, S, V]), and log-softmax / entropy upcast them to fp32 `chunk_size` rows at a time.
+Values follow the same shift (the value of the state before each response token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from hybridflow.algorithms import entropy_from_logits, logprobs_from_logits
+from hybridflow.engines.train.batching import PackedBatch, pack, unpack
+
+Tensor = torch.Tensor
+
+
+def response_length(batch: Mapping[str, Tensor]) -> int:
+    """R, the padded response length (`responses.shape[1]`), checked against input_ids."""
+    r = batch["responses"].shape[1]
+    s = batch["input_ids"].shape[1]
+    if not 0 < r < s:
+        raise ValueError(
+            f"responses length {r} must be in (0, {s}) = (0, input_ids length): input_ids holds prompt + response"
+        )
+    return r
+
+
+def _response_slice(full: Tensor, r: int) -> Tensor:
+    # Per-position outputs [B, S] -> the R positions that predict / precede response tokens.
+    s = full.shape[1]
+    return full[:, s - r - 1 : s - 1]
+
+
+def _packed_prediction_positions(packed: PackedBatch, attention_mask: Tensor, r: int) -> Tensor:
+    # Indices into the packed row of the valid tokens whose next token is a response token.
+    b, s = packed.shape
+    wanted = torch.zeros(b, s, dtype=torch.bool, device=attention_mask.device)
+    wanted[:, s - r - 1 : s - 1] = True
+    wanted &= attention_mask.bool()
+    return wanted.reshape(-1)[packed.indices].nonzero().squeeze(-1)
+
+
+def causal_lm_log_probs(
+    model: nn.Module,
+    batch: Mapping[str, Tensor],
+    *,
+    temperature: float,
+    chunk_size: int,
+    pack_sequences: bool,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs [B, R] (fp32) of the response tokens, and their entropy if asked.
+
+    Gradients flow when called under grad mode. Positions outside response_mask hold
+    finite garbage (masked downstream).
+    """
+    r = response_length(batch)
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    if pack_sequences:
+        packed = pack(input_ids, attention_mask, batch["position_ids"])
+        keep = _packed_prediction_positions(packed, attention_mask, r)
+        logits = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            use_cache=False,
+            logits_to_keep=keep,
+        ).logits[0]
+        # Label of a kept position: the next packed token. For a sequence's last token
+        # that is the next sequence's first token, a masked garbage label.
+        n = packed.input_ids.shape[1]
+        labels = packed.input_ids[0, (keep + 1).clamp(max=n - 1)]
+        log_probs = logprobs_from_logits(logits, labels, temperature, chunk_size)
+        lp = _response_slice(unpack(log_probs, packed, keep), r)
+        ent = None
+        if with_entropy:
+            entropy = entropy_from_logits(logits, chunk_size, temperature)
+            ent = _response_slice(unpack(entropy, packed, keep), r)
+        return lp, ent
+
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=batch["position_ids"],
+        use_cache=False,
+        logits_to_keep=r + 1,
+    ).logits[:, :-1]
+    labels = input_ids[:, -r:]
+    lp = logprobs_from_logits(logits, labels, temperature, chunk_size)
+    ent = entropy_from_logits(logits, chunk_size, temperature) if with_entropy else None
+    return lp, ent
+
+
+def token_scores(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequences: bool) -> Tensor:
+    """Per-position scalar outputs [B, S] in fp32 of a TokenScoreModel (0 at padding if packed)."""
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    if pack_sequences:
+        packed = pack(input_ids, attention_mask, batch["position_ids"])
+        scores = model(input_ids=packed.input_ids, position_ids=packed.position_ids)
+        return unpack(scores.float().reshape(-1), packed)
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=batch["position_ids"]).float()
+
+
+def critic_values(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequences: bool) -> Tensor:
+    """Values [B, R] (fp32): the critic's output at the position before each response token."""
+    r = response_length(batch)
+    return _response_slice(token_scores(model, batch, pack_sequences=pack_sequences), r)
+
+
+def reward_scores(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequences: bool) -> Tensor:
+    """One score per sequence [B] (fp32), read at its last valid token."""
+    scores = token_scores(model, batch, pack_sequences=pack_sequences)
+    mask = batch["attention_mask"].bool()
+    if not mask.any(dim=-1).all():
+        raise ValueError("reward scoring got a sequence with no valid token (attention_mask all 0)")
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    return scores.gather(1, last.unsqueeze(-1)).squeeze(-1)

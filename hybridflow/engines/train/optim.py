@@ -1,0 +1,100 @@
+"""Optimizer, learning-rate schedule and gradient clipping for sharded parameters.
+
+The optimizer must be built right after `fully_shard` (see DEVELOPERS.md): it then
+holds the sharded DTensor parameters, and its state is sharded like them.
+
+Gradient norm: after FSDP2 (and TP) every gradient is a DTensor, but not all on the
+same mesh (dp-only for parameters TP left alone, (dp, tp) for TP-sharded ones), so
+`torch.nn.utils.clip_grad_norm_` cannot stack them. We sum squared norms per
+(mesh, placements) group, reduce each group once, and add the groups on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from hybridflow.engines.train.config import OptimConfig
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters that receive gradients (LoRA adapters only, when LoRA is on)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; no weight decay on biases and norm weights.
+
+    Weight decay on 1-D parameters (norm gains, biases) pulls them towards 0 rather
+    than regularising, the common practice is to exclude them.
+    """
+    decay, no_decay = [], []
+    for p in trainable_parameters(model):
+        (no_decay if p.dim() < 2 else decay).append(p)
+    if not decay and not no_decay:
+        raise ValueError("the model has no trainable parameters; nothing to optimise")
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    # foreach=False: the foreach kernels need all tensors of a group on one mesh.
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps, foreach=False
+    )
+
+
+def lr_multiplier(step: int, config: OptimConfig) -> float:
+    """Factor on the base lr at scheduler step `step` (0-based): linear warmup, then constant or cosine."""
+    warmup = config.resolved_warmup_steps()
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if config.lr_schedule == "constant":
+        return 1.0
+    total = config.total_steps or 1
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) -> LambdaLR:
+    """LambdaLR with `lr_multiplier`; step it once per trainer step."""
+    return LambdaLR(optimizer, lambda step: lr_multiplier(step, config))
+
+
+def grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
+    """Global L2 norm (a 0-dim fp32 tensor on the host) of the gradients of sharded parameters."""
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    local_sq = torch.zeros((), dtype=torch.float32)
+    for p in parameters:
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            groups[(g.device_mesh, g.placements)].append(g)
+        else:
+            local_sq += g.detach().float().square().sum().cpu()
+    total = local_sq
+    for grads in groups.values():
+        sq = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
+        total = total + sq.full_tensor().cpu()
+    return total.sqrt()
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
+    """Scale gradients in place so their global norm is at most `max_norm` (<= 0: no clipping).
+
+    Returns the norm before clipping; a non-finite norm is returned unchanged and the
+    gradients are left alone (the caller skips the step).
+    """
+    norm = float(grad_norm(parameters))
+    if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm

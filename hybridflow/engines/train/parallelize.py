@@ -1,0 +1,144 @@
+"""How a model is parallelised: tensor-parallel plans, FSDP2 sharding, activation checkpointing.
+
+Model code (Hugging Face modules, `TokenScoreModel`) is untouched; this module only
+annotates it, torchtitan-style. The supported families (llama, qwen2, qwen3, mistral)
+share one decoder layout, so one plan covers them:
+
+- attention q/k/v and MLP gate/up: column-wise (output features, i.e. heads, sharded);
+  o_proj and down_proj: row-wise, so each block ends in one all-reduce. Activations
+  between blocks are plain replicated tensors, which keeps the HF code unaware of TP.
+  Qwen2's q/k/v biases are sharded with their weights.
+- Qwen3's per-head q/k RMSNorm sees only the local heads; its weight is a replicated
+  DTensor and its input is marked as sharded on the head axis, so the weight gradient
+  (a sum over all heads) is reduced over tp by DTensor instead of silently differing.
+- Embedding: vocabulary-parallel (row-wise). lm_head: column-wise with the logits
+  gathered to a replicated tensor, so log-prob code sees full-vocabulary rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from hybridflow.engines.models import model_family
+
+
+class HeadShardedNorm(ParallelStyle):
+    """A norm over the last dim applied to [..., heads, head_dim] with heads sharded over tp."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate_params(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for pname, param in list(mod.named_parameters(recurse=False)):
+                dparam = nn.Parameter(distribute_tensor(param, mesh, [Replicate()]), param.requires_grad)
+                mod.register_parameter(pname, dparam)
+
+        def to_head_sharded(mod: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+            x = inputs[0]
+            return (DTensor.from_local(x, mesh, [Shard(x.dim() - 2)], run_check=False), *inputs[1:])
+
+        def to_local(mod: nn.Module, output: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+            return output.to_local()
+
+        return distribute_module(module, device_mesh, replicate_params, to_head_sharded, to_local)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM or a TokenScoreModel (both keep them at model.layers)."""
+    if hasattr(model, "get_base_model"):  # a peft wrapper
+        model = model.get_base_model()
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(
+            f"{type(model).__name__} has no model.layers; only HF decoder models of the "
+            "supported families (and TokenScoreModel) can be parallelised"
+        )
+    return layers
+
+
+def check_tp_divisibility(config, tp_size: int) -> None:
+    """Raise a clear error when heads or MLP width cannot be split evenly over tp."""
+    sizes = {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        "intermediate_size": config.intermediate_size,
+    }
+    bad = {k: v for k, v in sizes.items() if v % tp_size != 0}
+    if bad:
+        raise ValueError(
+            f"tensor parallel size {tp_size} does not divide {bad}; pick tp_size dividing "
+            "the number of attention heads and key/value heads"
+        )
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard `model` in place over `tp_mesh` with the plan in the module docstring."""
+    family = model_family(model)
+    check_tp_divisibility(model.config, tp_mesh.size())
+    layer_plan: dict[str, ParallelStyle] = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    if family == "qwen3":
+        layer_plan["self_attn.q_norm"] = HeadShardedNorm()
+        layer_plan["self_attn.k_norm"] = HeadShardedNorm()
+    for layer in decoder_layers(model):
+        parallelize_module(layer, tp_mesh, layer_plan)
+
+    top_plan: dict[str, ParallelStyle] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+    }
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None:
+        if lm_head.weight is model.model.embed_tokens.weight:
+            raise ValueError(
+                "tensor parallelism with tied input/output embeddings is not supported; "
+                "use tp_size=1 for models with tie_word_embeddings=True"
+            )
+        top_plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    parallelize_module(model, tp_mesh, top_plan)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    *,
+    mp_policy: MixedPrecisionPolicy,
+    shard_placement_fn: Callable[[nn.Parameter], Shard | None] | None = None,
+) -> None:
+    """FSDP2 along dp: one unit per decoder layer, the rest (embeddings, norm, head) at the root.
+
+    Per-layer units let the all-gather of layer i+1 overlap the compute of layer i and
+    bound the unsharded memory to about one layer. The root keeps its parameters
+    unsharded after forward (they are needed again first in backward). With a single
+    dp rank there is no memory to win by resharding layers after forward, only a
+    second all-gather (a full copy and cast of every weight) in backward, so layers
+    stay unsharded too. `shard_placement_fn` (FSDP2's) picks each parameter's shard dim
+    (default dim 0); the resharder uses it to align FSDP shards with generation TP shards.
+    """
+    reshard_layers = dp_mesh.size() > 1
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_layers,
+                    shard_placement_fn=shard_placement_fn)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False,
+                shard_placement_fn=shard_placement_fn)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute decoder-layer activations in backward (non-reentrant, works with FSDP2)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

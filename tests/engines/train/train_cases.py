@@ -1,0 +1,273 @@
+"""Bodies of the multi-process training-engine tests (run on every rank by run_ranks).
+
+Each case builds the engine over the gloo world, and on every rank also a plain,
+unsharded single-process reference of the same model on the *global* batch; it
+returns the largest differences it saw, and the test asserts on them. fp32 throughout
+except where a case says bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train_harness import (
+    full_parameters,
+    make_rl_batch,
+    param_update_error,
+    reference_actor_update,
+    reference_log_probs,
+    reference_optimizer,
+    shard_rows,
+)
+
+
+def _actor_config(path: str, *, tp: int, mini: int, micro: int, lr: float, dtype: str = "fp32", **kw):
+    from hybridflow.engines.train import MicroBatchConfig, OptimConfig, TrainEngineConfig
+
+    return TrainEngineConfig(
+        model_path=path,
+        dtype=dtype,
+        tp_size=tp,
+        optim=OptimConfig(lr=lr, weight_decay=0.01, grad_clip=1.0),
+        micro_batch=MicroBatchConfig(mini_batch_size=mini, micro_batch_size_per_device=micro,
+                                     forward_micro_batch_size_per_device=3),
+        **kw,
+    )
+
+
+def _loss_config():
+    from hybridflow.algorithms import PolicyLossConfig
+    from hybridflow.engines.train import ActorLossConfig
+
+    return ActorLossConfig(
+        policy=PolicyLossConfig(loss_mode="vanilla", clip_ratio_low=0.2, clip_ratio_high=0.28),
+        entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",
+    )
+
+
+def _batch_with_old_log_probs(model, n: int, seed: int, vocab: int = 256) -> dict[str, torch.Tensor]:
+    batch = make_rl_batch(n, seed=seed, vocab=vocab)
+    with torch.no_grad():
+        lp = reference_log_probs(model, batch)
+    g = torch.Generator().manual_seed(seed + 100)
+    # Off-policy noise so some ratios are clipped and the KL term is non-zero.
+    batch["old_log_probs"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    batch["ref_log_probs"] = lp + 0.1 * torch.randn(lp.shape, generator=g)
+    return batch
+
+
+def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: int, dynamic: bool = False) -> dict:
+    """Log-probs, gradients, losses and parameters of ActorEngine vs a plain model.
+
+    dynamic: micro-batches by a token budget, with sequence packing (ranks then cut
+    different numbers of micro-batches locally and must agree on one count).
+    """
+    from hybridflow.algorithms import compute_aggregation_scale, torch_all_reduce_sum
+    from hybridflow.engines.models import load_model
+    from hybridflow.engines.train import ActorEngine
+    from hybridflow.engines.train.forward import causal_lm_log_probs
+
+    dp = world // tp
+    n, mini, micro, lr = 4 * dp, 2 * dp, 1, 1e-3
+    extra = {"pack_sequences": True} if dynamic else {}
+    config = _actor_config(path, tp=tp, mini=mini, micro=micro, lr=lr, **extra)
+    if dynamic:
+        config.micro_batch.use_dynamic_bsz = True
+        config.micro_batch.max_tokens_per_device = 12
+        config.micro_batch.forward_max_tokens_per_device = 20
+    engine = ActorEngine(config, _loss_config())
+    dp_rank = engine.dp_rank
+    ref = load_model(path)
+    ref_opt = reference_optimizer(ref, lr=lr, weight_decay=0.01)
+    out: dict = {}
+
+    batch = _batch_with_old_log_probs(ref, n, seed=1)
+    local = shard_rows(batch, dp, dp_rank)
+    mask = batch["response_mask"].bool()
+    lp, _ = engine.compute_log_prob(local)
+    ref_lp = reference_log_probs(ref, batch).detach()
+    out["log_prob"] = float((lp - ref_lp.chunk(dp)[dp_rank])[mask.chunk(dp)[dp_rank]].abs().max())
+
+    # Gradient of the token-mean policy loss over the whole batch, engine vs reference.
+    agg = compute_aggregation_scale([local["response_mask"]], dp_size=dp,
+                                    all_reduce_sum=torch_all_reduce_sum(engine.dp_group))
+    engine.model.train()
+    elp, _ = causal_lm_log_probs(engine.model, local, temperature=1.0, chunk_size=7,
+                                 pack_sequences=False, with_entropy=False)
+    from hybridflow.algorithms import agg_loss
+    (agg_loss(elp * local["advantages"], local["response_mask"], "token-mean", agg)).backward()
+    rlp = reference_log_probs(ref, batch)
+    agg_loss(rlp * batch["advantages"], batch["response_mask"], "token-mean").backward()
+    grads = {name: p.grad.full_tensor() for name, p in engine.named_sharded_parameters()}
+    ref_grads = {name: p.grad for name, p in ref.named_parameters()}
+    out["grad"] = max(float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads)
+    out["grad_scale"] = max(float(g.abs().max()) for g in ref_grads.values())
+    engine.optimizer.zero_grad(set_to_none=True)
+    ref_opt.zero_grad(set_to_none=True)
+
+    initial = {k: v.detach().clone() for k, v in ref.named_parameters()}
+    out["loss"], out["param"] = [], []
+    for step in range(steps):
+        batch = _batch_with_old_log_probs(ref, n, seed=10 + step)
+        metrics = engine.update_policy(shard_rows(batch, dp, dp_rank))
+        ref_losses = reference_actor_update(ref, ref_opt, batch, dp=dp, per_rank=mini // dp,
+                                            loss_config=engine.loss_config, grad_clip=1.0)
+        out["loss"].append((metrics["actor/loss"], sum(ref_losses) / len(ref_losses)))
+        out["param"].append(param_update_error(full_parameters(engine), ref, initial))
+    return out
+
+
+def bf16_actor_smoke(rank: int, world: int, path: str) -> dict:
+    """bf16 compute: log-probs near fp32, loss finite, parameters (fp32 masters) change."""
+    from hybridflow.engines.models import load_model
+    from hybridflow.engines.train import ActorEngine
+
+    engine = ActorEngine(_actor_config(path, tp=1, mini=2 * world, micro=1, lr=1e-3, dtype="bf16"), _loss_config())
+    ref = load_model(path)
+    batch = _batch_with_old_log_probs(ref, 4 * world, seed=3)
+    local = shard_rows(batch, world, rank)
+    lp, _ = engine.compute_log_prob(local)
+    ref_lp = reference_log_probs(ref, batch).detach().chunk(world)[rank]
+    before = full_parameters(engine)
+    metrics = engine.update_policy(local)
+    after = full_parameters(engine)
+    # Unequal batch sizes across ranks must fail on every rank, not hang FSDP.
+    mismatch = ""
+    try:
+        engine.compute_log_prob(local if rank == 0 else make_rl_batch(8, seed=4))
+    except ValueError as err:
+        mismatch = str(err)
+    return {
+        "mismatch": mismatch,
+        "log_prob": float((lp - ref_lp)[local["response_mask"].bool()].abs().max()),
+        "loss": metrics["actor/loss"],
+        "dtype": str(next(iter(after.values())).dtype),
+        "changed": max(float((after[k] - before[k]).abs().max()) for k in before),
+        "mfu": metrics["perf/mfu"],
+    }
+
+
+def _flat_params(engine) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in full_parameters(engine).items()}
+
+
+def checkpoint_resume_and_export(rank: int, world: int, path: str, root: str, export_dir: str) -> dict:
+    """Save after step 1; (a) continue to step 2, (b) a fresh engine loads and does step 2.
+
+    Shuffled multi-epoch updates and a warmup schedule make the RNG and the scheduler
+    part of what must be restored. Then export to HF format and compare log-probs.
+    """
+    from hybridflow.engines.train import ActorEngine, MicroBatchConfig, OptimConfig, TrainEngineConfig
+    from hybridflow.engines.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from hybridflow.engines.train.export import export_hf
+
+    config = TrainEngineConfig(
+        model_path=path, dtype="fp32",
+        optim=OptimConfig(lr=1e-3, warmup_steps=3),
+        micro_batch=MicroBatchConfig(mini_batch_size=2 * world, micro_batch_size_per_device=1,
+                                     epochs=2, shuffle=True),
+    )
+    batches = [make_rl_batch(4 * world, seed=20 + i) for i in range(2)]
+    for b in batches:
+        b["old_log_probs"] = torch.full(b["old_log_probs"].shape, -5.0)
+    local = [shard_rows(b, world, rank) for b in batches]
+
+    first = ActorEngine(config, _loss_config())
+    first.update_policy(local[0])
+    saved = save_checkpoint(first, root)
+    continued = first.update_policy(local[1])
+    expected = _flat_params(first)
+
+    resumed = ActorEngine(config, _loss_config())
+    loaded = load_checkpoint(resumed, root)
+    step_after_load = resumed.global_step
+    again = resumed.update_policy(local[1])
+    got = _flat_params(resumed)
+
+    export_hf(resumed, export_dir)
+    lp, _ = resumed.compute_log_prob(local[0])
+    out = {
+        "saved": str(saved), "loaded": str(loaded), "latest": str(latest_checkpoint(root)),
+        "step_after_load": step_after_load,
+        "param_diff": max(float((got[k] - expected[k]).abs().max()) for k in expected),
+        "loss": (continued["actor/loss"], again["actor/loss"]),
+        "lr": (continued["actor/lr"], again["actor/lr"]),
+        "moved": max(float((got[k] - v.float()).abs().max()) for k, v in _initial(path).items()),
+    }
+    if rank == 0:
+        import transformers
+
+        exported = transformers.AutoModelForCausalLM.from_pretrained(export_dir)
+        with torch.no_grad():
+            ref_lp = reference_log_probs(exported, batches[0]).chunk(world)[0]
+        out["export_log_prob"] = float((lp - ref_lp)[local[0]["response_mask"].bool()].abs().max())
+        tok = transformers.AutoTokenizer.from_pretrained(export_dir)
+        out["tokenizer_ids"] = tok("hello world")["input_ids"]
+    return out
+
+
+def _initial(path: str) -> dict[str, torch.Tensor]:
+    from hybridflow.engines.models import load_model
+
+    return {k: v.detach() for k, v in load_model(path).named_parameters()}
+
+
+def save_forever(rank: int, world: int, path: str, root: str) -> None:
+    """Save checkpoints of increasing steps until killed (for the crash test)."""
+    from hybridflow.engines.train import ActorEngine, TrainEngineConfig
+    from hybridflow.engines.train.checkpoint import save_checkpoint
+
+    engine = ActorEngine(TrainEngineConfig(model_path=path, dtype="fp32"))
+    while True:
+        engine.global_step += 1
+        save_checkpoint(engine, root, keep_last=2)
+
+
+def critic_and_reward_match_reference(rank: int, world: int, critic_path: str, rm_path: str, tp: int) -> dict:
+    """CriticEngine values + one update, and RewardModelEngine scores, vs plain models."""
+    from hybridflow.algorithms import value_loss
+    from hybridflow.engines.models import load_model
+    from hybridflow.engines.train import (
+        CriticEngine, CriticLossConfig, MicroBatchConfig, OptimConfig, RewardModelEngine, TrainEngineConfig,
+    )
+
+    dp = world // tp
+    n = 4 * dp
+    config = TrainEngineConfig(
+        model_path=critic_path, dtype="fp32", tp_size=tp, pack_sequences=True,
+        optim=OptimConfig(lr=1e-3, grad_clip=1e9),
+        micro_batch=MicroBatchConfig(mini_batch_size=n, micro_batch_size_per_device=2),
+    )
+    engine = CriticEngine(config, CriticLossConfig(cliprange_value=0.2))
+    torch.manual_seed(0)  # same value-head init as the engine (config.seed = 0)
+    ref = load_model(critic_path, "critic")
+    batch = make_rl_batch(n, seed=30)
+    local = shard_rows(batch, dp, engine.dp_rank)
+    r = batch["responses"].shape[1]
+    mask = batch["response_mask"].bool()
+
+    def ref_values():
+        return ref(batch["input_ids"], batch["attention_mask"], batch["position_ids"])[:, -r - 1 : -1]
+
+    values = engine.compute_values(local)
+    out = {"values": float((values - ref_values().detach().chunk(dp)[engine.dp_rank])
+                           [mask.chunk(dp)[engine.dp_rank]].abs().max())}
+    batch["values"] = ref_values().detach() + 0.3 * torch.randn(n, r, generator=torch.Generator().manual_seed(2))
+    initial = {k: v.detach().clone() for k, v in ref.named_parameters()}
+    metrics = engine.update_critic(shard_rows(batch, dp, engine.dp_rank))
+    opt = reference_optimizer(ref, lr=1e-3, weight_decay=0.01)
+    loss, _ = value_loss(ref_values(), batch["values"], batch["returns"], batch["response_mask"], cliprange_value=0.2)
+    loss.backward()
+    opt.step()
+    out["vf_loss"] = (metrics["critic/vf_loss"], loss.item())
+    out["param"] = param_update_error(full_parameters(engine), ref, initial)
+
+    rm = RewardModelEngine(TrainEngineConfig(model_path=rm_path, dtype="fp32", tp_size=tp))
+    scores = rm.compute_scores(local)
+    ref_rm = load_model(rm_path, "reward")
+    with torch.no_grad():
+        full = ref_rm(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    last = batch["attention_mask"].shape[1] - 1 - batch["attention_mask"].flip(-1).argmax(-1)
+    expected = full.gather(1, last[:, None])[:, 0].chunk(dp)[rm.dp_rank]
+    out["scores"] = float((scores - expected).abs().max())
+    return out
