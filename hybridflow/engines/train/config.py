@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hybridflow.algorithms import PolicyLossConfig, get_kl_estimator, get_loss_agg_mode
+from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 
-DTYPES = ("bf16", "fp32")
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -159,7 +159,8 @@ class TrainEngineConfig:
     """Everything needed to load, shard and train (or only run) one model.
 
     dtype: "bf16" computes in bf16 with fp32 master weights and fp32 gradient
-        reduction; "fp32" computes in fp32. Models that are not trained (reference,
+        reduction; "fp32" computes in fp32; "auto" (default) is bf16 on GPUs and CPUs
+        with native bf16 instructions, fp32 elsewhere (see engines/precision.py). Models that are not trained (reference,
         reward) are stored in the compute dtype.
     tp_size: tensor-parallel degree; dp = world_size / tp_size.
     pack_sequences: remove padding and pack each micro-batch into one row with
@@ -172,7 +173,7 @@ class TrainEngineConfig:
     """
 
     model_path: str
-    dtype: Literal["bf16", "fp32"] = "bf16"
+    dtype: DtypeName = "auto"
     tp_size: int = 1
     gradient_checkpointing: bool = False
     param_offload: bool = False
@@ -189,8 +190,8 @@ class TrainEngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.model_path, str) or not self.model_path:
             raise EngineConfigError(f"model_path must be a non-empty path string, got {self.model_path!r}")
-        if self.dtype not in DTYPES:
-            raise EngineConfigError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise EngineConfigError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         if not isinstance(self.tp_size, int) or self.tp_size < 1:
             raise EngineConfigError(f"tp_size must be an integer >= 1, got {self.tp_size!r}")
         if self.logits_chunk_size < 1:

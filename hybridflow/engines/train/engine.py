@@ -24,6 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor, Shard
 
 from hybridflow.engines.models import load_model
+from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.train import batching
 from hybridflow.engines.train.config import TrainEngineConfig
 from hybridflow.engines.train.distributed import DP, TP, build_device_mesh, current_device, device_type
@@ -70,7 +71,7 @@ class TrainEngine:
         self.device_mesh: DeviceMesh = build_device_mesh(config.tp_size)
         self.dp_group = self.device_mesh[DP].get_group()
         self.dp_rank = self.device_mesh[DP].get_local_rank()
-        self.compute_dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        self.compute_dtype = resolve_dtype(config.dtype, self.device.type)
         self.fsdp_shard_dim = fsdp_shard_dim
         self.model = self._build_model()
         self.optimizer: torch.optim.Optimizer | None = None
