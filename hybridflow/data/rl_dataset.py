@@ -1,0 +1,205 @@
+"""RL prompt data set: verl-format parquet/jsonl rows -> tokenized, left-padded DataProto.
+
+    ds = RLPromptDataset(["train.parquet"], tokenizer, PromptDataConfig(max_prompt_length=256))
+    batch = ds.collate([ds[i] for i in range(8)])
+    batch.batch["input_ids"]           # [8, P] left-padded prompts
+    batch.non_tensor_batch["ground_truth"]
+
+Each prompt is rendered with the tokenizer's chat template (`apply_chat_template=False`
+uses a string prompt as is) and tokenized once, up front, so prompts longer than
+`max_prompt_length` can be filtered or truncated before training starts; `ds.stats`
+reports how many.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from hybridflow.data.records import Messages, PromptRecord, from_row, read_many
+from hybridflow.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PromptDataConfig:
+    """How prompts are read, rendered, length-limited and padded.
+
+    truncation: what to do with a prompt longer than max_prompt_length tokens when it is
+        not filtered: "error" (raise, naming the row), "left" (keep the last tokens),
+        "right" (keep the first tokens).
+    filter_overlong_prompts: drop overlong prompts instead (counted in `stats`).
+    pad_to: "batch" pads each batch to its longest prompt; "max_length" always pads to
+        max_prompt_length (fixed shapes).
+    default_data_source: used for rows without a data_source column.
+    """
+
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 512
+    truncation: Literal["error", "left", "right"] = "error"
+    filter_overlong_prompts: bool = True
+    apply_chat_template: bool = True
+    pad_to: Literal["batch", "max_length"] = "batch"
+    default_data_source: str | None = None
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
+        if self.truncation not in ("error", "left", "right"):
+            raise ValueError(f"truncation must be 'error', 'left' or 'right', got {self.truncation!r}")
+        if self.pad_to not in ("batch", "max_length"):
+            raise ValueError(f"pad_to must be 'batch' or 'max_length', got {self.pad_to!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, apply_chat_template: bool) -> str:
+    """The prompt text the model sees: chat template with a generation prompt, or the raw string."""
+    if not apply_chat_template:
+        if not isinstance(prompt, str):
+            raise ValueError(
+                "the prompt is a list of chat messages but apply_chat_template is false; enable "
+                "apply_chat_template or give plain string prompts"
+            )
+        return prompt
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"tokenizer {type(tokenizer).__name__} has no chat template; set apply_chat_template=false "
+            "and use string prompts, or use a tokenizer that has one"
+        )
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def pad_token_id_of(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The pad id, falling back to eos (many causal-LM tokenizers have no pad token)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+    return int(pad)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to `length`: (ids [B, length] int64, attention_mask [B, length] int64)."""
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if len(seq) > length:
+            raise ValueError(f"sequence {row} has {len(seq)} tokens, more than the pad length {length}")
+        if seq:
+            ids[row, length - len(seq):] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, length - len(seq):] = 1
+    return ids, mask
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only (0 at the first real token; 0 on padding)."""
+    return (attention_mask.cumsum(dim=-1) - 1).clamp(min=0) * attention_mask
+
+
+class RLPromptDataset:
+    """Tokenized RL prompts; `ds[i]` is a dict and `ds.collate(samples)` a DataProto.
+
+    `ds[i]["index"]` is the row's position in the source rows (files concatenated, counted
+    before filtering), so it is unique and stable; `extra_info` is passed through as is.
+    """
+
+    def __init__(
+        self,
+        files: str | Path | Sequence[str | Path] | None,
+        tokenizer: PreTrainedTokenizerBase,
+        config: PromptDataConfig,
+        rows: Sequence[dict] | None = None,
+    ) -> None:
+        """Read `files` (or take `rows` already in memory, e.g. the built-in task's records)."""
+        if (files is None) == (rows is None):
+            raise ValueError("give exactly one of files or rows")
+        self.tokenizer = tokenizer
+        self.config = config
+        self.pad_id = pad_token_id_of(tokenizer)
+        raw_rows = read_many(files, config.max_samples) if rows is None else list(rows)[: config.max_samples]
+        records = [from_row(r, i, config.prompt_key, config.default_data_source) for i, r in enumerate(raw_rows)]
+        self.records: list[PromptRecord] = []
+        self.input_ids: list[list[int]] = []
+        self.stats: dict[str, int] = {"rows": len(records), "filtered_overlong": 0, "truncated": 0}
+        self._tokenize(records)
+        if not self.records:
+            raise ValueError(
+                f"no prompts left: all {len(records)} rows were longer than max_prompt_length="
+                f"{config.max_prompt_length} tokens (or the files are empty); raise max_prompt_length"
+            )
+        self.stats["kept"] = len(self.records)
+        logger.info("prompt data set: %s", self.stats)
+
+    def _tokenize(self, records: list[PromptRecord]) -> None:
+        texts = [render_prompt(self.tokenizer, r.prompt, self.config.apply_chat_template) for r in records]
+        all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        limit = self.config.max_prompt_length
+        for record, ids in zip(records, all_ids):
+            if len(ids) > limit:
+                if self.config.filter_overlong_prompts:
+                    self.stats["filtered_overlong"] += 1
+                    continue
+                ids = self._truncate(ids, record)
+            self.records.append(record)
+            self.input_ids.append(list(ids))
+
+    def _truncate(self, ids: list[int], record: PromptRecord) -> list[int]:
+        limit = self.config.max_prompt_length
+        if self.config.truncation == "error":
+            raise ValueError(
+                f"row {record.index}: prompt has {len(ids)} tokens > max_prompt_length={limit}; raise "
+                "max_prompt_length, set filter_overlong_prompts=true, or truncation=left|right"
+            )
+        self.stats["truncated"] += 1
+        return ids[-limit:] if self.config.truncation == "left" else ids[:limit]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        record = self.records[i]
+        return {
+            "input_ids": self.input_ids[i],
+            "raw_prompt": record.prompt,
+            "data_source": record.data_source,
+            "ground_truth": record.ground_truth,
+            "extra_info": record.extra_info,
+            "index": record.index,
+        }
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> DataProto:
+        """Samples -> DataProto with left-padded prompts and the per-sample non-tensor fields."""
+        length = self.config.max_prompt_length if self.config.pad_to == "max_length" else None
+        return collate_prompts(samples, self.pad_id, length)
+
+
+def collate_prompts(samples: Sequence[dict[str, Any]], pad_id: int, pad_length: int | None = None) -> DataProto:
+    """Left-pad `input_ids` to `pad_length` (or the longest sample) and build the DataProto.
+
+    Tensors: input_ids, attention_mask, position_ids. Non-tensors: raw_prompt,
+    data_source, ground_truth, extra_info, index.
+    """
+    if not samples:
+        raise ValueError("collate_prompts got an empty list of samples")
+    sequences = [s["input_ids"] for s in samples]
+    length = pad_length if pad_length is not None else max(len(s) for s in sequences)
+    input_ids, attention_mask = left_pad(sequences, pad_id, length)
+    keys = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
+    non_tensors = {key: [s[key] for s in samples] for key in keys}
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+        },
+        non_tensors=non_tensors,
+    )

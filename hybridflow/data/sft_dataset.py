@@ -1,0 +1,155 @@
+"""SFT data set: (prompt, response) pairs -> token ids with a loss mask on the response.
+
+The prompt is rendered exactly as the RL data set renders it (chat template with a
+generation prompt), and the response is followed by eos so the model learns to stop;
+a supervised warm start therefore trains the same token layout RL later samples from.
+
+A batch uses the RL layout (ARCHITECTURE.md): `input_ids` = left-padded prompt +
+right-padded response, so the actor's response log-prob code computes the SFT loss too.
+
+    input_ids, attention_mask, position_ids      [B, P + R]
+    loss_mask                                    [B, P + R] 1 on response tokens (incl. eos)
+    prompts [B, P], responses [B, R], response_mask [B, R]
+
+`loss_mask[b, t] = 1` means token t is a target (predicted by the logits at t - 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from hybridflow.data.records import read_many
+from hybridflow.data.rl_dataset import left_pad, pad_token_id_of, position_ids_from_mask, render_prompt
+from hybridflow.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SFTDataConfig:
+    """Columns, the length limit and what to do with pairs that exceed it.
+
+    overlong: "filter" drops a pair whose prompt + response exceeds max_length,
+        "truncate" cuts the response (keeping at least one response token), "error" raises.
+    """
+
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    max_length: int = 512
+    overlong: Literal["filter", "truncate", "error"] = "filter"
+    apply_chat_template: bool = True
+    append_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        if self.overlong not in ("filter", "truncate", "error"):
+            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
+
+
+class SFTDataset:
+    """Tokenized SFT pairs; `ds[i]` is {prompt_ids, response_ids}, `ds.collate` a DataProto."""
+
+    def __init__(
+        self,
+        files: str | Path | Sequence[str | Path] | None,
+        tokenizer: PreTrainedTokenizerBase,
+        config: SFTDataConfig,
+        rows: Sequence[dict] | None = None,
+    ) -> None:
+        if (files is None) == (rows is None):
+            raise ValueError("give exactly one of files or rows")
+        self.tokenizer = tokenizer
+        self.config = config
+        self.pad_id = pad_token_id_of(tokenizer)
+        raw_rows = read_many(files) if rows is None else list(rows)
+        self.prompt_ids: list[list[int]] = []
+        self.response_ids: list[list[int]] = []
+        self.stats = {"rows": len(raw_rows), "filtered_overlong": 0, "truncated": 0}
+        self._tokenize(raw_rows)
+        if not self.prompt_ids:
+            raise ValueError(f"no SFT pairs left out of {len(raw_rows)}; raise max_length or check the files")
+        self.stats["kept"] = len(self.prompt_ids)
+        logger.info("SFT data set: %s", self.stats)
+
+    def _pair(self, row: dict, i: int) -> tuple[str, str]:
+        for key in (self.config.prompt_key, self.config.response_key):
+            if key not in row:
+                raise ValueError(
+                    f"SFT row {i} has no {key!r} column (columns: {sorted(row)}); set prompt_key/response_key"
+                )
+        response = row[self.config.response_key]
+        if not isinstance(response, str):
+            raise ValueError(f"SFT row {i}: response must be a string, got {type(response).__name__}")
+        prompt = row[self.config.prompt_key]
+        prompt = prompt.tolist() if hasattr(prompt, "tolist") else prompt
+        return render_prompt(self.tokenizer, prompt, self.config.apply_chat_template), response
+
+    def _tokenize(self, rows: list[dict]) -> None:
+        pairs = [self._pair(r, i) for i, r in enumerate(rows)]
+        if not pairs:
+            return
+        prompts = self.tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+        responses = self.tokenizer([r for _, r in pairs], add_special_tokens=False)["input_ids"]
+        eos = [self.tokenizer.eos_token_id] if self.config.append_eos else []
+        if self.config.append_eos and self.tokenizer.eos_token_id is None:
+            raise ValueError("append_eos is set but the tokenizer has no eos token")
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            r = list(r) + eos
+            if len(p) + len(r) > self.config.max_length:
+                if self.config.overlong == "filter":
+                    self.stats["filtered_overlong"] += 1
+                    continue
+                room = self.config.max_length - len(p)
+                if self.config.overlong == "error" or room < 1:
+                    raise ValueError(
+                        f"SFT row {i}: prompt {len(p)} + response {len(r)} tokens > max_length="
+                        f"{self.config.max_length}; raise max_length or set overlong=filter"
+                    )
+                r = r[:room]
+                self.stats["truncated"] += 1
+            self.prompt_ids.append(list(p))
+            self.response_ids.append(r)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"prompt_ids": self.prompt_ids[i], "response_ids": self.response_ids[i]}
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> DataProto:
+        return collate_sft(samples, self.pad_id)
+
+
+def collate_sft(samples: Sequence[dict[str, Any]], pad_id: int) -> DataProto:
+    """Left-pad prompts, right-pad responses, and mark the response tokens in loss_mask."""
+    if not samples:
+        raise ValueError("collate_sft got an empty list of samples")
+    p_len = max(len(s["prompt_ids"]) for s in samples)
+    r_len = max(len(s["response_ids"]) for s in samples)
+    prompts, prompt_mask = left_pad([s["prompt_ids"] for s in samples], pad_id, p_len)
+    responses = torch.full((len(samples), r_len), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(samples), r_len), dtype=torch.long)
+    for row, s in enumerate(samples):
+        n = len(s["response_ids"])
+        responses[row, :n] = torch.as_tensor(s["response_ids"], dtype=torch.long)
+        response_mask[row, :n] = 1
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "loss_mask": torch.cat([torch.zeros_like(prompt_mask), response_mask], dim=1),
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+        }
+    )

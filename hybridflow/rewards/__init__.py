@@ -1,0 +1,44 @@
+"""The rewards layer: rule-based scorers, the data_source registry, user reward functions
+loaded from files, and the RewardManager that scores batches in worker processes.
+
+    from hybridflow.rewards import RewardManager, RewardConfig, default_compute_score, load_reward_fn
+
+`RewardManager`/`RewardConfig`/`RewardOutput` are imported lazily: reward worker
+processes import this package and must not pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hybridflow.rewards.registry import (
+    SCORERS,
+    DispatchScore,
+    FileRewardFn,
+    default_compute_score,
+    load_reward_fn,
+    register_scorer,
+)
+
+_LAZY = {"RewardManager": "manager", "RewardConfig": "manager", "RewardOutput": "manager", "ScoringPool": "pool"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"hybridflow.rewards.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'hybridflow.rewards' has no attribute {name!r}")
+
+
+__all__ = [
+    "SCORERS",
+    "DispatchScore",
+    "FileRewardFn",
+    "RewardConfig",
+    "RewardManager",
+    "RewardOutput",
+    "ScoringPool",
+    "default_compute_score",
+    "load_reward_fn",
+    "register_scorer",
+]

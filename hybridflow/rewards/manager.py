@@ -1,0 +1,236 @@
+"""RewardManager: decode a batch of responses, score them, and place the scores on tokens.
+
+    manager = RewardManager(tokenizer, RewardConfig(num_workers=2, timeout_s=5.0))
+    out = manager(batch)                # batch: responses, response_mask, data_source, ground_truth
+    batch.batch["token_level_scores"] = out.token_level_scores
+    metrics.update(out.metrics)         # reward/mean, reward/errors, reward/timeouts, ...
+
+Scoring runs in a pool of worker processes (see pool.py), or in this process when
+`num_workers=0` (for debugging: errors and alarms still handled, but a function that
+blocks the alarm hangs the caller). A sample whose function raises, returns something
+that is not a finite number (or a dict with one under "score"), or times out gets
+`error_score` and is counted; the run never stops for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rewards._worker import call_with_timeout
+from hybridflow.rewards.pool import ScoringPool
+from hybridflow.rewards.registry import DispatchScore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """How rewards are computed.
+
+    num_workers: worker processes (0 = score in this process, for debugging).
+    timeout_s: per-sample limit; the function is interrupted after it.
+    kill_grace_s: extra time before a worker that ignores the interruption is killed.
+    error_score: reward of a sample whose function failed or timed out.
+    mp_context: "forkserver" (fast worker start) or "spawn".
+    """
+
+    num_workers: int = 2
+    timeout_s: float = 10.0
+    kill_grace_s: float = 2.0
+    error_score: float = 0.0
+    mp_context: str = "forkserver"
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 = in-process), got {self.num_workers}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s must be >= 0, got {self.kill_grace_s}")
+        if self.mp_context not in ("forkserver", "spawn"):
+            raise ValueError(f"mp_context must be 'forkserver' or 'spawn', got {self.mp_context!r}")
+
+
+@dataclasses.dataclass
+class RewardOutput:
+    """Scores of one batch.
+
+    token_level_scores: [B, T_resp] float32, the score at each sample's last valid
+        response token, 0 elsewhere.
+    scores: [B] float32 per-sample scores.
+    extra_info: extra values returned in dicts by the reward function, key -> list of B
+        (None where a sample did not return that key).
+    errors: (sample index, message) of the samples that failed or timed out.
+    metrics: reward/mean, reward/errors, reward/timeouts, reward/empty_responses,
+        reward/worker_restarts.
+    """
+
+    token_level_scores: torch.Tensor
+    scores: torch.Tensor
+    extra_info: dict[str, list[Any]]
+    errors: list[tuple[int, str]]
+    metrics: dict[str, float]
+
+    def to_dataproto(self) -> DataProto:
+        """token_level_scores as a tensor, the extras as non-tensors, metrics in meta_info."""
+        return DataProto.from_dict(
+            tensors={"token_level_scores": self.token_level_scores},
+            non_tensors=dict(self.extra_info),
+            meta_info={"metrics": dict(self.metrics)},
+        )
+
+
+def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
+    """A reward function's return value -> (score, extras); ValueError if unusable."""
+    extras: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise ValueError(f"reward function returned a dict without 'score' (keys: {sorted(value)})")
+        extras = {k: v for k, v in value.items() if k != "score"}
+        value = value["score"]
+    # bools, Python/numpy numbers and one-element tensors/arrays (via .item()) are accepted.
+    if hasattr(value, "item") and not isinstance(value, numbers.Real):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError) as err:
+            raise ValueError(f"reward function returned a {type(value).__name__} with more than one element") from err
+    if not isinstance(value, (numbers.Real, np.bool_)):
+        raise ValueError(
+            f"reward function returned {type(value).__name__} {value!r}; return a float or a dict with 'score'"
+        )
+    score = float(value)
+    if not math.isfinite(score):
+        raise ValueError(f"reward function returned a non-finite score {score}")
+    return score, extras
+
+
+def last_valid_positions(response_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last 1 in each row of response_mask; -1 for a row with none."""
+    positions = torch.arange(response_mask.shape[1], device=response_mask.device).expand_as(response_mask)
+    masked = torch.where(response_mask.bool(), positions, torch.full_like(positions, -1))
+    return masked.max(dim=1).values
+
+
+class RewardManager:
+    """Scores DataProto batches with a reward function, in worker processes or in-process."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        config: RewardConfig | None = None,
+        compute_score: Callable[..., Any] | None = None,
+    ) -> None:
+        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers."""
+        self.tokenizer = tokenizer
+        self.config = config or RewardConfig()
+        self.compute_score = compute_score if compute_score is not None else DispatchScore()
+        self._pool: ScoringPool | None = None
+        if self.config.num_workers > 0:
+            self._pool = ScoringPool(
+                self.compute_score,
+                self.config.num_workers,
+                self.config.timeout_s,
+                self.config.kill_grace_s,
+                self.config.mp_context,
+            )
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __call__(self, data: DataProto) -> RewardOutput:
+        return self.score(data)
+
+    def score(self, data: DataProto) -> RewardOutput:
+        """Decode each response up to its last valid token, score it, and place the score there."""
+        responses, response_mask = self._check_batch(data)
+        last = last_valid_positions(response_mask)
+        texts = self.tokenizer.batch_decode(
+            [responses[i, : int(last[i]) + 1].tolist() for i in range(len(responses))],
+            skip_special_tokens=True,
+        )
+        nt = data.non_tensor_batch
+        extra_infos = nt["extra_info"] if "extra_info" in nt else [None] * len(texts)
+        tasks = [
+            {
+                "data_source": nt["data_source"][i],
+                "solution_str": texts[i],
+                "ground_truth": nt["ground_truth"][i],
+                "extra_info": extra_infos[i],
+            }
+            for i in range(len(texts))
+        ]
+        outcomes, restarts = self._run(tasks)
+        return self._assemble(outcomes, last, responses.shape, restarts)
+
+    def _check_batch(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+        missing = [k for k in ("responses", "response_mask") if k not in data.batch]
+        missing += [k for k in ("data_source", "ground_truth") if k not in data.non_tensor_batch]
+        if missing:
+            raise KeyError(
+                f"RewardManager needs batch tensors responses, response_mask and non-tensors data_source, "
+                f"ground_truth; missing {missing}"
+            )
+        responses, mask = data.batch["responses"], data.batch["response_mask"]
+        if responses.shape != mask.shape:
+            raise ValueError(f"responses {list(responses.shape)} and response_mask {list(mask.shape)} differ in shape")
+        return responses, mask
+
+    def _run(self, tasks: list[dict[str, Any]]) -> tuple[list[tuple[str, Any]], int]:
+        if self._pool is not None:
+            return self._pool.run(tasks)
+        return [call_with_timeout(self.compute_score, task, self.config.timeout_s) for task in tasks], 0
+
+    def _assemble(self, outcomes, last: torch.Tensor, shape: torch.Size, restarts: int) -> RewardOutput:
+        scores = torch.full((shape[0],), float(self.config.error_score), dtype=torch.float32)
+        extras_per_sample: list[dict[str, Any]] = [{} for _ in outcomes]
+        errors: list[tuple[int, str]] = []
+        timeouts = 0
+        for i, (status, value) in enumerate(outcomes):
+            if status == "ok":
+                try:
+                    scores[i], extras_per_sample[i] = normalize_result(value)
+                    continue
+                except ValueError as err:
+                    status, value = "error", str(err)
+            timeouts += status == "timeout"
+            errors.append((i, f"{status}: {value}"))
+        if errors:
+            first, message = errors[0]
+            logger.warning(
+                "reward: %d of %d samples failed (first: sample %d, %s)", len(errors), len(outcomes), first, message
+            )
+        token_level_scores = torch.zeros(shape, dtype=torch.float32)
+        rows = torch.nonzero(last >= 0).squeeze(-1)
+        token_level_scores[rows, last[rows]] = scores[rows]
+        keys = sorted({k for extras in extras_per_sample for k in extras})
+        metrics = {
+            "reward/mean": float(scores.mean()) if len(scores) else 0.0,
+            "reward/errors": float(len(errors) - timeouts),
+            "reward/timeouts": float(timeouts),
+            "reward/empty_responses": float((last < 0).sum()),
+            "reward/worker_restarts": float(restarts),
+        }
+        return RewardOutput(
+            token_level_scores=token_level_scores,
+            scores=scores,
+            extra_info={k: [extras.get(k) for extras in extras_per_sample] for k in keys},
+            errors=errors,
+            metrics=metrics,
+        )

@@ -1,0 +1,221 @@
+"""A process pool that scores samples with a per-sample timeout and survives bad functions.
+
+Built on `concurrent.futures.ProcessPoolExecutor` with a forkserver (or spawn) context,
+created once and reused across batches. Per sample:
+
+- an exception in the reward function -> ("error", message);
+- running past `timeout_s` -> the in-worker alarm interrupts it -> ("timeout", message);
+- still running at `timeout_s + kill_grace_s` (the function blocks or swallows the
+  alarm) -> the parent kills that worker process, records ("timeout", ...), and replaces
+  the pool; the other unfinished samples are re-run on the new pool;
+- a worker that dies on its own (segfault, os._exit) breaks the pool too: the samples that
+  were running are re-run one at a time on a new pool, and the one that kills its worker
+  while alone gets ("error", ...); the others are scored normally.
+
+The parent learns which process runs which sample from a start message each worker
+sends (task id, pid) before it calls the function.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from hybridflow.rewards._worker import init_worker, score_task
+
+logger = logging.getLogger(__name__)
+
+Outcome = tuple[str, Any]  # ("ok", value) | ("error", message) | ("timeout", message)
+
+
+class ScoringPool:
+    """Scores lists of keyword-argument dicts with `fn` in `num_workers` processes."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        num_workers: int,
+        timeout_s: float,
+        kill_grace_s: float = 2.0,
+        mp_context: str = "forkserver",
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 for a pool, got {num_workers} (use in-process mode for 0)")
+        if timeout_s <= 0 or kill_grace_s < 0:
+            raise ValueError(f"timeout_s must be > 0 and kill_grace_s >= 0, got {timeout_s}, {kill_grace_s}")
+        if mp_context not in ("forkserver", "spawn"):
+            raise ValueError(
+                f"mp_context must be 'forkserver' or 'spawn', got {mp_context!r}; 'fork' is unsafe in a "
+                "process that runs threads (torch, Ray)"
+            )
+        _check_picklable(fn)
+        self.fn = fn
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.kill_grace_s = kill_grace_s
+        self._ctx = multiprocessing.get_context(mp_context)
+        self._executor: ProcessPoolExecutor | None = None
+        self._starts: Any = None
+        self._pids: set[int] = set()
+        self.restarts = 0  # pools replaced after a kill or a crash, over the pool's life
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _ensure_executor(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            # A fresh queue per pool: a killed worker may have died holding the old one's lock.
+            self._starts = self._ctx.SimpleQueue()
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.num_workers,
+                mp_context=self._ctx,
+                initializer=init_worker,
+                initargs=(self.fn, self._starts),
+            )
+        return self._executor
+
+    def _discard_executor(self, kill: bool) -> None:
+        """Shut the pool down; with `kill`, SIGKILL every worker first (some may be hung)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if kill:
+            for pid in self._pids:
+                _kill(pid)
+        self._pids.clear()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop the worker processes. The pool restarts on the next `run` if used again.
+
+        Between runs no sample is in flight (hung ones were killed), so a graceful
+        shutdown cannot block.
+        """
+        self._discard_executor(kill=False)
+
+    # ------------------------------------------------------------------ scoring
+
+    def run(self, tasks: Sequence[dict[str, Any]]) -> tuple[list[Outcome], int]:
+        """Outcomes of fn(**task) in task order, and how many pools had to be replaced."""
+        results: list[Outcome | None] = [None] * len(tasks)
+        suspects: set[int] = set()  # samples in flight when a worker died on its own
+        pending = set(range(len(tasks)))
+        restarts_here = idle_breaks = 0
+        while pending:
+            if idle_breaks >= 3:
+                # Safety net: pools that keep breaking without scoring, killing or even
+                # starting a sample must not loop forever.
+                for i in pending:
+                    results[i] = ("error", "reward worker processes kept dying; sample given up")
+                break
+            # A suspect runs alone: if the pool breaks again, it is the culprit, and the
+            # innocent samples that happened to share the pool with it are not blamed.
+            batch = [min(suspects & pending)] if suspects & pending else sorted(pending)
+            before = (len(pending), len(suspects))
+            if self._run_round(tasks, batch, pending, results, suspects):
+                self._discard_executor(kill=True)
+                self.restarts += 1
+                restarts_here += 1
+                idle_breaks = idle_breaks + 1 if (len(pending), len(suspects)) == before else 0
+        return [r if r is not None else ("error", "no result") for r in results], restarts_here
+
+    def _run_round(self, tasks, batch: list[int], pending: set[int], results: list, suspects: set[int]) -> bool:
+        """Run `batch`; return True when the pool broke and must be replaced."""
+        executor = self._ensure_executor()
+        futures: dict[Future, int] = {executor.submit(score_task, i, tasks[i], self.timeout_s): i for i in batch}
+        started: dict[int, tuple[int, float]] = {}  # task -> (pid, when the parent heard of it)
+        tick = min(0.05, self.timeout_s / 4)
+        waiting = set(futures)
+        while waiting:
+            done, waiting = wait(waiting, timeout=tick, return_when=FIRST_COMPLETED)
+            broken = self._collect(done, futures, pending, results)
+            self._drain_starts(started)
+            if broken:
+                if not started and not any(f.done() and not _failed(f) for f in futures):
+                    self._discard_executor(kill=True)
+                    raise RuntimeError(
+                        "reward worker processes die before scoring anything (see their error output "
+                        "above). Common causes: a script that creates the RewardManager without an "
+                        "`if __name__ == '__main__':` guard (workers re-import the main module), or a "
+                        "reward function that cannot be unpickled in a fresh process"
+                    )
+                self._blame(batch, started, pending, results, suspects)
+                return True
+            if self._kill_hung(started, pending, results):
+                return True
+        return False
+
+    def _collect(self, done, futures: dict[Future, int], pending: set[int], results: list) -> bool:
+        broken = False
+        for future in done:
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except BrokenProcessPool:
+                broken = True
+                continue
+            except Exception as err:  # noqa: BLE001 - e.g. a result that cannot be pickled
+                results[i] = ("error", f"{type(err).__name__}: {err}")
+            pending.discard(i)
+        return broken
+
+    def _drain_starts(self, started: dict[int, tuple[int, float]]) -> None:
+        now = time.monotonic()
+        while not self._starts.empty():
+            task_id, pid = self._starts.get()
+            self._pids.add(pid)
+            started[task_id] = (pid, now)
+
+    def _kill_hung(self, started: dict[int, tuple[int, float]], pending: set[int], results: list) -> bool:
+        limit = self.timeout_s + self.kill_grace_s
+        now = time.monotonic()
+        hung = [i for i, (_, since) in started.items() if i in pending and now - since > limit]
+        for i in hung:
+            pid = started[i][0]
+            logger.warning("reward sample %d still running after %.1f s: killing worker pid %d", i, limit, pid)
+            _kill(pid)
+            results[i] = ("timeout", f"reward function ran longer than {limit:.1f} s; its worker process was killed")
+            pending.discard(i)
+        return bool(hung)
+
+    @staticmethod
+    def _blame(batch: list[int], started, pending: set[int], results: list, suspects: set[int]) -> None:
+        # A worker died on its own (segfault, os._exit). Alone in the pool, the sample is
+        # the cause; otherwise every sample that was running becomes a suspect.
+        running = [i for i in started if i in pending]
+        if len(batch) == 1 and batch[0] in pending:
+            results[batch[0]] = ("error", "the reward worker process died while scoring this sample")
+            pending.discard(batch[0])
+            return
+        suspects.update(running)
+
+
+def _check_picklable(fn: Callable[..., Any]) -> None:
+    # Worker processes receive the function by pickle (functions travel by module and
+    # name), so a lambda or a function defined inside another one cannot be sent.
+    try:
+        pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError) as err:
+        raise ValueError(
+            f"the reward function {fn!r} cannot be sent to worker processes ({err}); define it at module "
+            "level in an importable module, load it from a file with load_reward_fn(path, name), or set "
+            "num_workers=0 to score in-process"
+        ) from err
+
+
+def _failed(future: Future) -> bool:
+    return future.cancelled() or future.exception() is not None
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,171 @@
+"""Which scorer checks which data set, and loading a user's reward function from a file.
+
+    default_compute_score("openai/gsm8k", "... #### 72", "72")     # -> 1.0
+    fn = load_reward_fn("my_reward.py", "compute_score")          # verl-style signature
+
+A reward function has verl's signature
+
+    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
+
+and is called with keyword arguments; a dict return must hold "score" (the reward) and
+may hold extra per-sample values that are logged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hybridflow.rewards import arithmetic, gsm8k, math_answer
+
+ScoreFn = Callable[..., "float | dict[str, Any]"]
+REQUIRED_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def _arithmetic(solution_str: str, ground_truth: Any, extra_info: dict | None) -> float:
+    return arithmetic.compute_score(solution_str, ground_truth)
+
+
+def _gsm8k(solution_str: str, ground_truth: Any, extra_info: dict | None) -> float:
+    return gsm8k.compute_score(solution_str, ground_truth, method="strict")
+
+
+def _math(solution_str: str, ground_truth: Any, extra_info: dict | None) -> float:
+    return math_answer.compute_score(solution_str, str(ground_truth))
+
+
+# data_source -> scorer(solution_str, ground_truth, extra_info). Names follow the Hugging
+# Face data set ids verl users already have in their parquet files.
+SCORERS: dict[str, Callable[[str, Any, dict | None], float | dict]] = {
+    "arithmetic": _arithmetic,
+    "openai/gsm8k": _gsm8k,
+    "gsm8k": _gsm8k,
+    "math": _math,
+    "lighteval/MATH": _math,
+    "DigitalLearningGmbH/MATH-lighteval": _math,
+    "HuggingFaceH4/MATH-500": _math,
+}
+
+
+def register_scorer(data_source: str, fn: Callable[[str, Any, dict | None], float | dict]) -> None:
+    """Add a scorer for `data_source`. It must be importable by module and name (a
+    module-level function) so reward worker processes can use it too."""
+    if data_source in SCORERS:
+        raise ValueError(f"a scorer for data_source {data_source!r} is already registered")
+    SCORERS[data_source] = fn
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float | dict[str, Any]:
+    """Score one response with the built-in scorer of its data source."""
+    scorer = SCORERS.get(data_source)
+    if scorer is None:
+        raise KeyError(
+            f"no built-in scorer for data_source {data_source!r} (known: {sorted(SCORERS)}); set "
+            "data_source in the data files to one of these, or give your own reward function "
+            "(reward.custom_fn.path / name, loaded with load_reward_fn)"
+        )
+    return scorer(solution_str, ground_truth, extra_info)
+
+
+class DispatchScore:
+    """A picklable `default_compute_score` over a fixed table of scorers.
+
+    Reward worker processes start fresh, so scorers registered in the parent at run time
+    would be missing there; this object carries the table (functions travel by name).
+    """
+
+    def __init__(self, scorers: dict[str, Callable] | None = None) -> None:
+        self.scorers = dict(SCORERS if scorers is None else scorers)
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
+        scorer = self.scorers.get(data_source)
+        if scorer is None:
+            raise KeyError(f"no scorer for data_source {data_source!r} (known: {sorted(self.scorers)})")
+        return scorer(solution_str, ground_truth, extra_info)
+
+
+def _import_file(path: Path) -> Any:
+    # A unique module name per file, so two reward files both called reward.py do not clash.
+    module_name = f"hybridflow_user_reward_{abs(hash(str(path)))}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {str(path)!r} as a Python module; is it a .py file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[module_name]
+        raise ImportError(f"importing reward file {str(path)!r} failed: {type(err).__name__}: {err}") from err
+    return module
+
+
+def _check_signature(fn: Callable, where: str) -> None:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return  # builtins and some callables have no inspectable signature
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [name for name in REQUIRED_PARAMETERS if name not in params]
+    if missing:
+        raise TypeError(
+            f"{where} is called as fn(data_source=, solution_str=, ground_truth=, extra_info=) but has no "
+            f"parameter(s) {missing}; add them (or **kwargs) to its signature"
+        )
+
+
+class FileRewardFn:
+    """A reward function defined in a .py file, picklable by (path, name).
+
+    A worker process that unpickles it imports the file itself, so user functions work in
+    spawn/forkserver process pools without being installed as a package.
+    """
+
+    def __init__(self, path: str | Path, name: str) -> None:
+        self.path = Path(path).resolve()
+        self.name = name
+        self._fn: ScoreFn | None = None
+
+    def resolve(self) -> ScoreFn:
+        """Import the file (once) and return the function, with errors that name the fix."""
+        if self._fn is None:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"reward function file {str(self.path)!r} does not exist")
+            module = _import_file(self.path)
+            fn = getattr(module, self.name, None)
+            if fn is None:
+                defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+                raise AttributeError(
+                    f"{str(self.path)!r} defines no {self.name!r}; functions there: {defined}. Set the reward "
+                    "function name to one of these"
+                )
+            if not callable(fn):
+                raise TypeError(f"{self.name!r} in {str(self.path)!r} is a {type(fn).__name__}, not a function")
+            _check_signature(fn, f"{self.name} in {self.path.name}")
+            self._fn = fn
+        return self._fn
+
+    def __call__(self, **kwargs: Any) -> float | dict[str, Any]:
+        return self.resolve()(**kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "_fn": None}
+
+    def __repr__(self) -> str:
+        return f"FileRewardFn({str(self.path)!r}, {self.name!r})"
+
+
+def load_reward_fn(path: str | Path, name: str = "compute_score") -> FileRewardFn:
+    """Load `name` from the Python file at `path` (checked now, so mistakes surface at start-up)."""
+    fn = FileRewardFn(path, name)
+    fn.resolve()
+    return fn
