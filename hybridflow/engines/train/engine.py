@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor, Shard
 
 from hybridflow.engines.models import load_model
@@ -127,6 +127,12 @@ class TrainEngine:
         names and adapter tensors under their peft names (`...lora_A.default.weight`);
         merging is up to the caller.
         """
+        # FSDP2 keeps the root (and, with one dp rank, every layer) unsharded after a
+        # forward without backward (e.g. compute_log_prob); those parameters would then be
+        # full plain tensors. Resharding first keeps the promise above (a no-op if sharded).
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
         for name, param in self.model.named_parameters():
             yield hf_name(name), param
 

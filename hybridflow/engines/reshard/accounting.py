@@ -1,0 +1,92 @@
+"""Exact accounting of a transition: bytes moved by our collectives and parameter memory.
+
+Communication convention (as in the paper's Table 2): an all-gather over a group of g
+ranks whose output holds O bytes costs each rank (g - 1) / g * O bytes, the bytes it
+receives (a ring sends as many as it receives). Only the collectives the resharder
+issues are counted; there are no others in a transition.
+
+Memory convention: parameter bytes alive on the rank, counted by the code that
+allocates them, in three parts: the training shard (what FSDP keeps, in the training
+dtype), the generation copy (the rollout engine's weight storage, read from its
+storages) and the transient gather buffers of the method. The peak is the largest sum
+seen during the transition. Allocator caching, activations and the optimizer state are
+outside this count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class CommMeter:
+    """Counts the per-rank volume and number of the all-gathers it issues."""
+
+    bytes: int = 0
+    calls: int = 0
+
+    def all_gather(self, buffer: torch.Tensor, positions: tuple[int, ...], me: int,
+                   group: dist.ProcessGroup | None) -> None:
+        """Gather into `buffer` [g, ...]: group rank i's piece lands in buffer[positions[i]].
+
+        `buffer[positions[me]]` already holds this rank's piece and is the input (an
+        in-place gather: the local piece is not copied a second time). Pieces in group
+        rank order take one all_gather_into_tensor; other orders take the list form.
+        """
+        g = buffer.shape[0]
+        own = buffer[positions[me]]
+        if list(positions) == list(range(g)):
+            _all_gather_flat(buffer.view(-1), own.view(-1), group)
+        else:
+            dist.all_gather([buffer[p] for p in positions], own, group=group)
+        self.bytes += (g - 1) * nbytes(own)
+        self.calls += 1
+
+
+def _all_gather_flat(output: torch.Tensor, own: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    # torch 2.13 renamed all_gather_into_tensor to all_gather_single; keep older torch working.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, own, group=group)
+
+
+@dataclass
+class MemoryLedger:
+    """Live and peak parameter bytes, split into training / generation / buffers."""
+
+    train: int = 0
+    generation: int = 0
+    buffers: int = 0
+    peak: int = 0
+    peak_buffers: int = 0
+
+    @property
+    def live(self) -> int:
+        return self.train + self.generation + self.buffers
+
+    def _update(self) -> None:
+        self.peak = max(self.peak, self.live)
+        self.peak_buffers = max(self.peak_buffers, self.buffers)
+
+    def set_train(self, n: int) -> None:
+        self.train = n
+        self._update()
+
+    def set_generation(self, n: int) -> None:
+        self.generation = n
+        self._update()
+
+    def alloc(self, n: int) -> None:
+        self.buffers += n
+        self._update()
+
+    def free(self, n: int) -> None:
+        if n > self.buffers:
+            raise RuntimeError(f"freeing {n} buffer bytes but only {self.buffers} are live")
+        self.buffers -= n

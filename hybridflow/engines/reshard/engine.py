@@ -1,0 +1,175 @@
+"""HybridEngine: the actor's switch between its training layout and its generation layout.
+
+    hybrid = HybridEngine.build(actor.named_sharded_parameters, hf_config,
+                                RolloutConfig(dtype=torch.bfloat16), gen_tp=2, method="hybrid")
+    stats = hybrid.to_generation()        # gather into the rollout engine's TP layout
+    out = hybrid.rollout.generate(prompts, sampling)
+    hybrid.to_training()                  # release the generation copy
+
+`to_generation` reads the training parameters afresh every time, so the weights an
+optimizer step just changed are the ones generation uses. The training shards are left
+untouched (on GPU the caller may offload them with `TrainEngine.offload` while
+generating). Building is collective over the training world: it shares the layout and
+creates the process groups (generation TP groups and gather groups) on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.engines.reshard.accounting import CommMeter, MemoryLedger, nbytes
+from hybridflow.engines.reshard.grouping import (
+    GatherSpec,
+    GenerationGrouping,
+    ReshardMethod,
+    all_gather_groups,
+    plan_for_rank,
+)
+from hybridflow.engines.reshard.layout import TrainingLayout, local_shard
+from hybridflow.engines.reshard.placement import generation_shard_dim
+from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig
+
+NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class TransitionStats:
+    """What one training -> generation transition cost this rank (see accounting.py)."""
+
+    method: str
+    world_size: int
+    gen_tp: int
+    comm_bytes: int
+    comm_calls: int
+    train_shard_bytes: int
+    generation_bytes: int
+    buffer_bytes: int  # peak of the transient gather buffers
+    peak_bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class HybridEngine:
+    """Reshards training parameters into a `NativeRolloutEngine` (see module docstring)."""
+
+    def __init__(self, named_parameters: NamedParameters, rollout: NativeRolloutEngine, layout: TrainingLayout,
+                 grouping: GenerationGrouping, groups: dict[tuple[int, ...], dist.ProcessGroup],
+                 transfer_dtype: torch.dtype) -> None:
+        self.named_parameters = named_parameters
+        self.rollout = rollout
+        self.layout = layout
+        self.grouping = grouping
+        self.rank = dist.get_rank()
+        self.plan: list[GatherSpec] = plan_for_rank(layout, grouping, self.rank)
+        self.groups = groups
+        self.transfer_dtype = transfer_dtype
+        self._check_rollout()
+        # Training owns the memory until the first transition.
+        self.rollout.release_memory()
+
+    @classmethod
+    def build(cls, named_parameters: NamedParameters, hf_config, rollout_config: RolloutConfig, *,
+              gen_tp: int, method: ReshardMethod | str, tokenizer=None) -> "HybridEngine":
+        """Collective: describe the layout, create process groups, build the rollout engine."""
+        layout = TrainingLayout.from_named_parameters(named_parameters())
+        grouping = GenerationGrouping.build(layout, gen_tp, method)
+        groups = create_process_groups(layout, grouping)
+        tp_group = groups.get(grouping.tp_group_of(dist.get_rank()))
+        rollout = NativeRolloutEngine(hf_config, rollout_config, process_group=tp_group, tokenizer=tokenizer)
+        return cls(named_parameters, rollout, layout, grouping, groups, rollout_config.dtype)
+
+    # ------------------------------------------------------------------ transitions
+    @torch.no_grad()
+    def to_generation(self) -> TransitionStats:
+        """Fill the rollout engine with the current training weights (collective)."""
+        start = time.perf_counter()
+        meter, ledger = CommMeter(), MemoryLedger()
+        params = dict(self.named_parameters())
+        if set(params) != {s.name for s in self.plan}:
+            raise RuntimeError("the training parameters changed names since the HybridEngine was built")
+        locals_ = {name: local_shard(p).detach() for name, p in params.items()}
+        ledger.set_train(sum(nbytes(t) for t in locals_.values()))
+        self.rollout.resume_memory()
+        ledger.set_generation(generation_storage_bytes(self.rollout))
+        if self.grouping.method is ReshardMethod.HYBRID:
+            self._stream(locals_, meter, ledger)
+        else:
+            self._gather_whole_model(locals_, meter, ledger)
+        return TransitionStats(
+            method=self.grouping.method.value, world_size=self.layout.world_size, gen_tp=self.grouping.tp_size,
+            comm_bytes=meter.bytes, comm_calls=meter.calls, train_shard_bytes=ledger.train,
+            generation_bytes=ledger.generation, buffer_bytes=ledger.peak_buffers, peak_bytes=ledger.peak,
+            seconds=time.perf_counter() - start,
+        )
+
+    def to_training(self) -> None:
+        """Release the generation copy (and KV cache); training state is untouched."""
+        self.rollout.release_memory()
+
+    def _stream(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger) -> None:
+        # Each gather yields exactly this rank's generation shard: load it and free the
+        # buffer before the next one, so at most one parameter's shard is in flight.
+        for spec in self.plan:
+            piece, size = self._gather(spec, locals_[spec.name], meter, ledger)
+            self.rollout.load_weights([(spec.name, piece)], sharded=spec.is_gen_shard)
+            del piece
+            ledger.free(size)
+
+    def _gather_whole_model(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger) -> None:
+        # The baselines materialise every full parameter before handing them over (the
+        # paper's gather-then-partition); the engine cuts its own piece from each.
+        gathered = [(spec, *self._gather(spec, locals_[spec.name], meter, ledger)) for spec in self.plan]
+        for spec, piece, _ in gathered:
+            self.rollout.load_weights([(spec.name, piece)], sharded=spec.is_gen_shard)
+        ledger.free(sum(size for _, _, size in gathered))
+        del gathered
+
+    def _gather(self, spec: GatherSpec, local: torch.Tensor, meter: CommMeter,
+                ledger: MemoryLedger) -> tuple[torch.Tensor, int]:
+        """(the gathered tensor, its buffer bytes); a one-member group needs no buffer."""
+        if spec.group_size == 1:
+            return local, 0  # load_weights converts the dtype while copying into place
+        g, d = spec.group_size, spec.dim
+        moved = local.movedim(d, 0)  # gather along `d` by stacking chunks on a leading axis
+        buffer = torch.empty((g, *moved.shape), dtype=self.transfer_dtype, device=local.device)
+        ledger.alloc(nbytes(buffer))
+        me = spec.members.index(self.rank)
+        buffer[spec.positions[me]].copy_(moved)
+        meter.all_gather(buffer, spec.positions, me, self.groups[spec.members])
+        full_moved = buffer.view(g * moved.shape[0], *moved.shape[1:])
+        return full_moved.movedim(0, d), nbytes(buffer)
+
+    def _check_rollout(self) -> None:
+        r = self.rollout
+        want_rank = self.grouping.gen_rank[self.rank]
+        if r.tp_size != self.grouping.tp_size or r.tp_rank != want_rank:
+            raise ValueError(
+                f"rollout engine is TP rank {r.tp_rank} of {r.tp_size}, the grouping needs rank "
+                f"{want_rank} of {self.grouping.tp_size}; build it with the group from create_process_groups"
+            )
+        for spec in self.plan:
+            if r.shard_dim(spec.name) != generation_shard_dim(spec.name):
+                raise ValueError(f"{spec.name}: the rollout engine splits dim {r.shard_dim(spec.name)}, "
+                                 f"the resharder assumed {generation_shard_dim(spec.name)}")
+
+
+def create_process_groups(layout: TrainingLayout, grouping: GenerationGrouping) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """Collective: one process group per distinct gather group and generation TP group (size > 1)."""
+    wanted = set(all_gather_groups(layout, grouping)) | {g for g in grouping.tp_groups if len(g) > 1}
+    # Every rank must create every group, in the same order.
+    return {members: dist.new_group(list(members)) for members in sorted(wanted)}
+
+
+def generation_storage_bytes(rollout: NativeRolloutEngine) -> int:
+    """Bytes of weight storage the rollout engine holds right now (tied weights once)."""
+    weights = getattr(getattr(rollout, "model", None), "weights", None)
+    if weights is None or not hasattr(weights, "base_tensors"):
+        raise TypeError(f"cannot read the weight storage of a {type(rollout).__name__}; use NativeRolloutEngine")
+    return sum(t.untyped_storage().nbytes() for t in weights.base_tensors())

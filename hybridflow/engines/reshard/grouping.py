@@ -1,0 +1,172 @@
+"""Generation groups and the per-parameter gather plan of the three resharding methods.
+
+Pure functions of a `TrainingLayout` (no processes), so every rank computes the same
+plan for every other rank and the process groups can be created collectively.
+
+Notation (docs/reshard.md): N training ranks, each holding chunk c(r) of every
+TP-split parameter (c(r) = r for FSDP alone, tp_rank * dp + dp_rank for FSDP x TP);
+generation tensor parallelism t_g; B = N / t_g.
+
+- `hybrid` (HybridFlow grouping, paper section 5.3): generation rank g(r) = c(r) // B,
+  so rank r's chunk lies inside its generation shard; generation TP groups are the ranks
+  with equal c(r) mod B (stride B = N / t_g when c(r) = r) and the micro-DP group of r,
+  the ranks with equal c(r) // B, gathers exactly that shard. All groups run at once.
+- `plain` (HybridFlow-V, plain grouping): generation TP groups are consecutive ranks,
+  g(r) = r mod t_g, so a rank's chunk is in general not part of its generation shard and
+  the whole model is gathered over the training ranks, then cut.
+- `gather_all` (DeepSpeed-Chat-like): every rank gathers every parameter whole, then the
+  generation engine cuts its piece; generation groups as in `plain`.
+Parameters the generation engine replicates (norms) are gathered whole by every method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from hybridflow.engines.reshard.layout import ParamLayout, TrainingLayout
+from hybridflow.engines.reshard.placement import generation_shard_dim
+
+
+class ReshardMethod(str, Enum):
+    """How training shards become generation shards (see module docstring)."""
+
+    HYBRID = "hybrid"
+    PLAIN = "plain"
+    GATHER_ALL = "gather_all"
+
+    @classmethod
+    def parse(cls, value: "str | ReshardMethod") -> "ReshardMethod":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown reshard method {value!r}; choose one of {[m.value for m in cls]}") from None
+
+
+@dataclass(frozen=True)
+class GenerationGrouping:
+    """Generation tensor-parallel rank and group of every training rank."""
+
+    method: ReshardMethod
+    world_size: int
+    tp_size: int
+    gen_rank: tuple[int, ...]  # generation TP rank of each global rank
+    tp_groups: tuple[tuple[int, ...], ...]  # each sorted; position in the tuple = generation TP rank
+
+    def tp_group_of(self, rank: int) -> tuple[int, ...]:
+        return next(g for g in self.tp_groups if rank in g)
+
+    @classmethod
+    def build(cls, layout: TrainingLayout, tp_size: int, method: ReshardMethod | str) -> "GenerationGrouping":
+        method = ReshardMethod.parse(method)
+        world = layout.world_size
+        if tp_size < 1 or world % tp_size:
+            raise ValueError(f"generation tp_size={tp_size} must be >= 1 and divide the {world} training ranks")
+        if method is ReshardMethod.HYBRID:
+            chunk = _split_chunk_of_rank(layout, tp_size)
+            block = world // tp_size
+            gen_rank = tuple(chunk[r] // block for r in range(world))
+            groups = [tuple(r for r in range(world) if chunk[r] % block == j) for j in range(block)]
+        else:
+            gen_rank = tuple(r % tp_size for r in range(world))
+            groups = [tuple(range(j * tp_size, (j + 1) * tp_size)) for j in range(world // tp_size)]
+        for group in groups:
+            # torch orders a process group by global rank, and the generation engine takes
+            # its TP rank from that order: the two must agree.
+            if [gen_rank[r] for r in group] != list(range(tp_size)):
+                raise ValueError(
+                    f"generation group {list(group)} would need TP ranks {[gen_rank[r] for r in group]} "
+                    f"in rank order; with FSDP x TP training use a generation tp_size that divides the "
+                    "training tp_size (or train with tp_size=1)"
+                )
+        return cls(method, world, tp_size, gen_rank, tuple(groups))
+
+
+def _split_chunk_of_rank(layout: TrainingLayout, tp_size: int) -> tuple[int, ...]:
+    """c(r) for the hybrid grouping; checks every TP-split parameter is aligned with it."""
+    world, chunk = layout.world_size, None
+    if world == 1:
+        return (0,)  # one rank holds every parameter whole (DTensors over one rank are unsplit)
+    for p in layout.params:
+        gen_dim = generation_shard_dim(p.name)
+        if gen_dim is None:
+            continue
+        if p.dim != gen_dim or p.num_chunks != world:
+            raise ValueError(
+                f"{p.name}: the hybrid grouping needs its training shards split {world} ways on "
+                f"dim {gen_dim} (the generation TP dim), but they are split {p.num_chunks} ways "
+                f"on dim {p.dim}. Build the training engine with FSDP placement "
+                "hybridflow.engines.reshard.aligned_shard_dim."
+            )
+        if chunk is None:
+            chunk = p.chunks
+        elif p.chunks != chunk:
+            raise ValueError(
+                f"{p.name}: its chunk order over ranks {p.chunks} differs from that of the other "
+                f"split parameters {chunk}; the hybrid grouping needs one order for all"
+            )
+    if chunk is None:
+        raise ValueError("the model has no tensor-parallel-split parameters; nothing to group")
+    return chunk
+
+
+@dataclass(frozen=True)
+class GatherSpec:
+    """One parameter on one rank: gather `members`' chunks along `dim` into `shape`.
+
+    positions[i] is where member i's chunk lands (in chunks along `dim`). `is_gen_shard`:
+    the result is already this rank's generation shard; otherwise it is the full tensor
+    and the generation engine cuts its piece.
+    """
+
+    name: str
+    dim: int | None
+    members: tuple[int, ...]
+    positions: tuple[int, ...]
+    shape: tuple[int, ...]
+    is_gen_shard: bool
+
+    @property
+    def group_size(self) -> int:
+        return len(self.members)
+
+
+def plan_for_rank(layout: TrainingLayout, grouping: GenerationGrouping, rank: int) -> list[GatherSpec]:
+    """The gathers rank `rank` takes part in, one per parameter, in parameter order."""
+    return [_spec(p, grouping, rank) for p in layout.params]
+
+
+def all_gather_groups(layout: TrainingLayout, grouping: GenerationGrouping) -> list[tuple[int, ...]]:
+    """Every distinct gather group of size > 1 over all ranks, in a fixed order."""
+    groups = {
+        spec.members
+        for rank in range(layout.world_size)
+        for spec in plan_for_rank(layout, grouping, rank)
+        if spec.group_size > 1
+    }
+    return sorted(groups)
+
+
+def _spec(p: ParamLayout, grouping: GenerationGrouping, rank: int) -> GatherSpec:
+    gen_dim = generation_shard_dim(p.name)
+    if p.dim is None:
+        return GatherSpec(p.name, None, (rank,), (0,), p.shape, gen_dim is None or grouping.tp_size == 1)
+    hybrid = grouping.method is ReshardMethod.HYBRID
+    if hybrid and gen_dim is not None:
+        per = p.num_chunks // grouping.tp_size
+        first = grouping.gen_rank[rank] * per
+        needed = range(first, first + per)
+    else:
+        needed = range(p.num_chunks)
+    replica = p.holders(p.chunks[rank]).index(rank)
+    members = tuple(
+        r for r in range(grouping.world_size)
+        if p.chunks[r] in needed and p.holders(p.chunks[r]).index(r) == replica
+    )
+    positions = tuple(p.chunks[r] - needed.start for r in members)
+    if sorted(positions) != list(range(len(needed))):
+        raise ValueError(f"{p.name}: ranks {members} do not hold chunks {list(needed)} exactly once")
+    shape = list(p.shape)
+    shape[p.dim] = p.shape[p.dim] // p.num_chunks * len(needed)
+    is_gen_shard = (hybrid and gen_dim is not None) or gen_dim is None or grouping.tp_size == 1
+    return GatherSpec(p.name, p.dim, members, positions, tuple(shape), is_gen_shard)

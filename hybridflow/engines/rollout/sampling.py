@@ -1,0 +1,197 @@
+"""Sampling parameters and the batched sampler with per-row settings.
+
+Distribution used for sampling, row by row:
+1. logits / temperature (greedy rows: temperature treated as 1);
+2. top-k: keep the k most likely tokens (k <= 0: off);
+3. top-p: of what is left, renormalised, keep the smallest most-likely-first prefix whose
+   mass reaches top_p (the most likely token is always kept);
+4. sample from the renormalised survivors by inverse CDF with one uniform number per row
+   drawn from the request's own seeded generator. Greedy rows take the argmax.
+
+Cost matters at vocab 32k-150k: the inverse CDF is two-level (block masses, then a cumsum
+inside one block) rather than a float64 cumsum over the vocabulary, and top-p searches the
+nucleus among the 1024 most likely tokens first (a full sort is ~30x dearer), widening to
+the whole vocabulary only for rows whose nucleus is larger.
+
+`rollout_log_probs` (mode "scaled", the default) is the log-probability of the chosen token
+under softmax(logits / temperature) over the FULL vocabulary, i.e. before top-k/top-p
+truncation. That is what the actor recomputes as `old_log_probs` from the same logits and
+temperature, so the two agree up to numerics. Mode "processed" returns it under the
+truncated, renormalised distribution actually sampled from (step 3). Greedy rows report
+log softmax(logits) (temperature 1) in both modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+LOG_PROB_MODES = ("scaled", "processed")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one prompt. temperature == 0 means greedy (argmax, no randomness)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        problems = []
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.n < 1:
+            problems.append(f"n must be >= 1, got {self.n}")
+        if self.seed is not None and self.seed < 0:
+            problems.append(f"seed must be >= 0 or None, got {self.seed}")
+        if any(not s for s in self.stop):
+            problems.append("stop strings must be non-empty")
+        if problems:
+            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_meta_info(cls, meta: Mapping[str, Any], **defaults: Any) -> "SamplingParams":
+        """Build from DataProto.meta_info keys (verl-style): do_sample=False selects greedy."""
+        known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "stop", "ignore_eos", "n", "seed"}
+        kwargs = dict(defaults)
+        kwargs.update({k: v for k, v in meta.items() if k in known})
+        if "max_new_tokens" not in meta and "response_length" in meta:
+            kwargs["max_new_tokens"] = int(meta["response_length"])
+        if meta.get("do_sample", True) is False:
+            kwargs["temperature"] = 0.0
+        return cls(**kwargs)
+
+
+@dataclass
+class RowSettings:
+    """Per-row sampling settings as tensors, aligned with the active batch rows."""
+
+    temperature: torch.Tensor  # fp32 [B, 1]; 1.0 on greedy rows
+    top_k: torch.Tensor  # int64 [B, 1]; vocab size when off
+    top_p: torch.Tensor  # fp32 [B, 1]
+    greedy: torch.Tensor  # bool [B]
+    max_top_k: int  # largest k among truncating rows (vocab size if any row has no top-k)
+    any_truncation: bool
+    any_greedy: bool
+    all_greedy: bool
+    unit_temperature: bool
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], vocab: int, device) -> "RowSettings":
+        temps = [1.0 if p.greedy else p.temperature for p in params]
+        ks = [vocab if (p.top_k <= 0 or p.top_k >= vocab) else p.top_k for p in params]
+        ps = [p.top_p for p in params]
+        greedy = [p.greedy for p in params]
+        truncating = [not g and (k < vocab or p < 1.0) for g, k, p in zip(greedy, ks, ps)]
+        column = dict(device=device)
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32, **column)[:, None],
+            top_k=torch.tensor(ks, dtype=torch.int64, **column)[:, None],
+            top_p=torch.tensor(ps, dtype=torch.float32, **column)[:, None],
+            greedy=torch.tensor(greedy, dtype=torch.bool, **column),
+            max_top_k=max((k for k, t in zip(ks, truncating) if t), default=vocab),
+            any_truncation=any(truncating),
+            any_greedy=any(greedy),
+            all_greedy=all(greedy),
+            unit_temperature=all(t == 1.0 for t in temps),
+        )
+
+
+# Block size of the two-level inverse CDF: one pass over the vocabulary for block masses,
+# then a cumulative sum inside a single block, instead of a float64 cumsum over all tokens.
+_CDF_BLOCK = 256
+# top-p first looks for the nucleus among this many most likely tokens (sorting the whole
+# vocabulary costs ~30x more); rows whose nucleus is larger fall back to a full sort.
+_NUCLEUS_CANDIDATES = 1024
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row, the index i with cdf[i-1] < (1-u) * total <= cdf[i] of unnormalised `probs`.
+
+    (1 - u) is in (0, 1], so the target is > 0 and never lands on a zero-probability index.
+    """
+    b, v = probs.shape
+    pad = (-v) % _CDF_BLOCK
+    if pad:
+        probs = torch.nn.functional.pad(probs, (0, pad))
+    blocks = probs.view(b, -1, _CDF_BLOCK)
+    outer = blocks.sum(-1, dtype=torch.float64).cumsum_(-1)  # [B, blocks]
+    target = (1.0 - uniforms.to(torch.float64)).unsqueeze(-1) * outer[:, -1:]
+    blk = torch.searchsorted(outer, target).clamp_(max=outer.shape[-1] - 1)  # [B, 1]
+    before = torch.where(blk > 0, outer.gather(-1, (blk - 1).clamp(min=0)), torch.zeros_like(target))
+    inner = blocks.gather(1, blk.unsqueeze(-1).expand(b, 1, _CDF_BLOCK)).squeeze(1).to(torch.float64).cumsum_(-1)
+    pos = torch.searchsorted(inner, target - before)
+    # rounding between the two sums may overshoot the block: stay on its last positive entry
+    last_positive = (inner < inner[:, -1:]).sum(-1, keepdim=True)
+    return (blk * _CDF_BLOCK + torch.minimum(pos, last_positive)).squeeze(-1)
+
+
+def _truncated_candidates(scaled: torch.Tensor, lse: torch.Tensor, rows: RowSettings):
+    """Candidate token ids [B, C] (most likely first) and their top-k/top-p renormalised probs."""
+    vocab = scaled.shape[-1]
+    width = rows.max_top_k if rows.max_top_k < vocab else min(vocab, _NUCLEUS_CANDIDATES)
+    while True:
+        vals, ids = scaled.topk(width, dim=-1) if width < vocab else scaled.sort(dim=-1, descending=True)
+        rank = torch.arange(width, device=scaled.device)
+        cut = vals.masked_fill(rank >= rows.top_k, float("-inf"))
+        # top-p renormalises over the top-k survivors; rows without top-k use the full softmax
+        has_k = rows.top_k < vocab
+        norm = torch.where(has_k, torch.logsumexp(cut, dim=-1, keepdim=True), lse)
+        probs = (cut - norm).exp()
+        cum = probs.cumsum(dim=-1)
+        # every row's nucleus must end inside the candidates, else widen to the full vocabulary
+        if width == vocab or bool((has_k | (cum[:, -1:] >= rows.top_p)).all()):
+            break
+        width = vocab
+    keep = (cum - probs) < rows.top_p
+    keep[:, 0] = True
+    probs = probs * keep
+    return ids, probs / probs.sum(dim=-1, keepdim=True)
+
+
+def sample_tokens(
+    logits: torch.Tensor, rows: RowSettings, uniforms: torch.Tensor | None, log_prob_mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; returns (token ids int64 [B], log-probs fp32 [B])."""
+    logits = logits.float()
+    scaled = logits if rows.unit_temperature else logits / rows.temperature
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    processed_lp = None
+    if rows.all_greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        if uniforms is None:
+            raise ValueError("sampling rows need uniforms from their generators")
+        if rows.any_truncation:
+            cand_ids, probs = _truncated_candidates(scaled, lse, rows)
+            pick = _inverse_cdf(probs, uniforms)
+            tokens = cand_ids.gather(-1, pick[:, None]).squeeze(-1)
+            processed_lp = probs.gather(-1, pick[:, None]).squeeze(-1).log()
+        else:
+            tokens = _inverse_cdf((scaled - lse).exp_(), uniforms)
+        if rows.any_greedy:
+            tokens = torch.where(rows.greedy, logits.argmax(dim=-1), tokens)
+    lp = scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse.squeeze(-1)
+    if log_prob_mode == "processed" and processed_lp is not None:
+        lp = torch.where(rows.greedy, lp, processed_lp)
+    return tokens, lp

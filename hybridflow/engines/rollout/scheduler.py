@@ -1,0 +1,211 @@
+"""Continuous batching: requests flow through a fixed set of KV-cache slots.
+
+Live sequences always occupy slots 0..n-1. Each iteration either admits waiting requests
+into free slots (one batched prefill, n samples of a prompt prefilled once) or runs one
+decode step over the live slots. When sequences finish, survivors from the tail move into
+the holes (one cache copy per move), so the next step decodes exactly the live rows: a
+batch of mixed lengths never decodes padding, and a freed slot is refilled immediately.
+
+Every rank of a tensor-parallel group runs this loop; sampled tokens are broadcast from
+the group's first rank so all ranks take identical decisions (same shapes, same
+collectives) even if their logits differed in the last bit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.engines.rollout.kv_cache import KVCache
+from hybridflow.engines.rollout.model import DecoderModel
+from hybridflow.engines.rollout.sampling import RowSettings, SamplingParams, sample_tokens
+
+_UNIFORM_BLOCK = 32
+
+
+@dataclass
+class Request:
+    """One sequence to generate (one of the n samples of a prompt)."""
+
+    prompt_row: int
+    sample_index: int
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    _uniforms: list[float] = field(default_factory=list, repr=False)
+
+    def next_uniform(self) -> float:
+        """Next number of this request's own stream, drawn in blocks (one torch call per 32 steps)."""
+        if not self._uniforms:
+            block = torch.rand(_UNIFORM_BLOCK, generator=self.generator, dtype=torch.float64).tolist()
+            self._uniforms = block[::-1]  # pop() from the end returns them in draw order
+        return self._uniforms.pop()
+
+    @property
+    def written(self) -> int:
+        """Positions already in the KV cache (the newest token is not yet fed back)."""
+        return len(self.prompt) + len(self.tokens) - 1
+
+
+@dataclass
+class RunStats:
+    """Counters of one generate call; `decode_row_steps` counts every row of every decode step."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens_computed: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decode_row_steps: int = 0
+    prefill_calls: int = 0
+    slot_moves: int = 0
+    max_live: int = 0
+    cache_bytes: int = 0
+
+
+class Scheduler:
+    """Runs a list of requests to completion on one model and cache."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        cache: KVCache,
+        *,
+        slots: int,
+        max_len: int,
+        log_prob_mode: str,
+        prefill_token_budget: int,
+        tokenizer=None,
+    ) -> None:
+        self.model, self.cache, self.slots, self.max_len = model, cache, slots, max_len
+        self.log_prob_mode = log_prob_mode
+        self.prefill_token_budget = prefill_token_budget
+        self.tokenizer = tokenizer
+        self.stats = RunStats(cache_bytes=cache.nbytes())
+        self.vocab = model.spec.vocab_size
+        self.device = model.device
+
+    # ----------------------------------------------------------------- main loop
+    def run(self, requests: list[Request]) -> RunStats:
+        self.stats.requests = len(requests)
+        self.stats.prompt_tokens = sum(len(r.prompt) for r in requests)
+        waiting = deque(requests)
+        live: list[Request] = []
+        settings: RowSettings | None = None
+        while waiting or live:
+            if waiting and len(live) < self.slots:
+                admitted = [waiting.popleft() for _ in range(min(self.slots - len(live), len(waiting)))]
+                live.extend(self._prefill(admitted, first_slot=len(live)))
+                settings = None
+            else:
+                if settings is None:
+                    settings = RowSettings.build([r.params for r in live], self.vocab, self.device)
+                self._decode_step(live, settings)
+            survivors = self._compact(live)
+            if len(survivors) != len(live):
+                settings = None
+            live = survivors
+        return self.stats
+
+    # ----------------------------------------------------------------- prefill
+    def _prefill(self, admitted: list[Request], first_slot: int) -> list[Request]:
+        """Prefill admitted requests in length-sorted chunks; returns them in slot order."""
+        groups: dict[int, list[Request]] = {}
+        for r in admitted:
+            groups.setdefault(r.prompt_row, []).append(r)
+        order = sorted(groups, key=lambda row: len(groups[row][0].prompt))
+        placed: list[Request] = []
+        chunk: list[int] = []
+        for row in order:
+            longest = len(groups[row][0].prompt)  # sorted ascending: this one is the chunk's longest
+            if chunk and (len(chunk) + 1) * longest > self.prefill_token_budget:
+                placed += self._prefill_chunk([groups[g] for g in chunk], first_slot + len(placed))
+                chunk = []
+            chunk.append(row)
+        if chunk:
+            placed += self._prefill_chunk([groups[g] for g in chunk], first_slot + len(placed))
+        return placed
+
+    def _prefill_chunk(self, groups: list[list[Request]], first_slot: int) -> list[Request]:
+        prompts = [g[0].prompt for g in groups]
+        src = torch.tensor([i for i, g in enumerate(groups) for _ in g], dtype=torch.long, device=self.device)
+        logits = self.model.prefill(prompts, self.cache, first_slot, src)
+        placed = [r for g in groups for r in g]
+        self.stats.prefill_calls += 1
+        self.stats.prefill_tokens_computed += sum(len(p) for p in prompts)
+        settings = RowSettings.build([r.params for r in placed], self.vocab, self.device)
+        self._sample_and_append(placed, logits.index_select(0, src), settings)
+        return placed
+
+    # ----------------------------------------------------------------- decode
+    def _decode_step(self, live: list[Request], settings: RowSettings) -> None:
+        tokens = torch.tensor([r.tokens[-1] for r in live], dtype=torch.long, device=self.device)
+        pos_list = [r.written for r in live]
+        positions = torch.tensor(pos_list, dtype=torch.long, device=self.device)
+        logits = self.model.decode(tokens, positions, self.cache, kv_len=max(pos_list) + 1)
+        self.stats.decode_steps += 1
+        self.stats.decode_row_steps += len(live)
+        self.stats.max_live = max(self.stats.max_live, len(live))
+        self._sample_and_append(live, logits, settings)
+
+    def _sample_and_append(self, rows: list[Request], logits: torch.Tensor, settings: RowSettings) -> None:
+        uniforms = None
+        if not settings.all_greedy:
+            # One draw per sampling row from its own generator: a request's randomness does
+            # not depend on which other requests share the batch or which slot it sits in.
+            draws = [0.0 if r.generator is None else r.next_uniform() for r in rows]
+            uniforms = torch.tensor(draws, dtype=torch.float64, device=self.device)
+        tokens, log_probs = sample_tokens(logits, settings, uniforms, self.log_prob_mode)
+        tokens, log_probs = self._agree_across_ranks(tokens, log_probs)
+        for r, tok, lp in zip(rows, tokens.tolist(), log_probs.tolist()):
+            r.tokens.append(int(tok))
+            r.log_probs.append(lp)
+            r.finish_reason = self._finish_reason(r)
+        self.stats.generated_tokens += len(rows)
+
+    def _agree_across_ranks(self, tokens: torch.Tensor, log_probs: torch.Tensor):
+        model = self.model
+        if model.tp_size == 1:
+            return tokens, log_probs
+        packed = torch.stack([tokens.to(torch.float64), log_probs.to(torch.float64)])
+        dist.broadcast(packed, src=dist.get_global_rank(model.group, 0), group=model.group)
+        return packed[0].to(torch.long), packed[1].to(torch.float32)
+
+    def _finish_reason(self, r: Request) -> str | None:
+        if r.tokens[-1] in r.stop_ids:
+            return "stop"
+        if r.params.stop and self._hits_stop_string(r):
+            return "stop"
+        if len(r.tokens) >= r.params.max_new_tokens or len(r.prompt) + len(r.tokens) >= self.max_len:
+            return "length"
+        return None
+
+    def _hits_stop_string(self, r: Request) -> bool:
+        # Decoding only a tail keeps the check O(1) per step; a stop string of c characters
+        # spans at most c tokens unless tokens decode to nothing, hence the slack.
+        window = 8 * max(len(s) for s in r.params.stop) + 16
+        text = self.tokenizer.decode(r.tokens[-window:])
+        return any(s in text for s in r.params.stop)
+
+    # ----------------------------------------------------------------- slots
+    def _compact(self, live: list[Request]) -> list[Request]:
+        """Drop finished rows; move tail survivors into holes so live slots stay 0..n-1."""
+        survivors = [r for r in live if r.finish_reason is None]
+        n = len(survivors)
+        if n == len(live):
+            return live
+        holes = [i for i in range(n) if live[i].finish_reason is not None]
+        movers = [i for i in range(n, len(live)) if live[i].finish_reason is None]
+        compacted = list(live[:n])
+        for hole, src in zip(holes, movers):
+            self.cache.move_slot(src, hole, live[src].written)
+            compacted[hole] = live[src]
+            self.stats.slot_moves += 1
+        return compacted

@@ -1,0 +1,208 @@
+"""Bodies of the multi-process resharding tests, run on every rank by `run_ranks`.
+
+Each case shards a small Llama over the gloo world, reshards it into the rollout engine
+with one or more methods, and returns per-rank facts for the test to assert on: whether
+every generation-layout weight equals the slice of the full model, whether greedy
+generation equals that of a single-process engine holding the full model, and the
+measured bytes next to the closed-form prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def save_perturbed_llama(path: Path, *, seed: int = 0, **sizes) -> Path:
+    """A tiny Llama whose norms are not all ones (so a misplaced norm changes outputs)
+    and whose logits are sharp (so greedy choices have no near-ties)."""
+    import transformers
+
+    from hybridflow.engines.models import make_tiny_config
+
+    config = make_tiny_config("llama", **sizes)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        model.lm_head.weight.mul_(3.0)
+    model.save_pretrained(path, safe_serialization=True)
+    return Path(path)
+
+
+def prompts(vocab: int, lengths=(5, 2, 7), seed: int = 1):
+    """Left-padded random prompts in a DataProto."""
+    from hybridflow.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = torch.randint(3, vocab, (n,), generator=g)
+        mask[i, width - n:] = 1
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask})
+
+
+def greedy(engine, vocab: int):
+    from hybridflow.engines.rollout import SamplingParams
+
+    return engine.generate(prompts(vocab), SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True))
+
+
+def reference_engine(hf_config, full: dict[str, torch.Tensor]):
+    """A single-process fp32 rollout engine holding the full model."""
+    from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig
+
+    engine = NativeRolloutEngine(hf_config, RolloutConfig(dtype=torch.float32))
+    engine.load_weights(full.items())
+    return engine
+
+
+def slices_equal(rollout, full: dict[str, torch.Tensor], dtype: torch.dtype) -> list[str]:
+    """Names whose generation-layout weight differs from its slice of the full model."""
+    from hybridflow.engines.rollout import shard_for_rank
+
+    views = rollout.model.weights.views
+    bad = []
+    for name, tensor in full.items():
+        want = shard_for_rank(tensor, name, rollout.tp_rank, rollout.tp_size).to(dtype)
+        if not torch.equal(views[name], want):
+            bad.append(name)
+    return bad
+
+
+def compare_generation(rollout, ref, vocab: int) -> dict:
+    out, want = greedy(rollout, vocab), greedy(ref, vocab)
+    return {
+        "tokens_equal": torch.equal(out.batch["responses"], want.batch["responses"]),
+        "logprob_diff": float((out.batch["rollout_log_probs"] - want.batch["rollout_log_probs"]).abs().max()),
+        "log_probs": out.batch["rollout_log_probs"],
+    }
+
+
+def shard_with_fsdp(model, world: int, aligned: bool) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from hybridflow.engines.reshard import aligned_placement_fn
+
+    mesh = init_device_mesh("cpu", (world,))
+    fn = aligned_placement_fn({id(p): n for n, p in model.named_parameters()}) if aligned else None
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, shard_placement_fn=fn)
+    fully_shard(model, mesh=mesh, shard_placement_fn=fn)
+
+
+def predicted(model_sizes, stats, train_tp: int, gen_dtype: torch.dtype) -> dict:
+    from hybridflow.engines.reshard import predicted_costs
+
+    costs = predicted_costs(model_sizes, stats.method, world_size=stats.world_size, train_tp=train_tp,
+                            gen_tp=stats.gen_tp, gen_bytes=gen_dtype.itemsize, train_bytes=4)
+    return {**asdict(costs), "peak_bytes": costs.peak_bytes}
+
+
+def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str, bool]]) -> list[dict]:
+    """FSDP2 (tp=1) over the world; settings: (method, gen_tp, gen dtype, aligned placement)."""
+    import transformers
+
+    from hybridflow.engines.reshard import HybridEngine, ModelSizes, generation_storage_bytes
+    from hybridflow.engines.rollout import RolloutConfig
+
+    results = []
+    for aligned in sorted({s[3] for s in settings}):
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        full = {n: p.detach().clone() for n, p in model.named_parameters()}
+        sizes = ModelSizes.from_model(model)
+        ref = reference_engine(model.config, full)
+        shard_with_fsdp(model, world, aligned)
+        for method, gen_tp, dtype_name, want_aligned in settings:
+            if want_aligned != aligned:
+                continue
+            dtype = DTYPES[dtype_name]
+            hybrid = HybridEngine.build(model.named_parameters, model.config, RolloutConfig(dtype=dtype),
+                                        gen_tp=gen_tp, method=method)
+            released_before = generation_storage_bytes(hybrid.rollout)
+            stats = hybrid.to_generation()
+            res = {"setting": (method, gen_tp, dtype_name, aligned), "stats": stats.as_dict(),
+                   "predicted": predicted(sizes, stats, 1, dtype), "bad_slices": slices_equal(hybrid.rollout, full, dtype),
+                   "released_before": released_before}
+            if dtype == torch.float32:
+                gen = compare_generation(hybrid.rollout, ref, model.config.vocab_size)
+                res.update(tokens_equal=gen["tokens_equal"], logprob_diff=gen["logprob_diff"])
+            hybrid.to_training()
+            res["released_after"] = generation_storage_bytes(hybrid.rollout)
+            results.append(res)
+    return results
+
+
+def _rl_batch(n: int, vocab: int, seed: int = 3) -> dict[str, torch.Tensor]:
+    """n unpadded sequences of 4 prompt + 4 response tokens with random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (n, 8), generator=g)
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "position_ids": torch.arange(8).expand(n, 8).clone(),
+        "responses": ids[:, 4:],
+        "response_mask": torch.ones(n, 4, dtype=torch.long),
+        "advantages": torch.randn(n, 4, generator=g),
+    }
+
+
+def _full_params(engine) -> dict[str, torch.Tensor]:
+    return {n: p.full_tensor().detach().clone() for n, p in engine.named_sharded_parameters()}
+
+
+def actor_update_reaches_generation(rank: int, world: int, model_dir: str, tp: int) -> dict:
+    """ActorEngine over (dp, tp) with aligned FSDP shards: reshard, one optimizer step,
+    reshard again; generation must use the new weights. A second engine with FSDP's
+    default placement takes the same step, to show the aligned placement trains alike."""
+    from hybridflow.engines.models import load_hf_config
+    from hybridflow.engines.reshard import HybridEngine, ModelSizes, aligned_shard_dim
+    from hybridflow.engines.rollout import RolloutConfig
+    from hybridflow.engines.train import ActorEngine, MicroBatchConfig, OptimConfig, TrainEngineConfig
+
+    dp = world // tp
+    config = TrainEngineConfig(
+        model_path=model_dir, dtype="fp32", tp_size=tp,
+        optim=OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=0.0),
+        micro_batch=MicroBatchConfig(mini_batch_size=2 * dp, micro_batch_size_per_device=1),
+    )
+    hf_config = load_hf_config(model_dir)
+    aligned = ActorEngine(config, fsdp_shard_dim=aligned_shard_dim)
+    default = ActorEngine(config)
+    hybrid = HybridEngine.build(aligned.named_sharded_parameters, hf_config, RolloutConfig(dtype=torch.float32),
+                                gen_tp=2, method="hybrid")
+    full0 = _full_params(aligned)
+    sizes = ModelSizes.from_shapes((n, tuple(t.shape)) for n, t in full0.items())
+    out: dict = {"layout": {p.name: (p.dim, p.num_chunks, p.chunks) for p in hybrid.layout.params}}
+
+    stats0 = hybrid.to_generation()
+    out["before"] = {"bad_slices": slices_equal(hybrid.rollout, full0, torch.float32),
+                     "stats": stats0.as_dict(), "predicted": predicted(sizes, stats0, tp, torch.float32)}
+    lp0 = greedy(hybrid.rollout, hf_config.vocab_size).batch["rollout_log_probs"]
+    hybrid.to_training()
+
+    batch = {k: v.chunk(dp)[aligned.dp_rank] for k, v in _rl_batch(2 * dp, hf_config.vocab_size).items()}
+    batch["old_log_probs"], _ = aligned.compute_log_prob(batch)
+    aligned.update_policy(batch)
+    default.update_policy(batch)
+    full1, full_default = _full_params(aligned), _full_params(default)
+    out["placement_param_diff"] = max(float((full1[n] - full_default[n]).abs().max()) for n in full1)
+    out["weights_moved"] = max(float((full1[n] - full0[n]).abs().max()) for n in full1)
+
+    stats1 = hybrid.to_generation()
+    gen = compare_generation(hybrid.rollout, reference_engine(hf_config, full1), hf_config.vocab_size)
+    out["after"] = {"bad_slices": slices_equal(hybrid.rollout, full1, torch.float32), "stats": stats1.as_dict(),
+                    "predicted": predicted(sizes, stats1, tp, torch.float32),
+                    "tokens_equal": gen["tokens_equal"], "logprob_diff": gen["logprob_diff"]}
+    out["generation_moved"] = float((gen["log_probs"] - lp0).abs().max())
+    hybrid.to_training()
+    return out
