@@ -1,0 +1,227 @@
+"""`ActorRolloutRefWorker`: the hybrid-engine role (actor training, generation, reference).
+
+One process per rank holds the actor (`ActorEngine`, FSDP shards aligned with the
+generation split), the 3D-HybridEngine that reshards it into the rollout engine for each
+generation call, and the reference policy when the algorithm needs one (a frozen
+`ActorEngine`, or with LoRA the actor with its adapters off). Every data method takes and
+returns a DataProto:
+
+    wg.init_model()
+    gen = wg.generate_sequences(prompts)         # mesh "rollout": one part per micro-DP group
+    gen.union(wg.compute_log_prob(gen))          # old_log_probs, entropys
+    gen.union(wg.compute_ref_log_prob(gen))      # ref_log_probs
+    metrics = wg.update_actor(batch).meta_info["metrics"]
+
+Two dispatch meshes: "actor" (training dp rank, collected from tp rank 0) and "rollout"
+(generation micro-DP rank, collected from generation tp rank 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.engines.models import load_hf_config
+from hybridflow.engines.precision import resolve_dtype
+from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
+from hybridflow.engines.rollout import RolloutConfig, SamplingParams
+from hybridflow.engines.train import ActorEngine
+from hybridflow.engines.train.actor import FORWARD_KEYS, UPDATE_KEYS
+from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint
+from hybridflow.engines.train.export import export_hf
+from hybridflow.protocol import DataProto
+from hybridflow.workers.common import (
+    batch_tensors,
+    engine_on_device,
+    max_over_world,
+    mean_over_world,
+    register_engine_mesh,
+    require,
+    timed,
+    uses_offload,
+)
+from hybridflow.workers.config import ActorRolloutRefConfig
+from hybridflow.workers.generation_weights import generation_named_parameters
+
+ACTOR_MESH = "actor"
+ROLLOUT_MESH = "rollout"
+# Transition numbers reported per generation call (max over ranks: the worst rank).
+_RESHARD_FIELDS = ("comm_bytes", "comm_calls", "train_shard_bytes", "generation_bytes", "buffer_bytes", "peak_bytes")
+
+
+class ActorRolloutRefWorker(Worker):
+    """Actor + rollout + reference policy on every rank (see module docstring)."""
+
+    def __init__(self, config: ActorRolloutRefConfig) -> None:
+        if not isinstance(config, ActorRolloutRefConfig):
+            raise TypeError(f"ActorRolloutRefWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
+        self.config = config
+        self.actor: ActorEngine | None = None
+        self.ref: ActorEngine | None = None  # a separate frozen policy; None with LoRA or without KL
+        self.hybrid: HybridEngine | None = None
+        self.rollout_dp_rank = 0
+        self._generate_calls = 0
+
+    # ------------------------------------------------------------------ build
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build actor, reference and hybrid engine (collective), then declare both meshes."""
+        self.init_process_group()
+        cfg = self.config
+        self.actor = ActorEngine(cfg.engine, cfg.loss, fsdp_shard_dim=aligned_shard_dim)
+        if cfg.use_reference and not cfg.engine.lora.enabled:
+            self.ref = ActorEngine(cfg.engine, cfg.loss, trainable=False)
+        self.hybrid = HybridEngine.build(
+            generation_named_parameters(self.actor), load_hf_config(cfg.model_path), self._rollout_engine_config(),
+            gen_tp=cfg.rollout.tensor_model_parallel_size, method=cfg.rollout.reshard_method,
+            tokenizer=_tokenizer_if_present(cfg.model_path),
+        )
+        for engine in (self.actor, self.ref):
+            if engine is not None and uses_offload(engine):
+                engine.offload()  # generation and the other roles get the device until first use
+        register_engine_mesh(self, ACTOR_MESH, self.actor)
+        groups = self.hybrid.grouping.tp_groups
+        self.rollout_dp_rank = groups.index(self.hybrid.grouping.tp_group_of(self.rank))
+        self.register_dispatch_mesh(ROLLOUT_MESH, dp_rank=self.rollout_dp_rank, dp_size=len(groups),
+                                    is_collect=self.hybrid.rollout.tp_rank == 0)
+
+    def _rollout_engine_config(self) -> RolloutConfig:
+        r, device = self.config.rollout, self.actor.device
+        return RolloutConfig(
+            dtype=resolve_dtype(r.dtype, device.type), device=str(device), max_num_seqs=r.max_num_seqs,
+            max_model_len=r.max_model_len, keep_kv_cache=False, log_prob_mode=r.log_prob_mode,
+            prefill_token_budget=r.prefill_token_budget, seed=r.seed,
+        )
+
+    # ------------------------------------------------------------------ generation
+
+    # pad=False: with n samples per prompt, padding prompts would come back as n rows each,
+    # and the collector removes only one per padded prompt.
+    @register(dispatch=Dispatch.MESH(ROLLOUT_MESH, pad=False))
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Reshard to the generation layout, sample responses, reshard back.
+
+        Sampling settings come from ``prompts.meta_info`` over the rollout config defaults.
+        Non-tensors (uid, data_source, ground_truth, raw_prompt, ...) are repeated per
+        sample. ``meta_info["metrics"]`` gets timings (``timing_s/*``, slowest rank) and
+        resharding costs (``reshard/*``, worst rank).
+        """
+        require(self.hybrid, "the hybrid engine")
+        params = self._sampling_params(prompts.meta_info)
+        timings: dict[str, float] = {}
+        with engine_on_device(self.actor), timed(timings, "timing_s/reshard_to_generation"):
+            stats = self.hybrid.to_generation()
+        try:
+            with timed(timings, "timing_s/generate"):
+                out = self.hybrid.rollout.generate(prompts, params)
+        finally:
+            with timed(timings, "timing_s/reshard_to_training"):
+                self.hybrid.to_training()
+        self._generate_calls += 1
+        out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats)})
+        return out
+
+    def _sampling_params(self, meta: dict) -> SamplingParams:
+        params = SamplingParams.from_meta_info(meta, **self.config.rollout.sampling_defaults())
+        # Each micro-DP group must draw its own random numbers: the engine seeds a sample by
+        # (seed, row, sample index), and row 0 of every group would otherwise share a stream.
+        # Without a seed in meta_info, the call number makes every call draw afresh.
+        base = [params.seed] if params.seed is not None else [self.config.rollout.seed, 1 << 31, self._generate_calls]
+        return _replace_seed(params, _derive_seed(base + [self.rollout_dp_rank]))
+
+    # ------------------------------------------------------------------ log-probs
+
+    @register(dispatch=Dispatch.MESH(ACTOR_MESH))
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` and ``entropys`` [B, R] of the responses under the current actor."""
+        require(self.actor, "the actor")
+        batch = batch_tensors(data, FORWARD_KEYS, "compute_log_prob")
+        with engine_on_device(self.actor):
+            log_probs, entropy = self.actor.compute_log_prob(
+                batch, temperature=self._temperature(data.meta_info), with_entropy=True)
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs, "entropys": entropy})
+
+    @register(dispatch=Dispatch.MESH(ACTOR_MESH))
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_probs`` [B, R] under the reference policy."""
+        require(self.actor, "the actor")
+        if not self.config.use_reference:
+            raise RuntimeError("this worker has no reference policy; build it with use_reference=True")
+        batch = batch_tensors(data, FORWARD_KEYS, "compute_ref_log_prob")
+        temperature = self._temperature(data.meta_info)
+        if self.ref is None:  # LoRA: the base model is the reference
+            with engine_on_device(self.actor):
+                log_probs = self.actor.compute_ref_log_prob(batch, temperature=temperature)
+        else:
+            with engine_on_device(self.ref):
+                log_probs, _ = self.ref.compute_log_prob(batch, temperature=temperature)
+        return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
+
+    def _temperature(self, meta: dict) -> float:
+        # Log-probs must use the temperature the responses were sampled with; a batch
+        # that does not say which is taken to use the rollout default.
+        return float(meta["temperature"]) if "temperature" in meta else self.config.rollout.temperature
+
+    # ------------------------------------------------------------------ training
+
+    # pad=False: padding would train on duplicated samples.
+    @register(dispatch=Dispatch.MESH(ACTOR_MESH, pad=False))
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One policy update; returns only ``meta_info["metrics"]`` (averaged over ranks)."""
+        require(self.actor, "the actor")
+        keys = UPDATE_KEYS + (("ref_log_probs",) if self.config.loss.use_kl_loss else ())
+        batch = batch_tensors(data, keys, "update_actor")
+        timings: dict[str, float] = {}
+        with engine_on_device(self.actor), timed(timings, "timing_s/update_actor"):
+            metrics = self.actor.update_policy(batch, temperature=self._temperature(data.meta_info))
+        return DataProto(meta_info={"metrics": mean_over_world({**metrics, **timings})})
+
+    # ------------------------------------------------------------------ persistence
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, root: str, keep_last: int | None = None) -> str:
+        """Save the actor (model, optimizer, schedule, RNG) under ``root/global_step_<n>``."""
+        require(self.actor, "the actor")
+        with engine_on_device(self.actor):
+            return str(save_checkpoint(self.actor, root, keep_last=keep_last))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> str:
+        """Restore the actor from a checkpoint dir (or the latest under a root); the next
+        generation call reshards the restored weights."""
+        require(self.actor, "the actor")
+        with engine_on_device(self.actor):
+            return str(load_checkpoint(self.actor, path))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def export_hf(self, out_dir: str) -> str:
+        """Write the actor as a Hugging Face model directory (LoRA merged)."""
+        require(self.actor, "the actor")
+        with engine_on_device(self.actor):
+            return str(export_hf(self.actor, out_dir))
+
+
+def _reshard_metrics(stats: TransitionStats) -> dict[str, float]:
+    return {f"reshard/{name}": float(getattr(stats, name)) for name in _RESHARD_FIELDS}
+
+
+def _derive_seed(entropy: list[int]) -> int:
+    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint32)
+    return int(state[0]) & 0x7FFFFFFF
+
+
+def _replace_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    return dataclasses.replace(params, seed=seed)
+
+
+def _tokenizer_if_present(model_path: str):
+    """The model directory's tokenizer (stop strings need one to decode), or None."""
+    if not (Path(model_path) / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)

@@ -1,0 +1,176 @@
+"""Typed configs of the worker roles, validated when built.
+
+The trainer builds these from the top-level config tree; names follow verl's
+(`actor_rollout_ref.rollout.tensor_model_parallel_size`, `rollout.response_length`, ...)
+so users moving from verl find them where they expect:
+
+    ActorRolloutRefConfig(engine=TrainEngineConfig(model_path=...),   # actor_rollout_ref.actor/model
+                          loss=ActorLossConfig(...),                   # actor_rollout_ref.actor (loss part)
+                          rollout=RolloutWorkerConfig(...),            # actor_rollout_ref.rollout
+                          use_reference=True)                          # KL loss or KL in reward
+    CriticWorkerConfig(engine=TrainEngineConfig(...), loss=CriticLossConfig(...))
+    RewardModelWorkerConfig(engine=TrainEngineConfig(...))
+
+Every default lives here, once; workers read fields, never guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
+from hybridflow.engines.reshard.grouping import ReshardMethod
+from hybridflow.engines.rollout.sampling import LOG_PROB_MODES, SamplingParams
+from hybridflow.engines.train.config import ActorLossConfig, CriticLossConfig, TrainEngineConfig
+
+ROLLOUT_BACKENDS = ("native",)
+
+
+class WorkerConfigError(ValueError):
+    """A worker setting that is out of range or inconsistent with another one."""
+
+
+@dataclass
+class RolloutWorkerConfig:
+    """Generation settings of the hybrid actor (verl: `actor_rollout_ref.rollout.*`).
+
+    name: generation backend; "native" is hybridflow's own engine.
+    tensor_model_parallel_size: t_g, the generation tensor-parallel size; it must divide
+        the actor's world size (the rest are micro-data-parallel generation groups).
+    reshard_method: "hybrid" (HybridFlow grouping), "plain" or "gather_all" (baselines),
+        see docs/reshard.md.
+    dtype: generation weight dtype ("auto" = bf16 where native, fp32 elsewhere).
+    max_num_seqs / max_model_len / prefill_token_budget / log_prob_mode: engine knobs
+        (engines/rollout/engine.py).
+    seed: base seed; each generation call and micro-DP group derives its own from it.
+    temperature ... stop: default sampling; a call's prompts.meta_info overrides any of
+        them (keys temperature, top_p, top_k, max_new_tokens or response_length, n,
+        do_sample, ignore_eos, stop_token_ids, stop, seed). do_sample=False is greedy.
+    """
+
+    name: str = "native"
+    tensor_model_parallel_size: int = 1
+    reshard_method: str = "hybrid"
+    dtype: DtypeName = "auto"
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    prefill_token_budget: int = 8192
+    log_prob_mode: str = "scaled"
+    seed: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    response_length: int = 128
+    n: int = 1
+    do_sample: bool = True
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.name not in ROLLOUT_BACKENDS:
+            raise WorkerConfigError(f"rollout.name must be one of {ROLLOUT_BACKENDS}, got {self.name!r}")
+        if not isinstance(self.tensor_model_parallel_size, int) or self.tensor_model_parallel_size < 1:
+            raise WorkerConfigError(
+                f"rollout.tensor_model_parallel_size must be an integer >= 1, got {self.tensor_model_parallel_size!r}"
+            )
+        try:
+            ReshardMethod.parse(self.reshard_method)
+        except ValueError as err:
+            raise WorkerConfigError(f"rollout.reshard_method: {err}") from None
+        if self.dtype not in DTYPE_NAMES:
+            raise WorkerConfigError(f"rollout.dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        if self.log_prob_mode not in LOG_PROB_MODES:
+            raise WorkerConfigError(
+                f"rollout.log_prob_mode must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}"
+            )
+        if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
+            raise WorkerConfigError("rollout.max_num_seqs and rollout.prefill_token_budget must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise WorkerConfigError(f"rollout.max_model_len must be >= 2 or None, got {self.max_model_len}")
+        if self.seed < 0:
+            raise WorkerConfigError(f"rollout.seed must be >= 0, got {self.seed}")
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        try:
+            SamplingParams(**self.sampling_defaults())
+        except ValueError as err:
+            raise WorkerConfigError(f"rollout sampling defaults: {err}") from None
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """SamplingParams keyword arguments for a call whose meta_info sets nothing."""
+        return {
+            "temperature": self.temperature if self.do_sample else 0.0,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_new_tokens": self.response_length,
+            "n": self.n,
+            "ignore_eos": self.ignore_eos,
+            "stop_token_ids": self.stop_token_ids,
+            "stop": self.stop,
+        }
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    """The hybrid-engine role: actor training, generation and the reference policy.
+
+    engine: the actor's model, parallelism, optimizer and micro-batches. The reference
+        policy (when used) loads the same model_path with the same parallelism, frozen,
+        in the compute dtype; with LoRA it is the actor with its adapters switched off.
+    use_reference: keep a reference policy (needed by the KL loss and by KL-in-reward).
+    """
+
+    engine: TrainEngineConfig
+    loss: ActorLossConfig = field(default_factory=ActorLossConfig)
+    rollout: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)
+    use_reference: bool = False
+
+    def __post_init__(self) -> None:
+        _check_types(self, engine=TrainEngineConfig, loss=ActorLossConfig, rollout=RolloutWorkerConfig)
+        if self.loss.use_kl_loss and not self.use_reference:
+            raise WorkerConfigError(
+                "actor loss.use_kl_loss=True needs the reference policy's log-probs; set use_reference=True"
+            )
+
+    @property
+    def model_path(self) -> str:
+        return self.engine.model_path
+
+
+@dataclass
+class CriticWorkerConfig:
+    """The critic role (verl: `critic.*`): a value model trained with the clipped value loss."""
+
+    engine: TrainEngineConfig
+    loss: CriticLossConfig = field(default_factory=CriticLossConfig)
+
+    def __post_init__(self) -> None:
+        _check_types(self, engine=TrainEngineConfig, loss=CriticLossConfig)
+        if self.engine.lora.enabled:
+            raise WorkerConfigError("critic: LoRA is supported for the actor only; set critic lora.rank=0")
+
+
+@dataclass
+class RewardModelWorkerConfig:
+    """The reward-model role (verl: `reward_model.*`): a frozen one-label sequence classifier.
+
+    The model must share the actor's tokenizer: it scores the actor's `input_ids` as they are.
+    """
+
+    engine: TrainEngineConfig
+
+    def __post_init__(self) -> None:
+        _check_types(self, engine=TrainEngineConfig)
+        if self.engine.lora.enabled:
+            raise WorkerConfigError("reward_model: LoRA does not apply to a frozen reward model; set lora.rank=0")
+
+
+def _check_types(config: object, **expected: type) -> None:
+    for name, cls in expected.items():
+        value = getattr(config, name)
+        if not isinstance(value, cls):
+            raise WorkerConfigError(
+                f"{type(config).__name__}.{name} must be a {cls.__name__}, got {type(value).__name__}"
+            )

@@ -1,0 +1,68 @@
+"""`RewardModelWorker`: scores whole sequences with a frozen reward model.
+
+    wg.init_model()
+    scores = wg.compute_rm_score(batch).batch["rm_scores"]          # [B]
+    token_level = scores_at_last_response_token(scores, batch.batch["response_mask"])
+
+The reward model reads the actor's `input_ids` as they are (same tokenizer) and scores
+each sequence at its last valid token. `scores_at_last_response_token` puts a sequence
+score where token-level rewards expect it: on the last valid response token, 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.engines.train import RewardModelEngine
+from hybridflow.protocol import DataProto
+from hybridflow.workers.common import batch_tensors, engine_on_device, register_engine_mesh, require, uses_offload
+from hybridflow.workers.config import RewardModelWorkerConfig
+
+REWARD_MESH = "reward"
+SCORE_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+class RewardModelWorker(Worker):
+    """A `RewardModelEngine` on every rank."""
+
+    def __init__(self, config: RewardModelWorkerConfig) -> None:
+        if not isinstance(config, RewardModelWorkerConfig):
+            raise TypeError(f"RewardModelWorker needs a RewardModelWorkerConfig, got {type(config).__name__}")
+        self.config = config
+        self.rm: RewardModelEngine | None = None
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the reward model (collective) and declare its dispatch mesh."""
+        self.init_process_group()
+        self.rm = RewardModelEngine(self.config.engine)
+        if uses_offload(self.rm):
+            self.rm.offload()
+        register_engine_mesh(self, REWARD_MESH, self.rm)
+
+    @register(dispatch=Dispatch.MESH(REWARD_MESH))
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """``rm_scores`` [B] (fp32), one per prompt + response sequence."""
+        require(self.rm, "the reward model")
+        batch = batch_tensors(data, SCORE_KEYS, "compute_rm_score")
+        with engine_on_device(self.rm):
+            scores = self.rm.compute_scores(batch)
+        return DataProto.from_dict(tensors={"rm_scores": scores})
+
+
+def scores_at_last_response_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[B, R] float32: ``scores[i]`` at row i's last valid response token, 0 elsewhere.
+
+    A row without any valid response token gets no score (all zeros).
+    """
+    if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"scores must be [B] and response_mask [B, R] with the same B, got "
+                         f"{tuple(scores.shape)} and {tuple(response_mask.shape)}")
+    mask = response_mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=scores.device)
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    out[rows, last[rows]] = scores[rows].float()
+    return out

@@ -1,0 +1,103 @@
+"""Worker configs, placement specs and the score-placement helper (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.engines.train import ActorLossConfig, LoraConfig, TrainEngineConfig
+from hybridflow.workers import (
+    ActorRolloutRefConfig,
+    CriticWorkerConfig,
+    PlacementSpec,
+    RewardModelWorkerConfig,
+    RolloutWorkerConfig,
+    WorkerConfigError,
+    scores_at_last_response_token,
+)
+
+
+def engine(**kw) -> TrainEngineConfig:
+    return TrainEngineConfig(model_path="/models/tiny", **kw)
+
+
+def test_kl_loss_needs_the_reference_policy():
+    with pytest.raises(WorkerConfigError, match="use_reference=True"):
+        ActorRolloutRefConfig(engine=engine(), loss=ActorLossConfig(use_kl_loss=True))
+    cfg = ActorRolloutRefConfig(engine=engine(), loss=ActorLossConfig(use_kl_loss=True), use_reference=True)
+    assert cfg.model_path == "/models/tiny"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"reshard_method": "scatter"}, "reshard_method"),
+    ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
+    ({"name": "vllm"}, "rollout.name"),
+    ({"dtype": "fp16"}, "rollout.dtype"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"response_length": 0}, "max_new_tokens"),
+    ({"log_prob_mode": "raw"}, "log_prob_mode"),
+])
+def test_rollout_settings_are_validated(kwargs, message):
+    with pytest.raises(WorkerConfigError, match=message):
+        RolloutWorkerConfig(**kwargs)
+
+
+def test_sampling_defaults_follow_do_sample_and_response_length():
+    sampled = RolloutWorkerConfig(temperature=0.7, response_length=32, n=4).sampling_defaults()
+    assert (sampled["temperature"], sampled["max_new_tokens"], sampled["n"]) == (0.7, 32, 4)
+    assert RolloutWorkerConfig(temperature=0.7, do_sample=False).sampling_defaults()["temperature"] == 0.0
+
+
+def test_sections_must_have_their_types():
+    with pytest.raises(WorkerConfigError, match="engine must be a TrainEngineConfig"):
+        ActorRolloutRefConfig(engine={"model_path": "/x"})
+    with pytest.raises(WorkerConfigError, match="loss must be a CriticLossConfig"):
+        CriticWorkerConfig(engine=engine(), loss=ActorLossConfig())
+
+
+def test_lora_is_refused_outside_the_actor():
+    with pytest.raises(WorkerConfigError, match="critic"):
+        CriticWorkerConfig(engine=engine(lora=LoraConfig(rank=4)))
+    with pytest.raises(WorkerConfigError, match="reward_model"):
+        RewardModelWorkerConfig(engine=engine(lora=LoraConfig(rank=4)))
+    ActorRolloutRefConfig(engine=engine(lora=LoraConfig(rank=4)), use_reference=True)
+
+
+def test_colocated_placement_puts_every_role_on_one_pool():
+    spec = PlacementSpec.colocated([4])
+    assert spec.assign(["actor", "critic", "reward"]) == {"global_pool": ["actor", "critic", "reward"]}
+
+
+def test_split_placement_groups_roles_by_pool():
+    spec = PlacementSpec(pools={"a": [2], "b": [2]}, mapping={"actor": "a", "critic": "b", "reward": "b"})
+    assert spec.assign(["actor", "critic", "reward"]) == {"a": ["actor"], "b": ["critic", "reward"]}
+
+
+@pytest.mark.parametrize("pools, mapping, roles, message", [
+    ({"a": [2], "b": [2]}, {"actor": "a"}, ["actor", "critic"], r"roles \['critic'\] have no pool"),
+    ({"a": [2], "b": [2]}, {"actor": "a", "critic": "a"}, ["actor", "critic"], r"pools \['b'\] host no role"),
+    ({"a": [2]}, {"actor": "a", "ref": "a"}, ["actor"], r"places roles \['ref'\]"),
+])
+def test_split_placement_must_cover_roles_and_pools(pools, mapping, roles, message):
+    with pytest.raises(ValueError, match=message):
+        PlacementSpec(pools=pools, mapping=mapping).assign(roles)
+
+
+@pytest.mark.parametrize("pools, mapping, message", [
+    ({}, {}, "pools is empty"),
+    ({"a": [0]}, {}, "ints >= 1"),
+    ({"a": [1]}, {"actor": "nope"}, r"names pools \['nope'\]"),
+])
+def test_placement_spec_is_validated(pools, mapping, message):
+    with pytest.raises(ValueError, match=message):
+        PlacementSpec(pools=pools, mapping=mapping)
+
+
+def test_scores_land_on_the_last_valid_response_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    placed = scores_at_last_response_token(torch.tensor([0.5, -1.0, 3.0, 2.0]), mask)
+    want = torch.tensor([[0, 0, 0.5, 0], [-1.0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2.0]])
+    assert placed.dtype == torch.float32
+    assert torch.equal(placed, want)
+    with pytest.raises(ValueError, match="same B"):
+        scores_at_last_response_token(torch.zeros(3), mask)
