@@ -1,6 +1,6 @@
 """hybridflow's own generation engine: `NativeRolloutEngine`, a `RolloutEngine`.
 
-    engine = NativeRolloutEngine.from_pretrained(model_dir, RolloutConfig(dtype=torch.bfloat16))
+    engine = NativeRolloutEngine.from_pretrained(model_dir, RolloutConfig(dtype="auto"))
     out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=256, n=4))
 
 Input DataProto: `input_ids`, `attention_mask` (LEFT-padded prompts), optional
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hybridflow.engines.models import load_hf_config
+from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.rollout.interface import RolloutEngine
 from hybridflow.engines.rollout.kv_cache import KVCache
 from hybridflow.engines.rollout.model import DecoderModel
@@ -44,7 +45,9 @@ from hybridflow.protocol import DataProto
 class RolloutConfig:
     """Engine-wide settings (per-request settings live in SamplingParams)."""
 
-    dtype: torch.dtype = torch.bfloat16
+    # torch dtype, or "auto" / "bf16" / "fp32" (engines/precision.py): "auto" is bf16 on GPUs
+    # and CPUs with native bf16, fp32 elsewhere. Always a torch.dtype after construction.
+    dtype: torch.dtype | str = "auto"
     device: str = "cpu"
     max_num_seqs: int = 256  # KV-cache slots: sequences decoded at once
     max_model_len: int | None = None  # prompt + response cap; None: config.max_position_embeddings
@@ -55,6 +58,8 @@ class RolloutConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.dtype, str):
+            object.__setattr__(self, "dtype", resolve_dtype(self.dtype, torch.device(self.device).type))
         if self.log_prob_mode not in LOG_PROB_MODES:
             raise ValueError(f"log_prob_mode must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}")
         if self.max_num_seqs < 1 or self.prefill_token_budget < 1:

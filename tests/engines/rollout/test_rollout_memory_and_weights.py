@@ -7,6 +7,7 @@ import torch
 from rollout_helpers import left_padded, save_model
 
 from hybridflow.engines.models import ModelLoadError, load_hf_config
+from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig, SamplingParams, shard_for_rank, tp_shard_dim
 from hybridflow.engines.rollout.spec import DecoderSpec
 from hybridflow.engines.rollout.weights import check_tp_divisibility, iter_safetensors
@@ -110,3 +111,11 @@ def test_unsupported_configs_are_refused(tiny_llama_dir):
     config.num_attention_heads = 3
     with pytest.raises(ValueError, match="tensor-parallel size 2"):
         check_tp_divisibility(DecoderSpec.from_hf_config(config), 2)
+
+
+def test_config_dtype_names_resolve_to_torch_dtypes():
+    assert RolloutConfig(dtype="bf16").dtype is torch.bfloat16
+    assert RolloutConfig(dtype=torch.float32).dtype is torch.float32
+    assert RolloutConfig().dtype is resolve_dtype("auto", "cpu")
+    with pytest.raises(ValueError, match="dtype"):
+        RolloutConfig(dtype="fp16")
