@@ -104,6 +104,15 @@ class ScoringPool:
 
     def run(self, tasks: Sequence[dict[str, Any]]) -> tuple[list[Outcome], int]:
         """Outcomes of fn(**task) in task order, and how many pools had to be replaced."""
+        try:
+            return self._run_all(tasks)
+        except BaseException:
+            # Whatever went wrong, no worker may stay busy (or hung) behind us: a later
+            # close() would otherwise wait for it forever.
+            self._discard_executor(kill=True)
+            raise
+
+    def _run_all(self, tasks: Sequence[dict[str, Any]]) -> tuple[list[Outcome], int]:
         results: list[Outcome | None] = [None] * len(tasks)
         suspects: set[int] = set()  # samples in flight when a worker died on its own
         pending = set(range(len(tasks)))
@@ -129,7 +138,16 @@ class ScoringPool:
     def _run_round(self, tasks, batch: list[int], pending: set[int], results: list, suspects: set[int]) -> bool:
         """Run `batch`; return True when the pool broke and must be replaced."""
         executor = self._ensure_executor()
-        futures: dict[Future, int] = {executor.submit(score_task, i, tasks[i], self.timeout_s): i for i in batch}
+        futures: dict[Future, int] = {}
+        try:
+            for i in batch:
+                futures[executor.submit(score_task, i, tasks[i], self.timeout_s)] = i
+        except BrokenProcessPool:
+            # A worker died while we were still submitting (an early sample crashed it).
+            # The futures already submitted report the break below; with none, the round
+            # is simply over and the pool is replaced.
+            if not futures:
+                return True
         started: dict[int, tuple[int, float]] = {}  # task -> (pid, when the parent heard of it)
         tick = min(0.05, self.timeout_s / 4)
         waiting = set(futures)
