@@ -23,17 +23,15 @@ import argparse
 import json
 import os
 import platform
-import queue
-import socket
 import statistics
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from hybridflow.engines.local_ranks import run_ranks
 
 MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, vocab_size=2048)
@@ -104,45 +102,9 @@ def rank_main(rank: int, world: int, model_dir: str, gen_tps: list[int], repeats
 
 # --------------------------------------------------------------------------- processes
 
-def _entry(rank: int, world: int, port: int, args: tuple, out) -> None:
-    torch.set_num_threads(1)  # N ranks share the machine's cores
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        result = rank_main(rank, world, *args)
-        dist.barrier()
-        dist.destroy_process_group()
-        out.put((rank, None, result))
-    except BaseException:
-        out.put((rank, traceback.format_exc(), None))
-
-
 def run_world(world: int, *args) -> list[list[dict]]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "transformers", "hybridflow.engines.train", "hybridflow.engines.reshard"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, args, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        while len(results) < world:
-            try:
-                rank, error, value = out.get(timeout=1800)
-            except queue.Empty:
-                raise TimeoutError(f"world {world}: ranks {sorted(set(range(world)) - set(results))} hung") from None
-            if error:
-                raise RuntimeError(f"world {world} rank {rank} failed:\n{error}")
-            results[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-    return [results[r] for r in range(world)]
+    return run_ranks(rank_main, world, *args, timeout=1800,
+                     preload=("torch", "transformers", "hybridflow.engines.train", "hybridflow.engines.reshard"))
 
 
 # --------------------------------------------------------------------------- report

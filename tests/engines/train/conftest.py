@@ -7,7 +7,7 @@ import os
 import pytest
 import torch.distributed as dist
 
-from train_harness import _free_port
+from train_harness import free_port
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def single_process_group():
     """A world-size-1 gloo group in the test process, for engine tests that need no peers."""
     if dist.is_initialized():
         pytest.fail("a torch.distributed group is already initialised in the test process")
-    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

@@ -1,89 +1,17 @@
 """Helpers for the training-engine tests: gloo process groups, RL batches, a plain reference.
 
-`run_ranks(fn, world_size, *args)` runs `fn(rank, world_size, *args)` in `world_size`
-processes joined in one gloo group and returns the per-rank results. Processes come
-from a forkserver that imported torch and transformers once, so each rank starts in
-well under a second instead of re-importing (~8 s of CPU per process on this machine).
+`run_ranks(fn, world_size, *args)` (from hybridflow.engines.local_ranks) runs
+`fn(rank, world_size, *args)` in `world_size` gloo processes and returns the per-rank
+results.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
-import socket
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-_PRELOAD = ["torch", "torch.distributed", "transformers", "peft", "hybridflow.engines.train"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(fn: Callable, rank: int, world: int, port: int, args: tuple, results: Any) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        out = fn(rank, world, *args)
-        dist.barrier()
-        dist.destroy_process_group()
-        results.put((rank, True, out))
-    except BaseException:  # report any failure to the parent instead of hanging it
-        results.put((rank, False, traceback.format_exc()))
-
-
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 400.0) -> list[Any]:
-    """Run fn(rank, world_size, *args) on `world_size` gloo ranks; results ordered by rank."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, results)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    collected: dict[int, Any] = {}
-    try:
-        while len(collected) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(collected))} did not finish") from None
-            if not ok:
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            collected[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-    return [collected[r] for r in range(world_size)]
-
-
-def start_ranks(fn: Callable, world_size: int, *args: Any) -> tuple[list[Any], Any]:
-    """Start fn on `world_size` ranks without waiting (for tests that kill them).
-
-    Returns the processes and their result queue; keep the queue referenced while the
-    processes start (they unpickle it).
-    """
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, results)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    return procs, results
+from hybridflow.engines.local_ranks import free_port, run_ranks, start_ranks  # noqa: F401 (re-exported)
 
 
 def make_rl_batch(
