@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "DataProto": "hybridflow.protocol",
+    "RLTrainer": "hybridflow.trainer",
 }
 
 
@@ -22,4 +23,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")
 
 
-__all__ = ["DataProto", "__version__"]
+__all__ = ["DataProto", "RLTrainer", "__version__"]

@@ -9,6 +9,7 @@ types, and returns the filled instance. Dataclasses may validate themselves in
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -50,7 +51,8 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _convert(value: Any, annotation: Any, where: str) -> Any:
+def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
+    """`value` as `annotation`; `base` is the default instance a partial section fills in."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if annotation is Any:
@@ -61,7 +63,7 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _convert(value, arg, where)
+                return _convert(value, arg, where, base if isinstance(arg, type) and isinstance(base, arg) else None)
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(f"{where}: {value!r} matches none of {annotation}: {errors}")
@@ -72,7 +74,7 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a section (mapping), got {value!r}")
-        return _build(annotation, value, where)
+        return _build(annotation, value, where, base if isinstance(base, annotation) else None)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
@@ -101,15 +103,28 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _build(cls: type[T], values: dict, prefix: str = "") -> T:
+def _field_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _build(cls: type[T], values: dict, prefix: str = "", base: Any = None) -> T:
+    """Instantiate `cls` from `values`; keys not given come from `base` (a default
+    instance of cls) when there is one, else from the class's own defaults."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     kwargs = {}
+    if base is not None:
+        kwargs = {name: copy.deepcopy(getattr(base, name)) for name in fields if name not in values}
     for key, value in values.items():
         where = f"{prefix}.{key}" if prefix else key
         if key not in fields:
             raise ConfigError(f"unknown config key {where!r}{_closest(key, list(fields))}")
-        kwargs[key] = _convert(value, hints[key], where)
+        default = getattr(base, key) if base is not None else _field_default(fields[key])
+        kwargs[key] = _convert(value, hints[key], where, default if dataclasses.is_dataclass(default) else None)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
@@ -137,8 +152,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 
 
 def config_to_dict(config: Any) -> dict:
-    """A plain dict of the resolved config (tuples as lists), fit for YAML or JSON."""
-    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(config))))
+    """A plain dict of the resolved config (tuples as lists, keys in declaration order), fit for YAML or JSON."""
+    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(config)), sort_keys=False))
 
 
 def _plain(value: Any) -> Any:

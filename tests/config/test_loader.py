@@ -92,3 +92,21 @@ def test_save_round_trip(tmp_path):
     assert load_config(Root, out) == cfg
     assert config_to_dict(cfg)["actor"]["optim"]["betas"] == [0.9, 0.999]
     assert not (tmp_path / "config.yaml.tmp").exists()
+
+
+@dataclass
+class Tuned:
+    """A tree whose section default differs from the section class's own defaults."""
+
+    actor: Actor = field(default_factory=lambda: Actor(optim=Optim(lr=3e-4), micro_batch_size=8))
+    maybe: Optim | None = None
+
+
+def test_partial_section_keeps_the_tree_default_of_the_other_keys():
+    cfg = load_config(Tuned, None, ["actor.optim.schedule=cosine"])
+    assert cfg.actor.optim.lr == pytest.approx(3e-4)  # not Optim's class default 1e-6
+    assert cfg.actor.micro_batch_size == 8 and cfg.actor.optim.schedule == "cosine"
+    assert load_config(Tuned, None, ["actor.micro_batch_size=2"]).actor.optim.lr == pytest.approx(3e-4)
+    # A section that was None by default is built from its class defaults.
+    assert load_config(Tuned, None, ["maybe.lr=2e-5"]).maybe == Optim(lr=2e-5)
+    assert Tuned().actor.optim.lr == pytest.approx(3e-4)  # the default instance is not mutated

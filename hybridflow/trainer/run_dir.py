@@ -1,0 +1,80 @@
+"""The run directory: where a run's config, metrics, checkpoints and models go.
+
+    runs/<name>-<YYYYmmdd-HHMMSS>/
+        config.yaml          the resolved config (every default written out)
+        metrics.jsonl        one JSON object per line: {"phase": "rl"|"sft"|"eval", "step": n, ...}
+        model/               the built-in tiny model (model.path: null)
+        sft_model/           the warm-started policy (sft.steps > 0), Hugging Face format
+        checkpoints/         actor/critic checkpoints (trainer.save_freq)
+        final_model/         the trained policy (trainer.save_final_model)
+
+A run never overwrites another: an existing directory is an error for an explicit
+trainer.run_dir, and a timestamp collision gets a numeric suffix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config import ConfigError, save_config
+from hybridflow.config.schema import RunConfig
+
+
+def create_run_dir(cfg: RunConfig) -> Path:
+    """Make the run's directory (never one that exists) and save the resolved config in it."""
+    if cfg.trainer.run_dir is not None:
+        path = Path(cfg.trainer.run_dir)
+        if path.exists():
+            raise ConfigError(
+                f"trainer.run_dir={str(path)!r} already exists; a run never overwrites another. Pick a new "
+                "directory, or leave trainer.run_dir null to get <output_dir>/<name>-<timestamp>"
+            )
+        path.mkdir(parents=True)
+    else:
+        root = Path(cfg.trainer.output_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        stem = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        for suffix in range(1000):
+            path = root / (stem if suffix == 0 else f"{stem}-{suffix}")
+            try:
+                path.mkdir()  # atomic: two runs started in the same second get different dirs
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise RuntimeError(f"could not create a fresh run directory under {root}")
+    save_config(cfg, path / "config.yaml")
+    return path
+
+
+class MetricsLog:
+    """Appends one JSON line per record to <run>/metrics.jsonl (flushed at once, so a
+    crashed run keeps every step it finished). Non-finite numbers are written as null."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
+        record = {"phase": phase, "step": step, "time": round(time.time(), 3)}
+        record.update({k: _json_value(v) for k, v in sorted(metrics.items())})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

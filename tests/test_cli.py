@@ -1,0 +1,52 @@
+"""The `hybridflow` command: subcommands, help, and config errors reported before any
+worker starts (exit status 2, the message on stderr)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hybridflow.cli import build_parser, main
+
+
+def test_help_lists_the_subcommands():
+    out = subprocess.run([sys.executable, "-m", "hybridflow.cli", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for command in ("train", "sft", "selfcheck"):
+        assert command in out
+
+
+def test_train_and_sft_take_a_config_file_and_overrides():
+    args = build_parser().parse_args(["train", "--config", "run.yaml", "rollout.n=4", "actor.optim.lr=1e-5"])
+    assert args.config == "run.yaml" and args.overrides == ["rollout.n=4", "actor.optim.lr=1e-5"]
+    args = build_parser().parse_args(["sft", "sft.steps=10"])
+    assert args.config is None and args.overrides == ["sft.steps=10"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "actor.optim.lrr=1e-5"], "did you mean 'lr'"),
+    (["train", "data.train_batch_size=3", "resources.world_size=2"], "cannot be shared by the 2 generation groups"),
+    (["sft", "seed=x"], "seed: expected int"),
+    (["sft", "sft.steps=0"], "set sft.steps"),
+])
+def test_config_errors_exit_2_with_the_reason(argv, message, capsys, tmp_path):
+    assert main([*argv, f"trainer.output_dir={tmp_path}"]) == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def test_missing_config_file_is_a_config_error(capsys, tmp_path):
+    assert main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_print_config_shows_the_resolved_tree_without_running(capsys, tmp_path):
+    import yaml
+
+    assert main(["train", "--print-config", "rollout.n=16", f"trainer.output_dir={tmp_path}"]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["rollout"]["n"] == 16 and tree["algorithm"]["adv_estimator"] == "grpo"
+    assert isinstance(tree["resources"]["world_size"], int)
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,107 @@
+"""The run config tree: defaults, overrides, and the cross-section checks that run before
+any worker starts (no Ray needed here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config import ConfigError, load_config
+from hybridflow.config.schema import RunConfig, load_run_config, resolve_run_config, validate_run_config
+from hybridflow.trainer.run_dir import create_run_dir
+
+
+def test_default_config_is_valid_and_is_the_builtin_demo():
+    cfg = load_run_config()
+    layout = validate_run_config(cfg)
+    assert cfg.model.path is None and not cfg.data.train_files  # built-in model and task
+    assert cfg.algorithm.name == "grpo" and cfg.algorithm.estimator == "grpo"
+    assert cfg.sft.steps > 0  # the demo warm-starts before RL
+    assert layout.sequences_per_step == cfg.data.train_batch_size * cfg.rollout.n
+
+
+def test_overrides_reach_nested_sections_and_keep_tree_defaults():
+    cfg = load_run_config(None, ["actor.optim.grad_clip=0.5", "rollout.n=16", "algorithm.name=ppo"])
+    assert cfg.actor.optim.grad_clip == 0.5
+    assert cfg.actor.optim.lr == RunConfig().actor.optim.lr  # the tree's default, not OptimConfig's
+    assert cfg.rollout.n == 16 and cfg.rollout.response_length == RunConfig().rollout.response_length
+    assert cfg.algorithm.estimator == "gae" and cfg.use_critic
+
+
+@pytest.mark.parametrize("override, closest", [
+    ("actor.optim.lrr=1e-4", "lr"),
+    ("algoritm.name=ppo", "algorithm"),
+    ("rollout.temprature=0.5", "temperature"),
+    ("data.train_batch_sise=8", "train_batch_size"),
+])
+def test_unknown_key_names_the_closest_valid_key(override, closest):
+    with pytest.raises(ConfigError, match=rf"unknown config key .*did you mean '{closest}'"):
+        load_run_config(None, [override])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # prompts must divide over the generation groups (2 ranks / rollout tp 1)
+    (["resources.world_size=2", "data.train_batch_size=3"], r"train_batch_size=3 prompts cannot be shared by the 2"),
+    # sequences per step (16 x 8) vs the actor's mini-batch
+    (["resources.world_size=2", "actor.micro_batch.mini_batch_size=48"], r"128 sequences per step is not a multiple"),
+    # mini-batch per dp rank vs micro-batch size
+    (["resources.world_size=2", "actor.micro_batch.mini_batch_size=64",
+      "actor.micro_batch.micro_batch_size_per_device=24"], r"32 sequences per rank is not a multiple"),
+    # mini-batch vs data-parallel size
+    (["resources.world_size=4", "data.train_batch_size=4", "rollout.n=3", "actor.micro_batch.mini_batch_size=6",
+      "actor.micro_batch.micro_batch_size_per_device=1"], r"mini_batch_size=6 is not divisible by the actor's"),
+    (["resources.world_size=2", "actor.tp_size=3"], r"actor.tp_size=3 does not divide"),
+    (["resources.world_size=2", "rollout.tensor_model_parallel_size=4"], r"tensor_model_parallel_size=4 does not"),
+    (["rollout.n=1"], r"needs rollout.n >= 2"),
+    (["resources.world_size=2", "resources.placement=split"], r"has no critic"),
+    (["resources.world_size=2", "resources.placement=split", "algorithm.name=ppo", "resources.critic_ranks=2"],
+     r"critic_ranks=2 must leave the actor"),
+    (["resources.world_size=2", "sft.batch_size=50"], r"sft.batch_size=50 is not a multiple"),
+    (["resources.world_size=2", "actor.param_offload=true"], r"need resources.use_gpu"),
+    (["rollout.response_length=60"], r"exceeds the built-in model"),
+    (["data.train_files=[a.parquet]"], r"sft.files is empty"),
+])
+def test_inconsistent_sizes_are_refused_with_the_keys_to_change(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, overrides)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], r"ppo trains a critic and uses adv_estimator=gae"),
+    (["algorithm.adv_estimator=gae"], r"needs a group estimator"),
+    (["algorithm.adv_estimator=nope"], r"nope"),
+    (["trainer.total_steps=0"], r"total_steps must be >= 1"),
+    (["actor.micro_batch.micro_batch_size_per_device=0"], r"micro_batch_size_per_device must be an integer >= 1"),
+    (["name=a/b"], r"directory-safe"),
+])
+def test_section_errors_name_the_section(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, overrides)
+
+
+def test_world_size_null_resolves_to_a_power_of_two():
+    world = RunConfig().resources.resolved_world_size()
+    assert world >= 1 and world & (world - 1) == 0 and world <= 8
+
+
+def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
+    cfg = resolve_run_config(load_run_config(None, [f"trainer.output_dir={tmp_path}", "rollout.temperature=0.7",
+                                                    "name=probe", "resources.world_size=null"]))
+    assert cfg.resources.world_size is not None and cfg.algorithm.adv_estimator == "grpo"
+    first, second = create_run_dir(cfg), create_run_dir(cfg)  # same second: distinct directories
+    assert first != second and first.parent == second.parent == tmp_path
+    assert load_config(RunConfig, first / "config.yaml") == cfg
+    explicit = load_run_config(None, [f"trainer.run_dir={first}"])
+    with pytest.raises(ConfigError, match="already exists"):
+        create_run_dir(explicit)
+
+
+def test_every_example_config_validates_and_says_how_to_run_it():
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+    assert len(examples) >= 4
+    for path in examples:
+        lines = path.read_text().splitlines()
+        header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+        assert any("hybridflow train --config" in h or "hybridflow sft --config" in h for h in header), path.name
+        load_run_config(path)
