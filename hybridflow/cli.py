@@ -14,6 +14,7 @@ Subcommands import their heavy dependencies lazily so `hybridflow --help` stays 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Per-file "Loading weights" / "Writing model shards" bars from every rank drown the
+    # run's own progress display; set before transformers is imported here or in the
+    # Ray workers (which inherit this environment). An explicit user setting wins.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
