@@ -137,6 +137,16 @@ def _kl_metric(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(-log_ratio, mask).detach()
 
 
+def _clip_metrics(clip_low: Tensor, clip_high: Tensor, log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Clip fractions (either side, low, high) and the approximate KL to the old policy."""
+    return {
+        "pg_clipfrac": _frac(clip_low | clip_high, mask),
+        "pg_clipfrac_low": _frac(clip_low, mask),
+        "pg_clipfrac_high": _frac(clip_high, mask),
+        "ppo_kl": _kl_metric(log_ratio, mask),
+    }
+
+
 # ----------------------------------------------------------------------------- losses
 
 
@@ -172,13 +182,8 @@ def ppo_clip_loss(
     with torch.no_grad():
         clip_low = neg & (ratio < lo)
         clip_high = (adv > 0) & (ratio > hi)
-        metrics = {
-            "pg_clipfrac": _frac(clip_low | clip_high, mask),
-            "pg_clipfrac_low": _frac(clip_low, mask),
-            "pg_clipfrac_high": _frac(clip_high, mask),
-            "pg_clipfrac_dual": _frac(neg & (ratio > c), mask),
-            "ppo_kl": _kl_metric(log_ratio, mask),
-        }
+        metrics = _clip_metrics(clip_low, clip_high, log_ratio, mask)
+        metrics["pg_clipfrac_dual"] = _frac(neg & (ratio > c), mask)
     return loss, metrics
 
 
@@ -212,12 +217,7 @@ def gspo_loss(
     with torch.no_grad():
         clip_low = (adv < 0) & (s < lo)
         clip_high = (adv > 0) & (s > hi)
-        metrics = {
-            "pg_clipfrac": _frac(clip_low | clip_high, mask),
-            "pg_clipfrac_low": _frac(clip_low, mask),
-            "pg_clipfrac_high": _frac(clip_high, mask),
-            "ppo_kl": _kl_metric(token_log_ratio, mask),
-        }
+        metrics = _clip_metrics(clip_low, clip_high, token_log_ratio, mask)
     return loss, metrics
 
 
@@ -247,12 +247,7 @@ def cispo_loss(
     loss = agg_loss(loss_mat, mask, config.loss_agg_mode, agg)
     with torch.no_grad():
         clip_low, clip_high = ratio < lo, ratio > hi
-        metrics = {
-            "pg_clipfrac": _frac(clip_low | clip_high, mask),
-            "pg_clipfrac_low": _frac(clip_low, mask),
-            "pg_clipfrac_high": _frac(clip_high, mask),
-            "ppo_kl": _kl_metric(log_ratio, mask),
-        }
+        metrics = _clip_metrics(clip_low, clip_high, log_ratio, mask)
     return loss, metrics
 
 
