@@ -78,6 +78,15 @@ def read_many(paths: str | Path | Sequence[str | Path], limit: int | None = None
     return rows
 
 
+def rows_from(
+    files: str | Path | Sequence[str | Path] | None, rows: Sequence[dict] | None, limit: int | None = None
+) -> list[dict]:
+    """A data set's source rows: read from `files`, or taken from `rows` already in memory."""
+    if (files is None) == (rows is None):
+        raise ValueError("give exactly one of `files` (parquet/jsonl paths) or `rows` (records in memory)")
+    return read_many(files, limit) if rows is None else list(rows)[:limit]
+
+
 def write_records(rows: Iterable[dict], path: str | Path) -> Path:
     """Write rows to parquet or jsonl (by the suffix of `path`); returns `path`."""
     path = Path(path)

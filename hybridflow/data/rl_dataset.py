@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hybridflow.data.records import Messages, PromptRecord, from_row, read_many
+from hybridflow.data.records import Messages, PromptRecord, from_row, rows_from
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -120,12 +120,10 @@ class RLPromptDataset:
         rows: Sequence[dict] | None = None,
     ) -> None:
         """Read `files` (or take `rows` already in memory, e.g. the built-in task's records)."""
-        if (files is None) == (rows is None):
-            raise ValueError("give exactly one of files or rows")
         self.tokenizer = tokenizer
         self.config = config
         self.pad_id = pad_token_id_of(tokenizer)
-        raw_rows = read_many(files, config.max_samples) if rows is None else list(rows)[: config.max_samples]
+        raw_rows = rows_from(files, rows, config.max_samples)
         records = [from_row(r, i, config.prompt_key, config.default_data_source) for i, r in enumerate(raw_rows)]
         self.records: list[PromptRecord] = []
         self.input_ids: list[list[int]] = []

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from hybridflow.data.records import read_many
+from hybridflow.data.records import rows_from
 from hybridflow.data.rl_dataset import left_pad, pad_token_id_of, position_ids_from_mask, render_prompt
 from hybridflow.protocol import DataProto
 
@@ -64,12 +64,10 @@ class SFTDataset:
         config: SFTDataConfig,
         rows: Sequence[dict] | None = None,
     ) -> None:
-        if (files is None) == (rows is None):
-            raise ValueError("give exactly one of files or rows")
         self.tokenizer = tokenizer
         self.config = config
         self.pad_id = pad_token_id_of(tokenizer)
-        raw_rows = read_many(files) if rows is None else list(rows)
+        raw_rows = rows_from(files, rows)
         self.prompt_ids: list[list[int]] = []
         self.response_ids: list[list[int]] = []
         self.stats = {"rows": len(raw_rows), "filtered_overlong": 0, "truncated": 0}
