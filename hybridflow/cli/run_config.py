@@ -1,0 +1,40 @@
+"""Arguments and loading shared by the commands that read the run config tree
+(hybridflow/config/schema.py): `--config FILE`, `--print-config`, dotted overrides."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema imports torch; `hybridflow --help` must not
+    from hybridflow.config.schema import RunConfig
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="YAML config file (default: the built-in defaults)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (every key, YAML) and exit without running")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides applied after the file, e.g. actor.optim.lr=1e-5")
+
+
+def load(args: argparse.Namespace) -> RunConfig | None:
+    """The run config of `args`, or None after printing a config error to stderr."""
+    from hybridflow.config import ConfigError
+    from hybridflow.config.schema import load_run_config
+
+    try:
+        return load_run_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"hybridflow {args.command}: config error: {err}", file=sys.stderr)
+        return None
+
+
+def print_config(cfg: RunConfig) -> None:
+    import yaml
+
+    from hybridflow.config import config_to_dict
+    from hybridflow.config.schema import resolve_run_config
+
+    print(yaml.safe_dump(config_to_dict(resolve_run_config(cfg)), sort_keys=False), end="")
