@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hybridflow.algorithms import build_kl_controller
 from hybridflow.config.schema import RunConfig
 from hybridflow.trainer import phases as P
 from hybridflow.trainer.phases import Roles, Step
@@ -20,9 +21,28 @@ from hybridflow.trainer.phases import Roles, Step
 
 @dataclass
 class AlgoState:
-    """What lives across steps besides the models: the KL-in-reward coefficient controller."""
+    """What lives across steps besides the models and the data position; checkpoints save
+    it (`state_dict`) so a resumed run continues with the same coefficients."""
 
     kl_ctrl: Any  # hybridflow.algorithms Fixed/AdaptiveKLController, or None without KL in reward
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state.get("kl_ctrl") is None) != (self.kl_ctrl is None):
+            raise ValueError("the checkpoint's KL-in-reward setting differs from this run's "
+                             "(algorithm.use_kl_in_reward); resume with the config the checkpoint was written with")
+        if self.kl_ctrl is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+
+
+def build_algo_state(cfg: RunConfig) -> AlgoState:
+    """The cross-step state of `cfg.algorithm`, freshly initialised."""
+    kl = cfg.algorithm.kl_ctrl
+    kl_ctrl = (build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+               if cfg.algorithm.use_kl_in_reward else None)
+    return AlgoState(kl_ctrl=kl_ctrl)
 
 
 def _shaped_rewards(step: Step, cfg: RunConfig, state: AlgoState) -> None:

@@ -47,6 +47,9 @@ class Step:
     index: int
     batch: DataProto
     metrics: dict[str, float] = field(default_factory=dict)
+    # The next batch of prompts from the run's loader, for programs that generate more
+    # than one batch per step (DAPO's dynamic sampling); None where there is no loader.
+    more_prompts: Callable[[], DataProto] | None = None
 
 
 def phase(name: str) -> Callable[[F], F]:

@@ -23,14 +23,13 @@ from typing import Any
 
 import torch
 
-from hybridflow.algorithms import build_kl_controller
 from hybridflow.config.schema import RunConfig, load_run_config
 from hybridflow.controller import WorkerGroup
 from hybridflow.data import ResumableLoader
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
-from hybridflow.trainer.algorithms import ALGORITHMS, AlgoState
+from hybridflow.trainer.algorithms import ALGORITHMS, build_algo_state
 from hybridflow.trainer.evaluate import evaluate
 from hybridflow.trainer.metrics import FlopModel, data_metrics, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
@@ -96,11 +95,7 @@ class RLTrainer:
         loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
                                  collate_fn=data.collate)
         self.batches = endless(loader)
-        kl = cfg.algorithm.kl_ctrl
-        self.state = AlgoState(
-            kl_ctrl=build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
-            if cfg.algorithm.use_kl_in_reward else None
-        )
+        self.state = build_algo_state(cfg)
         self.flop_model = _flop_model(cfg, policy_path)
 
     # ------------------------------------------------------------------ loop
@@ -119,7 +114,7 @@ class RLTrainer:
         metrics: dict[str, float] = {}
         for done in range(1, steps + 1):
             self.global_step += 1
-            step = Step(self.global_step, next(self.batches))
+            step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches))
             start = time.perf_counter()
             algorithm(step, self.roles, cfg, self.state)
             step.metrics["timing_s/step"] = time.perf_counter() - start
@@ -181,8 +176,7 @@ class RLTrainer:
         root = self.run_dir / "checkpoints"
         for name, group in self.groups.items():
             group.save_checkpoint(str(root / name))
-        state = {"global_step": self.global_step,
-                 "kl_ctrl": self.state.kl_ctrl.state_dict() if self.state.kl_ctrl is not None else None}
+        state = {"global_step": self.global_step, "algorithm": self.state.state_dict()}
         (root / "trainer_state.json").write_text(json.dumps(state))
         return root
 
