@@ -1,8 +1,9 @@
-"""The data layer: built-in arithmetic task and tokenizer, prompt/SFT data sets, a
-resumable loader, and preprocessing of public data sets into verl's parquet format.
+"""The data layer: built-in arithmetic task and tokenizer, prompt/SFT/preference-pair data
+sets, a resumable loader, and preprocessing of public data sets into verl's parquet format.
 
     from hybridflow.data import (ArithmeticConfig, make_builtin_model_dir, RLPromptDataset,
-                                 PromptDataConfig, ResumableLoader, SFTDataset, SFTDataConfig)
+                                 PromptDataConfig, ResumableLoader, SFTDataset, SFTDataConfig,
+                                 PairwiseDataset, PairwiseDataConfig)
 """
 
 from hybridflow.data.arithmetic import (
@@ -18,6 +19,7 @@ from hybridflow.data.arithmetic import (
     write_arithmetic_dataset,
 )
 from hybridflow.data.loader import ResumableLoader
+from hybridflow.data.pairwise_dataset import PairwiseDataConfig, PairwiseDataset, collate_pairs, split_held_out
 from hybridflow.data.preprocess import preprocess_gsm8k, preprocess_hh_rlhf
 from hybridflow.data.records import PromptRecord, read_many, read_records, write_records
 from hybridflow.data.rl_dataset import (
@@ -37,6 +39,8 @@ from hybridflow.data.tokenizer import (
 __all__ = [
     "ARITHMETIC_DATA_SOURCE",
     "ArithmeticConfig",
+    "PairwiseDataConfig",
+    "PairwiseDataset",
     "Problem",
     "PromptDataConfig",
     "PromptRecord",
@@ -45,6 +49,7 @@ __all__ = [
     "SFTDataConfig",
     "SFTDataset",
     "build_char_tokenizer",
+    "collate_pairs",
     "collate_prompts",
     "collate_sft",
     "generate_problems",
@@ -58,6 +63,7 @@ __all__ = [
     "rl_records",
     "save_char_tokenizer",
     "sft_records",
+    "split_held_out",
     "split_size",
     "write_arithmetic_dataset",
     "write_records",

@@ -3,16 +3,20 @@
     preprocess_gsm8k("gsm8k/train.jsonl", "gsm8k_train.parquet", split="train")
     preprocess_hh_rlhf("hh-rlhf-harmless/test.jsonl.gz", "hh_test.parquet")
 
-The CLI exposes them as `hybridflow preprocess gsm8k|hh-rlhf IN OUT`. Each returns a
-small report (rows written / skipped, output path) for the CLI to print.
+The CLI exposes them as `hybridflow preprocess gsm8k|hh-rlhf --input IN --output OUT`.
+Each returns a small report (rows read / written / skipped, output path) for the CLI to
+print. An existing output is never replaced unless `overwrite=True` (`--force`), and the
+output is written to a temporary file renamed into place, so a failed run leaves any
+earlier file as it was.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
-from hybridflow.data.records import read_records, write_records
+from hybridflow.data.records import SUFFIXES, read_records, write_records
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 HH_RLHF_DATA_SOURCE = "Anthropic/hh-rlhf"
@@ -20,6 +24,28 @@ HH_RLHF_DATA_SOURCE = "Anthropic/hh-rlhf"
 GSM8K_INSTRUCTION = "Reason step by step, then give the final numeric answer on the last line after '####'."
 
 _GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$")
+
+
+def check_output(out: str | Path, overwrite: bool) -> Path:
+    """`out` as a Path; FileExistsError if it exists and `overwrite` is off."""
+    out = Path(out)
+    if not out.name.lower().endswith(SUFFIXES):
+        raise ValueError(f"output {str(out)!r}: unsupported file type; end the name with one of {list(SUFFIXES)}")
+    if out.exists() and not overwrite:
+        raise FileExistsError(
+            f"output {str(out)!r} already exists; choose another path, or pass --force (overwrite=True) to replace it"
+        )
+    return out
+
+
+def write_atomically(rows: list[dict], out: Path) -> None:
+    """Write `rows` next to `out` and rename into place (the format follows out's suffix)."""
+    tmp = out.with_name(f".tmp-{out.name}")
+    try:
+        write_records(rows, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def gsm8k_ground_truth(answer: str) -> str:
@@ -41,16 +67,21 @@ def gsm8k_record(question: str, answer: str, split: str, index: int) -> dict:
     }
 
 
-def preprocess_gsm8k(in_jsonl: str | Path, out_parquet: str | Path, split: str, limit: int | None = None) -> dict:
+def preprocess_gsm8k(
+    in_jsonl: str | Path, out_parquet: str | Path, split: str, limit: int | None = None, overwrite: bool = False
+) -> dict:
     """GSM8K jsonl ({question, answer}) -> verl parquet; ground truth = number after '####'."""
+    out_path = check_output(out_parquet, overwrite)
     rows = read_records(in_jsonl, limit)
     out = []
     for i, row in enumerate(rows):
         if "question" not in row or "answer" not in row:
             raise ValueError(f"{in_jsonl}: row {i} lacks 'question'/'answer' (columns {sorted(row)}); is this GSM8K?")
         out.append(gsm8k_record(row["question"], row["answer"], split, i))
-    write_records(out, out_parquet)
-    return {"rows_written": len(out), "rows_skipped": 0, "out": str(out_parquet)}
+    if not out:
+        raise ValueError(f"{in_jsonl}: no rows to convert")
+    write_atomically(out, out_path)
+    return {"rows_read": len(rows), "rows_written": len(out), "rows_skipped": 0, "out": str(out_path)}
 
 
 # hh-rlhf conversations are "\n\nHuman: ...\n\nAssistant: ..." repeated; the two texts of a
@@ -90,13 +121,16 @@ def split_hh_pair(chosen: str, rejected: str) -> tuple[list[dict[str, str]], str
     return prompt, reply_c, reply_r
 
 
-def preprocess_hh_rlhf(in_jsonl_gz: str | Path, out_parquet: str | Path, limit: int | None = None) -> dict:
+def preprocess_hh_rlhf(
+    in_jsonl_gz: str | Path, out_parquet: str | Path, limit: int | None = None, overwrite: bool = False
+) -> dict:
     """hh-rlhf ({chosen, rejected} full texts) -> reward-model pairs (prompt, chosen, rejected).
 
     `prompt` is the shared conversation as chat messages ending with the user's turn;
     `chosen` / `rejected` are the two final assistant replies. Unusable pairs are skipped
     and counted.
     """
+    out_path = check_output(out_parquet, overwrite)
     rows = read_records(in_jsonl_gz, limit)
     out, skipped = [], 0
     for i, row in enumerate(rows):
@@ -118,5 +152,5 @@ def preprocess_hh_rlhf(in_jsonl_gz: str | Path, out_parquet: str | Path, limit: 
         })
     if not out:
         raise ValueError(f"{in_jsonl_gz}: none of {len(rows)} rows is a usable chosen/rejected pair")
-    write_records(out, out_parquet)
-    return {"rows_written": len(out), "rows_skipped": skipped, "out": str(out_parquet)}
+    write_atomically(out, out_path)
+    return {"rows_read": len(rows), "rows_written": len(out), "rows_skipped": skipped, "out": str(out_path)}

@@ -1,4 +1,4 @@
-"""`RewardModelWorker`: scores whole sequences with a frozen reward model.
+"""`RewardModelWorker`: scores whole sequences with a reward model, and trains one.
 
     wg.init_model()
     scores = wg.compute_rm_score(batch).batch["rm_scores"]          # [B]
@@ -7,6 +7,13 @@
 The reward model reads the actor's `input_ids` as they are (same tokenizer) and scores
 each sequence at its last valid token. `scores_at_last_response_token` puts a sequence
 score where token-level rewards expect it: on the last valid response token, 0 elsewhere.
+
+Built with `trainable=True` (the `hybridflow rm` job), the same worker trains the model on
+preference pairs (Bradley-Terry loss; pair layout in engines/train/reward.py):
+
+    metrics = wg.update_reward_model(pairs).meta_info["metrics"]     # rm/loss, rm/accuracy, ...
+    out = wg.compute_pair_scores(pairs)                              # chosen_scores, rejected_scores [B]
+    wg.export_hf("out/reward_model")                                 # *ForSequenceClassification dir
 """
 
 from __future__ import annotations
@@ -15,8 +22,18 @@ import torch
 
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.train import RewardModelEngine
+from hybridflow.engines.train.export import export_hf
+from hybridflow.engines.train.reward import PAIR_KEYS
 from hybridflow.protocol import DataProto
-from hybridflow.workers.common import batch_tensors, engine_on_device, register_engine_mesh, require, uses_offload
+from hybridflow.workers.common import (
+    batch_tensors,
+    engine_on_device,
+    mean_over_world,
+    register_engine_mesh,
+    require,
+    timed,
+    uses_offload,
+)
 from hybridflow.workers.config import RewardModelWorkerConfig
 
 REWARD_MESH = "reward"
@@ -24,19 +41,20 @@ SCORE_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class RewardModelWorker(Worker):
-    """A `RewardModelEngine` on every rank."""
+    """A `RewardModelEngine` on every rank (trainable only when asked: PPO scores with a frozen one)."""
 
-    def __init__(self, config: RewardModelWorkerConfig) -> None:
+    def __init__(self, config: RewardModelWorkerConfig, trainable: bool = False) -> None:
         if not isinstance(config, RewardModelWorkerConfig):
             raise TypeError(f"RewardModelWorker needs a RewardModelWorkerConfig, got {type(config).__name__}")
         self.config = config
+        self.trainable = trainable
         self.rm: RewardModelEngine | None = None
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Build the reward model (collective) and declare its dispatch mesh."""
         self.init_process_group()
-        self.rm = RewardModelEngine(self.config.engine)
+        self.rm = RewardModelEngine(self.config.engine, trainable=self.trainable)
         if uses_offload(self.rm):
             self.rm.offload()
         register_engine_mesh(self, REWARD_MESH, self.rm)
@@ -49,6 +67,33 @@ class RewardModelWorker(Worker):
         with engine_on_device(self.rm):
             scores = self.rm.compute_scores(batch)
         return DataProto.from_dict(tensors={"rm_scores": scores})
+
+    @register(dispatch=Dispatch.MESH(REWARD_MESH))
+    def compute_pair_scores(self, data: DataProto) -> DataProto:
+        """``chosen_scores`` and ``rejected_scores`` [B] (fp32) of a pair batch."""
+        require(self.rm, "the reward model")
+        batch = batch_tensors(data, PAIR_KEYS, "compute_pair_scores")
+        with engine_on_device(self.rm):
+            chosen, rejected = self.rm.compute_pair_scores(batch)
+        return DataProto.from_dict(tensors={"chosen_scores": chosen, "rejected_scores": rejected})
+
+    # pad=False: padding would train on duplicated pairs.
+    @register(dispatch=Dispatch.MESH(REWARD_MESH, pad=False))
+    def update_reward_model(self, data: DataProto) -> DataProto:
+        """One Bradley-Terry update; returns only ``meta_info["metrics"]`` (averaged over ranks)."""
+        require(self.rm, "the reward model")
+        batch = batch_tensors(data, PAIR_KEYS, "update_reward_model")
+        timings: dict[str, float] = {}
+        with engine_on_device(self.rm), timed(timings, "timing_s/update_reward_model"):
+            metrics = self.rm.update_reward_model(batch)
+        return DataProto(meta_info={"metrics": mean_over_world({**metrics, **timings})})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def export_hf(self, out_dir: str) -> str:
+        """Write the reward model as a Hugging Face ``*ForSequenceClassification`` directory."""
+        require(self.rm, "the reward model")
+        with engine_on_device(self.rm):
+            return str(export_hf(self.rm, out_dir))
 
 
 def scores_at_last_response_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

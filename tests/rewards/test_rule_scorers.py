@@ -103,12 +103,18 @@ EQUIVALENT = [
     ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{\\sqrt2}{2}"),
     ("\\boxed{(x+1)^2}", "x^2+2x+1"),
     ("\\boxed{10\\%}", "10"),
+    ("\\boxed{2\\sqrt{3}}", "\\sqrt{12}"),  # simplified radicals
+    ("\\boxed{\\{1,2\\}}", "\\{2,1\\}"),  # sets: order does not matter
+    ("the interval is \\boxed{(0,1]}", "(0,1]"),
+    ("\\boxed{1.5}", "\\frac{3}{2}"),
 ]
 NOT_EQUIVALENT = [
     ("\\boxed{11}", "10"),
     ("\\boxed{\\pi}", "3.14"),
     ("\\boxed{\\frac{1}{3}}", "0.3"),
     ("no answer here", "2"),
+    ("\\boxed{(0,1)}", "(0,1]"),  # open vs half-open interval
+    ("\\boxed{-\\frac{1}{2}}", "\\frac{1}{2}"),  # the sign counts
 ]
 
 

@@ -98,10 +98,16 @@ def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
 def test_every_example_config_validates_and_says_how_to_run_it():
     from pathlib import Path
 
+    from hybridflow.config.rm_schema import load_rm_config
+
     examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
     assert len(examples) >= 4
     for path in examples:
         lines = path.read_text().splitlines()
         header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
-        assert any("hybridflow train --config" in h or "hybridflow sft --config" in h for h in header), path.name
-        load_run_config(path)
+        commands = [c for c in ("train", "sft", "rm") if any(f"hybridflow {c} --config" in h for h in header)]
+        assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm --config ...)"
+        if commands == ["rm"]:
+            load_rm_config(path)
+        else:
+            load_run_config(path)

@@ -1,0 +1,121 @@
+"""`hybridflow rm` end to end (Ray, 2 ranks, the built-in tiny model) on a synthetic
+preference set whose chosen replies end in ":)" and rejected ones in ":(": held-out
+pairwise accuracy must end far above chance, and the exported reward model must load
+with transformers and score the held-out pairs as the workers did (1e-4 abs, fp32)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import transformers
+
+from hybridflow.cli import main
+from hybridflow.data import PairwiseDataConfig, PairwiseDataset, make_builtin_model_dir
+from hybridflow.engines.models import load_model
+from hybridflow.trainer.rm import init_reward_model_dir
+from hybridflow.trainer.run_dir import read_metrics
+
+TINY = ["resources.world_size=2", "model.builtin.hidden_size=32", "model.builtin.intermediate_size=64",
+        "model.builtin.num_hidden_layers=2", "model.builtin.max_position_embeddings=64", "data.pairs.max_length=64",
+        "data.batch_size=16", "engine.micro_batch.mini_batch_size=16",
+        "engine.micro_batch.micro_batch_size_per_device=4", "engine.optim.lr=1e-3"]
+
+
+def _write_pairs(path, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+
+    def word() -> str:
+        return "".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 5)))
+
+    with path.open("w") as handle:
+        for _ in range(n):
+            row = {"prompt": [{"role": "user", "content": word()}], "chosen": word() + " :)",
+                   "rejected": word() + " :("}
+            handle.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture
+def pair_files(tmp_path):
+    train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    _write_pairs(train, 160, seed=0)
+    _write_pairs(val, 32, seed=1)
+    return train, val
+
+
+@pytest.mark.slow  # ~40 s on 2 cores: 20 steps and 3 evaluations on 2 Ray ranks
+def test_rm_command_learns_the_preference_and_exports_a_hf_reward_model(ray_local, tmp_path, pair_files, capsys):
+    train, val = pair_files
+    run = tmp_path / "run"
+    argv = ["rm", *TINY, f"data.train_files=[{train}]", f"data.val_files=[{val}]", f"trainer.run_dir={run}",
+            "trainer.epochs=2", "trainer.eval_freq=10", "trainer.console=plain", "seed=0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "train pairs: 160 of 160 pairs kept" in out and "held-out pairwise accuracy" in out
+
+    records = read_metrics(run / "metrics.jsonl")
+    evals = [r for r in records if r["phase"] == "rm_eval"]
+    steps = [r for r in records if r["phase"] == "rm"]
+    assert [r["step"] for r in evals] == [0, 10, 20] and len(steps) == 20  # 2 epochs of 160 // 16
+    assert all(r["val/pairs"] == 32 for r in evals)
+    assert evals[-1]["val/accuracy"] >= 0.9 > evals[0]["val/accuracy"]
+    assert steps[-1]["rm/loss"] < steps[0]["rm/loss"]
+
+    model_dir = run / "reward_model"
+    assert f"reward_model.path={model_dir}" in out
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    assert hf.config.num_labels == 1 and type(hf).__name__ == "LlamaForSequenceClassification"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    ds = PairwiseDataset(val, tokenizer, PairwiseDataConfig(max_length=64))
+    worker_scores = [json.loads(line) for line in (run / "held_out_scores.jsonl").read_text().splitlines()]
+    assert [s["index"] for s in worker_scores] == list(range(32))
+    with torch.no_grad():
+        for i, saved in enumerate(worker_scores):
+            for side in ("chosen", "rejected"):
+                # Hugging Face's own forward: it pools at the last token that is not pad_token_id
+                score = hf(input_ids=torch.tensor([ds[i][f"{side}_ids"]])).logits[0, 0].item()
+                assert abs(score - saved[f"{side}_score"]) < 1e-4, (i, side)
+    load_model(model_dir, "reward")  # what a PPO run's reward-model worker loads
+
+
+def test_init_from_a_causal_lm_adds_a_score_head_and_keeps_a_reward_model(tmp_path):
+    lm = make_builtin_model_dir(tmp_path / "lm", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                max_position_embeddings=64)
+    rm_dir = init_reward_model_dir(lm, tmp_path / "rm", seed=0)
+    assert rm_dir == tmp_path / "rm"
+    rm = transformers.AutoModelForSequenceClassification.from_pretrained(rm_dir)
+    causal = transformers.AutoModelForCausalLM.from_pretrained(lm)
+    assert rm.config.num_labels == 1 and rm.config.pad_token_id == 0
+    assert torch.equal(rm.model.embed_tokens.weight, causal.model.embed_tokens.weight)  # the backbone is kept
+    assert transformers.AutoTokenizer.from_pretrained(rm_dir).chat_template is not None
+    # the same seed gives the same head; an existing reward model is trained as it is
+    again = transformers.AutoModelForSequenceClassification.from_pretrained(
+        init_reward_model_dir(lm, tmp_path / "rm2", seed=0))
+    assert torch.equal(rm.score.weight, again.score.weight)
+    assert init_reward_model_dir(rm_dir, tmp_path / "unused", seed=1) == rm_dir
+    assert not (tmp_path / "unused").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "data.train_files is empty"),
+    (["data.train_files=[x.jsonl]", "data.batch_size=24"], "not a multiple of engine.micro_batch.mini_batch_size"),
+    (["data.train_files=[x.jsonl]", "engine.param_offload=true"], "param_offload"),
+    (["data.train_files=[x.jsonl]", "data.pairs.max_length=100"], "max_position_embeddings=64"),
+    (["data.train_files=[x.jsonl]", "data.val_fraction=0"], "val_fraction must be in (0, 1)"),
+    (["data.train_files=[x.jsonl]", "engine.lora.rank=4"], "lora"),
+])
+def test_config_errors_exit_2_before_anything_starts(tmp_path, capsys, extra, message):
+    assert main(["rm", *TINY, f"trainer.output_dir={tmp_path}", *extra]) == 2  # later overrides win
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_print_config_shows_every_key(capsys, tmp_path):
+    import yaml
+
+    assert main(["rm", "--print-config", "data.train_files=[a.parquet]", f"trainer.output_dir={tmp_path}"]) == 0
+    tree = yaml.safe_load(capsys.readouterr().out)
+    assert tree["data"]["pairs"]["max_length"] == 512 and tree["engine"]["optim"]["lr"] == 1e-5
+    assert not any(tmp_path.iterdir())
