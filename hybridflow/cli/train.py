@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hybridflow.cli.run_config import add_config_arguments, load, print_config
 
@@ -11,6 +12,13 @@ from hybridflow.cli.run_config import add_config_arguments, load, print_config
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="RL training (GRPO / PPO / ...); no arguments runs the built-in demo")
     add_config_arguments(train)
+    train.add_argument(
+        "--resume", nargs="?", const=True, default=None, metavar="PATH",
+        help="continue a run from a checkpoint, in its run directory: PATH is a run directory (its newest "
+             "complete checkpoint) or a checkpoints/global_step_<N> directory; without PATH, the newest "
+             "checkpoint among the runs of this config's name under trainer.output_dir. The config is the "
+             "run's saved config.yaml (or --config FILE) plus the key=value overrides, which may change "
+             "trainer.* (e.g. a larger trainer.total_steps), resources.* and the reward workers only")
     train.set_defaults(handler=run_train)
 
     sft = sub.add_parser("sft", help="supervised fine-tuning on prompt/response pairs")
@@ -19,6 +27,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        return resume_train(args)
     cfg = load(args)
     if cfg is None:
         return 2
@@ -28,6 +38,41 @@ def run_train(args: argparse.Namespace) -> int:
     from hybridflow.trainer import RLTrainer
 
     with RLTrainer(cfg) as trainer:
+        trainer.train()
+    return 0
+
+
+def resume_train(args: argparse.Namespace) -> int:
+    """`hybridflow train --resume [PATH]`: train until trainer.total_steps from a checkpoint."""
+    from hybridflow.config import ConfigError
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer import RLTrainer
+    from hybridflow.trainer.checkpointing import (
+        CheckpointNotFoundError,
+        check_steps_left,
+        locate_resume,
+        read_trainer_state,
+        resume_config,
+        run_config_path,
+    )
+
+    resume, overrides = args.resume, list(args.overrides)
+    if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
+        # `--resume key=value`: argparse gave the first override to the optional PATH.
+        resume, overrides = True, [resume, *overrides]
+    try:
+        # Without PATH the run is found by the config's name and trainer.output_dir.
+        wanted = load_run_config(args.config, overrides) if resume is True else None
+        checkpoint = locate_resume(resume, wanted)
+        cfg = resume_config(checkpoint, load_run_config(args.config or run_config_path(checkpoint), overrides))
+        check_steps_left(read_trainer_state(checkpoint)["global_step"], cfg.trainer.total_steps)
+    except (ConfigError, CheckpointNotFoundError) as err:
+        print(f"hybridflow train --resume: {err}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print_config(cfg)
+        return 0
+    with RLTrainer(cfg, resume=checkpoint) as trainer:
         trainer.train()
     return 0
 

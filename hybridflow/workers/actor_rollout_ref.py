@@ -30,7 +30,7 @@ from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_sh
 from hybridflow.engines.rollout import RolloutConfig, SamplingParams
 from hybridflow.engines.train import ActorEngine
 from hybridflow.engines.train.actor import FORWARD_KEYS, UPDATE_KEYS
-from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint
+from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
 from hybridflow.engines.train.export import export_hf
 from hybridflow.protocol import DataProto
 from hybridflow.workers.common import (
@@ -121,7 +121,10 @@ class ActorRolloutRefWorker(Worker):
         finally:
             with timed(timings, "timing_s/reshard_to_training"):
                 self.hybrid.to_training()
-        self._generate_calls += 1
+        if not params.greedy and prompts.meta_info.get("seed") is None:
+            # Only calls whose seed came from the counter consume it: greedy or explicitly
+            # seeded evaluation never shifts the seeds of the training rollouts after it.
+            self._generate_calls += 1
         out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats)})
         return out
 
@@ -184,18 +187,36 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, root: str, keep_last: int | None = None) -> str:
-        """Save the actor (model, optimizer, schedule, RNG) under ``root/global_step_<n>``."""
+        """Save the actor (model, optimizer, schedule, RNG, generation seed counter) under
+        ``root/global_step_<n>`` (atomic)."""
         require(self.actor, "the actor")
         with engine_on_device(self.actor):
-            return str(save_checkpoint(self.actor, root, keep_last=keep_last))
+            return str(save_checkpoint(self.actor, root, keep_last=keep_last, extra=self._worker_state()))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def write_checkpoint(self, path: str) -> str:
+        """What `save_checkpoint` saves, written into exactly ``path`` (not atomic: for the
+        trainer, which renames its whole step checkpoint into place when complete)."""
+        require(self.actor, "the actor")
+        with engine_on_device(self.actor):
+            return str(write_checkpoint(self.actor, path, extra=self._worker_state()))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> str:
-        """Restore the actor from a checkpoint dir (or the latest under a root); the next
-        generation call reshards the restored weights."""
+        """Restore the actor and the generation seed counter from a checkpoint dir (or the
+        latest under a root); the next generation call reshards the restored weights."""
         require(self.actor, "the actor")
         with engine_on_device(self.actor):
-            return str(load_checkpoint(self.actor, path))
+            loaded = load_checkpoint(self.actor, path)
+        state = load_extra(loaded)
+        if state is not None:  # checkpoints from before the counter was saved have none
+            self._generate_calls = int(state["generate_calls"])
+        return str(loaded)
+
+    def _worker_state(self) -> dict:
+        # Sampling seeds derive from this counter (_sampling_params): a resumed run must
+        # continue the same sequence to sample what the uninterrupted run would have.
+        return {"generate_calls": self._generate_calls}
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.train import CriticEngine
-from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint
+from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint, write_checkpoint
 from hybridflow.engines.train.critic import FORWARD_KEYS, UPDATE_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.workers.common import (
@@ -73,6 +73,14 @@ class CriticWorker(Worker):
         require(self.critic, "the critic")
         with engine_on_device(self.critic):
             return str(save_checkpoint(self.critic, root, keep_last=keep_last))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def write_checkpoint(self, path: str) -> str:
+        """What `save_checkpoint` saves, written into exactly ``path`` (not atomic: for the
+        trainer, which renames its whole step checkpoint into place when complete)."""
+        require(self.critic, "the critic")
+        with engine_on_device(self.critic):
+            return str(write_checkpoint(self.critic, path))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> str:

@@ -18,9 +18,25 @@ TINY = [
 ]
 
 
+def tiny_run_config(output_dir, *overrides: str) -> RunConfig:
+    """TINY plus `overrides`, with runs going under `output_dir`."""
+    return load_run_config(None, [f"trainer.output_dir={output_dir}", *TINY, *overrides])
+
+
 @pytest.fixture
 def tiny_config(tmp_path):
     def make(*overrides: str) -> RunConfig:
-        return load_run_config(None, [f"trainer.output_dir={tmp_path / 'runs'}", *TINY, *overrides])
+        return tiny_run_config(tmp_path / "runs", *overrides)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def module_tiny_config(tmp_path_factory):
+    """`tiny_config` for module-scoped fixtures (a run shared by a module's tests)."""
+    root = tmp_path_factory.mktemp("runs")
+
+    def make(*overrides: str) -> RunConfig:
+        return tiny_run_config(root, *overrides)
 
     return make

@@ -6,13 +6,12 @@ function that raises or hangs contained (counted, scored 0, the run goes on)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from hybridflow import RLTrainer
 from hybridflow.config import load_config
 from hybridflow.config.schema import RunConfig
+from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state
 from hybridflow.trainer.run_dir import read_metrics
 from trainer_helpers import assert_finite, rl_records
 
@@ -56,9 +55,9 @@ def test_grpo_two_steps_with_kl_loss_and_a_reward_function_that_raises_and_hangs
     saved = load_config(RunConfig, result.run_dir / "config.yaml")
     assert saved == trainer.config and saved.resources.world_size == 2 and saved.algorithm.adv_estimator == "grpo"
     assert saved.actor == cfg.actor and saved.rollout == cfg.rollout
-    checkpoints = result.run_dir / "checkpoints"
-    assert json.loads((checkpoints / "trainer_state.json").read_text())["global_step"] == 2
-    assert any((checkpoints / "actor").iterdir())
+    checkpoint = find_checkpoint(result.run_dir)
+    assert checkpoint == result.run_dir / "checkpoints" / "global_step_2"
+    assert read_trainer_state(checkpoint)["global_step"] == 2 and (checkpoint / "actor" / ".metadata").is_file()
     evals = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "eval"]
     assert [r["step"] for r in evals] == [0, 2] and 0.0 <= evals[-1]["val/accuracy"] <= 1.0
 

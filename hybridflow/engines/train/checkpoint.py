@@ -6,13 +6,16 @@ Layout under a checkpoint root (a filesystem every rank can write, e.g. shared s
         .metadata, __*_*.distcp    DCP shards: model + optimizer state
         engine_state.pt            global step, lr-scheduler state (rank 0)
         rng_rank<r>.pt             torch / CUDA / shuffle RNG states of rank r
+        extra_rank<r>.pt           the caller's state of rank r (optional; a worker's counters)
     root/latest_checkpointed_step.txt   the step of the newest complete checkpoint
 
 Atomicity: a checkpoint is written into `root/.tmp-global_step_<n>` and renamed into
 place only after every rank has finished writing, and the `latest` pointer is replaced
 with os.replace afterwards; both are atomic on POSIX filesystems. A crash at any moment
 therefore leaves the previous checkpoint and pointer intact; a stale `.tmp-*` directory
-is ignored by loading and removed by the next save.
+is ignored by loading and removed by the next save. `write_checkpoint` writes the same
+files into an exact directory for callers that make a bigger checkpoint atomic themselves
+(the RL trainer's <run>/checkpoints/global_step_<n>/<role>).
 
 DCP stores tensors by name with their global shapes, so a checkpoint can be loaded
 with another dp x tp layout; RNG states are restored only when the world size matches.
@@ -73,11 +76,38 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(engine: TrainEngine, root: str | Path, *, keep_last: int | None = None) -> Path:
+def write_checkpoint(engine: TrainEngine, directory: str | Path, *, extra: dict | None = None) -> Path:
+    """Write the engine's checkpoint into exactly `directory` (collective; created by rank 0).
+
+    Not atomic by itself: for callers that write a larger checkpoint (several engines plus
+    their own state) into a temporary directory and rename it into place when complete.
+    `extra`: this rank's picklable caller state (e.g. a worker's counters), read back with
+    `load_extra`.
+    """
+    directory = Path(directory)
+    rank = dist.get_rank()
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dcp.save(_model_and_optim_state(engine), checkpoint_id=directory)
+    torch.save(_rng_state(engine), directory / f"rng_rank{rank}.pt")
+    if extra is not None:
+        torch.save(extra, directory / f"extra_rank{rank}.pt")
+    if rank == 0:
+        state = {"global_step": engine.global_step, "world_size": dist.get_world_size()}
+        if engine.lr_scheduler is not None:
+            state["lr_scheduler"] = engine.lr_scheduler.state_dict()
+        torch.save(state, directory / "engine_state.pt")
+    dist.barrier()  # every rank's files are on disk when any rank returns
+    return directory
+
+
+def save_checkpoint(engine: TrainEngine, root: str | Path, *, keep_last: int | None = None,
+                    extra: dict | None = None) -> Path:
     """Save the engine at its current `global_step` (collective). Returns the checkpoint dir.
 
     keep_last: after the new checkpoint is complete, delete all but the newest
-    `keep_last` step directories (None keeps everything).
+    `keep_last` step directories (None keeps everything). extra: see `write_checkpoint`.
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -90,15 +120,7 @@ def save_checkpoint(engine: TrainEngine, root: str | Path, *, keep_last: int | N
         for stale in root.glob(f"{_TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-    dist.barrier()
-    dcp.save(_model_and_optim_state(engine), checkpoint_id=tmp)
-    torch.save(_rng_state(engine), tmp / f"rng_rank{rank}.pt")
-    if rank == 0:
-        extra = {"global_step": engine.global_step, "world_size": dist.get_world_size()}
-        if engine.lr_scheduler is not None:
-            extra["lr_scheduler"] = engine.lr_scheduler.state_dict()
-        torch.save(extra, tmp / "engine_state.pt")
-    dist.barrier()  # every rank's files are in tmp before it becomes visible
+    write_checkpoint(engine, tmp, extra=extra)  # ends with a barrier: tmp is complete
     if rank == 0:
         if final.exists():  # re-saving a step: move the old copy aside, then swap
             old = root / f"{_TMP_PREFIX}old-{final.name}"
@@ -156,3 +178,14 @@ def load_checkpoint(engine: TrainEngine, path: str | Path) -> Path:
             torch.cuda.set_rng_state(rng["cuda"])
     dist.barrier()
     return path
+
+
+def load_extra(path: str | Path) -> dict | None:
+    """This rank's caller state saved with the checkpoint at `path` (rank 0's when the
+    world size changed and this rank has none), or None when none was saved."""
+    path = Path(path)
+    for rank in (dist.get_rank(), 0):
+        file = path / f"extra_rank{rank}.pt"
+        if file.is_file():
+            return torch.load(file, weights_only=False)
+    return None

@@ -1,0 +1,397 @@
+"""Run-level checkpoints of the RL loop: where they live, how to find them, how to resume.
+
+A run directory holds its checkpoints under `checkpoints/`:
+
+    <run>/checkpoints/
+        global_step_<N>/           one complete checkpoint of step N
+            actor/                 the actor's engine checkpoint (DCP model + optimizer,
+                                   lr schedule, per-rank RNG, worker state such as the
+                                   generation seed counter)
+            critic/                the critic's, with a critic (PPO)
+            trainer_state.json     step, data-loader position, AlgoState, controller RNG
+        .tmp-global_step_<N>/      a checkpoint being written (ignored; removed by the next save)
+
+Atomicity: every part of step N is written into `.tmp-global_step_<N>` and the directory
+is renamed to `global_step_<N>` only when all roles and the trainer state are on disk
+(rename is atomic on POSIX filesystems). A crash during a save therefore leaves the
+previous checkpoint as the newest complete one, and `find_checkpoint` never returns a
+half-written one.
+
+Public API (used by `hybridflow eval` / `hybridflow export` too):
+
+    ckpt = find_checkpoint("runs/arithmetic-grpo-20260101-120000")   # newest complete one
+    actor.load_checkpoint(actor_checkpoint_path(ckpt))                # ActorRolloutRefWorker
+    cfg = load_config(RunConfig, run_config_path(ckpt))               # the run's config.yaml
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from hybridflow.config import ConfigError, config_to_dict, load_config, save_config
+from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.trainer.run_dir import read_metrics
+
+CHECKPOINTS_DIR = "checkpoints"
+TRAINER_STATE_FILE = "trainer_state.json"
+STEP_PREFIX = "global_step_"
+TMP_PREFIX = ".tmp-"
+STATE_VERSION = 1  # of trainer_state.json
+_STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """No complete checkpoint where one was asked for; the message says what was looked at."""
+
+
+def checkpoint_step(checkpoint_dir: str | Path) -> int:
+    """N of a `global_step_<N>` directory."""
+    match = _STEP_DIR.match(Path(checkpoint_dir).name)
+    if match is None:
+        raise CheckpointNotFoundError(f"{str(checkpoint_dir)!r} is not a checkpoint directory (global_step_<N>)")
+    return int(match.group(1))
+
+
+def is_complete(checkpoint_dir: str | Path) -> bool:
+    """A `global_step_<N>` directory that the rename made visible (it has the trainer state,
+    which is written last)."""
+    path = Path(checkpoint_dir)
+    return _STEP_DIR.match(path.name) is not None and (path / TRAINER_STATE_FILE).is_file()
+
+
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under a `checkpoints/` root, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
+    return sorted(found, key=checkpoint_step)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint directory `path` stands for.
+
+    - a run directory (`<run>`, holding `checkpoints/`) -> its newest complete checkpoint;
+    - a `checkpoints/` root -> its newest complete checkpoint;
+    - a checkpoint directory (`.../global_step_<N>`) -> itself, if complete.
+
+    Raises CheckpointNotFoundError (a FileNotFoundError) saying what was found instead.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointNotFoundError(f"{str(path)!r} does not exist; pass a run directory or a "
+                                      f"{CHECKPOINTS_DIR}/{STEP_PREFIX}<N> directory")
+    if path.name.startswith(TMP_PREFIX):
+        raise CheckpointNotFoundError(
+            f"{str(path)!r} is an unfinished checkpoint (its save was interrupted) and cannot be loaded; "
+            "pass the run directory to use its newest complete checkpoint")
+    if _STEP_DIR.match(path.name):
+        if not is_complete(path):
+            raise CheckpointNotFoundError(
+                f"{str(path)!r} is not a complete checkpoint (no {TRAINER_STATE_FILE}); it was not fully "
+                f"written. Pass its run directory to use the newest complete checkpoint instead")
+        return path
+    root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
+    found = complete_checkpoints(root)
+    if not found:
+        raise CheckpointNotFoundError(
+            f"no complete checkpoint under {str(root)!r}; a run writes {CHECKPOINTS_DIR}/{STEP_PREFIX}<N> "
+            "every trainer.save_freq steps (save_freq=0 writes none)")
+    return found[-1]
+
+
+def role_checkpoint_path(checkpoint_dir: str | Path, role: str) -> Path:
+    """The engine checkpoint of `role` ("actor", "critic") inside a run checkpoint."""
+    path = Path(checkpoint_dir) / role
+    if not (path / ".metadata").is_file():
+        raise CheckpointNotFoundError(f"checkpoint {str(checkpoint_dir)!r} has no {role} engine checkpoint "
+                                      f"({str(path)!r} with .metadata)")
+    return path
+
+
+def actor_checkpoint_path(checkpoint_dir: str | Path) -> str:
+    """What `ActorRolloutRefWorker.load_checkpoint` takes to restore the actor of a run
+    checkpoint (`checkpoint_dir` as returned by `find_checkpoint`)."""
+    return str(role_checkpoint_path(checkpoint_dir, "actor"))
+
+
+def run_dir_of(checkpoint_dir: str | Path) -> Path:
+    """The run directory a checkpoint belongs to (`<run>/checkpoints/global_step_<N>`)."""
+    path = Path(checkpoint_dir).resolve()
+    checkpoint_step(path)  # raises for anything that is not a checkpoint dir
+    if path.parent.name != CHECKPOINTS_DIR:
+        raise CheckpointNotFoundError(f"{str(path)!r} is not inside a run's {CHECKPOINTS_DIR}/ directory")
+    return path.parent.parent
+
+
+def run_config_path(checkpoint_dir: str | Path) -> Path:
+    """The run's resolved config (`<run>/config.yaml`) of a checkpoint; load it with
+    `hybridflow.config.load_config(RunConfig, path)`."""
+    path = run_dir_of(checkpoint_dir) / "config.yaml"
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"the run of checkpoint {str(checkpoint_dir)!r} has no config.yaml "
+                                      f"(looked for {str(path)!r})")
+    return path
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """A fresh, empty `.tmp-global_step_<step>` to write step `step` into. Leftovers of an
+    interrupted save (`.tmp-*`) are removed first: they were never complete."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(f"{TMP_PREFIX}*"):
+        shutil.rmtree(stale)
+    tmp = root / f"{TMP_PREFIX}{STEP_PREFIX}{step}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -> Path:
+    """Write the trainer state into `tmp` (every role's files are already there), make the
+    checkpoint visible by renaming it to `global_step_<step>`, then keep only the newest
+    `keep_last` checkpoints (None: all). Returns the checkpoint directory."""
+    final = tmp.parent / tmp.name[len(TMP_PREFIX):]
+    _write_json_durably(tmp / TRAINER_STATE_FILE, state)
+    if final.exists():
+        # The same step saved again (possible only after a resume from an older step):
+        # set the old copy aside first so a complete checkpoint of the step always exists.
+        aside = tmp.parent / f"{TMP_PREFIX}old-{final.name}"
+        final.rename(aside)
+        tmp.rename(final)
+        shutil.rmtree(aside)
+    else:
+        tmp.rename(final)
+    _fsync_dir(final.parent)
+    if keep_last is not None:
+        prune_checkpoints(final.parent, keep_last)
+    return final
+
+
+def prune_checkpoints(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints under `root`; returns the
+    deleted ones. Each is renamed to `.tmp-*` before deletion, so a crash halfway through
+    never leaves a partial directory that looks like a checkpoint."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    doomed = complete_checkpoints(root)[:-keep_last]
+    for path in doomed:
+        trash = root / f"{TMP_PREFIX}delete-{path.name}"
+        path.rename(trash)
+        shutil.rmtree(trash)
+    return doomed
+
+
+def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the rename itself durable (POSIX); harmless where directories cannot be opened.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """The trainer state of a complete checkpoint (see `RLTrainer.save_checkpoint`)."""
+    path = Path(checkpoint_dir) / TRAINER_STATE_FILE
+    state = json.loads(path.read_text())
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"{str(path)!r} has trainer-state version {state.get('version')!r}; this hybridflow "
+                         f"reads version {STATE_VERSION}. Resume with the hybridflow version that wrote it")
+    return state
+
+
+# ----------------------------------------------------------------------------- controller RNG
+
+
+def controller_rng_state() -> dict[str, Any]:
+    """The controller process's global RNGs (Python, NumPy, torch) as JSON-safe values."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
+    }
+
+
+def set_controller_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `controller_rng_state` captured."""
+    version, py_state, gauss = state["python"]
+    random.setstate((version, tuple(py_state), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+    raw = np.frombuffer(base64.b64decode(state["torch"]), dtype=np.uint8).copy()
+    torch.set_rng_state(torch.from_numpy(raw))
+
+
+# ----------------------------------------------------------------------------- resuming
+
+# Keys a resumed run may change: how long and how often (trainer.*), where it runs
+# (resources.*), how rewards are run (not what they score), and which held-out prompts it
+# reports on. Anything else (model, data, algorithm, optimizer, rollout, seeds) would make
+# the saved weights, optimizer moments, data position or algorithm state mean something else.
+RESUMABLE_CHANGES = (
+    "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
+    "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
+    "reward.manager.mp_context",
+)
+
+
+def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
+    """The newest complete checkpoint (most recently written) among the runs named
+    `<name>-<timestamp>` under `output_dir`."""
+    root = Path(output_dir)
+    pattern = re.compile(rf"^{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")
+    runs = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)] if root.is_dir() else []
+    found = [ckpt for run in runs for ckpt in complete_checkpoints(run / CHECKPOINTS_DIR)]
+    if not found:
+        raise CheckpointNotFoundError(
+            f"--resume found no checkpoint: no run {name}-<timestamp> under {str(root)!r} has a complete "
+            f"{CHECKPOINTS_DIR}/{STEP_PREFIX}<N> ({len(runs)} run(s) of that name). Pass the run directory "
+            "explicitly (--resume PATH), or set name / trainer.output_dir to the run's")
+    return max(found, key=lambda p: (p / TRAINER_STATE_FILE).stat().st_mtime_ns)
+
+
+def locate_resume(resume: str | Path | bool, cfg: RunConfig | None) -> Path:
+    """The checkpoint to resume from: `resume` a run or checkpoint directory, or True for
+    the newest checkpoint of `cfg`'s runs (trainer.run_dir if set, else the runs named
+    cfg.name under trainer.output_dir)."""
+    if resume is True:
+        if cfg is None:
+            raise ValueError("resume=True needs a config to find the run by (name, trainer.output_dir); "
+                             "pass the config, or the run directory as resume=PATH")
+        if cfg.trainer.run_dir is not None:
+            return find_checkpoint(cfg.trainer.run_dir)
+        return latest_run_checkpoint(cfg.trainer.output_dir, cfg.name)
+    if isinstance(resume, bool):
+        raise ValueError("resume=False means a fresh run; pass resume=None")
+    return find_checkpoint(resume)
+
+
+def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:
+    """The config of the resumed run: the run's saved config.yaml, or `cfg` when it only
+    changes keys in RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir
+    and trainer.output_dir say). Raises ConfigError naming every other changed key."""
+    saved = resolve_run_config(load_config(RunConfig, run_config_path(checkpoint_dir)))
+    if cfg is None:
+        return saved
+    cfg = resolve_run_config(cfg)
+    # The run continues in the checkpoint's directory; keep the saved values so that the
+    # config only differs where the user changed something.
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
+    before, after = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
+    changed = sorted(k for k in before.keys() | after.keys()
+                     if before.get(k) != after.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    if changed:
+        detail = ", ".join(f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
+            "optimizer state, data position and algorithm state only mean something with the config that "
+            "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
+            "workers and the held-out data), or start a new run from an exported model (model.path)")
+    return cfg
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def reopen_run_dir(cfg: RunConfig, checkpoint_dir: Path) -> Path:
+    """The run directory of `checkpoint_dir`, prepared to continue after the checkpoint's
+    step (call before the loggers open metrics.jsonl); nothing in it is deleted:
+
+    - config.yaml: replaced by `cfg` when that differs (e.g. a larger trainer.total_steps);
+      the previous one is kept as config.before-resume-step<step>[-k].yaml.
+    - metrics.jsonl: records after the checkpoint (steps the crashed or stopped run did past
+      `step`, which the resumed run does again) would appear twice; the file keeps the
+      records up to `step` (and every "sft" record: SFT precedes RL), and the full original
+      is kept as metrics.before-resume-step<step>[-k].jsonl.
+    - final_model/: the earlier attempt's export (if it finished) moves to
+      final_model.before-resume-step<step>[-k]/; the resumed run exports a new one.
+    """
+    run_dir, step = run_dir_of(checkpoint_dir), checkpoint_step(checkpoint_dir)
+    config_path = run_dir / "config.yaml"
+    new_config = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    if not config_path.is_file() or config_path.read_text() != new_config:
+        if config_path.is_file():
+            os.replace(config_path, _unused(run_dir, f"config.before-resume-step{step}", ".yaml"))
+        save_config(cfg, config_path)
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.is_file():
+        lines = metrics_path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and _keep_record(json.loads(line), step)]
+        if len(kept) != len(lines):
+            shutil.copy2(metrics_path, _unused(run_dir, f"metrics.before-resume-step{step}", ".jsonl"))
+            tmp = metrics_path.with_name(metrics_path.name + ".tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, metrics_path)
+    final_model = run_dir / "final_model"
+    if final_model.exists():
+        os.replace(final_model, _unused(run_dir, f"final_model.before-resume-step{step}", ""))
+    return run_dir
+
+
+def _keep_record(record: dict[str, Any], step: int) -> bool:
+    return record["phase"] == "sft" or int(record["step"]) <= step
+
+
+def _unused(directory: Path, stem: str, suffix: str) -> Path:
+    """directory/<stem><suffix>, or with -1, -2, ... when that exists (never overwrite)."""
+    for k in range(10_000):
+        path = directory / f"{stem}{'' if k == 0 else f'-{k}'}{suffix}"
+        if not path.exists():
+            return path
+    raise RuntimeError(f"too many files named {stem}-<k>{suffix} in {directory}")
+
+
+def logged_accuracy(run_dir: Path, step: int) -> float | None:
+    """val/accuracy of the run's "eval" record at `step` in metrics.jsonl (None if absent)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    for record in read_metrics(path):
+        if record["phase"] == "eval" and record["step"] == step and "val/accuracy" in record:
+            return record["val/accuracy"]
+    return None
+
+
+def check_steps_left(global_step: int, total_steps: int) -> int:
+    """Steps from `global_step` to `total_steps`; a ConfigError when there are none (a
+    resumed run must never silently train zero steps)."""
+    if global_step >= total_steps:
+        raise ConfigError(
+            f"nothing to train: the run is at step {global_step} and trainer.total_steps={total_steps}; "
+            f"raise trainer.total_steps (e.g. trainer.total_steps={global_step + total_steps}) to train further")
+    return total_steps - global_step
