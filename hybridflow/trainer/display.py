@@ -32,6 +32,26 @@ def summarize(metrics: dict[str, Any], keys: tuple[str, ...] | None = None) -> s
     return "  ".join(parts)
 
 
+def eval_summary(metrics: dict[str, Any]) -> str:
+    """One line for an evaluation record: overall accuracy and score, then per data source."""
+    line = (f"held-out accuracy {metrics['val/accuracy']:.1%} (score {metrics['val/score']:.3f}) "
+            f"on {int(metrics['val/samples'])} responses")
+    sources = per_source(metrics)
+    if len(sources) > 1:
+        line += "; " + ", ".join(f"{name} {values['accuracy']:.1%}" for name, values in sources.items())
+    return line
+
+
+def per_source(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{data_source: {"accuracy": ..., "score": ..., "samples": ...}} from val/<source>/<name> keys."""
+    sources: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        if key.startswith("val/") and key.count("/") >= 2:
+            source, name = key[len("val/"):].rsplit("/", 1)
+            sources.setdefault(source, {})[name] = value
+    return dict(sorted(sources.items()))
+
+
 class RunDisplay:
     """Progress of one phase (SFT or RL) of a run."""
 

@@ -3,9 +3,11 @@
     runs/<name>-<YYYYmmdd-HHMMSS>/
         config.yaml          the resolved config (every default written out)
         metrics.jsonl        one JSON object per line: {"phase": "rl"|"sft"|"eval", "step": n, ...}
+        tensorboard/         TensorBoard event file (trainer.loggers has "tensorboard")
+        plots/               reward, KL, entropy, response length over steps (PNG, plots.py)
         model/               the built-in tiny model (model.path: null)
         sft_model/           the warm-started policy (sft.steps > 0), Hugging Face format
-        checkpoints/         actor/critic checkpoints (trainer.save_freq)
+        checkpoints/         global_step_<N>/ every trainer.save_freq steps (checkpointing.py)
         final_model/         the trained policy (trainer.save_final_model)
 
 A run never overwrites another: an existing directory is an error for an explicit
@@ -52,8 +54,9 @@ def create_run_dir(cfg: RunConfig) -> Path:
 
 
 class MetricsLog:
-    """Appends one JSON line per record to <run>/metrics.jsonl (flushed at once, so a
-    crashed run keeps every step it finished). Non-finite numbers are written as null."""
+    """The "jsonl" logger (loggers.py): appends one JSON line per record to
+    <run>/metrics.jsonl (flushed at once, so a crashed run keeps every step it finished).
+    Non-finite numbers are written as null."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,0 +1,201 @@
+"""Scoring and exporting a saved policy outside a training run (`hybridflow eval`,
+`hybridflow export`).
+
+    source = resolve_source("runs/grpo-20260101-120000")         # run dir: its newest checkpoint
+    report = evaluate_source(source, ["test.parquet"])           # None: the run's held-out prompts
+    report.metrics["val/accuracy"], report.metrics["val/gsm8k/accuracy"]
+    export_source(resolve_source("runs/.../checkpoints/global_step_20"), "exported/")
+
+A source is a run directory (its newest complete checkpoint), a checkpoint directory
+(`<run>/checkpoints/global_step_<N>`), or a Hugging Face model directory. A checkpoint is
+scored with its run's config.yaml (world size, generation and prompt settings, reward
+function, trainer.validation), so `hybridflow eval` on the checkpoint of step N repeats
+the run's own evaluation at step N; dotted overrides change any of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from hybridflow.config.schema import RunConfig, load_run_config, validate_run_config
+from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.data import RLPromptDataset, load_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.checkpointing import (
+    CheckpointNotFoundError,
+    actor_checkpoint_path,
+    checkpoint_step,
+    find_checkpoint,
+    run_config_path,
+    run_dir_of,
+)
+from hybridflow.trainer.evaluate import evaluate, sampling_meta
+from hybridflow.trainer.setup import (
+    actor_config,
+    build_groups,
+    build_reward_manager,
+    first_prompts,
+    start_ray,
+    val_prompts,
+)
+from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
+
+
+@dataclass
+class ModelSource:
+    """What to load: the actor is built from `model_path`, then (for a checkpoint) its
+    weights are replaced by the checkpoint's actor."""
+
+    path: Path  # as the user gave it
+    cfg: RunConfig  # the run's config (with overrides), or the defaults for a model dir
+    model_path: str
+    checkpoint: Path | None
+    step: int | None
+
+
+@dataclass
+class EvalReport:
+    source: ModelSource
+    data: list[str]  # files, or ["<held-out prompts of the run>"]
+    metrics: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        src = self.source
+        return {
+            "source": str(src.path), "model_path": src.model_path,
+            "checkpoint": str(src.checkpoint) if src.checkpoint is not None else None, "step": src.step,
+            "data": self.data, "sampling": sampling_meta(src.cfg.trainer.validation),
+            "response_length": src.cfg.rollout.response_length, "world_size": src.cfg.resources.world_size,
+            "metrics": self.metrics,
+        }
+
+
+def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSource:
+    """The model source `path` names (module docstring); overrides are dotted config keys."""
+    path = Path(path)
+    if (path / "config.json").is_file():  # a Hugging Face model directory
+        cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", *overrides])
+        return ModelSource(path, _resolved(cfg), str(path), None, None)
+    try:
+        checkpoint = find_checkpoint(path)
+    except CheckpointNotFoundError as err:
+        raise CheckpointNotFoundError(
+            f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
+            "Hugging Face model directory (with config.json)") from None
+    cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
+    return ModelSource(path, cfg, policy_model_path(cfg, run_dir_of(checkpoint)), checkpoint,
+                       checkpoint_step(checkpoint))
+
+
+def _resolved(cfg: RunConfig) -> RunConfig:
+    return dataclasses.replace(cfg, resources=dataclasses.replace(
+        cfg.resources, world_size=cfg.resources.resolved_world_size()))
+
+
+def policy_model_path(cfg: RunConfig, run_dir: Path) -> str:
+    """The model directory the run built its actor from (see RLTrainer._start): the SFT
+    warm-started model, the built-in model written into the run, or model.path."""
+    if cfg.sft.steps > 0:
+        path = run_dir / "sft_model"
+    elif cfg.model.path is None:
+        path = run_dir / "model"
+    else:
+        return cfg.model.path
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"the run's starting model {str(path)!r} is missing (the actor is built from it "
+                                "before the checkpoint's weights are loaded); restore it, or pass model.path=DIR")
+    return str(path)
+
+
+def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: int | None,
+                      tokenizer: Any) -> tuple[DataProto, list[str]]:
+    """The prompts to score: `files` (verl columns), or the run's held-out prompts."""
+    cfg = source.cfg
+    if files:
+        missing = [f for f in files if not Path(f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"data file(s) not found: {missing}; give parquet or jsonl files in verl "
+                                    "columns (prompt, data_source, reward_model.ground_truth)")
+        limit = max_samples if max_samples is not None else cfg.data.max_val_samples
+        return first_prompts(RLPromptDataset(list(files), tokenizer, cfg.data.prompt), limit), list(files)
+    if source.checkpoint is None and not cfg.data.val_files:
+        raise ValueError("a Hugging Face model directory has no held-out prompts of its own; pass --data FILE")
+    if max_samples is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_val_samples=max_samples))
+    batch = val_prompts(cfg, tokenizer)
+    if batch is None:
+        raise ValueError("the run has no held-out prompts (data.val_files is empty); pass --data FILE")
+    return batch, ["<held-out prompts of the run>"]
+
+
+def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples: int | None = None) -> EvalReport:
+    """Score the source's policy on the prompts (trainer.validation sampling: greedy by default)."""
+    cfg = source.cfg
+    tokenizer = load_tokenizer(source.model_path)
+    prompts, data = held_out_or_files(source, files, max_samples, tokenizer)
+    reward = build_reward_manager(cfg, tokenizer)
+    try:
+        with loaded_actor(source) as (actor, generation_groups):
+            metrics = evaluate(actor, prompts, reward, generation_groups, cfg.trainer.validation)
+    finally:
+        reward.close()
+    return EvalReport(source, data, metrics)
+
+
+def export_source(source: ModelSource, out_dir: str | Path) -> Path:
+    """Write the checkpoint's policy as a Hugging Face model directory (LoRA merged).
+    `out_dir` must not exist or be empty: nothing there is ever replaced."""
+    out = Path(out_dir)
+    refuse_existing_dir(out)
+    if source.checkpoint is None:
+        raise ValueError(f"{str(source.path)!r} is already a Hugging Face model directory; export takes a run "
+                         "directory or a checkpoint directory")
+    with loaded_actor(source) as (actor, _):
+        refuse_existing_dir(out)  # again: the actor took a while to start
+        actor.export_hf(str(out))
+    return out
+
+
+def refuse_existing_dir(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{str(path)!r} exists and is not an empty directory; nothing is overwritten. "
+                              "Pick a new --out directory")
+
+
+def write_json_once(path: str | Path, data: dict[str, Any]) -> Path:
+    """Write `data` to a new file (exclusive create: an existing file is never replaced)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "x", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    return path
+
+
+@contextmanager
+def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
+    """(actor group, generation groups): Ray joined or started, the actor built from the
+    source's model with the checkpoint's weights; everything stopped on exit."""
+    cfg = source.cfg
+    layout = validate_run_config(cfg)
+    ray_started = start_ray(cfg, layout)
+    groups: dict[str, WorkerGroup] = {}
+    try:
+        # Only the policy: no reference model, no critic (they do not change its answers).
+        config = dataclasses.replace(actor_config(cfg, source.model_path), use_reference=False)
+        groups = build_groups(cfg, layout, {"actor": RoleSpec(ActorRolloutRefWorker, (config,))})
+        if source.checkpoint is not None:
+            groups["actor"].load_checkpoint(actor_checkpoint_path(source.checkpoint))
+        yield groups["actor"], layout.rollout_groups
+    finally:
+        shutdown_role_groups(groups)
+        if ray_started and ray.is_initialized():
+            ray.shutdown()
