@@ -1,7 +1,8 @@
 """hybridflow.algorithms: the RL math layer (pure torch; no processes, no models).
 
 Advantage estimators, policy and value losses, KL estimators and controllers, loss
-aggregation, masked statistics, log-prob/entropy from logits, DAPO and Safe-RLHF pieces.
+aggregation, masked statistics, log-prob/entropy from logits, DAPO and Safe-RLHF pieces,
+and the Bradley-Terry reward-model loss.
 Estimators, policy losses, aggregation modes and KL estimators are registries keyed by
 the names verl users know, so the trainer picks them from config and users can add their
 own. See docs/algorithms.md for every name, its formula and its config key.
@@ -56,6 +57,7 @@ from hybridflow.algorithms.policy_loss import (
     register_policy_loss,
 )
 from hybridflow.algorithms.registry import Registry
+from hybridflow.algorithms.reward_loss import bradley_terry_loss, pairwise_accuracy
 from hybridflow.algorithms.safe_rlhf import (
     LagrangeMultiplier,
     combine_reward_cost_advantages,
@@ -75,6 +77,7 @@ __all__ = [
     "adv_estimators",
     "agg_loss",
     "apply_kl_in_reward",
+    "bradley_terry_loss",
     "build_kl_controller",
     "combine_reward_cost_advantages",
     "compute_advantage",
@@ -106,6 +109,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "overlong_reward_penalty",
+    "pairwise_accuracy",
     "policy_losses",
     "register_adv_estimator",
     "register_kl_estimator",

@@ -3,8 +3,8 @@
 Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
 (arXiv 2503.14476). Clip-higher is `clip_ratio_high` of the PPO loss and token-level
 aggregation is the `token-mean` mode; this module holds the two data-side pieces.
-Config keys: `algorithm.filter_groups.enable` (dynamic sampling),
-`reward.overlong_buffer.{enable,len,penalty_factor}` (overlong shaping).
+Config keys: `algorithm.dapo.filter_groups.{enable,max_extra_rounds}` (dynamic sampling),
+`algorithm.dapo.overlong_buffer.{enable,len,penalty_factor}` (overlong shaping).
 """
 
 from __future__ import annotations

@@ -1,8 +1,14 @@
 """The `hybridflow` command.
 
     hybridflow train [--config FILE] [key=value ...]   RL training (no arguments: the built-in demo)
+    hybridflow train --resume [RUN] [key=value ...]    continue a run from its newest checkpoint
     hybridflow sft [--config FILE] [key=value ...]     supervised fine-tuning (warm start)
     hybridflow selfcheck [--world-size 4]              start Ray, spawn a gloo group, all-reduce, report
+    hybridflow preprocess gsm8k|hh-rlhf --input F --output OUT.parquet   public data -> training files
+    hybridflow rm [--config FILE] [key=value ...]      reward-model training on preference pairs
+    hybridflow eval PATH [--data FILE] [--output J]    score a run / checkpoint / model dir per data source
+    hybridflow export PATH --out DIR                   checkpoint -> Hugging Face model directory
+    hybridflow plot RUN_DIR                            PNG plots of reward, KL, entropy, length
 
 `train` and `sft` read the config tree of hybridflow/config/schema.py: a YAML file plus
 dotted overrides such as `actor.optim.lr=1e-5 rollout.n=4`. The config is validated before
@@ -19,14 +25,16 @@ import os
 import sys
 from typing import Callable
 
-from hybridflow.cli import selfcheck, train
+from hybridflow.cli import eval as eval_cmd
+from hybridflow.cli import export, plot, preprocess, rm, selfcheck, train
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for add in (train.add_parsers, selfcheck.add_parser):
+    for add in (train.add_parsers, selfcheck.add_parser, preprocess.add_parser, rm.add_parser,
+                eval_cmd.add_parser, export.add_parser, plot.add_parser):
         add(sub)
     return parser
 

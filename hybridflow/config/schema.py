@@ -10,13 +10,17 @@ Sections (each a dataclass; every default lives here, once):
                                 has its own, rollout.seed)
     trainer                     steps, evaluation / checkpoint cadence, output dir, console
     resources                   ranks, colocated or split placement, Ray address
-    model                       HF model dir, or the built-in tiny model (model.path: null)
+    model                       HF model dir, a pretrained model (model.pretrained), or the built-in
+                                tiny model (both null)
     data                        RL prompt files, or the built-in arithmetic task; batch sizes
-    algorithm                   grpo | ppo, advantage estimator, KL in reward
+    algorithm                   step program (grpo, ppo, remax, rloo, reinforce_plus_plus[_baseline],
+                                drgrpo, dapo, safe_rlhf; ALGORITHM_SPECS), advantage estimator, KL in
+                                reward, DAPO and Safe-RLHF settings
     actor                       training engine of the policy (optimizer, micro-batches, loss)
     rollout                     generation (n samples, temperature, response length, TP)
     critic                      value model (PPO)
     reward                      rule-based reward manager (process pool, timeouts) or your function
+    reward_model, cost_model    learned scorers (HF sequence classifiers); the cost of safe_rlhf
     sft                         supervised warm start (steps, data, optimizer)
 
 `validate_run_config(cfg)` checks what single sections cannot: sizes against each other
@@ -27,18 +31,23 @@ placement). It runs before any worker starts; its errors say which keys to chang
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
-from hybridflow.algorithms import AdvantageConfig, get_adv_estimator, get_kl_estimator
+import yaml
+
+from hybridflow.algorithms import AdvantageConfig, LagrangeMultiplier, get_adv_estimator, get_kl_estimator
 from hybridflow.config.loader import ConfigError, load_config
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.rl_dataset import PromptDataConfig
 from hybridflow.data.sft_dataset import SFTDataConfig
 from hybridflow.engines.precision import DtypeName
+from hybridflow.engines.pretrained import PRETRAINED_MODELS
 from hybridflow.engines.train.config import (
     ActorLossConfig,
     CriticLossConfig,
@@ -50,10 +59,88 @@ from hybridflow.engines.train.config import (
 from hybridflow.rewards.manager import RewardConfig
 from hybridflow.workers.config import RolloutWorkerConfig
 
-# The estimator each algorithm uses when algorithm.adv_estimator is null.
-STANDARD_ESTIMATOR = {"grpo": "grpo", "ppo": "gae"}
 # Critic-free estimators that need several samples per prompt (a group baseline).
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """What an `algorithm.name` implies (one row of ALGORITHM_SPECS).
+
+    estimators: the adv_estimator values it accepts; the first is its default (null).
+    critic: trains a value model (and, for safe_rlhf, a second one for the costs).
+    min_samples: rollout.n at least (group baselines compare the samples of a prompt).
+    presets: dotted config keys and the values the name sets, unless the YAML file or an
+        override sets that key itself (`load_run_config`).
+    required: preset keys the algorithm is defined by; another value is a ConfigError.
+    """
+
+    estimators: tuple[str, ...]
+    critic: bool = False
+    min_samples: int = 1
+    presets: tuple[tuple[str, object], ...] = ()
+    required: tuple[str, ...] = ()
+
+
+# Every step program of hybridflow/trainer/algorithms.py and what it implies (docs/algorithms.md).
+ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {
+    "grpo": AlgorithmSpec(GROUP_ESTIMATORS, min_samples=2),
+    "ppo": AlgorithmSpec(("gae",), critic=True),
+    "remax": AlgorithmSpec(("remax",)),
+    "rloo": AlgorithmSpec(("rloo",), min_samples=2),
+    "reinforce_plus_plus": AlgorithmSpec(("reinforce_plus_plus",)),
+    "reinforce_plus_plus_baseline": AlgorithmSpec(("reinforce_plus_plus_baseline",), min_samples=2),
+    # Dr.GRPO (Liu et al. 2025): group-centred rewards without the std, length-unbiased loss.
+    "drgrpo": AlgorithmSpec(
+        ("grpo",), min_samples=2,
+        presets=(("algorithm.norm_adv_by_std_in_grpo", False),
+                 ("actor.loss.policy.loss_agg_mode", "seq-mean-token-sum-norm")),
+        required=("algorithm.norm_adv_by_std_in_grpo", "actor.loss.policy.loss_agg_mode"),
+    ),
+    # DAPO (Yu et al. 2025): token-level loss and clip-higher (paper: eps_high 0.28).
+    "dapo": AlgorithmSpec(
+        GROUP_ESTIMATORS, min_samples=2,
+        presets=(("actor.loss.policy.loss_agg_mode", "token-mean"), ("actor.loss.policy.clip_ratio_high", 0.28)),
+        required=("actor.loss.policy.loss_agg_mode",),
+    ),
+    "safe_rlhf": AlgorithmSpec(("gae",), critic=True),
+}
+AlgorithmName = Literal["grpo", "ppo", "remax", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                        "drgrpo", "dapo", "safe_rlhf"]
+# The estimator each algorithm uses when algorithm.adv_estimator is null.
+STANDARD_ESTIMATOR = {name: spec.estimators[0] for name, spec in ALGORITHM_SPECS.items()}
+
+
+# trainer.loggers: where metrics go (hybridflow/trainer/loggers.py).
+LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@dataclass
+class ValidationSection:
+    """Sampling of the held-out evaluation (verl: rollout.val_kwargs); greedy by default.
+
+    do_sample: false = greedy, the most likely token at each position (temperature,
+        top_p and top_k are then unused).
+    n: responses per prompt; val/accuracy and val/score are means over all of them.
+    temperature / top_p / top_k: sampling settings when do_sample is true.
+    seed: sampling seed of every evaluation call, so two evaluations of the same policy
+        draw the same random numbers (and `hybridflow eval` repeats an in-run evaluation).
+    """
+
+    do_sample: bool = False
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when do_sample is true, got {self.temperature}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
 
 
 @dataclass
@@ -62,26 +149,49 @@ class TrainerSection:
 
     total_steps: RL steps (one batch of prompts each).
     test_freq: greedy held-out evaluation every this many steps (0: only before and after).
-    save_freq: actor (and critic) checkpoint every this many steps (0: never mid-run).
+    save_freq: checkpoint every this many steps (0: never) into
+        <run>/checkpoints/global_step_<N>: models, optimizers, schedules, data position,
+        RNG, algorithm state; `hybridflow train --resume` continues from the newest one.
+    keep_last_checkpoints: keep only the newest this many checkpoints (null: all).
     save_final_model: export the trained actor as a Hugging Face dir (<run>/final_model).
     output_dir / run_dir: runs go to <output_dir>/<name>-<timestamp>/; run_dir picks an
         exact directory instead (it must not exist: a run never overwrites another).
     console: "rich" progress display, "plain" one line per step, or "none".
+    val_before_train: evaluate the starting policy (logged at step 0) before the first step.
+    validation: sampling of the held-out evaluation (greedy by default).
+    loggers: where metrics go: "console" (the display above; without it nothing is
+        printed), "jsonl" (<run>/metrics.jsonl, read by `hybridflow plot`),
+        "tensorboard" (<run>/tensorboard), "wandb" (needs `pip install wandb`; honours
+        WANDB_MODE=offline). Plots of reward, KL, entropy and length go to <run>/plots.
+    wandb_project: the W&B project of the run (the run is named after its directory).
     """
 
     total_steps: int = 30
     test_freq: int = 10
     save_freq: int = 0
+    keep_last_checkpoints: int | None = None
     save_final_model: bool = True
     output_dir: str = "runs"
     run_dir: str | None = None
     console: Literal["rich", "plain", "none"] = "rich"
+    val_before_train: bool = True
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    wandb_project: str = "hybridflow"
 
     def __post_init__(self) -> None:
+        unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
+        if unknown or len(set(self.loggers)) != len(self.loggers):
+            raise ValueError(f"loggers must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}")
+        if "wandb" in self.loggers and importlib.util.find_spec("wandb") is None:
+            raise ValueError("loggers includes 'wandb' but the wandb package is not installed: "
+                             "`pip install wandb`, or remove 'wandb' from trainer.loggers")
         if self.total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
         if self.test_freq < 0 or self.save_freq < 0:
             raise ValueError(f"test_freq and save_freq must be >= 0 (0 = off), got {self.test_freq}, {self.save_freq}")
+        if self.keep_last_checkpoints is not None and self.keep_last_checkpoints < 1:
+            raise ValueError(f"keep_last_checkpoints must be >= 1 or null (keep all), got {self.keep_last_checkpoints}")
 
 
 @dataclass
@@ -136,10 +246,28 @@ class BuiltinModelSection:
 
 @dataclass
 class ModelSection:
-    """The policy model: a local Hugging Face dir with its tokenizer, or the built-in one."""
+    """The policy model: a local Hugging Face dir, a pretrained model from a pip package, or
+    the built-in tiny one (both path and pretrained null).
+
+    path: a local Hugging Face model directory (config.json, safetensors, tokenizer).
+    pretrained: a name in hybridflow.engines.pretrained.PRETRAINED_MODELS (e.g.
+        smollm2-135m-instruct), converted once into $HYBRIDFLOW_CACHE (~/.cache/hybridflow).
+    """
 
     path: str | None = None
+    pretrained: str | None = None
     builtin: BuiltinModelSection = field(default_factory=BuiltinModelSection)
+
+    def __post_init__(self) -> None:
+        if self.path is not None and self.pretrained is not None:
+            raise ValueError(f"set path or pretrained, not both (path={self.path!r}, pretrained={self.pretrained!r})")
+        if self.pretrained is not None and self.pretrained not in PRETRAINED_MODELS:
+            raise ValueError(f"pretrained={self.pretrained!r} is unknown; known: {sorted(PRETRAINED_MODELS)}")
+
+    @property
+    def uses_builtin(self) -> bool:
+        """True when the run writes the built-in tiny model (neither path nor pretrained)."""
+        return self.path is None and self.pretrained is None
 
 
 @dataclass
@@ -191,17 +319,80 @@ class KLControlSection:
 
 
 @dataclass
+class DynamicSamplingSection:
+    """DAPO dynamic sampling: drop the groups whose rewards are all equal (no signal) and
+    generate more prompts until data.train_batch_size groups are kept.
+
+    max_extra_rounds: generation rounds after the first, at most, per step; when they are
+        spent, the step trains on the groups kept so far (cut to whole actor mini-batches;
+        metric dapo/cap_hit), or fails if that is none.
+    """
+
+    enable: bool = True
+    max_extra_rounds: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_extra_rounds < 0:
+            raise ValueError(f"max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
+
+
+@dataclass
+class OverlongBufferSection:
+    """DAPO overlong reward shaping: responses longer than rollout.response_length - len lose
+    up to penalty_factor, linearly over the last `len` tokens. len null: a quarter of
+    rollout.response_length (at least 1)."""
+
+    enable: bool = True
+    len: int | None = None
+    penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.len is not None and self.len < 1:
+            raise ValueError(f"len must be >= 1 (tokens) or null, got {self.len}")
+        if not self.penalty_factor >= 0:
+            raise ValueError(f"penalty_factor must be >= 0, got {self.penalty_factor}")
+
+
+@dataclass
+class DAPOSection:
+    """algorithm.name=dapo only: dynamic sampling and overlong shaping."""
+
+    filter_groups: DynamicSamplingSection = field(default_factory=DynamicSamplingSection)
+    overlong_buffer: OverlongBufferSection = field(default_factory=OverlongBufferSection)
+
+
+@dataclass
+class SafeRLHFSection:
+    """algorithm.name=safe_rlhf only: the Lagrange multiplier lambda of E[cost] <= cost_limit.
+
+    Each step: ln lambda += lambda_lr * lambda * (mean episode cost - cost_limit), capped at
+    lambda_max (null: no cap); the policy follows (A_reward - lambda A_cost) / (1 + lambda).
+    """
+
+    lambda_init: float = 1.0
+    lambda_lr: float = 0.1
+    cost_limit: float = 0.0
+    lambda_max: float | None = None
+
+    def __post_init__(self) -> None:
+        LagrangeMultiplier(self.lambda_init, self.lambda_lr, self.cost_limit, self.lambda_max)  # raises if invalid
+
+
+@dataclass
 class AlgorithmSection:
     """Which step program runs and its advantage / KL settings (docs/algorithms.md).
 
-    name: "grpo" (critic-free, group baseline) or "ppo" (GAE with a critic).
-    adv_estimator: null = the algorithm's own ("grpo" / "gae"); grpo also accepts the
-        other group estimators (rloo, opo, ...).
+    name: one of ALGORITHM_SPECS (grpo, ppo, remax, rloo, reinforce_plus_plus,
+        reinforce_plus_plus_baseline, drgrpo, dapo, safe_rlhf); the name also sets the
+        defaults in its presets (e.g. drgrpo: no std normalisation, seq-mean-token-sum-norm).
+    adv_estimator: null = the algorithm's own; grpo and dapo also accept the other group
+        estimators (rloo, opo, ...).
     use_kl_in_reward / kl_penalty / kl_ctrl: r_t = score_t - beta * KL_t (needs the
         reference policy). KL as a loss instead is actor.loss.use_kl_loss.
+    dapo / safe_rlhf: settings read only by those two algorithms.
     """
 
-    name: Literal["grpo", "ppo"] = "grpo"
+    name: AlgorithmName = "grpo"
     adv_estimator: str | None = None
     gamma: float = 1.0
     lam: float = 1.0
@@ -210,17 +401,24 @@ class AlgorithmSection:
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
     kl_ctrl: KLControlSection = field(default_factory=KLControlSection)
+    dapo: DAPOSection = field(default_factory=DAPOSection)
+    safe_rlhf: SafeRLHFSection = field(default_factory=SafeRLHFSection)
 
     def __post_init__(self) -> None:
         estimator = self.estimator
         get_adv_estimator(estimator)  # unknown names raise, listing the known ones
-        if self.name == "ppo" and estimator != "gae":
-            raise ValueError(f"algorithm.name=ppo trains a critic and uses adv_estimator=gae, got {estimator!r}")
-        if self.name == "grpo" and estimator not in GROUP_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.name=grpo is critic-free and needs a group estimator {list(GROUP_ESTIMATORS)}, "
-                f"got {estimator!r}; for gae use algorithm.name=ppo"
-            )
+        spec = ALGORITHM_SPECS[self.name]
+        if estimator not in spec.estimators:
+            if spec.critic:
+                hint = f"algorithm.name={self.name} trains a critic and uses adv_estimator=gae"
+            elif spec.estimators == GROUP_ESTIMATORS:
+                hint = (f"algorithm.name={self.name} is critic-free and needs a group estimator "
+                        f"{list(GROUP_ESTIMATORS)}")
+            else:
+                hint = f"algorithm.name={self.name} uses adv_estimator={spec.estimators[0]} (leave it null)"
+            owners = [n for n, s in ALGORITHM_SPECS.items() if s.estimators[0] == estimator]  # table order
+            raise ValueError(f"{hint}, got {estimator!r}" + (f"; for {estimator} use algorithm.name={owners[0]}"
+                                                             if owners else ""))
         if self.use_kl_in_reward:
             get_kl_estimator(self.kl_penalty)
 
@@ -296,6 +494,36 @@ class RewardSection:
 
 
 @dataclass
+class ScoreModelSection(EngineSection):
+    """A frozen sequence scorer: a Hugging Face `*ForSequenceClassification` directory with
+    num_labels=1 (what `hybridflow rm` writes) that shares the policy's tokenizer, run on the
+    actor's ranks. path null: none. Engine keys as in EngineSection (optim and lora unused)."""
+
+    path: str | None = None
+    micro_batch: MicroBatchConfig = field(
+        default_factory=lambda: MicroBatchConfig(mini_batch_size=8, micro_batch_size_per_device=1,
+                                                 forward_micro_batch_size_per_device=64))
+
+
+@dataclass
+class RewardModelSection(ScoreModelSection):
+    """A learned reward model (any algorithm): its score, put on the last response token, is
+    the reward instead of the rule-based one; add_rule_reward: true sums the two."""
+
+    add_rule_reward: bool = False
+
+
+@dataclass
+class CostModelSection(ScoreModelSection):
+    """The cost of algorithm.name=safe_rlhf: a cost model (path) and/or a rule-based cost
+    function `custom_fn_name(data_source, solution_str, ground_truth, extra_info)` in the Python
+    file custom_fn_path, scored like reward functions (reward.manager settings); both: summed."""
+
+    custom_fn_path: str | None = None
+    custom_fn_name: str = "compute_score"
+
+
+@dataclass
 class SFTSection:
     """Supervised warm start: `hybridflow sft`, and before RL when steps > 0.
 
@@ -341,6 +569,8 @@ class RunConfig:
     rollout: RolloutWorkerConfig = field(default_factory=lambda: RolloutWorkerConfig(n=8, response_length=6))
     critic: CriticSection = field(default_factory=CriticSection)
     reward: RewardSection = field(default_factory=RewardSection)
+    reward_model: RewardModelSection = field(default_factory=RewardModelSection)
+    cost_model: CostModelSection = field(default_factory=CostModelSection)
     sft: SFTSection = field(default_factory=SFTSection)
 
     def __post_init__(self) -> None:
@@ -349,7 +579,7 @@ class RunConfig:
 
     @property
     def use_critic(self) -> bool:
-        return self.algorithm.name == "ppo"
+        return ALGORITHM_SPECS[self.algorithm.name].critic
 
     @property
     def use_reference(self) -> bool:
@@ -357,20 +587,59 @@ class RunConfig:
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """Load and fully validate a run config (YAML file + dotted overrides)."""
+    """Load and fully validate a run config (YAML file + dotted overrides). The presets of
+    `algorithm.name` (ALGORITHM_SPECS) fill the keys that neither the file nor an override sets."""
     cfg = load_config(RunConfig, path, list(overrides))
+    presets = _unset_presets(ALGORITHM_SPECS[cfg.algorithm.name], path, overrides)
+    if presets:
+        cfg = load_config(RunConfig, path, presets + list(overrides))
     validate_run_config(cfg)
     return cfg
 
 
+def _unset_presets(spec: AlgorithmSpec, path: str | Path | None, overrides: list[str]) -> list[str]:
+    """The algorithm's presets as overrides, minus the keys the user set (or set a parent of)."""
+    explicit = {text.split("=", 1)[0] for text in overrides}
+    if path is not None:
+        explicit |= _dotted_keys(yaml.safe_load(Path(path).read_text()) or {})
+
+    def user_set(key: str) -> bool:
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
+
+    # JSON is YAML, which is how override values are parsed.
+    return [f"{key}={json.dumps(value)}" for key, value in spec.presets if not user_set(key)]
+
+
+def _dotted_keys(tree: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        keys.add(dotted)
+        if isinstance(value, dict):
+            keys |= _dotted_keys(value, f"{dotted}.")
+    return keys
+
+
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
     """A copy with the values that null stands for filled in (resources.world_size,
-    algorithm.adv_estimator): what a run saves as its config.yaml."""
+    algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len): what a run saves as its config.yaml."""
+    alg = cfg.algorithm
+    dapo = alg.dapo
+    if alg.name == "dapo":  # the other algorithms leave the section at its defaults
+        dapo = dataclasses.replace(dapo, overlong_buffer=dataclasses.replace(dapo.overlong_buffer,
+                                                                            len=overlong_buffer_len(cfg)))
     return dataclasses.replace(
         cfg,
         resources=dataclasses.replace(cfg.resources, world_size=cfg.resources.resolved_world_size()),
-        algorithm=dataclasses.replace(cfg.algorithm, adv_estimator=cfg.algorithm.estimator),
+        algorithm=dataclasses.replace(alg, adv_estimator=alg.estimator, dapo=dapo),
     )
+
+
+def overlong_buffer_len(cfg: RunConfig) -> int:
+    """algorithm.dapo.overlong_buffer.len, or a quarter of rollout.response_length when null."""
+    buffer = cfg.algorithm.dapo.overlong_buffer.len
+    return buffer if buffer is not None else max(1, cfg.rollout.response_length // 4)
 
 
 @dataclass(frozen=True)
@@ -407,10 +676,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
         raise ConfigError("critic.lora.rank must be 0: LoRA is supported for the actor only")
 
     n = cfg.rollout.n
-    if cfg.algorithm.name == "grpo" and n < 2:
-        raise ConfigError(
-            f"rollout.n={n}: GRPO compares the samples of one prompt with each other and needs rollout.n >= 2"
-        )
+    _check_algorithm(cfg)
     prompts = cfg.data.train_batch_size
     sequences = prompts * n
     actor_dp = _engine_dp(cfg.actor, actor_ranks, cfg.resources.use_gpu, "actor")
@@ -430,6 +696,12 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     if cfg.use_critic:
         critic_dp = _engine_dp(cfg.critic, critic_ranks, cfg.resources.use_gpu, "critic")
         _check_update_batch("critic", cfg.critic.micro_batch, sequences, prompts, n, critic_dp)
+    for key in ("reward_model", "cost_model"):
+        section = getattr(cfg, key)
+        if section.path is not None:
+            _engine_dp(section, actor_ranks, cfg.resources.use_gpu, key)
+            if section.lora.enabled:
+                raise ConfigError(f"{key}.lora.rank must be 0: the {key} is frozen")
     if cfg.sft.steps:
         if cfg.data.train_files and not cfg.sft.files:
             raise ConfigError(
@@ -442,12 +714,59 @@ def validate_run_config(cfg: RunConfig) -> Layout:
                 f"sft.micro_batch_size_per_device {cfg.sft.micro_batch_size_per_device}"
             )
     max_len = cfg.data.prompt.max_prompt_length + cfg.rollout.response_length
-    if cfg.model.path is None and max_len > cfg.model.builtin.max_position_embeddings:
+    if cfg.model.uses_builtin and max_len > cfg.model.builtin.max_position_embeddings:
         raise ConfigError(
             f"data.prompt.max_prompt_length + rollout.response_length = {max_len} exceeds the built-in model's "
             f"model.builtin.max_position_embeddings={cfg.model.builtin.max_position_embeddings}"
         )
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences)
+
+
+def _check_algorithm(cfg: RunConfig) -> None:
+    """algorithm.name against the settings it implies (ALGORITHM_SPECS) and reads."""
+    alg = cfg.algorithm
+    spec = ALGORITHM_SPECS[alg.name]
+    if cfg.rollout.n < spec.min_samples:
+        raise ConfigError(
+            f"rollout.n={cfg.rollout.n}: algorithm.name={alg.name} compares the samples of one prompt with each "
+            f"other and needs rollout.n >= {spec.min_samples}"
+        )
+    presets = dict(spec.presets)
+    for key in spec.required:
+        value = _config_value(cfg, key)
+        if value != presets[key]:
+            raise ConfigError(
+                f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
+                f"remove that setting (the name sets it) or choose another algorithm.name"
+            )
+    defaults = AlgorithmSection()
+    if alg.name != "dapo" and alg.dapo != defaults.dapo:
+        raise ConfigError(f"algorithm.dapo.* is read only by algorithm.name=dapo (this run: {alg.name}); remove it")
+    if alg.name != "safe_rlhf" and (alg.safe_rlhf != defaults.safe_rlhf or cfg.cost_model != CostModelSection()):
+        raise ConfigError(f"algorithm.safe_rlhf.* and cost_model.* are read only by algorithm.name=safe_rlhf "
+                          f"(this run: {alg.name}); remove them")
+    if alg.name == "dapo":
+        policy = cfg.actor.loss.policy
+        if not policy.clip_ratio_high > policy.clip_ratio_low:
+            raise ConfigError(
+                f"algorithm.name=dapo clips higher than lower (clip-higher): actor.loss.policy.clip_ratio_high="
+                f"{policy.clip_ratio_high} must be > clip_ratio_low={policy.clip_ratio_low}"
+            )
+        if alg.dapo.overlong_buffer.enable and overlong_buffer_len(cfg) > cfg.rollout.response_length:
+            raise ConfigError(
+                f"algorithm.dapo.overlong_buffer.len={overlong_buffer_len(cfg)} exceeds rollout.response_length="
+                f"{cfg.rollout.response_length}; the buffer is the last tokens of the allowed length"
+            )
+    if alg.name == "safe_rlhf" and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
+        raise ConfigError("algorithm.name=safe_rlhf needs a cost: set cost_model.path (a cost model directory) "
+                          "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
+
+
+def _config_value(cfg: RunConfig, dotted: str) -> object:
+    value: object = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def _engine_dp(section: EngineSection, ranks: int, use_gpu: bool, role: str) -> int:

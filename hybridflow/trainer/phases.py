@@ -4,6 +4,12 @@ A phase reads what earlier phases put into `step.batch` (names from ARCHITECTURE
 adds its own keys, and records its metrics and wall time (`timing_s/<phase>`) in
 `step.metrics`. Algorithms (algorithms.py) are short sequences of these calls.
 
+Besides the common phases (generate, reward, log-probs, values, advantages, updates):
+ReMax's greedy baseline, Safe-RLHF's cost / cost values / cost advantages / cost critic,
+DAPO's overlong shaping and dynamic sampling (`sample_informative_groups`, which runs
+generate + reward once per round). Keys they add: baseline_rewards, token_level_costs,
+cost_values, cost_advantages, cost_returns.
+
 Weight sync has no phase of its own: the actor's updated weights reach the generation
 engine inside the next `generate_sequences` call (3D-HybridEngine reshard), timed by the
 worker as `timing_s/reshard_to_generation`.
@@ -18,8 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
-from hybridflow.algorithms import AdvantageConfig, apply_kl_in_reward, compute_advantage
+from hybridflow.algorithms import (
+    AdvantageConfig,
+    LagrangeMultiplier,
+    apply_kl_in_reward,
+    combine_reward_cost_advantages,
+    compute_advantage,
+    compute_cost_advantages,
+    dynamic_sampling_filter,
+    overlong_reward_penalty,
+)
 from hybridflow.controller import WorkerGroup
 from hybridflow.engines.train.actor import FORWARD_KEYS as ACTOR_FORWARD_KEYS
 from hybridflow.engines.train.actor import UPDATE_KEYS as ACTOR_UPDATE_KEYS
@@ -27,6 +43,7 @@ from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
 from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.metrics import rename_worker_metrics
+from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,8 +53,12 @@ class Roles:
     """What the step program talks to."""
 
     actor: WorkerGroup  # ActorRolloutRefWorker: generation, log-probs, reference policy, update
-    critic: WorkerGroup | None  # CriticWorker (algorithm.name=ppo)
+    critic: WorkerGroup | None  # CriticWorker (algorithms with a critic: ppo, safe_rlhf)
     reward: Any  # hybridflow.rewards.RewardManager: scores responses in worker processes
+    reward_model: WorkerGroup | None = None  # RewardModelWorker (reward_model.path)
+    cost_critic: WorkerGroup | None = None  # CriticWorker of the costs (safe_rlhf)
+    cost_model: WorkerGroup | None = None  # RewardModelWorker scoring costs (cost_model.path)
+    cost_fn: Any = None  # RewardManager of the rule-based cost function (cost_model.custom_fn_path)
 
 
 @dataclass
@@ -53,7 +74,8 @@ class Step:
 
 
 def phase(name: str) -> Callable[[F], F]:
-    """Time the decorated phase into step.metrics["timing_s/<name>"]."""
+    """Time the decorated phase into step.metrics["timing_s/<name>"] (summed over the calls
+    of one step: DAPO generates several times)."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
@@ -62,7 +84,8 @@ def phase(name: str) -> Callable[[F], F]:
             try:
                 return fn(step, *args, **kwargs)
             finally:
-                step.metrics[f"timing_s/{name}"] = time.perf_counter() - start
+                key = f"timing_s/{name}"
+                step.metrics[key] = step.metrics.get(key, 0.0) + time.perf_counter() - start
 
         return timed  # type: ignore[return-value]
 
@@ -79,10 +102,12 @@ def _select(batch: DataProto, keys: tuple[str, ...]) -> DataProto:
 
 
 @phase("gen")
-def generate(step: Step, actor: WorkerGroup, n: int) -> None:
-    """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group)."""
+def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
+    """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group), unique
+    within the step across generation rounds."""
     prompts = step.batch
-    prompts.non_tensor_batch["uid"] = np.array([f"{step.index}-{i}" for i in range(len(prompts))], dtype=object)
+    prefix = f"{step.index}-" if round == 0 else f"{step.index}.{round}-"
+    prompts.non_tensor_batch["uid"] = np.array([f"{prefix}{i}" for i in range(len(prompts))], dtype=object)
     out = actor.generate_sequences(prompts)
     step.metrics.update(_worker_metrics(out))
     if len(out) != len(prompts) * n:
@@ -90,14 +115,58 @@ def generate(step: Step, actor: WorkerGroup, n: int) -> None:
     step.batch = out
 
 
+def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | None) -> tuple[torch.Tensor, dict]:
+    """Token-level scores [B, R] of `batch` and their metrics: the rule-based function's
+    (a RewardManager; failures and timeouts score error_score), the model's score put on the
+    last response token, or the sum of both."""
+    if rule is None and model is None:
+        raise ValueError("score_sequences needs a rule-based scorer, a scoring model, or both")
+    scores, metrics = None, {}
+    if rule is not None:
+        out = rule.score(batch)
+        scores, metrics = out.token_level_scores, dict(out.metrics)
+        metrics.pop("reward/mean")  # the same number as score/mean (metrics.py)
+    if model is not None:
+        rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
+        placed = scores_at_last_response_token(rm, batch.batch["response_mask"])
+        scores = placed if scores is None else scores + placed
+        metrics["reward/model_score_mean"] = float(rm.double().mean())
+    return scores, metrics
+
+
 @phase("reward")
-def compute_reward(step: Step, reward_manager: Any) -> None:
-    """token_level_scores from the reward function (failures and timeouts score error_score)."""
-    out = reward_manager.score(step.batch)
-    step.batch.batch["token_level_scores"] = out.token_level_scores
-    metrics = dict(out.metrics)
-    metrics.pop("reward/mean")  # the same number as score/mean (metrics.py)
+def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = None) -> None:
+    """token_level_scores from the reward function and/or the reward model (score_sequences)."""
+    step.batch.batch["token_level_scores"], metrics = score_sequences(step.batch, rule, model)
     step.metrics.update(metrics)
+
+
+@phase("cost")
+def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> None:
+    """token_level_costs (Safe-RLHF) from the cost function and/or the cost model."""
+    costs, metrics = score_sequences(step.batch, rule, model)
+    step.batch.batch["token_level_costs"] = costs
+    step.metrics.update({key.replace("reward/", "cost/", 1): value for key, value in metrics.items()})
+    episode = costs.double().sum(-1)
+    step.metrics.update({"cost/mean": float(episode.mean()), "cost/max": float(episode.max()),
+                         "cost/min": float(episode.min())})
+
+
+@phase("greedy_baseline")
+def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
+                            score: Callable[[DataProto], torch.Tensor]) -> None:
+    """ReMax: baseline_rewards [B], the score of one greedy response to each sample's prompt.
+
+    `prompts` carry the `uid` that `generate` gave them; `score` returns token-level scores.
+    """
+    greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
+                       meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
+    out = actor.generate_sequences(greedy)
+    out.meta_info.pop("metrics", None)
+    by_uid = dict(zip(out.non_tensor_batch["uid"], score(out).sum(-1).tolist()))
+    baseline = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]], dtype=torch.float32)
+    step.batch.batch["baseline_rewards"] = baseline
+    step.metrics["remax/baseline_mean"] = float(baseline.double().mean())
 
 
 @phase("old_log_prob")
@@ -118,6 +187,13 @@ def compute_values(step: Step, critic: WorkerGroup) -> None:
     step.batch.union(critic.compute_values(_select(step.batch, CRITIC_FORWARD_KEYS)))
 
 
+@phase("cost_values")
+def compute_cost_values(step: Step, cost_critic: WorkerGroup) -> None:
+    """cost_values [B, R]: the cost critic's estimate (Safe-RLHF)."""
+    out = cost_critic.compute_values(_select(step.batch, CRITIC_FORWARD_KEYS))
+    step.batch.batch["cost_values"] = out.batch["values"]
+
+
 @phase("kl_reward")
 def rewards_with_kl_penalty(step: Step, kl_ctrl: Any, kl_type: str) -> None:
     """token_level_rewards = scores - beta * KL(actor || reference) per token."""
@@ -134,14 +210,37 @@ def rewards_are_scores(step: Step) -> None:
 
 
 @phase("adv")
-def compute_advantages(step: Step, estimator: str, config: AdvantageConfig) -> None:
-    """advantages and returns with the named estimator (docs/algorithms.md)."""
+def compute_advantages(step: Step, estimator: str, config: AdvantageConfig, extra_keys: tuple[str, ...] = ()) -> None:
+    """advantages and returns with the named estimator (docs/algorithms.md); `extra_keys`
+    are batch tensors passed to it by name (remax: baseline_rewards)."""
     b = step.batch.batch
     advantages, returns = compute_advantage(
         estimator, b["token_level_rewards"], b["response_mask"], config=config,
-        values=b.get("values"), uid=step.batch.non_tensor_batch["uid"],
+        values=b.get("values"), uid=step.batch.non_tensor_batch["uid"], **{key: b[key] for key in extra_keys},
     )
     b["advantages"], b["returns"] = advantages, returns
+
+
+@phase("cost_adv")
+def compute_safe_advantages(step: Step, multiplier: LagrangeMultiplier, config: AdvantageConfig) -> None:
+    """Safe-RLHF: cost advantages (GAE with the cost critic), the multiplier's update from the
+    batch's mean episode cost, then advantages = (A_reward - lambda A_cost) / (1 + lambda)."""
+    b = step.batch.batch
+    b["cost_advantages"], b["cost_returns"] = compute_cost_advantages(
+        b["token_level_costs"], b["response_mask"], b["cost_values"], config)
+    lam = multiplier.update(float(b["token_level_costs"].double().sum(-1).mean()))
+    b["advantages"] = combine_reward_cost_advantages(b["advantages"], b["cost_advantages"], lam)
+    step.metrics["safe_rlhf/lambda"] = lam
+
+
+@phase("overlong")
+def add_overlong_penalty(step: Step, max_response_length: int, buffer_len: int, penalty_factor: float) -> None:
+    """DAPO soft overlong punishment, added to token_level_scores at the last response token."""
+    b = step.batch.batch
+    penalty = overlong_reward_penalty(b["response_mask"].sum(-1), max_response_length, buffer_len, penalty_factor)
+    b["token_level_scores"] = b["token_level_scores"] + scores_at_last_response_token(penalty, b["response_mask"])
+    step.metrics["dapo/overlong_penalty_mean"] = float(penalty.double().mean())
+    step.metrics["dapo/overlong_ratio"] = float((penalty < 0).double().mean())
 
 
 @phase("update_critic")
@@ -151,9 +250,91 @@ def update_critic(step: Step, critic: WorkerGroup) -> None:
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "critic"))
 
 
+@phase("update_cost_critic")
+def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
+    """One update of the cost critic towards cost_returns (Safe-RLHF)."""
+    data = _select(step.batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
+    data.batch["values"], data.batch["returns"] = step.batch.batch["cost_values"], step.batch.batch["cost_returns"]
+    out = cost_critic.update_critic(data)
+    metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
+    step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
+
+
 @phase("update_actor")
 def update_actor(step: Step, actor: WorkerGroup, with_ref: bool) -> None:
     """One policy update on the step's batch (plus the KL loss when configured)."""
     keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ())
     out = actor.update_actor(_select(step.batch, keys))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
+
+
+# ----------------------------------------------------------------------------- DAPO dynamic sampling
+
+
+@phase("dynamic_sampling")
+def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], None], groups: int,
+                              max_extra_rounds: int, group_unit: int) -> None:
+    """DAPO dynamic sampling: generate and score (`sample_round(step, round)`), drop the groups
+    whose scores are all equal, and repeat with `step.more_prompts()` until `groups` groups
+    are kept; the batch is then exactly the first `groups` kept groups.
+
+    After `max_extra_rounds` extra rounds the step trains on the groups kept so far, cut to
+    a multiple of `group_unit` (whole actor mini-batches), and reports dapo/cap_hit = 1;
+    a RuntimeError if that leaves nothing. Metrics: dapo/rounds, dapo/generated_groups,
+    dapo/kept_groups (informative groups found), dapo/trained_groups, dapo/cap_hit.
+    """
+    kept: list[DataProto] = []
+    generated = found = rounds = 0
+    prompts = step.batch
+    while True:
+        part = Step(step.index, prompts, step.metrics)
+        sample_round(part, rounds)
+        rounds += 1
+        keep, counts = dynamic_sampling_filter(part.batch.non_tensor_batch["uid"],
+                                               part.batch.batch["token_level_scores"].sum(-1))
+        generated += int(counts["num_groups"])
+        found += int(counts["kept_groups"])
+        kept.append(part.batch[np.flatnonzero(keep)])
+        if found >= groups or rounds > max_extra_rounds:
+            break
+        if step.more_prompts is None:
+            raise RuntimeError("dynamic sampling needs more prompts but this step has no loader (Step.more_prompts)")
+        prompts = step.more_prompts()
+    target = groups if found >= groups else found - found % group_unit
+    if target == 0:
+        raise RuntimeError(
+            f"dynamic sampling kept {found} groups with differing rewards in {rounds} rounds ({generated} generated), "
+            f"fewer than the {group_unit} one actor mini-batch needs: every other group scored all-equal. Raise "
+            "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups"
+        )
+    step.batch = first_groups(concat_generated(kept), target)
+    trained = len(set(step.batch.non_tensor_batch["uid"].tolist()))
+    step.metrics.update({"dapo/rounds": float(rounds), "dapo/generated_groups": float(generated),
+                         "dapo/kept_groups": float(found), "dapo/trained_groups": float(trained),
+                         "dapo/cap_hit": float(found < groups)})
+
+
+def concat_generated(parts: list[DataProto]) -> DataProto:
+    """Generated batches of several rounds as one: prompts left-padded to the widest round's."""
+    width = max(part.batch["prompts"].shape[1] for part in parts)
+    return DataProto.concat([_left_pad_prompts(part, width) for part in parts])
+
+
+def _left_pad_prompts(batch: DataProto, width: int) -> DataProto:
+    extra = width - batch.batch["prompts"].shape[1]
+    if extra == 0:
+        return batch
+    # Padding is masked out (attention_mask 0), so its token ids and positions are never read.
+    padded = {key: torch.nn.functional.pad(value, (extra, 0)) if key in _PROMPT_SIDE_KEYS else value
+              for key, value in batch.batch.items()}
+    return DataProto(batch=padded, non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info)
+
+
+_PROMPT_SIDE_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
+
+
+def first_groups(batch: DataProto, count: int) -> DataProto:
+    """The samples of the first `count` groups (by first appearance of their uid)."""
+    uids = batch.non_tensor_batch["uid"]
+    chosen = set(list(dict.fromkeys(uids.tolist()))[:count])
+    return batch[np.flatnonzero([u in chosen for u in uids])]

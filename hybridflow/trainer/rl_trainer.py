@@ -10,12 +10,17 @@
 
 `train` runs `steps` iterations of the configured algorithm (algorithms.py) over batches
 of prompts, then evaluates greedily on the held-out prompts and exports the policy. Each
-step's metrics go to <run>/metrics.jsonl and the console.
+step's metrics go to <run>/metrics.jsonl and the console. Every trainer.save_freq steps the
+whole loop state is checkpointed (checkpointing.py), and
+
+    RLTrainer(resume="runs/<run>").train()   # continues that run to trainer.total_steps
+
+continues from the newest complete checkpoint in the same run directory, with the metrics
+an uninterrupted run would have logged.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +35,37 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
 from hybridflow.trainer.algorithms import ALGORITHMS, build_algo_state
+from hybridflow.trainer.checkpointing import STATE_VERSION as CHECKPOINT_STATE_VERSION
+from hybridflow.trainer.checkpointing import (
+    begin_checkpoint,
+    check_steps_left,
+    checkpoint_step,
+    commit_checkpoint,
+    controller_rng_state,
+    locate_resume,
+    logged_accuracy,
+    read_trainer_state,
+    resume_config,
+    role_checkpoint_path,
+    set_controller_rng_state,
+)
 from hybridflow.trainer.evaluate import evaluate
 from hybridflow.trainer.metrics import FlopModel, data_metrics, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
-from hybridflow.trainer.setup import RunContext, build_groups, endless, rl_roles, train_prompts
+from hybridflow.trainer.plots import plot_run
+from hybridflow.trainer.setup import (
+    RunContext,
+    build_cost_manager,
+    build_groups,
+    endless,
+    rl_roles,
+    train_prompts,
+)
 from hybridflow.trainer.sft import run_sft
 from hybridflow.workers import shutdown_role_groups
+
+
+TRAINED_ROLES = ("actor", "critic", "cost_critic")
 
 
 @dataclass
@@ -53,17 +83,32 @@ class RLTrainer:
     """Validates the config and creates the run directory at construction; starts the
     workers on the first `train` call. Use as a context manager or call `close()`."""
 
-    def __init__(self, config: RunConfig | str | Path) -> None:
-        """`config`: a RunConfig, or the path of a YAML run config."""
+    def __init__(self, config: RunConfig | str | Path | None = None,
+                 resume: str | Path | bool | None = None) -> None:
+        """`config`: a RunConfig, or the path of a YAML run config.
+
+        `resume`: continue a run from a checkpoint (checkpointing.py) in its own run
+        directory: a run directory (its newest complete checkpoint), a checkpoint directory,
+        or True for the newest checkpoint among `config`'s runs. The config is then the
+        run's saved one (config None), or `config` if it only changes what a resumed run
+        may change (e.g. a larger trainer.total_steps); anything else is a ConfigError.
+        """
         if isinstance(config, (str, Path)):
             config = load_run_config(config)
-        if not isinstance(config, RunConfig):
+        if not isinstance(config, RunConfig) and not (config is None and resume is not None):
             raise TypeError(f"RLTrainer needs a RunConfig (hybridflow.config.schema) or a YAML path, "
                             f"got {type(config).__name__}")
-        self.ctx = RunContext.open(config)
+        self.resumed_from: Path | None = None  # the checkpoint this trainer started from
+        self.global_step = 0
+        if resume is not None:
+            self.resumed_from = locate_resume(resume, config)
+            config = resume_config(self.resumed_from, config)
+            self.global_step = int(read_trainer_state(self.resumed_from)["global_step"])
+        self.ctx = RunContext.open(config, resume_from=self.resumed_from)
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
         self.run_dir = self.ctx.run_dir
-        self.global_step = 0
+        if self.resumed_from is not None:
+            self.ctx.display.message(f"resuming from {self.resumed_from} (step {self.global_step})")
         self.groups: dict[str, WorkerGroup] = {}
         self.roles: Roles | None = None
         self.sft_result = None
@@ -85,30 +130,41 @@ class RLTrainer:
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
         policy_path = ctx.model_path
-        if cfg.sft.steps > 0:
+        if cfg.sft.steps > 0 and self.resumed_from is not None:
+            policy_path = str(self.run_dir / "sft_model")  # warm-started before the checkpoint
+        elif cfg.sft.steps > 0:
             self.sft_result = run_sft(ctx)
             policy_path = str(self.sft_result.model_dir)
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
         self.groups = build_groups(cfg, ctx.layout, rl_roles(cfg, policy_path))
-        self.roles = Roles(actor=self.groups["actor"], critic=self.groups.get("critic"), reward=ctx.reward)
+        if ctx.cost is None:
+            ctx.cost = build_cost_manager(cfg, ctx.tokenizer)  # closed with the context
+        g = self.groups
+        self.roles = Roles(actor=g["actor"], critic=g.get("critic"), reward=ctx.reward,
+                           reward_model=g.get("reward_model"), cost_critic=g.get("cost_critic"),
+                           cost_model=g.get("cost_model"), cost_fn=ctx.cost)
         data = train_prompts(cfg, ctx.tokenizer)
-        loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
-                                 collate_fn=data.collate)
-        self.batches = endless(loader)
+        self.loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
+                                      collate_fn=data.collate)
+        self.batches = endless(self.loader)
         self.state = build_algo_state(cfg)
         self.flop_model = _flop_model(cfg, policy_path)
+        if self.resumed_from is not None:
+            self._load_checkpoint(self.resumed_from)
 
     # ------------------------------------------------------------------ loop
 
     def train(self, steps: int | None = None) -> TrainResult:
-        """Run `steps` RL steps (default trainer.total_steps), evaluating before and after."""
+        """Run `steps` more RL steps (default: until trainer.total_steps), evaluating before
+        and after."""
         cfg, ctx = self.config, self.ctx
-        steps = cfg.trainer.total_steps if steps is None else steps
+        if steps is None:
+            steps = check_steps_left(self.global_step, cfg.trainer.total_steps)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         if self.roles is None:
             self._start()
-        before = self._held_out_accuracy()
+        before = self._accuracy_before()
         algorithm = ALGORITHMS[cfg.algorithm.name]
         ctx.display.start(cfg.algorithm.name.upper(), steps)
         metrics: dict[str, float] = {}
@@ -121,15 +177,16 @@ class RLTrainer:
             metrics = self._step_metrics(step)
             if self._due(cfg.trainer.test_freq) and done < steps:  # the last step is evaluated below
                 metrics.update(self._val_metrics())
-            if self._due(cfg.trainer.save_freq):
-                self.save_checkpoint()
             ctx.log.write("rl", self.global_step, metrics)
+            if self._due(cfg.trainer.save_freq):  # after the log: a checkpoint's steps are all logged
+                self.save_checkpoint()
             ctx.display.step(done, steps, metrics)
         ctx.display.stop()
         after = self._held_out_accuracy()
         if cfg.trainer.save_final_model:
             self.roles.actor.export_hf(str(self.run_dir / "final_model"))
         result = TrainResult(self.run_dir, self.global_step, before, after, metrics)
+        self._plot()
         self._report(result)
         return result
 
@@ -137,10 +194,15 @@ class RLTrainer:
         cfg = self.config
         metrics = dict(step.metrics)
         metrics.update(data_metrics(step.batch))
-        ppo = cfg.use_critic
+        # Value models (critic, Safe-RLHF's cost critic) and scoring models (reward / cost
+        # model, counted at the critic's size) over the trained batch. Not counted: ReMax's
+        # greedy generation and the groups DAPO generated and dropped.
+        critics = sum(role in self.groups for role in ("critic", "cost_critic"))
+        scorers = sum(role in self.groups for role in ("reward_model", "cost_model"))
         flops = self.flop_model.step_flops(
-            step.batch, forwards=1 + int(cfg.use_reference), critic_forwards=int(ppo),
-            actor_update_epochs=cfg.actor.micro_batch.epochs, critic_update_epochs=cfg.critic.micro_batch.epochs * ppo,
+            step.batch, forwards=1 + int(cfg.use_reference), critic_forwards=critics + scorers,
+            actor_update_epochs=cfg.actor.micro_batch.epochs,
+            critic_update_epochs=cfg.critic.micro_batch.epochs * critics,
         )
         metrics.update(throughput_metrics(step.batch, metrics["timing_s/step"], self.ctx.layout.world_size, flops,
                                           self.flop_model))
@@ -155,41 +217,77 @@ class RLTrainer:
         if ctx.val_batch is None:
             return {}
         start = time.perf_counter()
-        metrics = evaluate(self.roles.actor, ctx.val_batch, ctx.reward, ctx.layout.rollout_groups)
+        metrics = evaluate(self.roles.actor, ctx.val_batch, ctx.reward, ctx.layout.rollout_groups,
+                           self.config.trainer.validation)
         metrics["timing_s/eval"] = time.perf_counter() - start
         return metrics
 
     def _held_out_accuracy(self) -> float | None:
-        """Evaluate, log (phase "eval") and print; the accuracy, or None without held-out prompts."""
+        """Evaluate and log (phase "eval": the loggers print and store it); the accuracy,
+        or None without held-out prompts."""
         metrics = self._val_metrics()
         if not metrics:
             return None
         self.ctx.log.write("eval", self.global_step, metrics)
-        self.ctx.display.message(
-            f"step {self.global_step}: held-out accuracy (greedy) {metrics['val/accuracy']:.1%} "
-            f"on {int(metrics['val/samples'])} prompts"
-        )
         return metrics["val/accuracy"]
 
+    def _plot(self) -> None:
+        """Plots of the run so far into <run>/plots (they are drawn from metrics.jsonl)."""
+        if "jsonl" in self.config.trainer.loggers:
+            plot_run(self.run_dir)
+
     def save_checkpoint(self) -> Path:
-        """Actor (and critic) checkpoints plus the loop's own state under <run>/checkpoints."""
-        root = self.run_dir / "checkpoints"
-        for name, group in self.groups.items():
-            group.save_checkpoint(str(root / name))
-        state = {"global_step": self.global_step, "algorithm": self.state.state_dict()}
-        (root / "trainer_state.json").write_text(json.dumps(state))
-        return root
+        """Checkpoint the current step into <run>/checkpoints/global_step_<N> (every role's
+        engine and worker state, the data position, the algorithm state, the controller's
+        RNG), atomically, then keep the newest trainer.keep_last_checkpoints."""
+        tmp = begin_checkpoint(self.run_dir, self.global_step)
+        trained = self._trained_groups()
+        for name, group in trained.items():
+            group.write_checkpoint(str(tmp / name))
+        state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
+                 "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
+                 "rng": controller_rng_state()}
+        return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
+
+    def _load_checkpoint(self, checkpoint: Path) -> None:
+        """Restore what `save_checkpoint` wrote (after the workers, loader and state exist)."""
+        state = read_trainer_state(checkpoint)
+        trained = self._trained_groups()
+        if sorted(state["roles"]) != sorted(trained):
+            raise ValueError(f"checkpoint {str(checkpoint)!r} holds roles {state['roles']}, this run trains "
+                             f"{sorted(trained)}; resume with the algorithm the checkpoint was written with")
+        for name, group in trained.items():
+            group.load_checkpoint(str(role_checkpoint_path(checkpoint, name)))
+        self.loader.load_state_dict(state["loader"])
+        self.state.load_state_dict(state["algorithm"])
+        set_controller_rng_state(state["rng"])  # last: building the workers drew from it
+
+    def _trained_groups(self) -> dict[str, WorkerGroup]:
+        # The roles RL trains; frozen scorers (reward_model, cost_model) are loaded from
+        # their paths again on resume.
+        return {name: group for name, group in self.groups.items() if name in TRAINED_ROLES}
+
+    def _accuracy_before(self) -> float | None:
+        """The held-out accuracy at the start of this `train` call; right after a resume,
+        the run's own step-0 evaluation from metrics.jsonl (not evaluated again)."""
+        if self.resumed_from is not None and self.global_step == checkpoint_step(self.resumed_from):
+            return logged_accuracy(self.run_dir, step=0)
+        return self._held_out_accuracy() if self.config.trainer.val_before_train else None
 
     def _report(self, result: TrainResult) -> None:
-        display = self.ctx.display
+        display, trainer = self.ctx.display, self.config.trainer
         if result.accuracy_before is not None and result.accuracy_after is not None:
             gain = 100 * (result.accuracy_after - result.accuracy_before)
+            how = "sampled" if trainer.validation.do_sample else "greedy"
             display.message(
-                f"[bold]held-out accuracy (greedy): {result.accuracy_before:.1%} before RL -> "
+                f"[bold]held-out accuracy ({how}): {result.accuracy_before:.1%} before RL -> "
                 f"{result.accuracy_after:.1%} after RL ({gain:+.1f} points)[/bold]"
             )
-        display.message(f"run saved to [bold]{result.run_dir}[/bold] (config.yaml, metrics.jsonl"
-                        f"{', final_model/' if self.config.trainer.save_final_model else ''})")
+        saved = [name for name, present in (
+            ("config.yaml", True), ("metrics.jsonl", "jsonl" in trainer.loggers), ("plots/", "jsonl" in trainer.loggers),
+            ("tensorboard/", "tensorboard" in trainer.loggers), ("final_model/", trainer.save_final_model),
+        ) if present]
+        display.message(f"run saved to [bold]{result.run_dir}[/bold] ({', '.join(saved)})")
 
 
 def _flop_model(cfg: RunConfig, model_path: str) -> FlopModel:

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from hybridflow.algorithms import PolicyLossConfig
+from hybridflow.config import ConfigError
 from hybridflow.config.schema import Layout, RunConfig, resolve_run_config, validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
 from hybridflow.data import (
@@ -27,16 +28,22 @@ from hybridflow.data import (
     make_builtin_model_dir,
     rl_records,
 )
+from hybridflow.engines.models import load_hf_config
+from hybridflow.engines.pretrained import pretrained_model_dir
 from hybridflow.engines.train.config import ActorLossConfig, MicroBatchConfig
 from hybridflow.protocol import DataProto
+from hybridflow.trainer.checkpointing import reopen_run_dir
 from hybridflow.trainer.display import RunDisplay
-from hybridflow.trainer.run_dir import MetricsLog, create_run_dir
+from hybridflow.trainer.loggers import RunLoggers, build_loggers
+from hybridflow.trainer.run_dir import create_run_dir
 from hybridflow.workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
     CriticWorker,
     CriticWorkerConfig,
     PlacementSpec,
+    RewardModelWorker,
+    RewardModelWorkerConfig,
     build_role_groups,
     shutdown_role_groups,
 )
@@ -49,23 +56,26 @@ class RunContext:
     cfg: RunConfig
     layout: Layout
     run_dir: Path
-    log: MetricsLog
+    log: RunLoggers  # every logger of trainer.loggers behind one write()
     display: RunDisplay
     model_path: str
     tokenizer: Any
     val_batch: DataProto | None
     reward: Any  # RewardManager
     ray_started: bool
+    cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
 
     @classmethod
-    def open(cls, cfg: RunConfig) -> RunContext:
+    def open(cls, cfg: RunConfig, resume_from: Path | None = None) -> RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
-        stand for a value), the one saved in the run directory."""
+        stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
+        directory; the run continues in its run directory instead of a new one."""
         validate_run_config(cfg)  # before anything starts
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
-        run_dir = create_run_dir(cfg)
-        display = RunDisplay(cfg.trainer.console)
+        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        # Without the "console" logger nothing is printed (trainer.console picks the style).
+        display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
         display.message(f"run directory: [bold]{run_dir}[/bold]")
         model_path = prepare_model(cfg, run_dir)
         tokenizer = load_tokenizer(model_path)
@@ -73,24 +83,31 @@ class RunContext:
         reward = build_reward_manager(cfg, tokenizer)
         try:
             ray_started = start_ray(cfg, layout)
+            log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
             raise
-        return cls(cfg, layout, run_dir, MetricsLog(run_dir / "metrics.jsonl"), display, model_path, tokenizer,
-                   val_batch, reward, ray_started)
+        return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_started)
 
     def close(self) -> None:
         self.display.stop()
         self.reward.close()
+        if self.cost is not None:
+            self.cost.close()
         self.log.close()
         if self.ray_started and ray.is_initialized():
             ray.shutdown()
 
 
 def prepare_model(cfg: RunConfig, run_dir: Path) -> str:
-    """model.path, or the built-in tiny model written into <run>/model."""
+    """model.path, model.pretrained (converted once into the cache, see engines/pretrained.py),
+    or the built-in tiny model written into <run>/model (kept when a resumed run finds it there)."""
     if cfg.model.path is not None:
         return cfg.model.path
+    if cfg.model.pretrained is not None:
+        return str(pretrained_model_dir(cfg.model.pretrained))
+    if (run_dir / "model" / "config.json").is_file():
+        return str(run_dir / "model")
     sizes = dataclasses.asdict(cfg.model.builtin)
     family = sizes.pop("family")
     return str(make_builtin_model_dir(run_dir / "model", family=family, seed=cfg.seed, **sizes))
@@ -118,15 +135,38 @@ def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
 
 
+def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The rule-based cost function of safe_rlhf scored like a reward function (reward.manager
+    settings), or None without cost_model.custom_fn_path."""
+    from hybridflow.rewards import RewardManager, load_reward_fn
+
+    if cfg.cost_model.custom_fn_path is None:
+        return None
+    fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name)
+    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
+
+
 def train_prompts(cfg: RunConfig, tokenizer: Any) -> RLPromptDataset:
+    """The training prompts; how many were over data.prompt.max_prompt_length goes to the console."""
     if cfg.data.train_files:
-        return RLPromptDataset(cfg.data.train_files, tokenizer, cfg.data.prompt)
-    task = cfg.data.builtin
-    return RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "train", task.num_train))
+        ds = RLPromptDataset(cfg.data.train_files, tokenizer, cfg.data.prompt)
+    else:
+        task = cfg.data.builtin
+        ds = RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "train", task.num_train))
+    stats = ds.stats
+    # The same console rule as RunContext.open (rl_trainer calls this without the context).
+    RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none").message(
+        f"train prompts: {stats['kept']} of {stats['rows']} kept; longer than max_prompt_length="
+        f"{cfg.data.prompt.max_prompt_length} tokens: {stats['filtered_overlong']} filtered, "
+        f"{stats['truncated']} truncated"
+    )
+    return ds
 
 
 def val_prompts(cfg: RunConfig, tokenizer: Any) -> DataProto | None:
-    """The held-out prompts as one batch (None: nothing to evaluate on)."""
+    """The held-out prompts as one batch (None: nothing to evaluate on): data.val_files
+    (verl columns; data_source picks the scorer and the val/<data_source>/* metrics), or
+    the built-in task's held-out split."""
     if cfg.data.val_files:
         ds = RLPromptDataset(cfg.data.val_files, tokenizer, cfg.data.prompt)
     elif not cfg.data.train_files:
@@ -134,7 +174,12 @@ def val_prompts(cfg: RunConfig, tokenizer: Any) -> DataProto | None:
         ds = RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "test", task.num_val))
     else:
         return None
-    count = len(ds) if cfg.data.max_val_samples is None else min(len(ds), cfg.data.max_val_samples)
+    return first_prompts(ds, cfg.data.max_val_samples)
+
+
+def first_prompts(ds: RLPromptDataset, limit: int | None) -> DataProto:
+    """The first `limit` prompts of `ds` (all with None) as one batch, in file order."""
+    count = len(ds) if limit is None else min(len(ds), limit)
     return ds.collate([ds[i] for i in range(count)])
 
 
@@ -174,12 +219,18 @@ def critic_config(cfg: RunConfig, policy_path: str) -> CriticWorkerConfig:
     return CriticWorkerConfig(engine=cfg.critic.engine_config(path, cfg.seed), loss=cfg.critic.loss)
 
 
+CRITIC_ROLES = ("critic", "cost_critic")
+
+
 def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec:
+    """Split placement puts the critics on the critic ranks, every other role (reward and
+    cost models too) on the actor's."""
     use_gpu = cfg.resources.use_gpu
     if cfg.resources.placement == "split" and "critic" in roles:
         return PlacementSpec(
             pools={"actor_pool": [layout.actor_ranks], "critic_pool": [layout.critic_ranks]},
-            mapping={"actor": "actor_pool", "critic": "critic_pool"}, use_gpu=use_gpu,
+            mapping={role: "critic_pool" if role in CRITIC_ROLES else "actor_pool" for role in roles},
+            use_gpu=use_gpu,
         )
     return PlacementSpec.colocated([layout.world_size], use_gpu=use_gpu)
 
@@ -197,7 +248,28 @@ def build_groups(cfg: RunConfig, layout: Layout, roles: dict[str, RoleSpec]) -> 
 
 
 def rl_roles(cfg: RunConfig, model_path: str) -> dict[str, RoleSpec]:
+    """The worker roles of cfg.algorithm: the actor; critic (and cost_critic, same settings,
+    for safe_rlhf); reward_model and cost_model where their path is set."""
     roles = {"actor": RoleSpec(ActorRolloutRefWorker, (actor_config(cfg, model_path),))}
     if cfg.use_critic:
         roles["critic"] = RoleSpec(CriticWorker, (critic_config(cfg, model_path),))
+    if cfg.algorithm.name == "safe_rlhf":
+        roles["cost_critic"] = RoleSpec(CriticWorker, (critic_config(cfg, model_path),))
+    for key in ("reward_model", "cost_model"):
+        section = getattr(cfg, key)
+        if section.path is not None:
+            roles[key] = RoleSpec(RewardModelWorker, (score_model_config(cfg, key, model_path),))
     return roles
+
+
+def score_model_config(cfg: RunConfig, key: str, policy_path: str) -> RewardModelWorkerConfig:
+    """The worker config of `cfg.<key>` (reward_model or cost_model), checked against the
+    policy: the scorer reads the policy's token ids, so its vocabulary must cover them."""
+    section = getattr(cfg, key)
+    scorer, policy = load_hf_config(section.path), load_hf_config(policy_path)
+    if scorer.vocab_size < policy.vocab_size:
+        raise ConfigError(
+            f"{key}.path={section.path!r} has a vocabulary of {scorer.vocab_size} tokens but the policy "
+            f"({policy_path}) has {policy.vocab_size}: a scoring model must share the policy's tokenizer"
+        )
+    return RewardModelWorkerConfig(engine=section.engine_config(section.path, cfg.seed))

@@ -1,0 +1,142 @@
+"""The algorithm table without workers: every name has a program, a spec and docs; presets
+and invalid combinations; DAPO's dynamic-sampling loop on real DataProtos; the algorithm
+state (Lagrange multiplier) round trip. No Ray here."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.config import ConfigError
+from hybridflow.config.schema import ALGORITHM_SPECS, load_run_config
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.algorithms import ALGORITHMS, build_algo_state
+from hybridflow.trainer.phases import Step, sample_informative_groups
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
+
+
+def test_every_algorithm_name_has_a_program_a_spec_and_docs():
+    assert set(ALGORITHMS) == set(ALGORITHM_SPECS)
+    text = DOC.read_text()
+    assert not [name for name in ALGORITHMS if f"`{name}`" not in text]
+    for key in ("algorithm.name", "algorithm.dapo.filter_groups.max_extra_rounds", "algorithm.dapo.overlong_buffer.len",
+                "algorithm.safe_rlhf.{lambda_init", "reward_model.path", "reward_model.add_rule_reward",
+                "cost_model.path", "cost_model.custom_fn_path", "actor.loss.policy.loss_mode"):
+        assert key in text, key
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHM_SPECS))
+def test_every_algorithm_validates_with_its_defaults(name, tmp_path):
+    extra = [f"cost_model.custom_fn_path={tmp_path / 'cost.py'}"] if name == "safe_rlhf" else []
+    cfg = load_run_config(None, [f"algorithm.name={name}", *extra])
+    assert cfg.algorithm.estimator == ALGORITHM_SPECS[name].estimators[0]
+    assert cfg.use_critic == ALGORITHM_SPECS[name].critic
+
+
+def test_presets_fill_only_what_the_user_left_unset(tmp_path):
+    assert load_run_config(None, ["algorithm.name=dapo"]).actor.loss.policy.clip_ratio_high == 0.28
+    assert load_run_config(None, ["algorithm.name=dapo",
+                                  "actor.loss.policy.clip_ratio_high=0.3"]).actor.loss.policy.clip_ratio_high == 0.3
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("algorithm:\n  name: dapo\nactor:\n  loss:\n    policy:\n      clip_ratio_high: 0.35\n")
+    assert load_run_config(config_file).actor.loss.policy.clip_ratio_high == 0.35
+    assert load_run_config(None, []).actor.loss.policy.clip_ratio_high == 0.2  # grpo: no preset
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.name=drgrpo", "actor.loss.policy.loss_agg_mode=token-mean"],
+     r"drgrpo is defined by actor.loss.policy.loss_agg_mode=\"seq-mean-token-sum-norm\""),
+    (["algorithm.name=drgrpo", "algorithm.norm_adv_by_std_in_grpo=true"], r"norm_adv_by_std_in_grpo=false"),
+    (["algorithm.name=dapo", "actor.loss.policy.loss_agg_mode=seq-mean-token-mean"], r"dapo is defined by"),
+    (["algorithm.name=dapo", "actor.loss.policy.clip_ratio_high=0.1"], r"clip_ratio_high=0.1 must be > clip_ratio_low"),
+    (["algorithm.name=dapo", "algorithm.dapo.overlong_buffer.len=7"], r"overlong_buffer.len=7 exceeds rollout"),
+    (["algorithm.name=remax", "algorithm.adv_estimator=rloo"], r"remax uses adv_estimator=remax.*algorithm.name=rloo"),
+    (["algorithm.name=rloo", "rollout.n=1"], r"rloo compares the samples .* rollout.n >= 2"),
+    (["algorithm.name=safe_rlhf"], r"safe_rlhf needs a cost"),
+    (["algorithm.dapo.filter_groups.max_extra_rounds=2"], r"algorithm.dapo.\* is read only by algorithm.name=dapo"),
+    (["cost_model.path=/x"], r"read only by algorithm.name=safe_rlhf"),
+    (["algorithm.name=safe_rlhf", "cost_model.custom_fn_path=c.py", "algorithm.safe_rlhf.lambda_init=0"],
+     r"init must be > 0"),
+    (["resources.world_size=2", "reward_model.path=/rm", "reward_model.tp_size=4"], r"reward_model.tp_size=4"),
+])
+def test_invalid_combinations_are_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(None, overrides)
+
+
+# ----------------------------------------------------------------------------- dynamic sampling
+
+
+def _round(prompts: DataProto, n: int, scores_of_prompt: dict[int, list[float]], round_: int) -> DataProto:
+    """What generate + compute_reward give for `prompts`: n samples per prompt, the prompt
+    width of this batch, the given scores on the last response token."""
+    rows, width, resp = len(prompts), prompts.batch["input_ids"].shape[1], 3
+    index = np.repeat(prompts.non_tensor_batch["index"], n)
+    scores = torch.zeros(rows * n, resp)
+    scores[:, -1] = torch.tensor([s for i in prompts.non_tensor_batch["index"] for s in scores_of_prompt[i]])
+    return DataProto.from_dict(
+        tensors={"prompts": torch.ones(rows * n, width, dtype=torch.long),
+                 "input_ids": torch.ones(rows * n, width + resp, dtype=torch.long),
+                 "attention_mask": torch.ones(rows * n, width + resp, dtype=torch.long),
+                 "position_ids": torch.arange(width + resp).repeat(rows * n, 1),
+                 "responses": torch.ones(rows * n, resp, dtype=torch.long),
+                 "response_mask": torch.ones(rows * n, resp), "token_level_scores": scores},
+        non_tensors={"uid": [f"{round_}-{i}" for i in index], "index": index.tolist()},
+    )
+
+
+def _prompts(indices: list[int], width: int) -> DataProto:
+    return DataProto.from_dict(tensors={"input_ids": torch.ones(len(indices), width, dtype=torch.long)},
+                               non_tensors={"index": indices})
+
+
+def _run_sampling(scores: dict[int, list[float]], groups: int, max_extra_rounds: int, unit: int = 1) -> Step:
+    batches = iter([_prompts([4, 5, 6, 7], 7), _prompts([8, 9, 10, 11], 3), _prompts([12, 13, 14, 15], 5)])
+    step = Step(1, _prompts([0, 1, 2, 3], 5), more_prompts=lambda: next(batches))
+
+    def sample_round(part: Step, round_: int) -> None:
+        part.batch = _round(part.batch, 2, scores, round_)
+
+    sample_informative_groups(step, sample_round, groups, max_extra_rounds, unit)
+    return step
+
+
+def test_dynamic_sampling_keeps_generating_until_the_batch_is_full():
+    # Informative (scores differ): prompts 1, 4, 5, 9, 10, 13; the rest are all-equal groups.
+    informative = {1, 4, 5, 9, 10, 13}
+    scores = {i: [0.0, 1.0] if i in informative else [0.5, 0.5] for i in range(16)}
+    step = _run_sampling(scores, groups=4, max_extra_rounds=8)
+    kept = step.batch.non_tensor_batch["index"]
+    assert kept.tolist() == [1, 1, 4, 4, 5, 5, 9, 9]  # exactly 4 groups, the first found, in order
+    assert step.batch.batch["input_ids"].shape[1] == 7 + 3  # prompts of all rounds padded to the widest
+    m = step.metrics
+    assert (m["dapo/rounds"], m["dapo/generated_groups"], m["dapo/kept_groups"], m["dapo/trained_groups"],
+            m["dapo/cap_hit"]) == (3, 12, 5, 4, 0)
+
+
+def test_dynamic_sampling_cap_trains_on_whole_mini_batches_or_fails_when_nothing_is_kept():
+    scores = {i: [0.0, 1.0] if i in (1, 4, 5) else [0.5, 0.5] for i in range(16)}
+    step = _run_sampling(scores, groups=4, max_extra_rounds=1, unit=2)  # 3 found, cut to 2
+    assert step.batch.non_tensor_batch["index"].tolist() == [1, 1, 4, 4]
+    assert step.metrics["dapo/cap_hit"] == 1 and step.metrics["dapo/rounds"] == 2
+    uniform = {i: [0.5, 0.5] for i in range(16)}
+    with pytest.raises(RuntimeError, match="kept 0 groups .* in 2 rounds .*max_extra_rounds"):
+        _run_sampling(uniform, groups=4, max_extra_rounds=1)
+
+
+def test_algorithm_state_saves_the_lagrange_multiplier(tmp_path):
+    cfg = load_run_config(None, ["algorithm.name=safe_rlhf", f"cost_model.custom_fn_path={tmp_path / 'c.py'}",
+                                 "algorithm.safe_rlhf.cost_limit=0.5"])
+    state = build_algo_state(cfg)
+    state.lagrange.update(2.0)
+    restored = build_algo_state(cfg)
+    restored.load_state_dict(state.state_dict())
+    assert restored.lagrange.value == state.lagrange.value > 1.0
+    assert math.isclose(restored.lagrange.value, math.exp(0.1 * 1.5))
+    with pytest.raises(ValueError, match="Lagrange multiplier"):
+        build_algo_state(load_run_config(None, [])).load_state_dict(state.state_dict())
