@@ -3,7 +3,7 @@
     cfg = load_run_config("examples/grpo_arithmetic.yaml", ["actor.optim.lr=1e-4"])
     cfg = RunConfig()                     # the built-in default: arithmetic, tiny model, GRPO
 
-Sections (each a dataclass; every default lives here, once):
+Sections (each a dataclass; every default lives here once, the algorithm's in algorithm.py):
 
     name, seed                  run name (run dir `<trainer.output_dir>/<name>-<timestamp>`); seed of
                                 model init, data order, warm-start data and engines (sampling
@@ -23,9 +23,9 @@ Sections (each a dataclass; every default lives here, once):
     reward_model, cost_model    learned scorers (HF sequence classifiers); the cost of safe_rlhf
     sft                         supervised warm start (steps, data, optimizer)
 
-`validate_run_config(cfg)` checks what single sections cannot: sizes against each other
-and against the world size (batch vs dp x micro-batch, n samples, tensor-parallel sizes,
-placement). It runs before any worker starts; its errors say which keys to change.
+`validate_run_config(cfg)` (validation.py) checks what single sections cannot: sizes against
+each other and against the world size, and the algorithm against what it implies. It runs
+before any worker starts (load_run_config calls it); its errors say which keys to change.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from typing import Literal
 
 import yaml
 
-from hybridflow.algorithms import AdvantageConfig, LagrangeMultiplier, get_adv_estimator, get_kl_estimator
-from hybridflow.config.loader import ConfigError, load_config
+from hybridflow.config.algorithm import ALGORITHM_SPECS, AlgorithmSection, AlgorithmSpec, overlong_buffer_len
+from hybridflow.config.loader import load_config
+from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.rl_dataset import PromptDataConfig
 from hybridflow.data.sft_dataset import SFTDataConfig
@@ -58,58 +59,6 @@ from hybridflow.engines.train.config import (
 )
 from hybridflow.rewards.manager import RewardConfig
 from hybridflow.workers.config import RolloutWorkerConfig
-
-# Critic-free estimators that need several samples per prompt (a group baseline).
-GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
-
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """What an `algorithm.name` implies (one row of ALGORITHM_SPECS).
-
-    estimators: the adv_estimator values it accepts; the first is its default (null).
-    critic: trains a value model (and, for safe_rlhf, a second one for the costs).
-    min_samples: rollout.n at least (group baselines compare the samples of a prompt).
-    presets: dotted config keys and the values the name sets, unless the YAML file or an
-        override sets that key itself (`load_run_config`).
-    required: preset keys the algorithm is defined by; another value is a ConfigError.
-    """
-
-    estimators: tuple[str, ...]
-    critic: bool = False
-    min_samples: int = 1
-    presets: tuple[tuple[str, object], ...] = ()
-    required: tuple[str, ...] = ()
-
-
-# Every step program of hybridflow/trainer/algorithms.py and what it implies (docs/algorithms.md).
-ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec(GROUP_ESTIMATORS, min_samples=2),
-    "ppo": AlgorithmSpec(("gae",), critic=True),
-    "remax": AlgorithmSpec(("remax",)),
-    "rloo": AlgorithmSpec(("rloo",), min_samples=2),
-    "reinforce_plus_plus": AlgorithmSpec(("reinforce_plus_plus",)),
-    "reinforce_plus_plus_baseline": AlgorithmSpec(("reinforce_plus_plus_baseline",), min_samples=2),
-    # Dr.GRPO (Liu et al. 2025): group-centred rewards without the std, length-unbiased loss.
-    "drgrpo": AlgorithmSpec(
-        ("grpo",), min_samples=2,
-        presets=(("algorithm.norm_adv_by_std_in_grpo", False),
-                 ("actor.loss.policy.loss_agg_mode", "seq-mean-token-sum-norm")),
-        required=("algorithm.norm_adv_by_std_in_grpo", "actor.loss.policy.loss_agg_mode"),
-    ),
-    # DAPO (Yu et al. 2025): token-level loss and clip-higher (paper: eps_high 0.28).
-    "dapo": AlgorithmSpec(
-        GROUP_ESTIMATORS, min_samples=2,
-        presets=(("actor.loss.policy.loss_agg_mode", "token-mean"), ("actor.loss.policy.clip_ratio_high", 0.28)),
-        required=("actor.loss.policy.loss_agg_mode",),
-    ),
-    "safe_rlhf": AlgorithmSpec(("gae",), critic=True),
-}
-AlgorithmName = Literal["grpo", "ppo", "remax", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                        "drgrpo", "dapo", "safe_rlhf"]
-# The estimator each algorithm uses when algorithm.adv_estimator is null.
-STANDARD_ESTIMATOR = {name: spec.estimators[0] for name, spec in ALGORITHM_SPECS.items()}
-
 
 # trainer.loggers: where metrics go (hybridflow/trainer/loggers.py).
 LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
@@ -306,131 +255,6 @@ class DataSection:
             raise ValueError(f"train_batch_size must be >= 1, got {self.train_batch_size}")
         if self.val_files and not self.train_files:
             raise ValueError("val_files is set but train_files is empty (the built-in task); set both or neither")
-
-
-@dataclass
-class KLControlSection:
-    """Coefficient of the KL penalty in the reward: "fixed" or "adaptive" (Ziegler et al.)."""
-
-    type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
-
-
-@dataclass
-class DynamicSamplingSection:
-    """DAPO dynamic sampling: drop the groups whose rewards are all equal (no signal) and
-    generate more prompts until data.train_batch_size groups are kept.
-
-    max_extra_rounds: generation rounds after the first, at most, per step; when they are
-        spent, the step trains on the groups kept so far (cut to whole actor mini-batches;
-        metric dapo/cap_hit), or fails if that is none.
-    """
-
-    enable: bool = True
-    max_extra_rounds: int = 8
-
-    def __post_init__(self) -> None:
-        if self.max_extra_rounds < 0:
-            raise ValueError(f"max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
-
-
-@dataclass
-class OverlongBufferSection:
-    """DAPO overlong reward shaping: responses longer than rollout.response_length - len lose
-    up to penalty_factor, linearly over the last `len` tokens. len null: a quarter of
-    rollout.response_length (at least 1)."""
-
-    enable: bool = True
-    len: int | None = None
-    penalty_factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.len is not None and self.len < 1:
-            raise ValueError(f"len must be >= 1 (tokens) or null, got {self.len}")
-        if not self.penalty_factor >= 0:
-            raise ValueError(f"penalty_factor must be >= 0, got {self.penalty_factor}")
-
-
-@dataclass
-class DAPOSection:
-    """algorithm.name=dapo only: dynamic sampling and overlong shaping."""
-
-    filter_groups: DynamicSamplingSection = field(default_factory=DynamicSamplingSection)
-    overlong_buffer: OverlongBufferSection = field(default_factory=OverlongBufferSection)
-
-
-@dataclass
-class SafeRLHFSection:
-    """algorithm.name=safe_rlhf only: the Lagrange multiplier lambda of E[cost] <= cost_limit.
-
-    Each step: ln lambda += lambda_lr * lambda * (mean episode cost - cost_limit), capped at
-    lambda_max (null: no cap); the policy follows (A_reward - lambda A_cost) / (1 + lambda).
-    """
-
-    lambda_init: float = 1.0
-    lambda_lr: float = 0.1
-    cost_limit: float = 0.0
-    lambda_max: float | None = None
-
-    def __post_init__(self) -> None:
-        LagrangeMultiplier(self.lambda_init, self.lambda_lr, self.cost_limit, self.lambda_max)  # raises if invalid
-
-
-@dataclass
-class AlgorithmSection:
-    """Which step program runs and its advantage / KL settings (docs/algorithms.md).
-
-    name: one of ALGORITHM_SPECS (grpo, ppo, remax, rloo, reinforce_plus_plus,
-        reinforce_plus_plus_baseline, drgrpo, dapo, safe_rlhf); the name also sets the
-        defaults in its presets (e.g. drgrpo: no std normalisation, seq-mean-token-sum-norm).
-    adv_estimator: null = the algorithm's own; grpo and dapo also accept the other group
-        estimators (rloo, opo, ...).
-    use_kl_in_reward / kl_penalty / kl_ctrl: r_t = score_t - beta * KL_t (needs the
-        reference policy). KL as a loss instead is actor.loss.use_kl_loss.
-    dapo / safe_rlhf: settings read only by those two algorithms.
-    """
-
-    name: AlgorithmName = "grpo"
-    adv_estimator: str | None = None
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    whiten_gae_advantages: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "k1"
-    kl_ctrl: KLControlSection = field(default_factory=KLControlSection)
-    dapo: DAPOSection = field(default_factory=DAPOSection)
-    safe_rlhf: SafeRLHFSection = field(default_factory=SafeRLHFSection)
-
-    def __post_init__(self) -> None:
-        estimator = self.estimator
-        get_adv_estimator(estimator)  # unknown names raise, listing the known ones
-        spec = ALGORITHM_SPECS[self.name]
-        if estimator not in spec.estimators:
-            if spec.critic:
-                hint = f"algorithm.name={self.name} trains a critic and uses adv_estimator=gae"
-            elif spec.estimators == GROUP_ESTIMATORS:
-                hint = (f"algorithm.name={self.name} is critic-free and needs a group estimator "
-                        f"{list(GROUP_ESTIMATORS)}")
-            else:
-                hint = f"algorithm.name={self.name} uses adv_estimator={spec.estimators[0]} (leave it null)"
-            owners = [n for n, s in ALGORITHM_SPECS.items() if s.estimators[0] == estimator]  # table order
-            raise ValueError(f"{hint}, got {estimator!r}" + (f"; for {estimator} use algorithm.name={owners[0]}"
-                                                             if owners else ""))
-        if self.use_kl_in_reward:
-            get_kl_estimator(self.kl_penalty)
-
-    @property
-    def estimator(self) -> str:
-        return self.adv_estimator if self.adv_estimator is not None else STANDARD_ESTIMATOR[self.name]
-
-    def advantage_config(self) -> AdvantageConfig:
-        return AdvantageConfig(
-            gamma=self.gamma, lam=self.lam, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo,
-            whiten_gae_advantages=self.whiten_gae_advantages,
-        )
 
 
 @dataclass
@@ -634,161 +458,3 @@ def resolve_run_config(cfg: RunConfig) -> RunConfig:
         resources=dataclasses.replace(cfg.resources, world_size=cfg.resources.resolved_world_size()),
         algorithm=dataclasses.replace(alg, adv_estimator=alg.estimator, dapo=dapo),
     )
-
-
-def overlong_buffer_len(cfg: RunConfig) -> int:
-    """algorithm.dapo.overlong_buffer.len, or a quarter of rollout.response_length when null."""
-    buffer = cfg.algorithm.dapo.overlong_buffer.len
-    return buffer if buffer is not None else max(1, cfg.rollout.response_length // 4)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Ranks of each role and the sizes derived from them (what validation checked)."""
-
-    world_size: int
-    actor_ranks: int
-    critic_ranks: int
-    actor_dp: int
-    critic_dp: int
-    rollout_groups: int
-    sequences_per_step: int
-
-
-def validate_run_config(cfg: RunConfig) -> Layout:
-    """Cross-section checks; raises ConfigError naming the keys to change."""
-    world = cfg.resources.resolved_world_size()
-    if cfg.resources.placement == "split":
-        if not cfg.use_critic:
-            raise ConfigError(
-                "resources.placement=split puts the critic on its own ranks, but algorithm.name="
-                f"{cfg.algorithm.name} has no critic; use placement=colocated or algorithm.name=ppo"
-            )
-        if not 0 < cfg.resources.critic_ranks < world:
-            raise ConfigError(
-                f"resources.critic_ranks={cfg.resources.critic_ranks} must leave the actor at least one of the "
-                f"resources.world_size={world} ranks (split placement: actor ranks = world_size - critic_ranks)"
-            )
-        actor_ranks, critic_ranks = world - cfg.resources.critic_ranks, cfg.resources.critic_ranks
-    else:
-        actor_ranks = critic_ranks = world
-    if cfg.use_critic and cfg.critic.lora.enabled:
-        raise ConfigError("critic.lora.rank must be 0: LoRA is supported for the actor only")
-
-    n = cfg.rollout.n
-    _check_algorithm(cfg)
-    prompts = cfg.data.train_batch_size
-    sequences = prompts * n
-    actor_dp = _engine_dp(cfg.actor, actor_ranks, cfg.resources.use_gpu, "actor")
-    tp_gen = cfg.rollout.tensor_model_parallel_size
-    if actor_ranks % tp_gen:
-        raise ConfigError(
-            f"rollout.tensor_model_parallel_size={tp_gen} does not divide the actor's {actor_ranks} ranks"
-        )
-    groups = actor_ranks // tp_gen
-    if prompts % groups:
-        raise ConfigError(
-            f"data.train_batch_size={prompts} prompts cannot be shared by the {groups} generation groups "
-            f"(actor ranks {actor_ranks} / rollout.tensor_model_parallel_size {tp_gen}); make it a multiple of {groups}"
-        )
-    _check_update_batch("actor", cfg.actor.micro_batch, sequences, prompts, n, actor_dp)
-    critic_dp = 0
-    if cfg.use_critic:
-        critic_dp = _engine_dp(cfg.critic, critic_ranks, cfg.resources.use_gpu, "critic")
-        _check_update_batch("critic", cfg.critic.micro_batch, sequences, prompts, n, critic_dp)
-    for key in ("reward_model", "cost_model"):
-        section = getattr(cfg, key)
-        if section.path is not None:
-            _engine_dp(section, actor_ranks, cfg.resources.use_gpu, key)
-            if section.lora.enabled:
-                raise ConfigError(f"{key}.lora.rank must be 0: the {key} is frozen")
-    if cfg.sft.steps:
-        if cfg.data.train_files and not cfg.sft.files:
-            raise ConfigError(
-                f"sft.steps={cfg.sft.steps} asks for a warm start on your data (data.train_files is set) but "
-                "sft.files is empty; give the prompt/response pairs in sft.files, or set sft.steps=0"
-            )
-        if cfg.sft.batch_size % (actor_dp * cfg.sft.micro_batch_size_per_device):
-            raise ConfigError(
-                f"sft.batch_size={cfg.sft.batch_size} is not a multiple of the actor's dp {actor_dp} x "
-                f"sft.micro_batch_size_per_device {cfg.sft.micro_batch_size_per_device}"
-            )
-    max_len = cfg.data.prompt.max_prompt_length + cfg.rollout.response_length
-    if cfg.model.uses_builtin and max_len > cfg.model.builtin.max_position_embeddings:
-        raise ConfigError(
-            f"data.prompt.max_prompt_length + rollout.response_length = {max_len} exceeds the built-in model's "
-            f"model.builtin.max_position_embeddings={cfg.model.builtin.max_position_embeddings}"
-        )
-    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences)
-
-
-def _check_algorithm(cfg: RunConfig) -> None:
-    """algorithm.name against the settings it implies (ALGORITHM_SPECS) and reads."""
-    alg = cfg.algorithm
-    spec = ALGORITHM_SPECS[alg.name]
-    if cfg.rollout.n < spec.min_samples:
-        raise ConfigError(
-            f"rollout.n={cfg.rollout.n}: algorithm.name={alg.name} compares the samples of one prompt with each "
-            f"other and needs rollout.n >= {spec.min_samples}"
-        )
-    presets = dict(spec.presets)
-    for key in spec.required:
-        value = _config_value(cfg, key)
-        if value != presets[key]:
-            raise ConfigError(
-                f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
-                f"remove that setting (the name sets it) or choose another algorithm.name"
-            )
-    defaults = AlgorithmSection()
-    if alg.name != "dapo" and alg.dapo != defaults.dapo:
-        raise ConfigError(f"algorithm.dapo.* is read only by algorithm.name=dapo (this run: {alg.name}); remove it")
-    if alg.name != "safe_rlhf" and (alg.safe_rlhf != defaults.safe_rlhf or cfg.cost_model != CostModelSection()):
-        raise ConfigError(f"algorithm.safe_rlhf.* and cost_model.* are read only by algorithm.name=safe_rlhf "
-                          f"(this run: {alg.name}); remove them")
-    if alg.name == "dapo":
-        policy = cfg.actor.loss.policy
-        if not policy.clip_ratio_high > policy.clip_ratio_low:
-            raise ConfigError(
-                f"algorithm.name=dapo clips higher than lower (clip-higher): actor.loss.policy.clip_ratio_high="
-                f"{policy.clip_ratio_high} must be > clip_ratio_low={policy.clip_ratio_low}"
-            )
-        if alg.dapo.overlong_buffer.enable and overlong_buffer_len(cfg) > cfg.rollout.response_length:
-            raise ConfigError(
-                f"algorithm.dapo.overlong_buffer.len={overlong_buffer_len(cfg)} exceeds rollout.response_length="
-                f"{cfg.rollout.response_length}; the buffer is the last tokens of the allowed length"
-            )
-    if alg.name == "safe_rlhf" and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
-        raise ConfigError("algorithm.name=safe_rlhf needs a cost: set cost_model.path (a cost model directory) "
-                          "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
-
-
-def _config_value(cfg: RunConfig, dotted: str) -> object:
-    value: object = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def _engine_dp(section: EngineSection, ranks: int, use_gpu: bool, role: str) -> int:
-    if ranks % section.tp_size:
-        raise ConfigError(f"{role}.tp_size={section.tp_size} does not divide the {role}'s {ranks} ranks")
-    if (section.param_offload or section.optimizer_offload) and not use_gpu:
-        raise ConfigError(f"{role}.param_offload / optimizer_offload need resources.use_gpu=true; set both to false")
-    return ranks // section.tp_size
-
-
-def _check_update_batch(role: str, mb: MicroBatchConfig, sequences: int, prompts: int, n: int, dp: int) -> None:
-    where = f"data.train_batch_size ({prompts}) x rollout.n ({n}) = {sequences} sequences per step"
-    if sequences % mb.mini_batch_size:
-        raise ConfigError(f"{where} is not a multiple of {role}.micro_batch.mini_batch_size={mb.mini_batch_size}")
-    if mb.mini_batch_size % dp:
-        raise ConfigError(
-            f"{role}.micro_batch.mini_batch_size={mb.mini_batch_size} is not divisible by the {role}'s "
-            f"data-parallel size {dp} (ranks / tp_size); every rank must get the same number of sequences"
-        )
-    per_rank = mb.mini_batch_size // dp
-    if not mb.use_dynamic_bsz and per_rank % mb.micro_batch_size_per_device:
-        raise ConfigError(
-            f"{role}.micro_batch.mini_batch_size / dp = {per_rank} sequences per rank is not a multiple of "
-            f"{role}.micro_batch.micro_batch_size_per_device={mb.micro_batch_size_per_device}"
-        )

@@ -5,7 +5,7 @@ log-probs -> values -> advantages -> critic update -> actor update. The actor's 
 weights reach the generation engine at the start of the next step's generate (weight
 sync by resharding). `ALGORITHMS` maps every `algorithm.name` to its program; what a name
 implies in the config (estimator, presets, checks) is its row of
-`hybridflow.config.schema.ALGORITHM_SPECS`, and docs/algorithms.md lists both.
+`hybridflow.config.algorithm.ALGORITHM_SPECS`, and docs/algorithms.md lists both.
 
 - critic_free: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo; they
   differ only in the estimator and the presets (Dr.GRPO: no std, seq-mean-token-sum-norm).
@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 
 from hybridflow.algorithms import LagrangeMultiplier, build_kl_controller
-from hybridflow.config.schema import RunConfig, overlong_buffer_len
+from hybridflow.config.algorithm import overlong_buffer_len
+from hybridflow.config.schema import RunConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import phases as P
 from hybridflow.trainer.phases import Roles, Step

@@ -25,7 +25,8 @@ from typing import Any
 
 import ray
 
-from hybridflow.config.schema import RunConfig, load_run_config, validate_run_config
+from hybridflow.config.schema import RunConfig, load_run_config
+from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
 from hybridflow.protocol import DataProto

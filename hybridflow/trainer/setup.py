@@ -19,7 +19,8 @@ import ray
 
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
-from hybridflow.config.schema import Layout, RunConfig, resolve_run_config, validate_run_config
+from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.config.validation import Layout, validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
 from hybridflow.data import (
     RLPromptDataset,

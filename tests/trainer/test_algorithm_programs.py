@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from hybridflow.config import ConfigError
-from hybridflow.config.schema import ALGORITHM_SPECS, load_run_config
+from hybridflow.config.algorithm import ALGORITHM_SPECS
+from hybridflow.config.schema import load_run_config
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.algorithms import ALGORITHMS, build_algo_state
 from hybridflow.trainer.phases import Step, sample_informative_groups

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config import ConfigError, load_config
-from hybridflow.config.schema import RunConfig, load_run_config, resolve_run_config, validate_run_config
+from hybridflow.config.schema import RunConfig, load_run_config, resolve_run_config
+from hybridflow.config.validation import validate_run_config
 from hybridflow.trainer.run_dir import create_run_dir
 
 
