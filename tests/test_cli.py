@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from hybridflow.cli import build_parser, main
+from hybridflow.cli import build_parser, main, parse_args
 
 
 def test_help_lists_the_subcommands():
     out = subprocess.run([sys.executable, "-m", "hybridflow.cli", "--help"], capture_output=True, text=True,
                          check=True).stdout
-    for command in ("train", "sft", "selfcheck"):
+    for command in ("train", "sft", "rm", "preprocess", "eval", "export", "plot", "selfcheck"):
         assert command in out
 
 
@@ -23,6 +23,15 @@ def test_train_and_sft_take_a_config_file_and_overrides():
     assert args.config == "run.yaml" and args.overrides == ["rollout.n=4", "actor.optim.lr=1e-5"]
     args = build_parser().parse_args(["sft", "sft.steps=10"])
     assert args.config is None and args.overrides == ["sft.steps=10"]
+
+
+def test_overrides_may_follow_the_options_and_other_leftovers_are_refused(capsys):
+    args = parse_args(["eval", "runs/r", "resources.world_size=1", "--data", "a.parquet", "rollout.n=2"])
+    assert args.path == "runs/r" and args.data == ["a.parquet"]
+    assert args.overrides == ["resources.world_size=1", "rollout.n=2"]
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["eval", "runs/r", "--data", "a.parquet", "--bogus"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -39,12 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; dotted overrides may come before or after the options."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops filling the positional `overrides` at the first option, so
+    # `eval PATH --data F key=value` would leave key=value over.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = list(args.overrides) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     # Per-file "Loading weights" / "Writing model shards" bars from every rank drown the
     # run's own progress display; set before transformers is imported here or in the
     # Ray workers (which inherit this environment). An explicit user setting wins.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
 

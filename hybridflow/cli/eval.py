@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="write the report as JSON to this new file (never overwritten)")
     parser.add_argument("--max-samples", type=int, default=None, help="score only the first N prompts")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted config overrides, right after PATH (before the options), e.g. "
+                        help="dotted config overrides, e.g. "
                              "resources.world_size=1 rollout.response_length=256")
     parser.set_defaults(handler=run)
 

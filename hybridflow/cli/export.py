@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("path", help="run directory or checkpoint directory")
     parser.add_argument("--out", required=True, metavar="DIR", help="new (or empty) output directory")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted config overrides, right after PATH (before --out), e.g. "
+                        help="dotted config overrides, e.g. "
                              "resources.world_size=1")
     parser.set_defaults(handler=run)
 
