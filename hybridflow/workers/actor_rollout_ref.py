@@ -94,7 +94,7 @@ class ActorRolloutRefWorker(Worker):
         return RolloutConfig(
             dtype=resolve_dtype(r.dtype, device.type), device=str(device), max_num_seqs=r.max_num_seqs,
             max_model_len=r.max_model_len, keep_kv_cache=False, log_prob_mode=r.log_prob_mode,
-            prefill_token_budget=r.prefill_token_budget, seed=r.seed,
+            prefill_token_budget=r.prefill_token_budget, seed=r.seed, matmul=r.matmul,
         )
 
     # ------------------------------------------------------------------ generation

@@ -21,6 +21,7 @@ from typing import Any
 
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.grouping import ReshardMethod
+from hybridflow.engines.rollout.gemm import MATMUL_MODES
 from hybridflow.engines.rollout.sampling import LOG_PROB_MODES, SamplingParams
 from hybridflow.engines.train.config import ActorLossConfig, CriticLossConfig, TrainEngineConfig
 
@@ -41,8 +42,9 @@ class RolloutWorkerConfig:
     reshard_method: "hybrid" (HybridFlow grouping), "plain" or "gather_all" (baselines),
         see docs/reshard.md.
     dtype: generation weight dtype ("auto" = bf16 where native, fp32 elsewhere).
-    max_num_seqs / max_model_len / prefill_token_budget / log_prob_mode: engine knobs
-        (engines/rollout/engine.py).
+    max_num_seqs / max_model_len / prefill_token_budget / log_prob_mode / matmul: engine
+        knobs (engines/rollout/engine.py; matmul "auto" runs bf16 products as fp32 panels on
+        CPUs without native bf16, engines/rollout/gemm.py).
     seed: base seed; each generation call and micro-DP group derives its own from it.
     temperature ... stop: default sampling; a call's prompts.meta_info overrides any of
         them (keys temperature, top_p, top_k, max_new_tokens or response_length, n,
@@ -57,6 +59,7 @@ class RolloutWorkerConfig:
     max_model_len: int | None = None
     prefill_token_budget: int = 8192
     log_prob_mode: str = "scaled"
+    matmul: str = "auto"
     seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -87,6 +90,8 @@ class RolloutWorkerConfig:
             )
         if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
             raise WorkerConfigError("rollout.max_num_seqs and rollout.prefill_token_budget must be >= 1")
+        if self.matmul not in MATMUL_MODES:
+            raise WorkerConfigError(f"rollout.matmul must be one of {MATMUL_MODES}, got {self.matmul!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise WorkerConfigError(f"rollout.max_model_len must be >= 2 or None, got {self.max_model_len}")
         if self.seed < 0:

@@ -4,7 +4,9 @@
 
 `RolloutEngine` (interface.py) is what workers depend on; `NativeRolloutEngine`
 (engine.py) implements it with a compact decoder (model.py), a preallocated KV cache
-(kv_cache.py), continuous batching (scheduler.py) and per-row sampling (sampling.py).
+(kv_cache.py), continuous batching (scheduler.py), per-row sampling (sampling.py) and
+a choice of GEMM path (gemm.py: torch's kernel, or fp32 panels for bf16 on CPUs without
+native bf16).
 """
 
 from hybridflow.engines.rollout.engine import NativeRolloutEngine, RolloutConfig

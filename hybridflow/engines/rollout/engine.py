@@ -31,6 +31,7 @@ import torch
 
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.precision import resolve_dtype
+from hybridflow.engines.rollout.gemm import resolve_matmul
 from hybridflow.engines.rollout.interface import RolloutEngine
 from hybridflow.engines.rollout.kv_cache import KVCache
 from hybridflow.engines.rollout.model import DecoderModel
@@ -56,12 +57,17 @@ class RolloutConfig:
     prefill_token_budget: int = 8192  # padded tokens per prefill forward (bounds activations)
     pad_token_id: int | None = None  # None: the model config's pad id
     seed: int = 0
+    # "native": torch's GEMM in `dtype`; "fp32_panels": bf16 weights multiplied by fp32 sgemm
+    # one converted panel at a time, for CPUs without native bf16; "auto": the latter exactly
+    # there (see gemm.py). A concrete mode after construction.
+    matmul: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str):
             object.__setattr__(self, "dtype", resolve_dtype(self.dtype, torch.device(self.device).type))
         if self.log_prob_mode not in LOG_PROB_MODES:
             raise ValueError(f"log_prob_mode must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}")
+        object.__setattr__(self, "matmul", resolve_matmul(self.matmul, self.dtype, torch.device(self.device).type))
         if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
             raise ValueError("max_num_seqs and prefill_token_budget must be >= 1")
 
@@ -75,7 +81,7 @@ class NativeRolloutEngine(RolloutEngine):
         self.max_len = config.max_model_len or self.spec.max_position_embeddings
         self.model = DecoderModel(
             self.spec, dtype=config.dtype, device=config.device, max_positions=self.max_len,
-            process_group=process_group,
+            process_group=process_group, matmul=config.matmul,
         )
         self.tokenizer = tokenizer
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else self.spec.pad_token_id
@@ -105,6 +111,7 @@ class NativeRolloutEngine(RolloutEngine):
 
     def release_memory(self, *, keep_weights: bool = False) -> None:
         self.cache = None
+        self.model.release_buffers()
         self.model.weights.release(keep_values=keep_weights)
 
     def resume_memory(self) -> None:

@@ -18,14 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hybridflow.engines.rollout.gemm import PanelMatmul, native_matmul, resolve_matmul
 from hybridflow.engines.rollout.kv_cache import KVCache
 from hybridflow.engines.rollout.spec import DecoderSpec, rope_tables
 from hybridflow.engines.rollout.weights import DecoderWeights, LayerWeights
-
-
-def _mm(x: torch.Tensor, w_in_out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [n, in] @ w [in, out] (+ bias): weights are stored transposed (see weights.py)."""
-    return torch.mm(x, w_in_out) if bias is None else torch.addmm(bias, x, w_in_out)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -46,8 +42,12 @@ class DecoderModel:
         device: torch.device | str,
         max_positions: int,
         process_group: dist.ProcessGroup | None = None,
+        matmul: str = "auto",
     ) -> None:
         self.spec, self.dtype, self.device = spec, dtype, torch.device(device)
+        # x [m, in] @ w [in, out] (+ bias): layer weights are stored [in, out] (weights.py)
+        use_panels = resolve_matmul(matmul, dtype, self.device.type) == "fp32_panels"
+        self._mm = PanelMatmul() if use_panels else native_matmul
         self.group = process_group
         self.tp_size = dist.get_world_size(process_group) if process_group is not None else 1
         self.tp_rank = dist.get_rank(process_group) if process_group is not None else 0
@@ -58,6 +58,11 @@ class DecoderModel:
         self.sin = sin.to(device=self.device, dtype=dtype)
         self.max_positions = max_positions
         self.n_q, self.n_kv = self.weights.n_q, self.weights.n_kv
+
+    def release_buffers(self) -> None:
+        """Free the matmul work buffers (fp32_panels); they are re-created when next needed."""
+        if isinstance(self._mm, PanelMatmul):
+            self._mm.release()
 
     # ----------------------------------------------------------------- collectives
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +83,7 @@ class DecoderModel:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + lm_head for [n, hidden] states; full-vocabulary logits on every rank."""
         h = F.rms_norm(h, (h.shape[-1],), self.weights.norm, self.spec.rms_norm_eps)
-        local = F.linear(h, self.weights.lm_head)
+        local = self._mm(h, self.weights.lm_head.t(), None)
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]
@@ -90,7 +95,7 @@ class DecoderModel:
         """Projected q, k (normed if qwen3, rotated) and v, each [..., heads, head_dim]."""
         d, nq, nkv = self.spec.head_dim, self.n_q, self.n_kv
         h = F.rms_norm(x, (x.shape[-1],), lw.ln_in, self.spec.rms_norm_eps)
-        qkv = _mm(h, lw.wqkv, lw.bqkv)
+        qkv = self._mm(h, lw.wqkv, lw.bqkv)
         lead = qkv.shape[:-1]
         q = qkv[..., : nq * d].view(*lead, nq, d)
         k = qkv[..., nq * d : (nq + nkv) * d].view(*lead, nkv, d)
@@ -102,13 +107,13 @@ class DecoderModel:
 
     def _attn_out_and_mlp(self, lw: LayerWeights, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual add of o_proj(attn), then the SwiGLU MLP block with its residual."""
-        o = self._all_reduce(_mm(attn, lw.wo, None))
+        o = self._all_reduce(self._mm(attn, lw.wo, None))
         if lw.bo is not None:
             o = o + lw.bo  # row-parallel bias: added once, after the reduction
         x = x + o
         h = F.rms_norm(x, (x.shape[-1],), lw.ln_post, self.spec.rms_norm_eps)
-        gate, up = _mm(h, lw.wgu, lw.bgu).chunk(2, dim=-1)
-        down = self._all_reduce(_mm(F.silu(gate) * up, lw.wd, None))
+        gate, up = self._mm(h, lw.wgu, lw.bgu).chunk(2, dim=-1)
+        down = self._all_reduce(self._mm(F.silu(gate) * up, lw.wd, None))
         if lw.bd is not None:
             down = down + lw.bd
         return x + down

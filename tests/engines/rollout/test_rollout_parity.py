@@ -97,11 +97,14 @@ def _truncated_log_probs(hf, out, temp: float, top_k: int, top_p: float) -> torc
     return result
 
 
-def test_bf16_engine_tracks_fp32_reference(tmp_path):
-    """bf16 decoding runs end to end and its log-probs stay near an fp32 HF forward."""
+@pytest.mark.parametrize("matmul", ["native", "fp32_panels"])
+def test_bf16_engine_tracks_fp32_reference(matmul, tmp_path):
+    """bf16 decoding runs end to end and its log-probs stay near an fp32 HF forward.
+
+    10 rows: decode products have >= 8 rows, so fp32_panels really takes its panel path."""
     path = save_model(tmp_path / "m", "llama", seed=6, logit_scale=4.0)
-    engine = NativeRolloutEngine.from_pretrained(path, RolloutConfig(dtype=torch.bfloat16))
-    out = engine.generate(left_padded([6, 2, 9], vocab=256, seed=7),
+    engine = NativeRolloutEngine.from_pretrained(path, RolloutConfig(dtype=torch.bfloat16, matmul=matmul))
+    out = engine.generate(left_padded([6, 2, 9, 4, 7, 1, 5, 8, 3, 6], vocab=256, seed=7),
                           SamplingParams(temperature=1.0, max_new_tokens=10, seed=8, ignore_eos=True))
     expected = full_forward_log_probs(load_hf(path), out)
     mask = out.batch["response_mask"].bool()
