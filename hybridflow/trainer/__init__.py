@@ -6,11 +6,17 @@
     with RLTrainer(RunConfig()) as trainer:     # the built-in default: SFT warm start + GRPO
         result = trainer.train(steps=30)
 
-- algorithms.py: `grpo`, `ppo` — a step as a sequence of named phases (phases.py);
+- algorithms.py: grpo/rloo/reinforce_plus_plus[_baseline]/drgrpo, remax, dapo, ppo, safe_rlhf,
+  each a step as a sequence of named phases (phases.py);
 - rl_trainer.py: `RLTrainer` (loop, evaluation, checkpoints, metrics);
+- checkpointing.py: step checkpoints (atomic, keep last K) and resume;
 - sft.py: supervised fine-tuning / warm start on the same actor worker;
+- rm.py: Bradley-Terry reward-model training (`hybridflow rm`);
+- offline.py: `hybridflow eval` / `export` on a run, checkpoint or model directory;
 - setup.py: run directory, Ray, built-in model and data, worker configs and placement;
-- metrics.py, display.py, run_dir.py: per-step metrics, console, metrics.jsonl.
+- evaluate.py: greedy (by default) held-out evaluation, overall and per data source;
+- metrics.py, display.py, run_dir.py, loggers.py, plots.py: per-step metrics, console,
+  metrics.jsonl / TensorBoard / W&B, PNG plots.
 """
 
 from hybridflow.trainer.rl_trainer import RLTrainer, TrainResult
