@@ -146,3 +146,22 @@ def test_ppo_with_a_reward_model_as_the_reward(ray_local, tiny_config, reward_mo
         # The reward is the model's score alone: the rule-based function was not called.
         assert record["score/mean"] == pytest.approx(record["reward/model_score_mean"], abs=1e-5)
         assert "reward/errors" not in record
+
+
+def test_safe_rlhf_with_a_reward_model_and_a_cost_model(ray_local, tiny_config, reward_model_dir, tmp_path):
+    import shutil
+
+    cost_model_dir = shutil.copytree(reward_model_dir, tmp_path / "cost_model")
+    cfg = tiny_config(
+        "algorithm.name=safe_rlhf", f"reward_model.path={reward_model_dir}", f"cost_model.path={cost_model_dir}",
+        "algorithm.safe_rlhf.cost_limit=0.0", "algorithm.safe_rlhf.lambda_init=1.0", "algorithm.safe_rlhf.lambda_lr=0.5",
+    )
+    _, records, roles = _train(cfg)
+    assert roles == {"actor", "critic", "cost_critic", "reward_model", "cost_model"}
+    # The same model scores reward and cost, so the mean cost is the mean reward-model score,
+    # and the multiplier follows ln lambda += lr * lambda * (mean cost - limit) from 1.
+    log_lambda = 0.0
+    for record in records:
+        assert record["cost/mean"] == pytest.approx(record["reward/model_score_mean"], abs=1e-5)
+        log_lambda += 0.5 * math.exp(log_lambda) * record["cost/mean"]
+        assert record["safe_rlhf/lambda"] == pytest.approx(math.exp(log_lambda), rel=1e-5)
