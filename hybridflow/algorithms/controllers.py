@@ -3,7 +3,8 @@
 - `FixedKLController(kl_coef)`: beta never changes.
 - `AdaptiveKLController(init_kl_coef, target_kl, horizon)`: Ziegler et al. 2019,
   "Fine-Tuning Language Models from Human Preferences" (arXiv 1909.08593):
-  e = clip(KL / KL_target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon).
+  e = clip(KL / KL_target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon),
+  kept >= a floor of init_kl_coef / 1000 so that beta can always grow again.
 
 Both expose `.value`, `.update(current_kl, n_steps)` and `state_dict()` /
 `load_state_dict()` so a resumed run continues with the same beta.
@@ -19,6 +20,15 @@ def _check_coef(name: str, value: float) -> float:
     value = float(value)
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
+def _check_positive_coef(name: str, value: float) -> float:
+    value = _check_coef(name, value)
+    if value == 0.0:
+        raise ValueError(f"{name} must be > 0 for the adaptive KL controller: it scales beta "
+                         "multiplicatively, so from 0 it could never move. Set a positive "
+                         "coefficient, or use algorithm.kl_ctrl.type=fixed for no KL penalty")
     return value
 
 
@@ -46,15 +56,27 @@ class FixedKLController:
 
 
 class AdaptiveKLController:
-    """Proportional controller that steers the measured KL towards `target_kl`."""
+    """Proportional controller that steers the measured KL towards `target_kl`.
+
+    beta never falls below `min_value = init_kl_coef * FLOOR_FRACTION`. Without a floor
+    the multiplicative update has an absorbing state at 0: with a batch bigger than
+    horizon / ERROR_CLIP (n_steps / horizon >= 5) one low-KL step makes the factor
+    1 + e * n_steps / horizon <= 0, and a long stretch of low KL underflows beta to 0;
+    from 0 the update can never grow it again. At the floor the penalty is negligible
+    but positive, so a later high-KL batch multiplies it back up.
+    """
 
     kind = "adaptive"
     # Ziegler et al. clip the proportional error so one noisy batch moves beta by at most
     # 20% of n_steps / horizon.
     ERROR_CLIP = 0.2
+    # A thousandth of the initial coefficient: small enough that the penalty is off in
+    # practice, large enough that recovery takes ln(1000) / (0.2 n/h) steps, not forever.
+    FLOOR_FRACTION = 1e-3
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int) -> None:
-        self._value = _check_coef("init_kl_coef", init_kl_coef)
+        self._value = _check_positive_coef("init_kl_coef (algorithm.kl_ctrl.kl_coef)", init_kl_coef)
+        self.min_value = self._value * self.FLOOR_FRACTION
         if not (math.isfinite(target_kl) and target_kl > 0):
             raise ValueError(f"target_kl must be > 0, got {target_kl}")
         if not horizon > 0:
@@ -67,22 +89,22 @@ class AdaptiveKLController:
         return self._value
 
     def update(self, current_kl: float, n_steps: int) -> None:
-        """beta <- beta * (1 + clip(KL/target - 1, -0.2, 0.2) * n_steps / horizon)."""
+        """beta <- max(beta * (1 + clip(KL/target - 1, -0.2, 0.2) * n_steps / horizon), min_value)."""
         if not math.isfinite(current_kl):
             raise ValueError(f"current_kl must be finite, got {current_kl}")
         if n_steps < 0:
             raise ValueError(f"n_steps must be >= 0, got {n_steps}")
         error = min(max(current_kl / self.target_kl - 1.0, -self.ERROR_CLIP), self.ERROR_CLIP)
-        self._value *= 1.0 + error * n_steps / self.horizon
-        # n_steps > horizon with a negative error could flip the sign; beta stays >= 0.
-        self._value = max(self._value, 0.0)
+        self._value = max(self._value * (1.0 + error * n_steps / self.horizon), self.min_value)
 
     def state_dict(self) -> dict[str, Any]:
+        # min_value is not state: it follows the configured init_kl_coef of the resumed run.
         return {"kind": self.kind, "value": self._value, "target_kl": self.target_kl, "horizon": self.horizon}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         _check_kind(state, self.kind)
-        self._value = _check_coef("value", state["value"])
+        # A checkpoint written before the floor existed may hold 0: restart from the floor.
+        self._value = max(_check_coef("value", state["value"]), self.min_value)
         self.target_kl = float(state["target_kl"])
         self.horizon = int(state["horizon"])
 
