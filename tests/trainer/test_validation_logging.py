@@ -9,6 +9,7 @@ run without Ray."""
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 
 import pytest
@@ -144,17 +145,30 @@ def test_plot_command_explains_a_directory_without_metrics(tmp_path, capsys):
 
 
 def test_wandb_logger_offline_writes_into_the_run_dir(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")  # an optional extra: pip install hybridflow[wandb]
+    # wandb is in the [all] extra the suite installs: a plain import, so a missing package
+    # fails here instead of skipping silently.
     from hybridflow.trainer.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")  # never contacts a server
     monkeypatch.setenv("WANDB_SILENT", "true")
-    logger = WandbLogger(load_run_config(None, ["trainer.loggers=[wandb]"]), tmp_path)
+    # Keep W&B's own settings, cache and staging files out of the home directory.
+    for var in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
+    (tmp_path / "run").mkdir()  # the trainer creates the run directory before its loggers
+    logger = WandbLogger(load_run_config(None, ["trainer.loggers=[wandb]"]), tmp_path / "run")
     logger.write("rl", 1, {"score/mean": 0.25})
     logger.write("sft", 4, {"sft/loss": 1.5})
     summary = dict(logger._run.summary)
     logger.close()
     assert summary["score/mean"] == 0.25 and summary["sft/loss"] == 1.5
     assert summary["rl/step"] == 1 and summary["sft/step"] == 4
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_importing_hybridflow_does_not_import_wandb():
+    # wandb takes seconds to import; only a run with the wandb logger should pay for it.
+    probe = ("import sys, hybridflow, hybridflow.cli, hybridflow.trainer.loggers; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'wandb'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
