@@ -1,0 +1,37 @@
+"""Errors shared by every layer: `ConfigError`, the one type of a wrong config setting.
+
+This module imports nothing from hybridflow, so any layer (algorithms, engines, workers,
+config, trainer, cli) may raise it without breaking the layer order of ARCHITECTURE.md.
+
+    raise ConfigError("must be >= 1, got 0", key="epochs")
+    # a section that holds the raising config names the full key:
+    raise err.within("actor.micro_batch")      # actor.micro_batch.epochs: must be >= 1, got 0
+
+`key` is the dotted key relative to the config object that raised the error (None: the
+message names its keys itself); whoever knows where that object sits in a bigger tree
+(the YAML loader, cross-section validation) prefixes it with `within`.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config setting is wrong: `key` (dotted, may be None) and what to change.
+
+    A ValueError, so callers that catch ValueError keep working.
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        self.message = message
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+    def within(self, section: str) -> ConfigError:
+        """The same error with `key` placed under `section` (e.g. "actor")."""
+        if not section:
+            return self
+        return ConfigError(self.message, f"{section}.{self.key}" if self.key else section)
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str | None]]:
+        # Keeps key and message apart when the error crosses a process boundary (Ray).
+        return type(self), (self.message, self.key)
