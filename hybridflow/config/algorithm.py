@@ -1,199 +1,399 @@
-"""The `algorithm` section of the run config and what each `algorithm.name` implies.
+"""What each `algorithm.name` is, in one place: the algorithm registry and the `algorithm`
+section of the run config.
 
-`ALGORITHM_SPECS` has one row per step program of hybridflow/trainer/algorithms.py: the
-advantage estimators it accepts, whether it trains a critic, the fewest samples per prompt
-and the presets it applies (docs/algorithms.md lists them). The sections below hold the
-algorithm's own settings: KL in the reward, DAPO and Safe-RLHF.
+One `AlgorithmSpec` row per algorithm holds everything its name implies: the step program,
+the value models it trains, whether it scores a cost, the advantage estimators it accepts,
+the fewest samples per prompt, its presets, the settings section it reads and its own
+checks. Config validation, presets and `RunConfig.use_critic`, the trainer's roles,
+placement, checkpointed roles and the program it runs all ask the row; no code compares
+algorithm names. docs/algorithms.md lists the built-in rows, docs/extending.md says how to
+add one.
+
+Layering: config sits below the trainer and never imports it, yet a row names its program.
+So `program` is either the function itself (what `@register_algorithm` stores when a user's
+module, which may import the trainer's phases, decorates its program) or a
+"module:function" import path (the built-in rows below, whose programs live in
+hybridflow/trainer/algorithms.py), which the trainer imports when the run starts
+(`hybridflow.trainer.algorithms.step_program`). The registry itself lives here, so the
+config can check a name without the trainer.
+
+A user's algorithm is found by `algorithm.module` (a dotted import path, or a .py file),
+which `AlgorithmSection` imports before it looks up `algorithm.name`, or by importing the
+module yourself before the RunConfig is built.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeVar
 
-from hybridflow.algorithms import AdvantageConfig, LagrangeMultiplier, get_adv_estimator, get_kl_estimator
+from hybridflow.algorithms import AdvantageConfig, get_adv_estimator, get_kl_estimator
+from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
+from hybridflow.config.loader import ConfigError
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
 
 # Critic-free estimators that need several samples per prompt (a group baseline).
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
+# The value models a program can ask for (hybridflow.trainer.phases.Roles has a field for
+# each): CriticWorkers with the critic.* settings.
+VALUE_ROLES = ("critic", "cost_critic")
+# Metadata that marks a field of AlgorithmSection as a settings section an algorithm may read.
+_SETTINGS = {"algorithm_settings": True}
+
+ProgramT = TypeVar("ProgramT", bound=Callable[..., None])
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
-    """What an `algorithm.name` implies (one row of ALGORITHM_SPECS).
+    """Everything an `algorithm.name` implies (docs/extending.md explains each field).
 
-    estimators: the adv_estimator values it accepts; the first is its default (null).
-    critic: trains a value model (and, for safe_rlhf, a second one for the costs).
+    name: the value of algorithm.name (lowercase letters, digits, _).
+    estimators: the algorithm.adv_estimator values it accepts; the first is its default (null).
+    program: the step function, `program(step, roles, cfg, state) -> None`, run once per RL
+        step, or its "module:function" import path; `@register_algorithm` fills it in.
+    critics: the value models it trains, from VALUE_ROLES (ppo: critic; safe_rlhf: critic and
+        cost_critic); each takes the critic.* settings, goes on the critic ranks with split
+        placement and into checkpoints. Empty: critic-free.
+    cost: it scores a cost per response from cost_model.* (a cost model and/or a rule-based
+        cost function, one of which must be set); algorithms without a cost refuse cost_model.*.
     min_samples: rollout.n at least (group baselines compare the samples of a prompt).
     presets: dotted config keys and the values the name sets, unless the YAML file or an
         override sets that key itself (`load_run_config`).
     required: preset keys the algorithm is defined by; another value is a ConfigError.
+    settings: the section of `algorithm` it reads (dapo, safe_rlhf) or None; a section set in
+        a run whose algorithm does not read it is a ConfigError.
+    check: its own check of the run config (run by validate_run_config); raises ConfigError.
     """
 
+    name: str
     estimators: tuple[str, ...]
-    critic: bool = False
+    program: Callable[..., None] | str | None = None
+    critics: tuple[str, ...] = ()
+    cost: bool = False
     min_samples: int = 1
     presets: tuple[tuple[str, object], ...] = ()
     required: tuple[str, ...] = ()
+    settings: str | None = None
+    check: Callable[[RunConfig], None] | None = None
+
+    def __post_init__(self) -> None:
+        where = f"AlgorithmSpec(name={self.name!r})"
+        if not isinstance(self.name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
+            raise ValueError(f"{where}: the name must be lowercase letters, digits and _, starting with a letter")
+        if not self.estimators:
+            raise ValueError(f"{where}: estimators is empty; list the adv_estimator names it accepts, default first")
+        for estimator in self.estimators:
+            get_adv_estimator(estimator)  # unknown names raise, listing the registered ones
+        if any(role not in VALUE_ROLES for role in self.critics) or len(set(self.critics)) != len(self.critics):
+            raise ValueError(f"{where}: critics must be distinct roles from {list(VALUE_ROLES)}, got {self.critics}")
+        if self.min_samples < 1:
+            raise ValueError(f"{where}: min_samples must be >= 1, got {self.min_samples}")
+        unset = [key for key in self.required if key not in dict(self.presets)]
+        if unset:
+            raise ValueError(f"{where}: required keys {unset} have no preset value; add them to presets")
+        if self.settings is not None and self.settings not in settings_sections():
+            raise ValueError(f"{where}: settings={self.settings!r} is not a settings section of `algorithm`; "
+                             f"use one of {list(settings_sections())} or None")
+        if isinstance(self.program, str) and not re.fullmatch(r"[\w.]+:\w+", self.program):
+            raise ValueError(f"{where}: program {self.program!r} must be a function or a 'module:function' path")
+        if self.program is not None and not isinstance(self.program, str) and not callable(self.program):
+            raise ValueError(f"{where}: program must be a function or a 'module:function' path, got {self.program!r}")
+        if self.check is not None and not callable(self.check):
+            raise ValueError(f"{where}: check must be a function of the run config or None, got {self.check!r}")
+
+    @property
+    def default_estimator(self) -> str:
+        """algorithm.adv_estimator when it is null."""
+        return self.estimators[0]
+
+    @property
+    def trained_roles(self) -> tuple[str, ...]:
+        """The roles RL updates and checkpoints save: the actor and the critics."""
+        return ("actor", *self.critics)
 
 
-# Every step program of hybridflow/trainer/algorithms.py and what it implies (docs/algorithms.md).
-ALGORITHM_SPECS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec(GROUP_ESTIMATORS, min_samples=2),
-    "ppo": AlgorithmSpec(("gae",), critic=True),
-    "remax": AlgorithmSpec(("remax",)),
-    "rloo": AlgorithmSpec(("rloo",), min_samples=2),
-    "reinforce_plus_plus": AlgorithmSpec(("reinforce_plus_plus",)),
-    "reinforce_plus_plus_baseline": AlgorithmSpec(("reinforce_plus_plus_baseline",), min_samples=2),
+# ----------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, AlgorithmSpec] = {}
+
+
+def _program_id(program: Callable[..., None] | str | None) -> str:
+    if isinstance(program, str) or program is None:
+        return str(program)
+    return f"{program.__module__}:{program.__qualname__}"
+
+
+def add_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Register `spec`, whose program is set (a function or a 'module:function' path).
+
+    Registering a name again is allowed only with the same program (a module imported a
+    second time, e.g. reloaded in a notebook); it then replaces the row.
+    """
+    if spec.program is None:
+        raise ValueError(f"algorithm {spec.name!r} has no program; decorate it with @register_algorithm(spec)")
+    known = _REGISTRY.get(spec.name)
+    if known is not None and _program_id(known.program) != _program_id(spec.program):
+        raise ValueError(f"algorithm {spec.name!r} is already registered with program {_program_id(known.program)}; "
+                         f"choose another name for {_program_id(spec.program)}")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def register_algorithm(spec: AlgorithmSpec) -> Callable[[ProgramT], ProgramT]:
+    """Decorator: register `spec` with the decorated function as its step program.
+
+        @register_algorithm(AlgorithmSpec(name="my_algo", estimators=("grpo",), min_samples=2))
+        def my_algo(step, roles, cfg, state): ...
+    """
+    if spec.program is not None:
+        raise ValueError(f"AlgorithmSpec(name={spec.name!r}) already names program {_program_id(spec.program)}; "
+                         "leave program unset when decorating, or call add_algorithm(spec)")
+
+    def decorate(program: ProgramT) -> ProgramT:
+        add_algorithm(dataclasses.replace(spec, program=program))
+        return program
+
+    return decorate
+
+
+def algorithm_spec(name: str) -> AlgorithmSpec:
+    """The row of `name`; a ConfigError naming the registered algorithms if there is none."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.5)
+        raise ConfigError(
+            f"algorithm.name={name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" Registered: {', '.join(_REGISTRY)}. An algorithm of your own is registered by its module "
+            "(@register_algorithm): name that module in algorithm.module (docs/extending.md)"
+        )
+    return spec
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every registered algorithm.name, built-in ones first, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def import_algorithm_module(module: str) -> ModuleType:
+    """Import algorithm.module once per process: a dotted import path (a module on the
+    Python path) or the path of a .py file; importing it runs its @register_algorithm."""
+    if module.endswith(".py"):
+        return _import_file(Path(module), module)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name is None or not (module == err.name or module.startswith(f"{err.name}.")):
+            raise  # the module exists; something it imports is missing
+        raise ConfigError(f"algorithm.module={module!r} cannot be imported ({err}); give a module on the Python path "
+                          "(pip install -e your package, or PYTHONPATH) or the path of a .py file") from err
+
+
+def _import_file(path: Path, given: str) -> ModuleType:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"algorithm.module={given!r}: there is no such file ({path}); give the path of the .py "
+                          "file that registers the algorithm (relative paths start from the working directory)")
+    # One module per file, whatever its name: two files both called algo.py do not clash.
+    name = f"hybridflow_user_algorithm_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it: dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+# ----------------------------------------------------------------------------- the config section
+
+
+@dataclass
+class AlgorithmSection(AdvantageConfig):
+    """Which step program runs and its advantage / KL settings (docs/algorithms.md).
+
+    gamma, lam, norm_adv_by_std_in_grpo, epsilon, whiten_gae_advantages, gpg_norm_by_std:
+        the advantage estimators' settings, inherited from AdvantageConfig (defined once,
+        there; `advantage_config()` hands them to the estimators).
+
+    name: a registered algorithm (algorithm_names(): grpo, ppo, remax, rloo,
+        reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo, dapo, safe_rlhf, and those
+        of algorithm.module); the name also sets the defaults in its presets (e.g. drgrpo: no
+        std normalisation, seq-mean-token-sum-norm).
+    module: a module that registers more algorithms (dotted import path or .py file),
+        imported before `name` is looked up; null: the built-in ones (and any your code imported).
+    adv_estimator: null = the algorithm's own; grpo and dapo also accept the other group
+        estimators (rloo, opo, ...).
+    use_kl_in_reward / kl_penalty / kl_ctrl: r_t = score_t - beta * KL_t (needs the
+        reference policy). KL as a loss instead is actor.loss.use_kl_loss.
+    dapo / safe_rlhf: settings read only by the algorithms whose spec names the section.
+    """
+
+    name: str = "grpo"
+    module: str | None = None
+    adv_estimator: str | None = None
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "k1"
+    kl_ctrl: KLControlSection = field(default_factory=KLControlSection)
+    dapo: DAPOSection = field(default_factory=DAPOSection, metadata=_SETTINGS)
+    safe_rlhf: SafeRLHFSection = field(default_factory=SafeRLHFSection, metadata=_SETTINGS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # AdvantageConfig's checks
+        if self.module is not None:
+            import_algorithm_module(self.module)
+        spec = algorithm_spec(self.name)
+        estimator = self.estimator
+        get_adv_estimator(estimator)  # unknown names raise, listing the known ones
+        if estimator not in spec.estimators:
+            owners = [s.name for s in _REGISTRY.values() if s.default_estimator == estimator]  # registration order
+            raise ValueError(f"{_estimator_hint(spec)}, got {estimator!r}"
+                             + (f"; for {estimator} use algorithm.name={owners[0]}" if owners else ""))
+        if self.use_kl_in_reward:
+            get_kl_estimator(self.kl_penalty)
+
+    @property
+    def spec(self) -> AlgorithmSpec:
+        """The registry row of `name`."""
+        return algorithm_spec(self.name)
+
+    @property
+    def estimator(self) -> str:
+        return self.adv_estimator if self.adv_estimator is not None else self.spec.default_estimator
+
+    def advantage_config(self) -> AdvantageConfig:
+        """The AdvantageConfig part of this section (every one of its fields)."""
+        return AdvantageConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AdvantageConfig)})
+
+
+def settings_sections() -> tuple[str, ...]:
+    """The sections of `algorithm` that only the algorithms declaring them read."""
+    return tuple(f.name for f in dataclasses.fields(AlgorithmSection) if "algorithm_settings" in f.metadata)
+
+
+def _estimator_hint(spec: AlgorithmSpec) -> str:
+    what = f"algorithm.name={spec.name} " + ("trains a critic and " if spec.critics else "")
+    if spec.estimators == GROUP_ESTIMATORS and not spec.critics:
+        return what + f"is critic-free and needs a group estimator {list(GROUP_ESTIMATORS)}"
+    if len(spec.estimators) == 1:
+        return what + f"uses adv_estimator={spec.default_estimator} (leave it null)"
+    return what + f"accepts adv_estimator in {list(spec.estimators)} (null: {spec.default_estimator})"
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_algorithm(cfg: RunConfig) -> None:
+    """algorithm.name against the settings its row implies and reads (validate_run_config)."""
+    alg, spec = cfg.algorithm, cfg.algorithm.spec
+    if cfg.rollout.n < spec.min_samples:
+        raise ConfigError(
+            f"rollout.n={cfg.rollout.n}: algorithm.name={alg.name} compares the samples of one prompt with each "
+            f"other and needs rollout.n >= {spec.min_samples}"
+        )
+    presets = dict(spec.presets)
+    for key in spec.required:
+        value = _config_value(cfg, key)
+        if value != presets[key]:
+            raise ConfigError(
+                f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
+                f"remove that setting (the name sets it) or choose another algorithm.name"
+            )
+    defaults = {f.name: f.default_factory() for f in dataclasses.fields(AlgorithmSection) if f.name in settings_sections()}
+    for section, default in defaults.items():
+        if section != spec.settings and getattr(alg, section) != default:
+            raise ConfigError(f"algorithm.{section}.* is read only by algorithm.name="
+                              f"{_readers(lambda s: s.settings == section)} (this run: {alg.name}); remove it")
+    if spec.cost and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
+        raise ConfigError(f"algorithm.name={alg.name} needs a cost: set cost_model.path (a cost model directory) "
+                          "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
+    if not spec.cost and cfg.cost_model != type(cfg.cost_model)():
+        raise ConfigError(f"cost_model.* is read only by algorithm.name={_readers(lambda s: s.cost)}, the "
+                          f"algorithms that score a cost (this run: {alg.name}); remove it")
+    if spec.check is not None:
+        spec.check(cfg)
+
+
+def _readers(reads: Callable[[AlgorithmSpec], bool]) -> str:
+    return " or ".join(s.name for s in _REGISTRY.values() if reads(s)) or "(none registered)"
+
+
+def _config_value(cfg: RunConfig, dotted: str) -> object:
+    value: object = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def resolved_algorithm(cfg: RunConfig) -> AlgorithmSection:
+    """cfg.algorithm with the nulls filled that stand for a value: adv_estimator, and
+    algorithm.dapo.overlong_buffer.len where the algorithm reads algorithm.dapo (the
+    others keep the section at its defaults, as check_algorithm expects)."""
+    alg = cfg.algorithm
+    dapo = alg.dapo
+    if alg.spec.settings == "dapo":
+        dapo = dataclasses.replace(dapo, overlong_buffer=dataclasses.replace(dapo.overlong_buffer,
+                                                                            len=overlong_buffer_len(cfg)))
+    return dataclasses.replace(alg, adv_estimator=alg.estimator, dapo=dapo)
+
+
+def _check_dapo(cfg: RunConfig) -> None:
+    policy = cfg.actor.loss.policy
+    if not policy.clip_ratio_high > policy.clip_ratio_low:
+        raise ConfigError(
+            f"algorithm.name={cfg.algorithm.name} clips higher than lower (clip-higher): "
+            f"actor.loss.policy.clip_ratio_high={policy.clip_ratio_high} must be > clip_ratio_low={policy.clip_ratio_low}"
+        )
+    if cfg.algorithm.dapo.overlong_buffer.enable and overlong_buffer_len(cfg) > cfg.rollout.response_length:
+        raise ConfigError(
+            f"algorithm.dapo.overlong_buffer.len={overlong_buffer_len(cfg)} exceeds rollout.response_length="
+            f"{cfg.rollout.response_length}; the buffer is the last tokens of the allowed length"
+        )
+
+
+# ----------------------------------------------------------------------------- built-in algorithms
+
+_PROGRAMS = "hybridflow.trainer.algorithms"  # where the built-in programs live (see the module docstring)
+
+for _spec in (
+    AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),
+    AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",)),
+    AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax"),
+    AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2),
+    AlgorithmSpec("reinforce_plus_plus", ("reinforce_plus_plus",), f"{_PROGRAMS}:critic_free"),
+    AlgorithmSpec("reinforce_plus_plus_baseline", ("reinforce_plus_plus_baseline",), f"{_PROGRAMS}:critic_free",
+                  min_samples=2),
     # Dr.GRPO (Liu et al. 2025): group-centred rewards without the std, length-unbiased loss.
-    "drgrpo": AlgorithmSpec(
-        ("grpo",), min_samples=2,
+    AlgorithmSpec(
+        "drgrpo", ("grpo",), f"{_PROGRAMS}:critic_free", min_samples=2,
         presets=(("algorithm.norm_adv_by_std_in_grpo", False),
                  ("actor.loss.policy.loss_agg_mode", "seq-mean-token-sum-norm")),
         required=("algorithm.norm_adv_by_std_in_grpo", "actor.loss.policy.loss_agg_mode"),
     ),
     # DAPO (Yu et al. 2025): token-level loss and clip-higher (paper: eps_high 0.28).
-    "dapo": AlgorithmSpec(
-        GROUP_ESTIMATORS, min_samples=2,
+    AlgorithmSpec(
+        "dapo", GROUP_ESTIMATORS, f"{_PROGRAMS}:dapo", min_samples=2,
         presets=(("actor.loss.policy.loss_agg_mode", "token-mean"), ("actor.loss.policy.clip_ratio_high", 0.28)),
-        required=("actor.loss.policy.loss_agg_mode",),
+        required=("actor.loss.policy.loss_agg_mode",), settings="dapo", check=_check_dapo,
     ),
-    "safe_rlhf": AlgorithmSpec(("gae",), critic=True),
-}
-AlgorithmName = Literal["grpo", "ppo", "remax", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                        "drgrpo", "dapo", "safe_rlhf"]
-# The estimator each algorithm uses when algorithm.adv_estimator is null.
-STANDARD_ESTIMATOR = {name: spec.estimators[0] for name, spec in ALGORITHM_SPECS.items()}
-
-
-@dataclass
-class KLControlSection:
-    """Coefficient of the KL penalty in the reward: "fixed" or "adaptive" (Ziegler et al.)."""
-
-    type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
-
-
-@dataclass
-class DynamicSamplingSection:
-    """DAPO dynamic sampling: drop the groups whose rewards are all equal (no signal) and
-    generate more prompts until data.train_batch_size groups are kept.
-
-    max_extra_rounds: generation rounds after the first, at most, per step; when they are
-        spent, the step trains on the groups kept so far (cut to whole actor mini-batches;
-        metric dapo/cap_hit), or fails if that is none.
-    """
-
-    enable: bool = True
-    max_extra_rounds: int = 8
-
-    def __post_init__(self) -> None:
-        if self.max_extra_rounds < 0:
-            raise ValueError(f"max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
-
-
-@dataclass
-class OverlongBufferSection:
-    """DAPO overlong reward shaping: responses longer than rollout.response_length - len lose
-    up to penalty_factor, linearly over the last `len` tokens. len null: a quarter of
-    rollout.response_length (at least 1)."""
-
-    enable: bool = True
-    len: int | None = None
-    penalty_factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.len is not None and self.len < 1:
-            raise ValueError(f"len must be >= 1 (tokens) or null, got {self.len}")
-        if not self.penalty_factor >= 0:
-            raise ValueError(f"penalty_factor must be >= 0, got {self.penalty_factor}")
-
-
-@dataclass
-class DAPOSection:
-    """algorithm.name=dapo only: dynamic sampling and overlong shaping."""
-
-    filter_groups: DynamicSamplingSection = field(default_factory=DynamicSamplingSection)
-    overlong_buffer: OverlongBufferSection = field(default_factory=OverlongBufferSection)
-
-
-@dataclass
-class SafeRLHFSection:
-    """algorithm.name=safe_rlhf only: the Lagrange multiplier lambda of E[cost] <= cost_limit.
-
-    Each step: ln lambda += lambda_lr * lambda * (mean episode cost - cost_limit), capped at
-    lambda_max (null: no cap); the policy follows (A_reward - lambda A_cost) / (1 + lambda).
-    """
-
-    lambda_init: float = 1.0
-    lambda_lr: float = 0.1
-    cost_limit: float = 0.0
-    lambda_max: float | None = None
-
-    def __post_init__(self) -> None:
-        LagrangeMultiplier(self.lambda_init, self.lambda_lr, self.cost_limit, self.lambda_max)  # raises if invalid
-
-
-@dataclass
-class AlgorithmSection:
-    """Which step program runs and its advantage / KL settings (docs/algorithms.md).
-
-    name: one of ALGORITHM_SPECS (grpo, ppo, remax, rloo, reinforce_plus_plus,
-        reinforce_plus_plus_baseline, drgrpo, dapo, safe_rlhf); the name also sets the
-        defaults in its presets (e.g. drgrpo: no std normalisation, seq-mean-token-sum-norm).
-    adv_estimator: null = the algorithm's own; grpo and dapo also accept the other group
-        estimators (rloo, opo, ...).
-    use_kl_in_reward / kl_penalty / kl_ctrl: r_t = score_t - beta * KL_t (needs the
-        reference policy). KL as a loss instead is actor.loss.use_kl_loss.
-    dapo / safe_rlhf: settings read only by those two algorithms.
-    """
-
-    name: AlgorithmName = "grpo"
-    adv_estimator: str | None = None
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    whiten_gae_advantages: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "k1"
-    kl_ctrl: KLControlSection = field(default_factory=KLControlSection)
-    dapo: DAPOSection = field(default_factory=DAPOSection)
-    safe_rlhf: SafeRLHFSection = field(default_factory=SafeRLHFSection)
-
-    def __post_init__(self) -> None:
-        estimator = self.estimator
-        get_adv_estimator(estimator)  # unknown names raise, listing the known ones
-        spec = ALGORITHM_SPECS[self.name]
-        if estimator not in spec.estimators:
-            if spec.critic:
-                hint = f"algorithm.name={self.name} trains a critic and uses adv_estimator=gae"
-            elif spec.estimators == GROUP_ESTIMATORS:
-                hint = (f"algorithm.name={self.name} is critic-free and needs a group estimator "
-                        f"{list(GROUP_ESTIMATORS)}")
-            else:
-                hint = f"algorithm.name={self.name} uses adv_estimator={spec.estimators[0]} (leave it null)"
-            owners = [n for n, s in ALGORITHM_SPECS.items() if s.estimators[0] == estimator]  # table order
-            raise ValueError(f"{hint}, got {estimator!r}" + (f"; for {estimator} use algorithm.name={owners[0]}"
-                                                             if owners else ""))
-        if self.use_kl_in_reward:
-            get_kl_estimator(self.kl_penalty)
-
-    @property
-    def estimator(self) -> str:
-        return self.adv_estimator if self.adv_estimator is not None else STANDARD_ESTIMATOR[self.name]
-
-    def advantage_config(self) -> AdvantageConfig:
-        return AdvantageConfig(
-            gamma=self.gamma, lam=self.lam, norm_adv_by_std_in_grpo=self.norm_adv_by_std_in_grpo,
-            whiten_gae_advantages=self.whiten_gae_advantages,
-        )
-
-
-def overlong_buffer_len(cfg: RunConfig) -> int:
-    """algorithm.dapo.overlong_buffer.len, or a quarter of rollout.response_length when null."""
-    buffer = cfg.algorithm.dapo.overlong_buffer.len
-    return buffer if buffer is not None else max(1, cfg.rollout.response_length // 4)
+    # Safe-RLHF (Dai et al. 2023): reward and cost critics under a Lagrange multiplier.
+    AlgorithmSpec("safe_rlhf", ("gae",), f"{_PROGRAMS}:safe_rlhf", critics=("critic", "cost_critic"), cost=True,
+                  settings="safe_rlhf"),
+):
+    add_algorithm(_spec)
+del _spec

@@ -14,8 +14,8 @@ Sections (each a dataclass; every default lives here once, the algorithm's in al
                                 tiny model (both null)
     data                        RL prompt files, or the built-in arithmetic task; batch sizes
     algorithm                   step program (grpo, ppo, remax, rloo, reinforce_plus_plus[_baseline],
-                                drgrpo, dapo, safe_rlhf; ALGORITHM_SPECS), advantage estimator, KL in
-                                reward, DAPO and Safe-RLHF settings
+                                drgrpo, dapo, safe_rlhf, or your own: the registry in algorithm.py),
+                                advantage estimator, KL in reward, DAPO and Safe-RLHF settings
     actor                       training engine of the policy (optimizer, micro-batches, loss)
     rollout                     generation (n samples, temperature, response length, TP)
     critic                      value model (PPO)
@@ -41,7 +41,7 @@ from typing import Literal
 
 import yaml
 
-from hybridflow.config.algorithm import ALGORITHM_SPECS, AlgorithmSection, AlgorithmSpec, overlong_buffer_len
+from hybridflow.config.algorithm import AlgorithmSection, AlgorithmSpec, resolved_algorithm
 from hybridflow.config.loader import load_config
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
@@ -403,7 +403,7 @@ class RunConfig:
 
     @property
     def use_critic(self) -> bool:
-        return ALGORITHM_SPECS[self.algorithm.name].critic
+        return bool(self.algorithm.spec.critics)
 
     @property
     def use_reference(self) -> bool:
@@ -412,9 +412,9 @@ class RunConfig:
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Load and fully validate a run config (YAML file + dotted overrides). The presets of
-    `algorithm.name` (ALGORITHM_SPECS) fill the keys that neither the file nor an override sets."""
+    `algorithm.name` (its AlgorithmSpec) fill the keys that neither the file nor an override sets."""
     cfg = load_config(RunConfig, path, list(overrides))
-    presets = _unset_presets(ALGORITHM_SPECS[cfg.algorithm.name], path, overrides)
+    presets = _unset_presets(cfg.algorithm.spec, path, overrides)
     if presets:
         cfg = load_config(RunConfig, path, presets + list(overrides))
     validate_run_config(cfg)
@@ -448,13 +448,8 @@ def _dotted_keys(tree: dict, prefix: str = "") -> set[str]:
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
     """A copy with the values that null stands for filled in (resources.world_size,
     algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len): what a run saves as its config.yaml."""
-    alg = cfg.algorithm
-    dapo = alg.dapo
-    if alg.name == "dapo":  # the other algorithms leave the section at its defaults
-        dapo = dataclasses.replace(dapo, overlong_buffer=dataclasses.replace(dapo.overlong_buffer,
-                                                                            len=overlong_buffer_len(cfg)))
     return dataclasses.replace(
         cfg,
         resources=dataclasses.replace(cfg.resources, world_size=cfg.resources.resolved_world_size()),
-        algorithm=dataclasses.replace(alg, adv_estimator=alg.estimator, dapo=dapo),
+        algorithm=resolved_algorithm(cfg),
     )

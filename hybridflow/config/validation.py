@@ -8,11 +8,10 @@ worker starts; every error names the keys to change.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridflow.config.algorithm import ALGORITHM_SPECS, AlgorithmSection, overlong_buffer_len
+from hybridflow.config.algorithm import check_algorithm
 from hybridflow.config.loader import ConfigError
 from hybridflow.engines.train.config import MicroBatchConfig
 
@@ -54,7 +53,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
         raise ConfigError("critic.lora.rank must be 0: LoRA is supported for the actor only")
 
     n = cfg.rollout.n
-    _check_algorithm(cfg)
+    check_algorithm(cfg)  # what algorithm.name implies (its registry row)
     prompts = cfg.data.train_batch_size
     sequences = prompts * n
     actor_dp = _engine_dp(cfg.actor, actor_ranks, cfg.resources.use_gpu, "actor")
@@ -98,53 +97,6 @@ def validate_run_config(cfg: RunConfig) -> Layout:
             f"model.builtin.max_position_embeddings={cfg.model.builtin.max_position_embeddings}"
         )
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences)
-
-
-def _check_algorithm(cfg: RunConfig) -> None:
-    """algorithm.name against the settings it implies (ALGORITHM_SPECS) and reads."""
-    alg = cfg.algorithm
-    spec = ALGORITHM_SPECS[alg.name]
-    if cfg.rollout.n < spec.min_samples:
-        raise ConfigError(
-            f"rollout.n={cfg.rollout.n}: algorithm.name={alg.name} compares the samples of one prompt with each "
-            f"other and needs rollout.n >= {spec.min_samples}"
-        )
-    presets = dict(spec.presets)
-    for key in spec.required:
-        value = _config_value(cfg, key)
-        if value != presets[key]:
-            raise ConfigError(
-                f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
-                f"remove that setting (the name sets it) or choose another algorithm.name"
-            )
-    defaults = AlgorithmSection()
-    if alg.name != "dapo" and alg.dapo != defaults.dapo:
-        raise ConfigError(f"algorithm.dapo.* is read only by algorithm.name=dapo (this run: {alg.name}); remove it")
-    if alg.name != "safe_rlhf" and (alg.safe_rlhf != defaults.safe_rlhf or cfg.cost_model != type(cfg.cost_model)()):
-        raise ConfigError(f"algorithm.safe_rlhf.* and cost_model.* are read only by algorithm.name=safe_rlhf "
-                          f"(this run: {alg.name}); remove them")
-    if alg.name == "dapo":
-        policy = cfg.actor.loss.policy
-        if not policy.clip_ratio_high > policy.clip_ratio_low:
-            raise ConfigError(
-                f"algorithm.name=dapo clips higher than lower (clip-higher): actor.loss.policy.clip_ratio_high="
-                f"{policy.clip_ratio_high} must be > clip_ratio_low={policy.clip_ratio_low}"
-            )
-        if alg.dapo.overlong_buffer.enable and overlong_buffer_len(cfg) > cfg.rollout.response_length:
-            raise ConfigError(
-                f"algorithm.dapo.overlong_buffer.len={overlong_buffer_len(cfg)} exceeds rollout.response_length="
-                f"{cfg.rollout.response_length}; the buffer is the last tokens of the allowed length"
-            )
-    if alg.name == "safe_rlhf" and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
-        raise ConfigError("algorithm.name=safe_rlhf needs a cost: set cost_model.path (a cost model directory) "
-                          "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
-
-
-def _config_value(cfg: RunConfig, dotted: str) -> object:
-    value: object = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _engine_dp(section: EngineSection, ranks: int, use_gpu: bool, role: str) -> int:

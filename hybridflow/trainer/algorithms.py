@@ -3,9 +3,10 @@
 Each function runs one step, top to bottom: generate -> reward -> old and reference
 log-probs -> values -> advantages -> critic update -> actor update. The actor's new
 weights reach the generation engine at the start of the next step's generate (weight
-sync by resharding). `ALGORITHMS` maps every `algorithm.name` to its program; what a name
-implies in the config (estimator, presets, checks) is its row of
-`hybridflow.config.algorithm.ALGORITHM_SPECS`, and docs/algorithms.md lists both.
+sync by resharding). Which program an `algorithm.name` runs, and everything else the name
+implies (roles, estimator, presets, checks), is its row in the algorithm registry
+(`hybridflow.config.algorithm`); `step_program` finds the function of a row, and
+docs/algorithms.md lists the rows.
 
 - critic_free: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo; they
   differ only in the estimator and the presets (Dr.GRPO: no std, seq-mean-token-sum-norm).
@@ -16,11 +17,14 @@ implies in the config (estimator, presets, checks) is its row of
 - safe_rlhf: PPO on reward and cost (two critics) under a Lagrange multiplier.
 
 Any of them can take its reward from a reward model (`reward_model.path`) instead of, or
-in addition to, the rule-based function.
+in addition to, the rule-based function. `generate_and_score`, `log_probs`,
+`shaped_rewards` and `train_critic_free` are the building blocks the programs share; a
+program of your own (docs/extending.md) may use them too.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,7 +32,9 @@ from typing import Any, Callable
 import torch
 
 from hybridflow.algorithms import LagrangeMultiplier, build_kl_controller
-from hybridflow.config.algorithm import overlong_buffer_len
+from hybridflow.config import ConfigError
+from hybridflow.config.algorithm import AlgorithmSpec
+from hybridflow.config.algorithm_settings import overlong_buffer_len
 from hybridflow.config.schema import RunConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import phases as P
@@ -66,11 +72,26 @@ def build_algo_state(cfg: RunConfig) -> AlgoState:
     alg = cfg.algorithm
     kl = alg.kl_ctrl
     kl_ctrl = build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if alg.use_kl_in_reward else None
-    lagrange = None
-    if alg.name == "safe_rlhf":
-        s = alg.safe_rlhf
-        lagrange = LagrangeMultiplier(s.lambda_init, s.lambda_lr, s.cost_limit, s.lambda_max)
+    # The multiplier's settings are algorithm.safe_rlhf: it exists where the algorithm reads them.
+    lagrange = alg.safe_rlhf.multiplier() if alg.spec.settings == "safe_rlhf" else None
     return AlgoState(kl_ctrl=kl_ctrl, lagrange=lagrange)
+
+
+# A step program: one RL step over the worker groups, metrics into step.metrics.
+Program = Callable[[Step, Roles, RunConfig, AlgoState], None]
+
+
+def step_program(spec: AlgorithmSpec) -> Program:
+    """The step function of a registry row: the function itself, or the one its
+    "module:function" path names (the built-in rows name the functions below)."""
+    if not isinstance(spec.program, str):
+        return spec.program
+    module, _, name = spec.program.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"algorithm.name={spec.name}: its program {spec.program!r} cannot be loaded ({err}); "
+                          "fix the spec's program path") from err
 
 
 # ----------------------------------------------------------------------------- shared parts
@@ -86,29 +107,34 @@ def _score(batch: DataProto, roles: Roles, cfg: RunConfig) -> torch.Tensor:
     return P.score_sequences(batch, _rule_reward(roles, cfg), roles.reward_model)[0]
 
 
-def _generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0) -> None:
+def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0) -> None:
+    """rollout.n responses per prompt and their token_level_scores from the run's reward sources."""
     P.generate(step, roles.actor, cfg.rollout.n, round=round)
     P.compute_reward(step, _rule_reward(roles, cfg), roles.reward_model)
 
 
-def _log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
+def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
+    """old_log_probs, and ref_log_probs where the run uses the reference policy (KL)."""
     P.compute_old_log_probs(step, roles.actor)
     if cfg.use_reference:
         P.compute_ref_log_probs(step, roles.actor)
 
 
-def _shaped_rewards(step: Step, cfg: RunConfig, state: AlgoState) -> None:
+def shaped_rewards(step: Step, cfg: RunConfig, state: AlgoState) -> None:
+    """token_level_rewards: the scores, minus the KL penalty with algorithm.use_kl_in_reward."""
     if cfg.algorithm.use_kl_in_reward:
         P.rewards_with_kl_penalty(step, state.kl_ctrl, cfg.algorithm.kl_penalty)
     else:
         P.rewards_are_scores(step)
 
 
-def _train_actor_critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState,
-                             extra_keys: tuple[str, ...] = ()) -> None:
-    """Everything after scoring for the critic-free programs."""
-    _log_probs(step, roles, cfg)
-    _shaped_rewards(step, cfg, state)
+def train_critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState,
+                      extra_keys: tuple[str, ...] = ()) -> None:
+    """Everything after scoring for the critic-free programs: log-probs, rewards, advantages
+    of algorithm.adv_estimator (`extra_keys`: batch tensors it reads, e.g. baseline_rewards),
+    actor update."""
+    log_probs(step, roles, cfg)
+    shaped_rewards(step, cfg, state)
     P.compute_advantages(step, cfg.algorithm.estimator, cfg.algorithm.advantage_config(), extra_keys)
     P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss)
 
@@ -126,38 +152,38 @@ def critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> N
     """GRPO (Shao et al. 2024), RLOO (Ahmadian et al. 2024), REINFORCE++ and its group-baseline
     variant (Hu 2025), Dr.GRPO (Liu et al. 2025): no critic; the advantage comes from the
     estimator of `algorithm.name` (group baselines, or batch-whitened returns)."""
-    _generate_and_score(step, roles, cfg)
-    _train_actor_critic_free(step, roles, cfg, state)
+    generate_and_score(step, roles, cfg)
+    train_critic_free(step, roles, cfg, state)
 
 
 def remax(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """ReMax (Li et al. 2023): advantage = reward - reward of the greedy response to the prompt."""
     prompts = step.batch
-    _generate_and_score(step, roles, cfg)
+    generate_and_score(step, roles, cfg)
     P.compute_greedy_baseline(step, prompts, roles.actor, lambda batch: _score(batch, roles, cfg))
-    _train_actor_critic_free(step, roles, cfg, state, extra_keys=("baseline_rewards",))
+    train_critic_free(step, roles, cfg, state, extra_keys=("baseline_rewards",))
 
 
 def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """DAPO (Yu et al. 2025): dynamic sampling, overlong reward shaping, clip-higher, token-mean loss."""
     d = cfg.algorithm.dapo
     if d.filter_groups.enable:
-        P.sample_informative_groups(step, lambda part, r: _generate_and_score(part, roles, cfg, round=r),
+        P.sample_informative_groups(step, lambda part, r: generate_and_score(part, roles, cfg, round=r),
                                     cfg.data.train_batch_size, d.filter_groups.max_extra_rounds, _group_unit(cfg))
     else:
-        _generate_and_score(step, roles, cfg)
+        generate_and_score(step, roles, cfg)
     if d.overlong_buffer.enable:
         P.add_overlong_penalty(step, cfg.rollout.response_length, overlong_buffer_len(cfg),
                                d.overlong_buffer.penalty_factor)
-    _train_actor_critic_free(step, roles, cfg, state)
+    train_critic_free(step, roles, cfg, state)
 
 
 def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """PPO (Schulman et al. 2017) with GAE advantages from a learned critic."""
-    _generate_and_score(step, roles, cfg)
-    _log_probs(step, roles, cfg)
+    generate_and_score(step, roles, cfg)
+    log_probs(step, roles, cfg)
     P.compute_values(step, roles.critic)
-    _shaped_rewards(step, cfg, state)
+    shaped_rewards(step, cfg, state)
     P.compute_advantages(step, "gae", cfg.algorithm.advantage_config())
     P.update_critic(step, roles.critic)
     P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss)
@@ -167,27 +193,15 @@ def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> Non
     """Safe-RLHF (Dai et al. 2023): PPO on reward and cost, each with its own critic; the
     multiplier lambda follows the mean episode cost against algorithm.safe_rlhf.cost_limit."""
     adv_config = cfg.algorithm.advantage_config()
-    _generate_and_score(step, roles, cfg)
+    generate_and_score(step, roles, cfg)
     P.compute_cost(step, roles.cost_fn, roles.cost_model)
-    _log_probs(step, roles, cfg)
+    log_probs(step, roles, cfg)
     P.compute_values(step, roles.critic)
     P.compute_cost_values(step, roles.cost_critic)
-    _shaped_rewards(step, cfg, state)
+    shaped_rewards(step, cfg, state)
     P.compute_advantages(step, "gae", adv_config)
     P.compute_safe_advantages(step, state.lagrange, adv_config)
     P.update_critic(step, roles.critic)
     P.update_cost_critic(step, roles.cost_critic)
     P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss)
 
-
-ALGORITHMS: dict[str, Callable[[Step, Roles, RunConfig, AlgoState], None]] = {
-    "grpo": critic_free,
-    "rloo": critic_free,
-    "reinforce_plus_plus": critic_free,
-    "reinforce_plus_plus_baseline": critic_free,
-    "drgrpo": critic_free,
-    "remax": remax,
-    "dapo": dapo,
-    "ppo": ppo,
-    "safe_rlhf": safe_rlhf,
-}

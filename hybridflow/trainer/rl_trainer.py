@@ -34,7 +34,7 @@ from hybridflow.data import ResumableLoader
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
-from hybridflow.trainer.algorithms import ALGORITHMS, build_algo_state
+from hybridflow.trainer.algorithms import build_algo_state, step_program
 from hybridflow.trainer.checkpointing import STATE_VERSION as CHECKPOINT_STATE_VERSION
 from hybridflow.trainer.checkpointing import (
     begin_checkpoint,
@@ -63,9 +63,6 @@ from hybridflow.trainer.setup import (
 )
 from hybridflow.trainer.sft import run_sft
 from hybridflow.workers import shutdown_role_groups
-
-
-TRAINED_ROLES = ("actor", "critic", "cost_critic")
 
 
 @dataclass
@@ -165,7 +162,7 @@ class RLTrainer:
         if self.roles is None:
             self._start()
         before = self._accuracy_before()
-        algorithm = ALGORITHMS[cfg.algorithm.name]
+        algorithm = step_program(cfg.algorithm.spec)
         ctx.display.start(cfg.algorithm.name.upper(), steps)
         metrics: dict[str, float] = {}
         for done in range(1, steps + 1):
@@ -197,7 +194,7 @@ class RLTrainer:
         # Value models (critic, Safe-RLHF's cost critic) and scoring models (reward / cost
         # model, counted at the critic's size) over the trained batch. Not counted: ReMax's
         # greedy generation and the groups DAPO generated and dropped.
-        critics = sum(role in self.groups for role in ("critic", "cost_critic"))
+        critics = len(cfg.algorithm.spec.critics)
         scorers = sum(role in self.groups for role in ("reward_model", "cost_model"))
         flops = self.flop_model.step_flops(
             step.batch, forwards=1 + int(cfg.use_reference), critic_forwards=critics + scorers,
@@ -265,7 +262,8 @@ class RLTrainer:
     def _trained_groups(self) -> dict[str, WorkerGroup]:
         # The roles RL trains; frozen scorers (reward_model, cost_model) are loaded from
         # their paths again on resume.
-        return {name: group for name, group in self.groups.items() if name in TRAINED_ROLES}
+        trained = self.config.algorithm.spec.trained_roles
+        return {name: group for name, group in self.groups.items() if name in trained}
 
     def _accuracy_before(self) -> float | None:
         """The held-out accuracy at the start of this `train` call; right after a resume,

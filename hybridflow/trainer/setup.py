@@ -220,17 +220,15 @@ def critic_config(cfg: RunConfig, policy_path: str) -> CriticWorkerConfig:
     return CriticWorkerConfig(engine=cfg.critic.engine_config(path, cfg.seed), loss=cfg.critic.loss)
 
 
-CRITIC_ROLES = ("critic", "cost_critic")
-
-
 def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec:
-    """Split placement puts the critics on the critic ranks, every other role (reward and
-    cost models too) on the actor's."""
+    """Split placement puts the critics (the algorithm's `critics`) on the critic ranks,
+    every other role (reward and cost models too) on the actor's."""
     use_gpu = cfg.resources.use_gpu
-    if cfg.resources.placement == "split" and "critic" in roles:
+    critics = cfg.algorithm.spec.critics
+    if cfg.resources.placement == "split" and any(role in critics for role in roles):
         return PlacementSpec(
             pools={"actor_pool": [layout.actor_ranks], "critic_pool": [layout.critic_ranks]},
-            mapping={role: "critic_pool" if role in CRITIC_ROLES else "actor_pool" for role in roles},
+            mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
             use_gpu=use_gpu,
         )
     return PlacementSpec.colocated([layout.world_size], use_gpu=use_gpu)
@@ -249,13 +247,12 @@ def build_groups(cfg: RunConfig, layout: Layout, roles: dict[str, RoleSpec]) -> 
 
 
 def rl_roles(cfg: RunConfig, model_path: str) -> dict[str, RoleSpec]:
-    """The worker roles of cfg.algorithm: the actor; critic (and cost_critic, same settings,
-    for safe_rlhf); reward_model and cost_model where their path is set."""
+    """The worker roles of cfg.algorithm: the actor; the critics its spec names (critic, and
+    cost_critic for safe_rlhf, each with the critic.* settings); reward_model and cost_model
+    where their path is set."""
     roles = {"actor": RoleSpec(ActorRolloutRefWorker, (actor_config(cfg, model_path),))}
-    if cfg.use_critic:
-        roles["critic"] = RoleSpec(CriticWorker, (critic_config(cfg, model_path),))
-    if cfg.algorithm.name == "safe_rlhf":
-        roles["cost_critic"] = RoleSpec(CriticWorker, (critic_config(cfg, model_path),))
+    for role in cfg.algorithm.spec.critics:
+        roles[role] = RoleSpec(CriticWorker, (critic_config(cfg, model_path),))
     for key in ("reward_model", "cost_model"):
         section = getattr(cfg, key)
         if section.path is not None:
