@@ -7,8 +7,8 @@ over dp, TP over tp, bf16 compute with fp32 master weights, FSDP shards aligned 
 generation TP) of a small Llama (hidden 256, 4 layers, 8 heads, 4 kv heads, MLP 768,
 vocab 2048, untied). For every training tp in {1, 2}, generation t_g in {1, 2, 4} (t_g
 dividing N; with tp > 1, t_g dividing tp) and method (hybrid, plain, gather_all), the
-`HybridEngine` moves the weights into a bf16 rollout engine `--repeats` times. Per rank
-it records communication bytes (our all-gathers; (g-1)/g of the output bytes each),
+`HybridEngine` moves the weights into a bf16 native rollout engine `--repeats` times. Per
+rank it records communication bytes (our all-gathers; (g-1)/g of the output bytes each),
 peak parameter bytes (training shard + generation copy + gather buffers) and wall time
 (between barriers, so it covers the slowest rank). Every row checks once that the
 generation weights equal the slices of the full model. The table shows rank 0's bytes
@@ -80,7 +80,8 @@ def rank_main(rank: int, world: int, model_dir: str, gen_tps: list[int], repeats
                 continue
             for method in METHODS:
                 hybrid = HybridEngine.build(actor.named_sharded_parameters, hf_config,
-                                            RolloutConfig(dtype=torch.bfloat16), gen_tp=tg, method=method)
+                                            RolloutConfig(dtype=torch.bfloat16), gen_tp=tg, method=method,
+                                            backend="native")
                 walls, stats = [], None
                 for i in range(repeats + 1):  # the first transition warms up and is not timed
                     dist.barrier()

@@ -22,7 +22,6 @@ from hybridflow.engines.reshard.engine import (
     HybridEngine,
     TransitionStats,
     create_process_groups,
-    generation_storage_bytes,
 )
 from hybridflow.engines.reshard.formulas import Costs, ModelSizes, predicted_costs
 from hybridflow.engines.reshard.grouping import (
@@ -52,7 +51,6 @@ __all__ = [
     "all_gather_groups",
     "create_process_groups",
     "generation_shard_dim",
-    "generation_storage_bytes",
     "local_shard",
     "plan_for_rank",
     "predicted_costs",

@@ -1,7 +1,8 @@
 """HybridEngine: the actor's switch between its training layout and its generation layout.
 
     hybrid = HybridEngine.build(actor.named_sharded_parameters, hf_config,
-                                RolloutConfig(dtype=torch.bfloat16), gen_tp=2, method="hybrid")
+                                RolloutConfig(dtype=torch.bfloat16), gen_tp=2, method="hybrid",
+                                backend="native")  # any registered rollout backend (rollout.name)
     stats = hybrid.to_generation()        # gather into the rollout engine's TP layout
     out = hybrid.rollout.generate(prompts, sampling)
     hybrid.to_training()                  # release the generation copy
@@ -11,6 +12,11 @@ optimizer step just changed are the ones generation uses. The training shards ar
 untouched (on GPU the caller may offload them with `TrainEngine.offload` while
 generating). Building is collective over the training world: it shares the layout and
 creates the process groups (generation TP groups and gather groups) on every rank.
+
+The rollout engine is whichever backend `backend` names (engines/rollout/registry.py); the
+HybridEngine uses only the `RolloutEngine` interface: its TP layout (`tp_size`, `tp_rank`,
+`shard_dim`), `load_weights(sharded=...)`, `release_memory` / `resume_memory` and
+`weight_storage_bytes` for the memory accounting.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from hybridflow.engines.reshard.grouping import (
 )
 from hybridflow.engines.reshard.layout import TrainingLayout, local_shard
 from hybridflow.engines.reshard.placement import generation_shard_dim
-from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig
+from hybridflow.engines.rollout import RolloutConfig, RolloutEngine, build_rollout_engine
 
 NamedParameters = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
@@ -57,9 +63,9 @@ class TransitionStats:
 
 
 class HybridEngine:
-    """Reshards training parameters into a `NativeRolloutEngine` (see module docstring)."""
+    """Reshards training parameters into a rollout engine (see module docstring)."""
 
-    def __init__(self, named_parameters: NamedParameters, rollout: NativeRolloutEngine, layout: TrainingLayout,
+    def __init__(self, named_parameters: NamedParameters, rollout: RolloutEngine, layout: TrainingLayout,
                  grouping: GenerationGrouping, groups: dict[tuple[int, ...], dist.ProcessGroup],
                  transfer_dtype: torch.dtype) -> None:
         self.named_parameters = named_parameters
@@ -76,13 +82,19 @@ class HybridEngine:
 
     @classmethod
     def build(cls, named_parameters: NamedParameters, hf_config, rollout_config: RolloutConfig, *,
-              gen_tp: int, method: ReshardMethod | str, tokenizer=None) -> "HybridEngine":
-        """Collective: describe the layout, create process groups, build the rollout engine."""
+              gen_tp: int, method: ReshardMethod | str, backend: str = "native", tokenizer=None,
+              model_path: str | None = None) -> "HybridEngine":
+        """Collective: describe the layout, create process groups, build the rollout engine.
+
+        `backend` is a registered rollout backend name (`rollout.name`); it is built on this
+        rank's generation TP group, with `tokenizer` (stop strings) and `model_path`.
+        """
         layout = TrainingLayout.from_named_parameters(named_parameters())
         grouping = GenerationGrouping.build(layout, gen_tp, method)
         groups = create_process_groups(layout, grouping)
         tp_group = groups.get(grouping.tp_group_of(dist.get_rank()))
-        rollout = NativeRolloutEngine(hf_config, rollout_config, process_group=tp_group, tokenizer=tokenizer)
+        rollout = build_rollout_engine(backend, hf_config, rollout_config, process_group=tp_group,
+                                       tokenizer=tokenizer, model_path=model_path)
         return cls(named_parameters, rollout, layout, grouping, groups, rollout_config.dtype)
 
     # ------------------------------------------------------------------ transitions
@@ -97,7 +109,7 @@ class HybridEngine:
         locals_ = {name: local_shard(p).detach() for name, p in params.items()}
         ledger.set_train(sum(nbytes(t) for t in locals_.values()))
         self.rollout.resume_memory()
-        ledger.set_generation(generation_storage_bytes(self.rollout))
+        ledger.set_generation(self.rollout.weight_storage_bytes())
         if self.grouping.method is ReshardMethod.HYBRID:
             self._stream(locals_, meter, ledger)
         else:
@@ -166,10 +178,3 @@ def create_process_groups(layout: TrainingLayout, grouping: GenerationGrouping) 
     # Every rank must create every group, in the same order.
     return {members: dist.new_group(list(members)) for members in sorted(wanted)}
 
-
-def generation_storage_bytes(rollout: NativeRolloutEngine) -> int:
-    """Bytes of weight storage the rollout engine holds right now (tied weights once)."""
-    weights = getattr(getattr(rollout, "model", None), "weights", None)
-    if weights is None or not hasattr(weights, "base_tensors"):
-        raise TypeError(f"cannot read the weight storage of a {type(rollout).__name__}; use NativeRolloutEngine")
-    return sum(t.untyped_storage().nbytes() for t in weights.base_tensors())

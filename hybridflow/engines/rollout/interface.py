@@ -1,32 +1,63 @@
-"""What a rollout (generation) engine must offer to the workers.
+"""What a rollout (generation) backend must offer to the workers and the HybridEngine.
 
-Workers talk to generation only through `RolloutEngine`, so an adapter for vLLM or SGLang
-is one new class here in engines/rollout, not a change to any worker:
+Workers and `engines/reshard` talk to generation only through `RolloutEngine`, so a new
+backend (vLLM, SGLang, ...) is one new module in engines/rollout: a subclass registered
+with `@register_rollout_backend("name")` (registry.py) and selected by `rollout.name`.
+Built in: "native" (engine.py) and "hf" (hf_backend.py, transformers `generate`).
 
+A backend is built as `cls(hf_config, rollout_config, process_group=..., tokenizer=...,
+model_path=...)` with no weights, then fed weights by `load_weights`. It provides:
+
+- `tp_size` / `tp_rank` / `shard_dim(name)`: its tensor-parallel layout. The HybridEngine
+  hands each rank the piece of a weight it owns along `shard_dim(name)`, so a backend
+  must split weights like `weights.tp_shard_dim` (Megatron convention) or refuse TP
+  (`supports_tensor_parallel = False`: then it only ever gets full tensors).
 - `load_weights(named_tensors, sharded=...)`: weights by Hugging Face parameter name,
   either full tensors (the engine cuts its tensor-parallel piece) or pieces the caller
   already cut along `shard_dim(name)`; may be called repeatedly (weight sync each step).
 - `generate(prompts, sampling_params)`: left-padded prompts in a DataProto in; a DataProto
   with `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`,
-  `position_ids`, `rollout_log_probs` and non-tensor `finish_reason` out (see engine.py).
+  `position_ids`, `rollout_log_probs` and non-tensor `finish_reason` out (layout in
+  engine.py; `batch_io.pack_output` builds it).
 - `release_memory(keep_weights=...)` / `resume_memory()`: give the device memory back
   between rollouts (colocated training needs it) and take it again.
+- `weight_storage_bytes()`: bytes of weight storage held right now; the HybridEngine's
+  memory accounting reads it (it must drop to 0 after `release_memory()`).
+
+tests/engines/rollout/test_backend_contract.py runs the same checks on every backend.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import ClassVar
 
 import torch
 
+from hybridflow.engines.models import load_hf_config
+from hybridflow.engines.rollout.config import RolloutConfig
 from hybridflow.engines.rollout.sampling import SamplingParams
-from hybridflow.engines.rollout.weights import tp_shard_dim
+from hybridflow.engines.rollout.weights import iter_safetensors, tp_shard_dim
 from hybridflow.protocol import DataProto
 
 
 class RolloutEngine(ABC):
-    """Contract between rollout workers and any generation backend."""
+    """Contract between rollout workers (and the HybridEngine) and any generation backend."""
+
+    # False: the backend runs on one rank only; building it for t_g > 1 is refused with a
+    # clear error (registry.check_rollout_backend) instead of failing inside the engine.
+    supports_tensor_parallel: ClassVar[bool] = False
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, config: RolloutConfig = RolloutConfig(), *,
+                        process_group=None, tokenizer=None) -> "RolloutEngine":
+        """Build from a local HF directory and load its safetensors (each rank keeps its shard)."""
+        engine = cls(load_hf_config(model_dir), config, process_group=process_group, tokenizer=tokenizer,
+                     model_path=str(model_dir))
+        engine.load_weights(iter_safetensors(model_dir))
+        return engine
 
     @property
     @abstractmethod
@@ -63,3 +94,7 @@ class RolloutEngine(ABC):
     @abstractmethod
     def resume_memory(self) -> None:
         """Re-acquire what release_memory gave back; generation works again afterwards."""
+
+    @abstractmethod
+    def weight_storage_bytes(self) -> int:
+        """Bytes of weight storage held right now (tied weights once; 0 after release_memory())."""

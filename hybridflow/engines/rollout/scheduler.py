@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from hybridflow.engines.rollout.batch_io import hits_stop_string
 from hybridflow.engines.rollout.kv_cache import KVCache
 from hybridflow.engines.rollout.model import DecoderModel
 from hybridflow.engines.rollout.sampling import RowSettings, SamplingParams, sample_tokens
@@ -181,18 +182,11 @@ class Scheduler:
     def _finish_reason(self, r: Request) -> str | None:
         if r.tokens[-1] in r.stop_ids:
             return "stop"
-        if r.params.stop and self._hits_stop_string(r):
+        if r.params.stop and hits_stop_string(self.tokenizer, r.tokens, r.params.stop):
             return "stop"
         if len(r.tokens) >= r.params.max_new_tokens or len(r.prompt) + len(r.tokens) >= self.max_len:
             return "length"
         return None
-
-    def _hits_stop_string(self, r: Request) -> bool:
-        # Decoding only a tail keeps the check O(1) per step; a stop string of c characters
-        # spans at most c tokens unless tokens decode to nothing, hence the slack.
-        window = 8 * max(len(s) for s in r.params.stop) + 16
-        text = self.tokenizer.decode(r.tokens[-window:])
-        return any(s in text for s in r.params.stop)
 
     # ----------------------------------------------------------------- slots
     def _compact(self, live: list[Request]) -> list[Request]:

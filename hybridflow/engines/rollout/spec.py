@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridflow.engines.models import SUPPORTED_FAMILIES, ModelLoadError
+from hybridflow.engines.rollout.batch_io import id_tuple
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -99,17 +100,9 @@ class DecoderSpec:
             rope=_rope_from_config(config),
             sliding_windows=_sliding_windows(config, family),
             max_position_embeddings=int(config.max_position_embeddings),
-            eos_token_ids=_as_id_tuple(getattr(config, "eos_token_id", None)),
+            eos_token_ids=id_tuple(getattr(config, "eos_token_id", None)),
             pad_token_id=int(pad),
         )
-
-
-def _as_id_tuple(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
 
 
 def _rope_from_config(config) -> RopeSpec:

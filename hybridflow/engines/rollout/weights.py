@@ -31,11 +31,17 @@ import torch
 
 from hybridflow.engines.models import ModelLoadError
 from hybridflow.engines.rollout.spec import DecoderSpec
+from hybridflow.engines.rollout.storage import ReleasableStorage
 
 _COLUMN = re.compile(r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$|(embed_tokens|lm_head)\.weight$")
 _ROW = re.compile(r"(o_proj|down_proj)\.weight$")
 # buffers some older checkpoints carry that are recomputed here, never loaded
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+
+
+def ignored_weight(name: str) -> bool:
+    """True for checkpoint tensors no backend loads (buffers recomputed from the config)."""
+    return _IGNORED.search(name) is not None
 
 
 def tp_shard_dim(name: str) -> int | None:
@@ -108,8 +114,11 @@ class DecoderWeights:
         self.layers = [self._new_layer(new) for _ in range(spec.num_layers)]
         self.views: dict[str, torch.Tensor] = self._name_table()
         self.loaded: set[str] = set()
-        self._offloaded: list[torch.Tensor] | None = None
-        self.released = False
+        self.storage = ReleasableStorage(self.base_tensors())
+
+    @property
+    def released(self) -> bool:
+        return self.storage.released
 
     def _new_layer(self, new) -> LayerWeights:
         s, h, d = self.spec, self.spec.hidden_size, self.spec.head_dim
@@ -178,7 +187,7 @@ class DecoderWeights:
             raise RuntimeError("weights are released; call resume_memory() before load_weights()")
         done = []
         for name, tensor in weights:
-            if _IGNORED.search(name):
+            if ignored_weight(name):
                 continue
             dest = self.views.get(name)
             if dest is None:
@@ -212,31 +221,13 @@ class DecoderWeights:
 
     def release(self, *, keep_values: bool) -> None:
         """Free device storage. keep_values: copy to host first so `resume` restores them."""
-        if self.released:
-            return
-        tensors = self.base_tensors()
-        if keep_values and tensors[0].device.type != "cpu":
-            self._offloaded = [t.detach().to("cpu", copy=True) for t in tensors]
-        elif keep_values:
-            return  # host memory is where they would go anyway: nothing to free
-        else:
-            self._offloaded = None
+        # Shrinking the storage (not replacing the tensors) keeps every name-table view valid.
+        if self.storage.release(keep_values=keep_values):
             self.loaded.clear()
-        for t in tensors:
-            # Shrinking the storage (not replacing the tensor) keeps every name-table view valid.
-            t.untyped_storage().resize_(0)
-        self.released = True
 
     def resume(self) -> None:
         """Re-allocate storage; values come back if they were offloaded, else must be reloaded."""
-        if not self.released:
-            return
-        for i, t in enumerate(self.base_tensors()):
-            t.untyped_storage().resize_(t.numel() * t.element_size())
-            if self._offloaded is not None:
-                t.copy_(self._offloaded[i])
-        self._offloaded = None
-        self.released = False
+        self.storage.resume()
 
 
 def iter_safetensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -65,11 +65,22 @@ def reference_engine(hf_config, full: dict[str, torch.Tensor]):
     return engine
 
 
+def named_generation_weights(rollout) -> dict[str, torch.Tensor]:
+    """The rollout engine's weights by HF name (each backend stores them its own way)."""
+    from hybridflow.engines.rollout import HFRolloutEngine, NativeRolloutEngine
+
+    if isinstance(rollout, NativeRolloutEngine):
+        return rollout.model.weights.views
+    if isinstance(rollout, HFRolloutEngine):
+        return rollout.views
+    raise TypeError(f"no weight table for a {type(rollout).__name__}")
+
+
 def slices_equal(rollout, full: dict[str, torch.Tensor], dtype: torch.dtype) -> list[str]:
     """Names whose generation-layout weight differs from its slice of the full model."""
     from hybridflow.engines.rollout import shard_for_rank
 
-    views = rollout.model.weights.views
+    views = named_generation_weights(rollout)
     bad = []
     for name, tensor in full.items():
         want = shard_for_rank(tensor, name, rollout.tp_rank, rollout.tp_size).to(dtype)
@@ -108,11 +119,13 @@ def predicted(model_sizes, stats, train_tp: int, gen_dtype: torch.dtype) -> dict
     return {**asdict(costs), "peak_bytes": costs.peak_bytes}
 
 
-def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str, bool]]) -> list[dict]:
-    """FSDP2 (tp=1) over the world; settings: (method, gen_tp, gen dtype, aligned placement)."""
+def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str, bool]],
+                 backend: str = "native") -> list[dict]:
+    """FSDP2 (tp=1) over the world into rollout backend `backend`; settings: (method,
+    gen_tp, gen dtype, aligned placement)."""
     import transformers
 
-    from hybridflow.engines.reshard import HybridEngine, ModelSizes, generation_storage_bytes
+    from hybridflow.engines.reshard import HybridEngine, ModelSizes
     from hybridflow.engines.rollout import RolloutConfig
 
     results = []
@@ -127,8 +140,8 @@ def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str
                 continue
             dtype = DTYPES[dtype_name]
             hybrid = HybridEngine.build(model.named_parameters, model.config, RolloutConfig(dtype=dtype),
-                                        gen_tp=gen_tp, method=method)
-            released_before = generation_storage_bytes(hybrid.rollout)
+                                        gen_tp=gen_tp, method=method, backend=backend)
+            released_before = hybrid.rollout.weight_storage_bytes()
             stats = hybrid.to_generation()
             res = {"setting": (method, gen_tp, dtype_name, aligned), "stats": stats.as_dict(),
                    "predicted": predicted(sizes, stats, 1, dtype), "bad_slices": slices_equal(hybrid.rollout, full, dtype),
@@ -137,9 +150,28 @@ def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str
                 gen = compare_generation(hybrid.rollout, ref, model.config.vocab_size)
                 res.update(tokens_equal=gen["tokens_equal"], logprob_diff=gen["logprob_diff"])
             hybrid.to_training()
-            res["released_after"] = generation_storage_bytes(hybrid.rollout)
+            res["released_after"] = hybrid.rollout.weight_storage_bytes()
             results.append(res)
     return results
+
+
+def hf_backend(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str, bool]]) -> dict:
+    """`fsdp_methods` into the "hf" backend, and the error its build gives for t_g > 1."""
+    import transformers
+
+    from hybridflow.engines.reshard import HybridEngine
+    from hybridflow.engines.rollout import RolloutConfig
+
+    out = {"results": fsdp_methods(rank, world, model_dir, settings, backend="hf")}
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    shard_with_fsdp(model, world, aligned=True)
+    try:
+        HybridEngine.build(model.named_parameters, model.config, RolloutConfig(dtype=torch.float32),
+                           gen_tp=world, method="hybrid", backend="hf")
+        out["tp_error"] = None
+    except ValueError as err:
+        out["tp_error"] = str(err)
+    return out
 
 
 def _rl_batch(n: int, vocab: int, seed: int = 3) -> dict[str, torch.Tensor]:

@@ -51,6 +51,19 @@ def test_fsdp_world4_all_methods(llama_dir):
     assert by_setting[("hybrid", 2, "fp32", True)] < by_setting[("plain", 2, "fp32", True)]
 
 
+def test_fsdp_world2_into_the_hf_backend(llama_dir):
+    """The HybridEngine drives any registered backend through the RolloutEngine interface:
+    transformers generate gets the exact weights, generates what a native single-process
+    engine does, and its storage is counted by the same formulas."""
+    settings = [("hybrid", 1, "fp32", True), ("gather_all", 1, "fp32", True)]
+    per_rank = run_ranks(reshard_cases.hf_backend, 2, str(llama_dir), settings)
+    for out in per_rank:
+        assert len(out["results"]) == len(settings)
+        for res in out["results"]:
+            _check(res)
+        assert "tensor_model_parallel_size=2" in out["tp_error"] and "rollout.name=native" in out["tp_error"]
+
+
 def test_actor_step_reaches_next_generation_dp2_tp2(llama_dir):
     from reshard_layouts import fsdp_layout
 

@@ -67,6 +67,27 @@ def full_forward_log_probs(hf_model, out: DataProto, temperature: float = 1.0) -
     return pred.log_softmax(-1).gather(-1, out.batch["responses"].unsqueeze(-1)).squeeze(-1)
 
 
+def truncated_log_probs(hf, out, temp: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Log-prob under the top-k-then-top-p renormalised distribution, computed independently."""
+    with torch.no_grad():
+        logits = hf(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
+                    position_ids=out.batch["position_ids"]).logits.float()
+    p = out.batch["prompts"].shape[1]
+    probs = (logits[:, p - 1 : -1] / temp).softmax(-1)
+    result = torch.zeros(out.batch["responses"].shape)
+    for (i, j), tok in zip(torch.cartesian_prod(torch.arange(result.shape[0]), torch.arange(result.shape[1])),
+                           out.batch["responses"].flatten()):
+        row = probs[i, j]
+        order = row.argsort(descending=True)[:top_k]
+        kept = row[order] / row[order].sum()
+        n_keep = int((kept.cumsum(0) - kept < top_p).sum())
+        support = order[:n_keep]
+        renorm = row[support] / row[support].sum()
+        hit = (support == tok).nonzero()
+        result[i, j] = renorm[hit[0, 0]].log() if len(hit) else float("-inf")
+    return result
+
+
 def char_tokenizer(vocab: int):
     """A local tokenizer whose token i decodes to one distinct character (no downloads)."""
     from tokenizers import Tokenizer, decoders, models
@@ -75,3 +96,16 @@ def char_tokenizer(vocab: int):
     tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=chars[0]))
     tok.decoder = decoders.Fuse()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok), chars
+
+
+def build_engine(backend: str, path: Path, config=None, *, hf_config=None, tokenizer=None):
+    """Backend `backend` made by the registry's factory, holding the weights of `path`."""
+    from hybridflow.engines.models import load_hf_config
+    from hybridflow.engines.rollout import RolloutConfig, build_rollout_engine
+    from hybridflow.engines.rollout.weights import iter_safetensors
+
+    engine = build_rollout_engine(backend, hf_config if hf_config is not None else load_hf_config(path),
+                                  config if config is not None else RolloutConfig(dtype=torch.float32),
+                                  process_group=None, tokenizer=tokenizer, model_path=str(path))
+    engine.load_weights(iter_safetensors(path))
+    return engine

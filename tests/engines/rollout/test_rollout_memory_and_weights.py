@@ -1,10 +1,13 @@
-"""KV-cache lifetime, release/resume, weight loading by name, and continuous-batching work."""
+"""Native engine: KV-cache lifetime, sharded loading, continuous-batching work, refused configs.
+
+Release/resume, weight sync and storage accounting are in test_backend_contract.py (all backends).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import left_padded, save_model
+from rollout_helpers import left_padded
 
 from hybridflow.engines.models import ModelLoadError, load_hf_config
 from hybridflow.engines.precision import resolve_dtype
@@ -30,37 +33,6 @@ def test_kv_cache_freed_by_default_kept_by_option(tiny_llama_dir):
     assert torch.equal(second.batch["responses"], first.batch["responses"][:1])
     keeper.generate(batch, SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True))
     assert keeper.cache is not kept and keeper.cache.max_len >= 46  # grew for the longer call
-
-
-def test_release_and_resume(tiny_llama_dir):
-    batch = left_padded([4, 6], vocab=256)
-    engine = NativeRolloutEngine.from_pretrained(tiny_llama_dir, FP32)
-    ref = engine.generate(batch, GREEDY).batch["responses"]
-    engine.release_memory(keep_weights=True)  # on CPU the weights simply stay
-    assert torch.equal(engine.generate(batch, GREEDY).batch["responses"], ref)
-    full = engine.weight_storage_bytes()
-    assert full == sum(t.numel() * 4 for _, t in iter_safetensors(tiny_llama_dir))  # fp32, untied
-    engine.release_memory()
-    assert engine.weight_storage_bytes() == 0
-    with pytest.raises(RuntimeError, match="resume_memory"):
-        engine.generate(batch, GREEDY)
-    engine.resume_memory()
-    with pytest.raises(RuntimeError, match="never loaded"):
-        engine.generate(batch, GREEDY)
-    engine.load_weights(iter_safetensors(tiny_llama_dir))
-    assert torch.equal(engine.generate(batch, GREEDY).batch["responses"], ref)
-
-
-def test_load_weights_updates_in_place(tiny_llama_dir, tmp_path):
-    """Weight sync: loading another checkpoint's tensors makes the engine generate like it."""
-    other = save_model(tmp_path / "other", "llama", seed=31)
-    batch = left_padded([5, 3], vocab=256)
-    engine = NativeRolloutEngine.from_pretrained(tiny_llama_dir, FP32)
-    before = engine.generate(batch, GREEDY).batch["responses"]
-    engine.load_weights(iter_safetensors(other))
-    fresh = NativeRolloutEngine.from_pretrained(other, FP32).generate(batch, GREEDY).batch["responses"]
-    assert torch.equal(engine.generate(batch, GREEDY).batch["responses"], fresh)
-    assert not torch.equal(fresh, before)
 
 
 def test_sharded_loading_rules_and_errors(tiny_llama_dir):

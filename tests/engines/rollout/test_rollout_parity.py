@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import full_forward_log_probs, left_padded, load_hf, save_model
+from rollout_helpers import full_forward_log_probs, left_padded, load_hf, save_model, truncated_log_probs
 
 from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig, SamplingParams
 
@@ -71,30 +71,9 @@ def test_rollout_log_probs_equal_full_forward(family, mode, tmp_path):
     got = out.batch["rollout_log_probs"]
     expected = full_forward_log_probs(hf, out, temperature=temp)
     if mode == "processed":
-        expected = _truncated_log_probs(hf, out, temp, top_k, top_p)
+        expected = truncated_log_probs(hf, out, temp, top_k, top_p)
     assert torch.allclose(got[mask], expected[mask], atol=1e-4), (got[mask] - expected[mask]).abs().max()
     assert (got[~mask] == 0).all()
-
-
-def _truncated_log_probs(hf, out, temp: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Log-prob under the top-k-then-top-p renormalised distribution, computed independently."""
-    with torch.no_grad():
-        logits = hf(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
-                    position_ids=out.batch["position_ids"]).logits.float()
-    p = out.batch["prompts"].shape[1]
-    probs = (logits[:, p - 1 : -1] / temp).softmax(-1)
-    result = torch.zeros(out.batch["responses"].shape)
-    for (i, j), tok in zip(torch.cartesian_prod(torch.arange(result.shape[0]), torch.arange(result.shape[1])),
-                           out.batch["responses"].flatten()):
-        row = probs[i, j]
-        order = row.argsort(descending=True)[:top_k]
-        kept = row[order] / row[order].sum()
-        n_keep = int((kept.cumsum(0) - kept < top_p).sum())
-        support = order[:n_keep]
-        renorm = row[support] / row[support].sum()
-        hit = (support == tok).nonzero()
-        result[i, j] = renorm[hit[0, 0]].log() if len(hit) else float("-inf")
-    return result
 
 
 @pytest.mark.parametrize("matmul", ["native", "fp32_panels"])

@@ -119,6 +119,13 @@ def test_unseeded_calls_differ_but_engines_repeat(tiny_llama_dir):
     assert torch.equal(a1.batch["responses"], b1.batch["responses"])
 
 
+def test_invalid_sampling_params_are_refused():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1.*n must be >= 1"):
+        SamplingParams(n=0, max_new_tokens=0)
+
+
 def test_sample_tokens_rows_follow_their_own_settings():
     """Mixed batch: greedy row -> argmax; top_k=1 row -> argmax; top-k rows stay in their top-k."""
     gen = torch.Generator().manual_seed(0)

@@ -1,0 +1,48 @@
+"""`RolloutConfig`: engine-wide settings shared by every rollout backend.
+
+Per-request settings (temperature, stops, n, seed...) live in `SamplingParams`; this is
+what a backend is built with. Every backend honours `dtype`, `device`, `max_model_len`,
+`log_prob_mode`, `pad_token_id`, `seed` and `max_num_seqs` (rows generated at once); the
+rest are knobs of the native engine that other backends ignore: `keep_kv_cache`,
+`prefill_token_budget`, `matmul`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridflow.engines.precision import resolve_dtype
+from hybridflow.engines.rollout.gemm import resolve_matmul
+from hybridflow.engines.rollout.sampling import LOG_PROB_MODES
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Engine-wide settings (per-request settings live in SamplingParams)."""
+
+    # torch dtype, or "auto" / "bf16" / "fp32" (engines/precision.py): "auto" is bf16 on GPUs
+    # and CPUs with native bf16, fp32 elsewhere. Always a torch.dtype after construction.
+    dtype: torch.dtype | str = "auto"
+    device: str = "cpu"
+    max_num_seqs: int = 256  # sequences decoded at once (native: KV-cache slots)
+    max_model_len: int | None = None  # prompt + response cap; None: config.max_position_embeddings
+    keep_kv_cache: bool = False  # keep the cache between generate calls instead of freeing it
+    log_prob_mode: str = "scaled"
+    prefill_token_budget: int = 8192  # padded tokens per prefill forward (bounds activations)
+    pad_token_id: int | None = None  # None: the model config's pad id
+    seed: int = 0
+    # "native": torch's GEMM in `dtype`; "fp32_panels": bf16 weights multiplied by fp32 sgemm
+    # one converted panel at a time, for CPUs without native bf16; "auto": the latter exactly
+    # there (see gemm.py). A concrete mode after construction.
+    matmul: str = "auto"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dtype, str):
+            object.__setattr__(self, "dtype", resolve_dtype(self.dtype, torch.device(self.device).type))
+        if self.log_prob_mode not in LOG_PROB_MODES:
+            raise ValueError(f"log_prob_mode must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}")
+        object.__setattr__(self, "matmul", resolve_matmul(self.matmul, self.dtype, torch.device(self.device).type))
+        if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
+            raise ValueError("max_num_seqs and prefill_token_budget must be >= 1")

@@ -1,0 +1,258 @@
+"""Hugging Face `generate` as a rollout backend ("hf"): a reference, and a fallback.
+
+    engine = HFRolloutEngine.from_pretrained(model_dir, RolloutConfig(dtype="fp32"))
+    out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=64, n=4))
+
+Select it with `rollout.name=hf`. The model is `transformers.AutoModelForCausalLM` built
+from the config, so any family transformers knows works, including ones the native
+engine lacks; it is fed weights by Hugging Face name like every backend, and decodes
+with `model.generate`. Slower than the native engine (no continuous batching: a batch
+decodes until its longest row is done), but an independent implementation of the same
+contract: the output DataProto is built by the same code (batch_io.pack_output: keys,
+layout, finish reasons and stop rules are the native engine's).
+
+How SamplingParams map:
+- temperature, top_k, top_p: one logits processor of ours applies transformers' own
+  warpers (temperature, then top-k, then top-p; generate's are switched off) and records
+  `rollout_log_probs` in the engine's log_prob_mode ("scaled": softmax(logits / T) over
+  the full vocabulary; "processed": the truncated distribution sampled from). Greedy
+  (temperature 0) takes the argmax and reports log softmax(logits).
+- stop_token_ids and eos (unless ignore_eos) end a row inside generate. Stop strings are
+  checked afterwards: the row decodes on until a stop id or its budget, then is cut at the
+  token that completes the string, as the native engine would have stopped.
+- n: every prompt is repeated n times, its samples adjacent in the output.
+- max_new_tokens and the other settings may differ per row: rows are grouped by their
+  SamplingParams and each group is one `generate` call (max_num_seqs rows at most), so
+  every row gets exactly its own budget.
+
+What it cannot do like the native engine:
+- tensor parallelism: t_g = 1 only (use rollout.name=native, or
+  rollout.tensor_model_parallel_size=1);
+- batch-independent randomness: `generate` samples from torch's global generator, so a
+  sample depends on the rows generated with it, not on (seed, row, sample) alone. A call
+  is reproducible for the same batch and seed (each group call is seeded from the request
+  seed, or from RolloutConfig.seed and the call number); the caller's RNG state is left
+  untouched;
+- keep_kv_cache, prefill_token_budget and matmul have no effect (generate allocates its
+  cache per call and uses torch's kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from hybridflow.engines.rollout.batch_io import (
+    check_model_len,
+    check_ready,
+    cut_at_stop,
+    id_tuple,
+    pack_output,
+    params_per_row,
+    sample_seed,
+    stop_ids_for,
+    unpad_prompts,
+)
+from hybridflow.engines.rollout.config import RolloutConfig
+from hybridflow.engines.rollout.interface import RolloutEngine
+from hybridflow.engines.rollout.registry import register_rollout_backend, unsupported_tp_message
+from hybridflow.engines.rollout.sampling import SamplingParams
+from hybridflow.engines.rollout.storage import ReleasableStorage
+from hybridflow.engines.rollout.weights import ignored_weight
+from hybridflow.protocol import DataProto
+
+
+@dataclass
+class _Sample:
+    prompt_row: int
+    sample_index: int
+    tokens: list[int]
+    log_probs: list[float]
+    finish_reason: str
+
+
+@register_rollout_backend("hf")
+class HFRolloutEngine(RolloutEngine):
+    """`transformers` generation behind the RolloutEngine contract (see module docstring)."""
+
+    supports_tensor_parallel = False
+
+    def __init__(self, hf_config, config: RolloutConfig = RolloutConfig(), *, process_group=None, tokenizer=None,
+                 model_path: str | None = None):
+        # model_path is part of the backend signature (registry.py); weights come by load_weights.
+        tp_size = 1 if process_group is None else dist.get_world_size(process_group)
+        if tp_size > 1:
+            raise ValueError(unsupported_tp_message("hf", tp_size))
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = AutoModelForCausalLM.from_config(hf_config, dtype=config.dtype).to(self.device).eval()
+        self.model.requires_grad_(False)
+        self.max_len = config.max_model_len or _max_positions(hf_config)
+        pad = config.pad_token_id if config.pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        self.eos_ids = id_tuple(getattr(hf_config, "eos_token_id", None))
+        # Neutral defaults: every generation setting comes from the call's SamplingParams,
+        # never from a generation_config.json fallback (eos, top_k=50, penalties...).
+        self.model.generation_config = GenerationConfig(pad_token_id=self.pad_id)
+        self.tokenizer = tokenizer
+        # Every loadable name (tied weights under both names) -> its tensor; the storage
+        # of the distinct parameters is what release/resume and the accounting cover.
+        self.views: dict[str, torch.Tensor] = self.model.state_dict(keep_vars=True)
+        params = list(self.model.parameters())  # deduplicated: a tied weight once
+        self.storage = ReleasableStorage(params)
+        self._param_names = {id(p): n for n, p in self.model.named_parameters()}
+        self._loaded: set[int] = set()
+        self._calls = 0
+
+    # ----------------------------------------------------------------- RolloutEngine
+    @property
+    def tp_size(self) -> int:
+        return 1
+
+    @property
+    def tp_rank(self) -> int:
+        return 0
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, sharded: bool = False) -> None:
+        # With one rank a rank's shard is the whole tensor, so `sharded` changes nothing.
+        if self.storage.released:
+            raise RuntimeError("weights are released; call resume_memory() before load_weights()")
+        for name, tensor in weights:
+            if ignored_weight(name):
+                continue
+            dest = self.views.get(name)
+            if dest is None:
+                raise KeyError(f"unknown parameter {name!r} for this {self.model.config.model_type} model; expected "
+                               f"its Hugging Face names, e.g. {next(iter(self.views))!r}")
+            if tuple(tensor.shape) != tuple(dest.shape):
+                raise ValueError(f"{name}: got shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            self._loaded.add(id(dest))
+
+    def release_memory(self, *, keep_weights: bool = False) -> None:
+        if self.storage.release(keep_values=keep_weights):
+            self._loaded.clear()
+
+    def resume_memory(self) -> None:
+        self.storage.resume()
+
+    def weight_storage_bytes(self) -> int:
+        return self.storage.nbytes()
+
+    def generate(self, prompts: DataProto,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> DataProto:
+        params = params_per_row(prompts, sampling_params)
+        missing = {n for i, n in self._param_names.items() if i not in self._loaded}
+        check_ready(released=self.storage.released, missing=missing, params=params, tokenizer=self.tokenizer)
+        prompt_ids = unpad_prompts(prompts)
+        check_model_len(prompt_ids, params, self.max_len)
+        groups: dict[SamplingParams, list[int]] = {}
+        for row, p in enumerate(params):
+            groups.setdefault(p, []).append(row)
+        samples: list[_Sample] = []
+        for p, rows in groups.items():
+            per_call = max(1, self.config.max_num_seqs // p.n)
+            for start in range(0, len(rows), per_call):
+                samples += self._generate_rows(prompt_ids, rows[start : start + per_call], p)
+        samples.sort(key=lambda s: (s.prompt_row, s.sample_index))
+        self._calls += 1
+        return pack_output(prompts, samples, params, self.pad_id)
+
+    # ----------------------------------------------------------------- helpers
+    def _generate_rows(self, prompt_ids: list[list[int]], rows: list[int], p: SamplingParams) -> list[_Sample]:
+        """One `generate` call: the prompts of `rows`, each repeated n times."""
+        ids, mask = _left_pad([prompt_ids[r] for r in rows for _ in range(p.n)], self.pad_id, self.device)
+        stop_ids = stop_ids_for(p, self.eos_ids)
+        recorder = _LogProbRecorder(p, self.config.log_prob_mode)
+        sampling = {} if p.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # ours apply them
+        gen_config = GenerationConfig(max_new_tokens=p.max_new_tokens, do_sample=not p.greedy,
+                                      eos_token_id=sorted(stop_ids) or None, pad_token_id=self.pad_id, **sampling)
+        entropy = [p.seed, rows[0]] if p.seed is not None else [self.config.seed, 1 << 31, self._calls, rows[0]]
+        cuda = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(sample_seed(entropy))
+            sequences = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
+                                            logits_processor=LogitsProcessorList([recorder]))
+        new = sequences[:, ids.shape[1] :]
+        log_probs = recorder.chosen_log_probs(new)
+        new = new.cpu().tolist()
+        out = []
+        for i, (row, k) in enumerate((r, k) for r in rows for k in range(p.n)):
+            n, reason = cut_at_stop(new[i], p, stop_ids, self.tokenizer)
+            out.append(_Sample(row, k, new[i][:n], log_probs[i, :n].tolist(), reason))
+        return out
+
+
+class _LogProbRecorder(LogitsProcessor):
+    """Applies a request's temperature / top-k / top-p and keeps each chosen token's log-prob.
+
+    generate runs custom processors before its own warpers (switched off here), so this one
+    sees the raw logits. The token chosen at step t is known only at step t + 1 (as the
+    last input id) or, for the last step, from the output: one step's log-softmax is held
+    until then, so memory stays [rows, vocab] whatever the response length.
+    """
+
+    def __init__(self, params: SamplingParams, log_prob_mode: str) -> None:
+        self.greedy = params.greedy
+        self.temperature = params.temperature
+        self.warpers: list[LogitsProcessor] = []
+        if not params.greedy:
+            if params.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                self.warpers.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(params.top_p))
+        self.processed = log_prob_mode == "processed" and not params.greedy
+        self._pending: torch.Tensor | None = None
+        self._chosen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._settle(input_ids[:, -1])
+        logits = scores.float()
+        warped = logits
+        for warper in self.warpers:
+            warped = warper(input_ids, warped)
+        if self.processed:
+            basis = warped
+        else:
+            basis = logits if self.greedy else logits / self.temperature
+        self._pending = basis.log_softmax(-1)
+        return warped
+
+    def _settle(self, tokens: torch.Tensor) -> None:
+        if self._pending is not None:
+            self._chosen.append(self._pending.gather(-1, tokens[:, None]).squeeze(-1))
+            self._pending = None
+
+    def chosen_log_probs(self, generated: torch.Tensor) -> torch.Tensor:
+        """[rows, steps] fp32 on the CPU: the log-prob of every generated token."""
+        self._settle(generated[:, -1])
+        if len(self._chosen) != generated.shape[1]:
+            raise RuntimeError(f"recorded {len(self._chosen)} steps for {generated.shape[1]} generated tokens")
+        return torch.stack(self._chosen, dim=1).float().cpu()
+
+
+def _left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask of `sequences`, left-padded to the longest."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _max_positions(hf_config) -> int:
+    value = getattr(hf_config, "max_position_embeddings", None)
+    if value is None:
+        raise ValueError(f"the {hf_config.model_type} config has no max_position_embeddings; set "
+                         "rollout.max_model_len (RolloutConfig.max_model_len)")
+    return int(value)

@@ -1,0 +1,95 @@
+"""Rollout backends by name: `rollout.name` picks the `RolloutEngine` class that generates.
+
+    @register_rollout_backend("mine")
+    class MyRolloutEngine(RolloutEngine): ...
+
+    engine = build_rollout_engine("mine", hf_config, RolloutConfig(dtype="auto"),
+                                  process_group=None, tokenizer=None, model_path=None)
+
+Built in: "native" (engine.py, hybridflow's own engine) and "hf" (hf_backend.py,
+transformers `generate`), registered when `hybridflow.engines.rollout` is imported. A
+backend that lives outside hybridflow is named "package.module:name": the module is
+imported first (which runs its `register_rollout_backend`), in the controller when the
+config is checked and in every worker process when the engine is built, so it must be
+importable there (installed, or on PYTHONPATH). docs/extending.md walks through it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch.distributed as dist
+
+from hybridflow.algorithms.registry import Registry
+from hybridflow.engines.rollout.config import RolloutConfig
+from hybridflow.engines.rollout.interface import RolloutEngine
+
+_BACKENDS: Registry[type[RolloutEngine]] = Registry("rollout backend", "rollout.name")
+
+
+def register_rollout_backend(name: str, *, override: bool = False) -> Callable[[type], type]:
+    """Class decorator: make a `RolloutEngine` subclass selectable as `rollout.name=<name>`.
+
+    The class is built as `cls(hf_config, rollout_config, process_group=..., tokenizer=...,
+    model_path=...)`; re-registering a taken name needs `override=True`.
+    """
+    if isinstance(name, str) and ":" in name:
+        raise ValueError(f"rollout backend name {name!r} must not contain ':' (it separates module and name)")
+    register = _BACKENDS.register(name, override=override)
+
+    def decorator(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
+            raise TypeError(f"@register_rollout_backend({name!r}) must decorate a RolloutEngine subclass, got {cls!r}")
+        return register(cls)
+
+    return decorator
+
+
+def rollout_backends() -> list[str]:
+    """Names of the registered backends, sorted."""
+    return _BACKENDS.names()
+
+
+def rollout_backend(name: str) -> type[RolloutEngine]:
+    """The class registered as `name`, or as `short` after importing `module` for "module:short"."""
+    module, sep, short = name.rpartition(":") if isinstance(name, str) else ("", "", name)
+    if sep:
+        if not module or not short:
+            raise ValueError(f"rollout.name {name!r}: write an external backend as 'package.module:name'")
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(
+                f"rollout.name {name!r}: cannot import {module!r} ({err}); the module must be importable "
+                "in the controller and in every worker process (installed, or on PYTHONPATH)"
+            ) from err
+    return _BACKENDS.get(short)
+
+
+def unsupported_tp_message(name: str, tp_size: int) -> str:
+    """Why backend `name` cannot run tensor_model_parallel_size=tp_size, and what to do instead."""
+    return (f"rollout backend {name!r} generates on one rank only, not with tensor_model_parallel_size="
+            f"{tp_size}; set rollout.tensor_model_parallel_size=1, or use rollout.name=native")
+
+
+def check_rollout_backend(name: str, tp_size: int) -> type[RolloutEngine]:
+    """The backend class for `name`; ValueError if unknown or unable to run `tp_size`-way TP."""
+    cls = rollout_backend(name)
+    if tp_size > 1 and not cls.supports_tensor_parallel:
+        raise ValueError(unsupported_tp_message(name, tp_size))
+    return cls
+
+
+def build_rollout_engine(name: str, hf_config, config: RolloutConfig, *, process_group: dist.ProcessGroup | None,
+                         tokenizer, model_path: str | None) -> RolloutEngine:
+    """Build backend `name` on `process_group` (its tensor-parallel group; None: one rank).
+
+    The engine holds no weights yet: the caller loads them with `load_weights` (the
+    HybridEngine streams them from training; `RolloutEngine.from_pretrained` reads a model
+    directory). `model_path` is the model directory, for backends that read files of their
+    own (tokenizer, generation config); the built-in ones do not need it.
+    """
+    tp_size = 1 if process_group is None else dist.get_world_size(process_group)
+    cls = check_rollout_backend(name, tp_size)
+    return cls(hf_config, config, process_group=process_group, tokenizer=tokenizer, model_path=model_path)

@@ -1,0 +1,13 @@
+"""Fixtures of the rollout tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def isolated_backend_registry(monkeypatch):
+    """Backends a test registers disappear when it ends (the built-ins stay)."""
+    from hybridflow.engines.rollout import registry
+
+    monkeypatch.setattr(registry._BACKENDS, "_table", dict(registry._BACKENDS._table))

@@ -1,0 +1,262 @@
+"""The RolloutEngine contract, run against every built-in backend (native, hf).
+
+Whatever generates, workers and the HybridEngine rely on the same behaviour: output keys,
+shapes and dtypes; response_mask, finish_reason and stop tokens that agree; log-probs
+that a forward pass of the same model reproduces; n samples per prompt; weights that can
+be released, resumed and reloaded (weight sync); storage accounting. Greedy decoding is
+deterministic, so all backends must produce the same tokens from the same weights.
+
+Engines are built through the registry's factory (`build_rollout_engine`). A new built-in
+backend that runs on this machine joins BACKENDS (test_every_builtin_backend_is_tested).
+Tolerances: fp32 log-probs within 1e-4 of an HF forward pass and across backends (KV-cache
+decoding and a full forward sum in different orders); tokens and masks exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from rollout_helpers import (
+    build_engine,
+    char_tokenizer,
+    full_forward_log_probs,
+    left_padded,
+    load_hf,
+    save_model,
+    truncated_log_probs,
+)
+
+from hybridflow.engines.models import load_hf_config
+from hybridflow.engines.rollout import RolloutConfig, SamplingParams, rollout_backend, rollout_backends
+from hybridflow.engines.rollout.weights import iter_safetensors
+from hybridflow.protocol import DataProto
+
+BACKENDS = ("native", "hf")
+FP32 = RolloutConfig(dtype=torch.float32)
+OUTPUT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+               "rollout_log_probs"}
+LENGTHS = [4, 9, 2, 6]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    """Perturbed tiny models with sharp logits (no greedy near-ties): llama, qwen2, another llama."""
+    root = tmp_path_factory.mktemp("contract")
+    return {
+        "llama": save_model(root / "llama", "llama", seed=11, logit_scale=4.0),
+        "qwen2": save_model(root / "qwen2", "qwen2", seed=12, logit_scale=4.0),
+        "other": save_model(root / "other", "llama", seed=13, logit_scale=4.0),
+    }
+
+
+def _greedy(max_new_tokens: int = 16, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, **kw)
+
+
+def test_every_builtin_backend_is_tested():
+    builtin = {n for n in rollout_backends() if rollout_backend(n).__module__.startswith("hybridflow.")}
+    assert builtin == set(BACKENDS)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_output_keys_shapes_and_passthrough(backend, models):
+    batch = left_padded([3, 7], vocab=256, seed=22)
+    batch.non_tensor_batch["uid"] = np.array(["a", "b"], dtype=object)
+    batch.meta_info["step"] = 4
+    engine = build_engine(backend, models["llama"])
+    out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=1, ignore_eos=True))
+    b = out.batch
+    assert set(b.keys()) == OUTPUT_KEYS and set(out.non_tensor_batch) == {"uid", "finish_reason"}
+    assert len(out) == 6 and list(out.non_tensor_batch["uid"]) == ["a"] * 3 + ["b"] * 3
+    assert out.meta_info["step"] == 4
+    for key in ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert b[key].dtype == torch.long, key
+    assert b["rollout_log_probs"].dtype == torch.float32
+    assert b["responses"].shape == b["response_mask"].shape == b["rollout_log_probs"].shape == (6, 6)
+    assert torch.equal(b["prompts"], batch.batch["input_ids"].repeat_interleave(3, dim=0))
+    assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], dim=1))
+    prompt_mask = batch.batch["attention_mask"].repeat_interleave(3, dim=0)
+    assert torch.equal(b["attention_mask"], torch.cat([prompt_mask, b["response_mask"]], dim=1))
+    assert torch.equal(b["position_ids"][:, -6:], torch.tensor([[3, 4, 5, 6, 7, 8]] * 3 + [[7, 8, 9, 10, 11, 12]] * 3))
+    assert (b["rollout_log_probs"] < 0).all() and list(out.non_tensor_batch["finish_reason"]) == ["length"] * 6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_response_mask_agrees_with_finish_reason_and_eos(backend, models):
+    """With two frequent tokens as eos: a "stop" row ends on an eos token and is masked
+    after it, a "length" row contains no eos and fills its budget; greedy and sampled."""
+    path = models["llama"]
+    batch = left_padded(LENGTHS, vocab=256, seed=21)
+    free = build_engine(backend, path).generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
+    config = load_hf_config(path)
+    eos = {free[1][2], free[3][4]}
+    config.eos_token_id = sorted(eos)
+    engine = build_engine(backend, path, hf_config=config)
+    for params in (_greedy(24), SamplingParams(temperature=1.0, max_new_tokens=24, n=4, seed=3)):
+        out = engine.generate(batch, params)
+        reasons = out.non_tensor_batch["finish_reason"]
+        for row in range(len(out)):
+            mask, tokens = out.batch["response_mask"][row], out.batch["responses"][row]
+            n = int(mask.sum())
+            assert mask[:n].all() and not mask[n:].any(), row
+            assert (tokens[n:] == 0).all() and (out.batch["rollout_log_probs"][row, n:] == 0).all()
+            hits = [i for i, t in enumerate(tokens[:n].tolist()) if t in eos]
+            if reasons[row] == "stop":
+                assert hits == [n - 1], (row, hits, n)
+            else:
+                assert reasons[row] == "length" and not hits and n == 24, (row, hits, n)
+        assert "stop" in set(reasons)
+    assert engine.generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist() == free
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_identical_across_backends(family, models):
+    """Per-row budgets and eos on: the same tokens, masks and finish reasons everywhere."""
+    batch = left_padded([5, 12, 1, 9, 3], vocab=256, seed=2)
+    params = [_greedy(b) for b in (20, 7, 14, 20, 3)]
+    outs = {backend: build_engine(backend, models[family]).generate(batch, params) for backend in BACKENDS}
+    ref = outs[BACKENDS[0]]
+    assert ref.batch["response_mask"].sum(1).tolist() == [20, 7, 14, 20, 3]  # the budgets bind
+    for backend, out in outs.items():
+        for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+            assert torch.equal(out.batch[key], ref.batch[key]), (backend, key)
+        assert list(out.non_tensor_batch["finish_reason"]) == list(ref.non_tensor_batch["finish_reason"])
+        diff = (out.batch["rollout_log_probs"] - ref.batch["rollout_log_probs"]).abs().max()
+        assert diff < 1e-4, (backend, diff)
+
+
+@pytest.mark.parametrize("mode", ["scaled", "processed"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rollout_log_probs_equal_a_forward_pass(backend, mode, models):
+    path = models["qwen2"]
+    temp, top_k, top_p = 0.7, 20, 0.9
+    engine = build_engine(backend, path, RolloutConfig(dtype=torch.float32, log_prob_mode=mode))
+    out = engine.generate(left_padded([4, 11, 7], vocab=256, seed=4),
+                          SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, max_new_tokens=12, n=2, seed=5,
+                                         ignore_eos=True))
+    hf = load_hf(path)
+    if mode == "scaled":
+        expected = full_forward_log_probs(hf, out, temperature=temp)
+    else:
+        expected = truncated_log_probs(hf, out, temp, top_k, top_p)
+    mask = out.batch["response_mask"].bool()
+    got = out.batch["rollout_log_probs"]
+    assert torch.allclose(got[mask], expected[mask], atol=1e-4), (got[mask] - expected[mask]).abs().max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stop_token_ids_and_stop_strings(backend, models):
+    path = models["llama"]
+    batch = left_padded(LENGTHS, vocab=256, seed=21)
+    tokenizer, chars = char_tokenizer(256)
+    engine = build_engine(backend, path, tokenizer=tokenizer)
+    free = engine.generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
+    stop_ids = {free[0][3], free[2][5]}
+    stop_text = "".join(chars[t] for t in free[3][6:8])  # spans two tokens
+    for params, hit_at in (
+        (_greedy(24, stop_token_ids=tuple(stop_ids), ignore_eos=True),
+         lambda ref: next((i + 1 for i, t in enumerate(ref) if t in stop_ids), None)),
+        (_greedy(24, stop=("never-there", stop_text), ignore_eos=True),
+         lambda ref: _string_end("".join(chars[t] for t in ref), stop_text)),
+    ):
+        out = engine.generate(batch, params)
+        for row, ref in enumerate(free):
+            cut = hit_at(ref)
+            n = cut if cut is not None else 24
+            assert out.batch["responses"][row, :n].tolist() == ref[:n], row
+            assert int(out.batch["response_mask"][row].sum()) == n, row
+            assert out.non_tensor_batch["finish_reason"][row] == ("stop" if cut is not None else "length")
+        assert list(out.non_tensor_batch["finish_reason"]).count("stop") >= 1
+
+
+def _string_end(text: str, stop: str) -> int | None:
+    where = text.find(stop)
+    return None if where < 0 else where + len(stop)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_n_samples_and_seeds(backend, models):
+    batch = left_padded([5, 3], vocab=256, seed=9)
+    engine = build_engine(backend, models["llama"])
+    params = SamplingParams(temperature=1.0, max_new_tokens=10, n=4, seed=7, ignore_eos=True)
+    out = engine.generate(batch, params)
+    responses = out.batch["responses"]
+    assert len(out) == 8 and torch.equal(out.batch["prompts"], batch.batch["input_ids"].repeat_interleave(4, dim=0))
+    assert len({tuple(r) for r in responses[:4].tolist()}) > 1  # samples of one prompt differ
+    assert torch.equal(engine.generate(batch, params).batch["responses"], responses)  # a seed reproduces
+    other_seed = SamplingParams(temperature=1.0, max_new_tokens=10, n=4, seed=8, ignore_eos=True)
+    assert not torch.equal(engine.generate(batch, other_seed).batch["responses"], responses)
+    # unseeded calls draw afresh every time
+    unseeded = SamplingParams(temperature=1.0, max_new_tokens=10, n=4, ignore_eos=True)
+    assert not torch.equal(engine.generate(batch, unseeded).batch["responses"],
+                           engine.generate(batch, unseeded).batch["responses"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_release_resume_and_storage_accounting(backend, models):
+    path = models["llama"]
+    batch = left_padded([4, 6], vocab=256)
+    engine = build_engine(backend, path)
+    ref = engine.generate(batch, _greedy()).batch["responses"]
+    full = engine.weight_storage_bytes()
+    assert full == sum(t.numel() * 4 for _, t in iter_safetensors(path))  # fp32, untied: every tensor once
+    engine.release_memory(keep_weights=True)  # on CPU the weights simply stay
+    assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], ref)
+    engine.release_memory()
+    assert engine.weight_storage_bytes() == 0
+    with pytest.raises(RuntimeError, match="resume_memory"):
+        engine.generate(batch, _greedy())
+    engine.resume_memory()
+    assert engine.weight_storage_bytes() == full
+    with pytest.raises(RuntimeError, match="never loaded"):
+        engine.generate(batch, _greedy())
+    engine.load_weights(iter_safetensors(path))
+    assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], ref)
+    bf16 = build_engine(backend, path, RolloutConfig(dtype=torch.bfloat16))
+    assert bf16.weight_storage_bytes() == full // 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_load_weights_twice_follows_the_weights(backend, models):
+    """Weight sync: after loading another model the engine generates like that model, and
+    loading the first one again brings its outputs back."""
+    batch = left_padded([5, 3, 8], vocab=256, seed=5)
+    engine = build_engine(backend, models["llama"])
+    before = engine.generate(batch, _greedy())
+    engine.load_weights(iter_safetensors(models["other"]))
+    after = engine.generate(batch, _greedy())
+    fresh = build_engine(backend, models["other"]).generate(batch, _greedy())
+    assert torch.equal(after.batch["responses"], fresh.batch["responses"])
+    assert torch.equal(after.batch["rollout_log_probs"], fresh.batch["rollout_log_probs"])
+    assert not torch.equal(after.batch["responses"], before.batch["responses"])
+    engine.load_weights(iter_safetensors(models["llama"]))
+    assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], before.batch["responses"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_meta_info_selects_greedy_and_length(backend, models):
+    batch = left_padded([5, 2], vocab=256, seed=23)
+    engine = build_engine(backend, models["llama"])
+    explicit = engine.generate(batch, _greedy(5, ignore_eos=True))
+    batch.meta_info.update({"do_sample": False, "response_length": 5, "ignore_eos": True, "temperature": 1.0})
+    assert torch.equal(engine.generate(batch).batch["responses"], explicit.batch["responses"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_input_raises_clear_errors(backend, models):
+    engine = build_engine(backend, models["llama"], RolloutConfig(dtype=torch.float32, max_model_len=16))
+    batch = left_padded([5, 2], vocab=256)
+    right_padded = DataProto.from_dict(tensors={k: v.flip(1) for k, v in batch.batch.items()})
+    with pytest.raises(ValueError, match="LEFT-padded"):
+        engine.generate(right_padded, SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate(batch, SamplingParams(max_new_tokens=12))
+    with pytest.raises(ValueError, match="one per prompt"):
+        engine.generate(batch, [SamplingParams()] * 3)
+    with pytest.raises(ValueError, match="tokenizer"):
+        engine.generate(batch, SamplingParams(max_new_tokens=2, stop=("x",)))
+    with pytest.raises(KeyError, match="unknown parameter"):
+        engine.load_weights([("model.layers.9.self_attn.q_proj.weight", torch.zeros(64, 64))])
+    with pytest.raises(ValueError, match="shape"):
+        engine.load_weights([("model.layers.0.self_attn.q_proj.weight", torch.zeros(3, 64))])
