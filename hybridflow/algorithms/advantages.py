@@ -23,13 +23,15 @@ import torch
 
 from hybridflow.algorithms.registry import Registry
 from hybridflow.algorithms.stats import as_bool_mask, masked_whiten
+from hybridflow.errors import ConfigError
 
 Tensor = torch.Tensor
 
 
-@dataclass(frozen=True)
+@dataclass
 class AdvantageConfig:
-    """Hyper-parameters of the advantage estimators (the `algorithm.*` config keys).
+    """Hyper-parameters of the advantage estimators (the `algorithm.*` config keys: the run
+    config's AlgorithmSection subclasses this class, so a field added here is a YAML key).
 
     gamma, lam: discount and GAE lambda (`gae`, `reinforce_plus_plus`).
     norm_adv_by_std_in_grpo: divide group-centred rewards by the group std (`grpo`,
@@ -47,12 +49,11 @@ class AdvantageConfig:
     gpg_norm_by_std: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"AdvantageConfig.gamma must be in [0, 1], got {self.gamma}")
-        if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"AdvantageConfig.lam must be in [0, 1], got {self.lam}")
+        for key in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ConfigError(f"must be in [0, 1], got {getattr(self, key)}", key)
         if not self.epsilon > 0.0:
-            raise ValueError(f"AdvantageConfig.epsilon must be > 0, got {self.epsilon}")
+            raise ConfigError(f"must be > 0, got {self.epsilon}", "epsilon")
 
 
 class AdvantageEstimator(Protocol):

@@ -4,7 +4,9 @@ A config is a tree of dataclasses. `load_config(Root, "run.yaml", ["actor.lr=1e-
 reads the YAML, applies the overrides in order, checks every key against the dataclass
 fields (an unknown key names the closest valid one), converts values to the declared field
 types, and returns the filled instance. Dataclasses may validate themselves in
-`__post_init__`. `save_config` writes the resolved tree back as YAML for the run directory.
+`__post_init__`; a `ConfigError` they raise, keyed relative to themselves, comes out keyed
+from the root (`actor.micro_batch.epochs`), and any other ValueError names the section.
+`save_config` writes the resolved tree back as YAML for the run directory.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from typing import Any, TypeVar
 
 import yaml
 
+from hybridflow.errors import ConfigError
+
+__all__ = ["ConfigError", "config_to_dict", "load_config", "save_config", "user_tree"]
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message says where and how to fix it."""
 
 
 def _closest(name: str, options: list[str]) -> str:
@@ -66,28 +68,28 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
                 return _convert(value, arg, where, base if isinstance(arg, type) and isinstance(base, arg) else None)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(f"{where}: {value!r} matches none of {annotation}: {errors}")
+        raise ConfigError(f"{value!r} matches none of {annotation}: {errors}", where)
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+            raise ConfigError(f"{value!r} is not one of {list(args)}", where)
         return value
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a section (mapping), got {value!r}")
+            raise ConfigError(f"expected a section (mapping), got {value!r}", where)
         return _build(annotation, value, where, base if isinstance(base, annotation) else None)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"expected a list, got {value!r}", where)
         item_type = args[0] if args else Any
         items = [_convert(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+            raise ConfigError(f"expected a mapping, got {value!r}", where)
         return dict(value)
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+            raise ConfigError(f"expected true/false, got {value!r}", where)
         return value
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -99,7 +101,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
     if annotation in (int, str, float) and not isinstance(value, annotation) or (
         annotation is int and isinstance(value, bool)
     ):
-        raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
+        raise ConfigError(f"expected {annotation.__name__}, got {value!r}", where)
     return value
 
 
@@ -122,20 +124,24 @@ def _build(cls: type[T], values: dict, prefix: str = "", base: Any = None) -> T:
     for key, value in values.items():
         where = f"{prefix}.{key}" if prefix else key
         if key not in fields:
-            raise ConfigError(f"unknown config key {where!r}{_closest(key, list(fields))}")
+            raise ConfigError(f"unknown config key{_closest(key, list(fields))}", where)
         default = getattr(base, key) if base is not None else _field_default(fields[key])
         kwargs[key] = _convert(value, hints[key], where, default if dataclasses.is_dataclass(default) else None)
     try:
         return cls(**kwargs)
+    except ConfigError as err:
+        raise err.within(prefix) from err  # its key is relative to cls, which sits at `prefix`
     except (TypeError, ValueError) as err:
-        if isinstance(err, ConfigError):
-            raise
-        section = prefix or cls.__name__
-        raise ConfigError(f"invalid config section {section!r}: {err}") from err
+        raise ConfigError(f"invalid section ({cls.__name__}): {err}", prefix or None) from err
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
     """Build `cls` from an optional YAML file plus dotted overrides (applied in order)."""
+    return _build(cls, user_tree(path, overrides))
+
+
+def user_tree(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, Any]:
+    """The keys the user set: the YAML file's tree with the dotted overrides applied in order."""
     tree: dict = {}
     if path is not None:
         path = Path(path)
@@ -148,7 +154,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     for text in overrides:
         key_path, value = _parse_override(text)
         _set_path(tree, key_path, value)
-    return _build(cls, tree)
+    return tree
 
 
 def config_to_dict(config: Any) -> dict:

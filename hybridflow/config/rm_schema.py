@@ -16,7 +16,9 @@ Sections (each a dataclass; every default lives here, once):
                     micro_batch sizes count pairs (one pair = two sequences in one forward)
 
 `validate_rm_config(cfg)` checks sizes against each other and the world size before
-anything starts, and returns the resolved world size.
+anything starts, and returns the resolved world size. Every check raises ConfigError naming
+the dotted key; the engine's and the reward-model role's own rules run where they are
+defined (EngineSettings.check_parallel, RewardModelWorkerConfig).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from hybridflow.config.loader import ConfigError, load_config
-from hybridflow.config.schema import BuiltinModelSection, EngineSection, ResourceSection
+from hybridflow.config.loader import load_config
+from hybridflow.config.schema import BuiltinModelSection, ComputeSection, check_run_name
 from hybridflow.data.pairwise_dataset import PairwiseDataConfig
-from hybridflow.engines.train.config import EngineConfigError, MicroBatchConfig, OptimConfig
-from hybridflow.workers.config import RewardModelWorkerConfig, WorkerConfigError
+from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
+from hybridflow.errors import ConfigError
+from hybridflow.workers.config import RewardModelWorkerConfig
 
 
 @dataclass
@@ -54,27 +57,11 @@ class RMTrainerSection:
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+            raise ConfigError(f"must be >= 1, got {self.epochs}", "epochs")
         if self.total_steps is not None and self.total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1 or null (from epochs), got {self.total_steps}")
+            raise ConfigError(f"must be >= 1 or null (from epochs), got {self.total_steps}", "total_steps")
         if self.eval_freq < 0:
-            raise ValueError(f"eval_freq must be >= 0 (0 = before and after only), got {self.eval_freq}")
-
-
-@dataclass
-class RMResourceSection:
-    """Ranks (null: one per local core or GPU, see ResourceSection), GPUs, Ray address."""
-
-    world_size: int | None = None
-    use_gpu: bool = False
-    ray_address: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.world_size is not None and self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1 or null (one per local core), got {self.world_size}")
-
-    def resolved_world_size(self) -> int:
-        return ResourceSection(world_size=self.world_size, use_gpu=self.use_gpu).resolved_world_size()
+            raise ConfigError(f"must be >= 0 (0 = before and after only), got {self.eval_freq}", "eval_freq")
 
 
 @dataclass
@@ -111,17 +98,19 @@ class RMDataSection:
     pairs: PairwiseDataConfig = field(default_factory=PairwiseDataConfig)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.eval_batch_size < 1:
-            raise ValueError(f"batch_size and eval_batch_size must be >= 1, got {self.batch_size}, "
-                             f"{self.eval_batch_size}")
+        for key in ("batch_size", "eval_batch_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
         if not self.val_files and not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1) when val_files is empty, got {self.val_fraction}")
+            raise ConfigError(f"must be in (0, 1) when val_files is empty, got {self.val_fraction}", "val_fraction")
         if self.max_val_pairs is not None and self.max_val_pairs < 1:
-            raise ValueError(f"max_val_pairs must be >= 1 or null, got {self.max_val_pairs}")
+            raise ConfigError(f"must be >= 1 or null, got {self.max_val_pairs}", "max_val_pairs")
 
 
-def _default_engine() -> EngineSection:
-    return EngineSection(
+def _default_engine() -> TrainEngineSettings:
+    # A reward model's own defaults (its micro-batch sizes count pairs); the class is the
+    # engine's, so every engine setting is an `engine.*` key here too.
+    return TrainEngineSettings(
         optim=OptimConfig(lr=1e-5, weight_decay=0.0),
         micro_batch=MicroBatchConfig(mini_batch_size=32, micro_batch_size_per_device=8,
                                      forward_micro_batch_size_per_device=32),
@@ -135,14 +124,13 @@ class RMConfig:
     name: str = "reward-model"
     seed: int = 0
     trainer: RMTrainerSection = field(default_factory=RMTrainerSection)
-    resources: RMResourceSection = field(default_factory=RMResourceSection)
+    resources: ComputeSection = field(default_factory=ComputeSection)
     model: RMModelSection = field(default_factory=RMModelSection)
     data: RMDataSection = field(default_factory=RMDataSection)
-    engine: EngineSection = field(default_factory=_default_engine)
+    engine: TrainEngineSettings = field(default_factory=_default_engine)
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.strip() != self.name:
-            raise ValueError(f"name must be a non-empty directory-safe word, got {self.name!r}")
+        check_run_name(self.name)
 
 
 def load_rm_config(path: str | Path | None = None, overrides: list[str] = ()) -> RMConfig:
@@ -160,24 +148,23 @@ def rm_worker_config(cfg: RMConfig, model_path: str) -> RewardModelWorkerConfig:
 def validate_rm_config(cfg: RMConfig) -> int:
     """Cross-section checks (ConfigError naming the keys to change); returns the world size."""
     if not cfg.data.train_files:
-        raise ConfigError("data.train_files is empty; give preference-pair files (prompt, chosen, rejected), e.g. "
-                          "from `hybridflow preprocess hh-rlhf --input FILE --output pairs.parquet`")
+        raise ConfigError("is empty; give preference-pair files (prompt, chosen, rejected), e.g. from "
+                          "`hybridflow preprocess hh-rlhf --input FILE --output pairs.parquet`", "data.train_files")
     if cfg.model.path is None and cfg.data.pairs.max_length > cfg.model.builtin.max_position_embeddings:
         raise ConfigError(
-            f"data.pairs.max_length={cfg.data.pairs.max_length} exceeds the built-in model's "
-            f"model.builtin.max_position_embeddings={cfg.model.builtin.max_position_embeddings}; lower the one "
-            "or raise the other"
+            f"{cfg.data.pairs.max_length} exceeds the built-in model's model.builtin.max_position_embeddings="
+            f"{cfg.model.builtin.max_position_embeddings}; lower the one or raise the other", "data.pairs.max_length",
         )
     world = cfg.resources.resolved_world_size()
     mb = cfg.engine.micro_batch
     if cfg.data.batch_size % mb.mini_batch_size != 0:
         raise ConfigError(
-            f"data.batch_size={cfg.data.batch_size} pairs per step is not a multiple of "
-            f"engine.micro_batch.mini_batch_size={mb.mini_batch_size} (pairs per optimizer step)"
+            f"{cfg.data.batch_size} pairs per step is not a multiple of engine.micro_batch.mini_batch_size="
+            f"{mb.mini_batch_size} (pairs per optimizer step)", "data.batch_size",
         )
+    rm_worker_config(cfg, cfg.model.path or "<built-in>")  # the role's rules; its keys are engine.* here too
     try:
-        worker = rm_worker_config(cfg, cfg.model.path or "<built-in>")
-        worker.engine.check_parallel(world, cfg.resources.use_gpu)
-    except (EngineConfigError, WorkerConfigError) as err:
-        raise ConfigError(f"engine (world size {world}): {err}") from err
+        cfg.engine.check_parallel(world, cfg.resources.use_gpu, trainable=True)
+    except ConfigError as err:
+        raise err.within("engine") from None
     return world

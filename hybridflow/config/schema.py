@@ -1,9 +1,16 @@
 """The config tree of a training run (`hybridflow train` / `hybridflow sft` / `RLTrainer`).
 
     cfg = load_run_config("examples/grpo_arithmetic.yaml", ["actor.optim.lr=1e-4"])
-    cfg = RunConfig()                     # the built-in default: arithmetic, tiny model, GRPO
+    cfg = load_run_config()               # the built-in demo: arithmetic, tiny model, GRPO
 
-Sections (each a dataclass; every default lives here once, the algorithm's in algorithm.py):
+Sections (each a dataclass). Every setting is declared once, where it is read: the role
+sections are the engine's and the workers' own config classes (actor and critic subclass
+TrainEngineSettings, reward_model and cost_model EngineSettings, rollout is a
+RolloutWorkerConfig), so their defaults are those classes' defaults; the algorithm's
+settings live in algorithm.py. The built-in demo's own values (group size, 6-token
+answers, learning rates and batch cuts of the tiny model) are DEMO_PRESETS, applied by
+`load_run_config` when the run uses the built-in model or task; `RunConfig()` is the bare
+tree without them.
 
     name, seed                  run name (run dir `<trainer.output_dir>/<name>-<timestamp>`); seed of
                                 model init, data order, warm-start data and engines (sampling
@@ -16,16 +23,18 @@ Sections (each a dataclass; every default lives here once, the algorithm's in al
     algorithm                   step program (grpo, ppo, remax, rloo, reinforce_plus_plus[_baseline],
                                 drgrpo, dapo, safe_rlhf, or your own: the registry in algorithm.py),
                                 advantage estimator, KL in reward, DAPO and Safe-RLHF settings
-    actor                       training engine of the policy (optimizer, micro-batches, loss)
+    actor                       training engine of the policy (optimizer, micro-batches, LoRA, loss)
     rollout                     generation (n samples, temperature, response length, TP)
     critic                      value model (PPO)
     reward                      rule-based reward manager (process pool, timeouts) or your function
-    reward_model, cost_model    learned scorers (HF sequence classifiers); the cost of safe_rlhf
+    reward_model, cost_model    learned scorers (HF sequence classifiers, frozen: engine keys without
+                                optim/lora); the cost of safe_rlhf
     sft                         supervised warm start (steps, data, optimizer)
 
 `validate_run_config(cfg)` (validation.py) checks what single sections cannot: sizes against
 each other and against the world size, and the algorithm against what it implies. It runs
-before any worker starts (load_run_config calls it); its errors say which keys to change.
+before any worker starts (load_run_config calls it). Every check raises ConfigError naming
+the dotted key (hybridflow/errors.py).
 """
 
 from __future__ import annotations
@@ -35,28 +44,26 @@ import importlib.util
 import json
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import yaml
-
-from hybridflow.config.algorithm import AlgorithmSection, AlgorithmSpec, resolved_algorithm
-from hybridflow.config.loader import load_config
+from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
+from hybridflow.config.loader import load_config, user_tree
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.rl_dataset import PromptDataConfig
 from hybridflow.data.sft_dataset import SFTDataConfig
-from hybridflow.engines.precision import DtypeName
 from hybridflow.engines.pretrained import PRETRAINED_MODELS
 from hybridflow.engines.train.config import (
     ActorLossConfig,
     CriticLossConfig,
-    LoraConfig,
+    EngineSettings,
     MicroBatchConfig,
     OptimConfig,
-    TrainEngineConfig,
+    TrainEngineSettings,
 )
+from hybridflow.errors import ConfigError
 from hybridflow.rewards.manager import RewardConfig
 from hybridflow.workers.config import RolloutWorkerConfig
 
@@ -85,11 +92,11 @@ class ValidationSection:
 
     def __post_init__(self) -> None:
         if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+            raise ConfigError(f"must be >= 1, got {self.n}", "n")
         if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when do_sample is true, got {self.temperature}")
+            raise ConfigError(f"must be > 0 when do_sample is true, got {self.temperature}", "temperature")
         if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
+            raise ConfigError(f"must be >= 0, got {self.seed}", "seed")
 
 
 @dataclass
@@ -113,6 +120,9 @@ class TrainerSection:
         "tensorboard" (<run>/tensorboard), "wandb" (needs `pip install wandb`; honours
         WANDB_MODE=offline). Plots of reward, KL, entropy and length go to <run>/plots.
     wandb_project: the W&B project of the run (the run is named after its directory).
+    balance_batch: before each call that splits the batch over dp ranks (log-probs,
+        values, updates), swap rows between ranks so each gets a near-equal token count;
+        every mini-/micro-batch keeps its samples, so results only change by float order.
     """
 
     total_steps: int = 30
@@ -127,46 +137,42 @@ class TrainerSection:
     validation: ValidationSection = field(default_factory=ValidationSection)
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
+    balance_batch: bool = True
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
         if unknown or len(set(self.loggers)) != len(self.loggers):
-            raise ValueError(f"loggers must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}")
+            raise ConfigError(f"must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}", "loggers")
         if "wandb" in self.loggers and importlib.util.find_spec("wandb") is None:
-            raise ValueError("loggers includes 'wandb' but the wandb package is not installed: "
-                             "`pip install wandb`, or remove 'wandb' from trainer.loggers")
+            raise ConfigError("includes 'wandb' but the wandb package is not installed: `pip install wandb`, or "
+                              "remove 'wandb' from trainer.loggers", "loggers")
         if self.total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}")
-        if self.test_freq < 0 or self.save_freq < 0:
-            raise ValueError(f"test_freq and save_freq must be >= 0 (0 = off), got {self.test_freq}, {self.save_freq}")
+            raise ConfigError(f"must be >= 1, got {self.total_steps}", "total_steps")
+        for key in ("test_freq", "save_freq"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"must be >= 0 (0 = off), got {getattr(self, key)}", key)
         if self.keep_last_checkpoints is not None and self.keep_last_checkpoints < 1:
-            raise ValueError(f"keep_last_checkpoints must be >= 1 or null (keep all), got {self.keep_last_checkpoints}")
+            raise ConfigError(f"must be >= 1 or null (keep all), got {self.keep_last_checkpoints}",
+                              "keep_last_checkpoints")
 
 
 @dataclass
-class ResourceSection:
-    """Processes and where the roles run.
+class ComputeSection:
+    """Ranks and machines (the `resources` of every job; RL runs add the placement below).
 
     world_size: ranks in total (one per CPU slot or GPU); null = one per local core
         (or GPU), at most 8, rounded down to a power of two so batch sizes divide.
-    placement: "colocated" (every role in the same processes, verl's default) or
-        "split" (actor and critic in separate processes that run at the same time).
-    critic_ranks: with split placement, ranks of the critic; the actor gets the rest.
     use_gpu: one GPU per rank; false runs on CPU (gloo).
     ray_address: join this Ray cluster; null starts an embedded Ray on 127.0.0.1.
     """
 
     world_size: int | None = None
-    placement: Literal["colocated", "split"] = "colocated"
-    critic_ranks: int = 1
     use_gpu: bool = False
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if self.world_size is not None and self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1 or null (one per local core), got {self.world_size}")
-        if self.critic_ranks < 1:
-            raise ValueError(f"critic_ranks must be >= 1, got {self.critic_ranks}")
+            raise ConfigError(f"must be >= 1 or null (one per local core), got {self.world_size}", "world_size")
 
     def resolved_world_size(self) -> int:
         if self.world_size is not None:
@@ -178,6 +184,24 @@ class ResourceSection:
         else:
             local = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return 2 ** int(math.log2(max(1, min(local, 8))))
+
+
+@dataclass
+class ResourceSection(ComputeSection):
+    """Processes and where the roles run: ComputeSection's keys and
+
+    placement: "colocated" (every role in the same processes, verl's default) or
+        "split" (actor and critic in separate processes that run at the same time).
+    critic_ranks: with split placement, ranks of the critic; the actor gets the rest.
+    """
+
+    placement: Literal["colocated", "split"] = "colocated"
+    critic_ranks: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.critic_ranks < 1:
+            raise ConfigError(f"must be >= 1, got {self.critic_ranks}", "critic_ranks")
 
 
 @dataclass
@@ -209,9 +233,10 @@ class ModelSection:
 
     def __post_init__(self) -> None:
         if self.path is not None and self.pretrained is not None:
-            raise ValueError(f"set path or pretrained, not both (path={self.path!r}, pretrained={self.pretrained!r})")
+            raise ConfigError(f"set path or pretrained, not both (path={self.path!r}, pretrained={self.pretrained!r})",
+                              "pretrained")
         if self.pretrained is not None and self.pretrained not in PRETRAINED_MODELS:
-            raise ValueError(f"pretrained={self.pretrained!r} is unknown; known: {sorted(PRETRAINED_MODELS)}")
+            raise ConfigError(f"{self.pretrained!r} is unknown; known: {sorted(PRETRAINED_MODELS)}", "pretrained")
 
     @property
     def uses_builtin(self) -> bool:
@@ -228,8 +253,9 @@ class BuiltinTaskSection:
     num_val: int = 200
 
     def __post_init__(self) -> None:
-        if self.num_train < 1 or self.num_val < 1:
-            raise ValueError(f"num_train and num_val must be >= 1, got {self.num_train}, {self.num_val}")
+        for key in ("num_train", "num_val"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
 
 
 @dataclass
@@ -252,55 +278,26 @@ class DataSection:
 
     def __post_init__(self) -> None:
         if self.train_batch_size < 1:
-            raise ValueError(f"train_batch_size must be >= 1, got {self.train_batch_size}")
+            raise ConfigError(f"must be >= 1, got {self.train_batch_size}", "train_batch_size")
         if self.val_files and not self.train_files:
-            raise ValueError("val_files is set but train_files is empty (the built-in task); set both or neither")
+            raise ConfigError("is set but train_files is empty (the built-in task); set both or neither", "val_files")
 
 
 @dataclass
-class EngineSection:
-    """Training-engine settings of one role: `TrainEngineConfig` minus the model path and
-    seed, which come from `model.path` and `seed` (see TrainEngineConfig for each key)."""
+class ActorSection(TrainEngineSettings):
+    """The policy: the training engine's settings (TrainEngineSettings, one definition with
+    the engine) plus the loss (policy loss, KL loss, entropy bonus). The model path and
+    seed come from `model` and `seed`."""
 
-    dtype: DtypeName = "auto"
-    tp_size: int = 1
-    gradient_checkpointing: bool = False
-    param_offload: bool = False
-    optimizer_offload: bool = False
-    pack_sequences: bool = False
-    logits_chunk_size: int = 1024
-    attn_implementation: str = "sdpa"
-    peak_flops_per_device: float | None = None
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
-
-    def engine_config(self, model_path: str, seed: int) -> TrainEngineConfig:
-        """The engine config of this role (every field of this section passes through)."""
-        values = {f.name: getattr(self, f.name) for f in fields(EngineSection)}
-        return TrainEngineConfig(model_path=model_path, seed=seed, **values)
-
-
-@dataclass
-class ActorSection(EngineSection):
-    """The policy: engine settings plus the loss (policy loss, KL loss, entropy bonus)."""
-
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, weight_decay=0.0))
-    micro_batch: MicroBatchConfig = field(
-        default_factory=lambda: MicroBatchConfig(mini_batch_size=128, micro_batch_size_per_device=64,
-                                                 forward_micro_batch_size_per_device=64))
     loss: ActorLossConfig = field(default_factory=ActorLossConfig)
 
 
 @dataclass
-class CriticSection(EngineSection):
-    """The value model (algorithm.name=ppo). model_path null starts it from the policy model."""
+class CriticSection(TrainEngineSettings):
+    """The value model (algorithm.name=ppo): engine settings as the actor's, plus the value
+    loss. model_path null starts it from the policy model. LoRA does not apply to it."""
 
     model_path: str | None = None
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
-    micro_batch: MicroBatchConfig = field(
-        default_factory=lambda: MicroBatchConfig(mini_batch_size=128, micro_batch_size_per_device=32,
-                                                 forward_micro_batch_size_per_device=64))
     loss: CriticLossConfig = field(default_factory=CriticLossConfig)
 
 
@@ -318,15 +315,13 @@ class RewardSection:
 
 
 @dataclass
-class ScoreModelSection(EngineSection):
+class ScoreModelSection(EngineSettings):
     """A frozen sequence scorer: a Hugging Face `*ForSequenceClassification` directory with
     num_labels=1 (what `hybridflow rm` writes) that shares the policy's tokenizer, run on the
-    actor's ranks. path null: none. Engine keys as in EngineSection (optim and lora unused)."""
+    actor's ranks. path null: none. The keys of a frozen engine (EngineSettings: no optimizer,
+    no LoRA); of micro_batch it reads the forward_* keys and use_dynamic_bsz."""
 
     path: str | None = None
-    micro_batch: MicroBatchConfig = field(
-        default_factory=lambda: MicroBatchConfig(mini_batch_size=8, micro_batch_size_per_device=1,
-                                                 forward_micro_batch_size_per_device=64))
 
 
 @dataclass
@@ -370,12 +365,21 @@ class SFTSection:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3, weight_decay=0.0))
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.test_freq < 0:
-            raise ValueError(f"steps and test_freq must be >= 0, got {self.steps}, {self.test_freq}")
-        if self.batch_size < 1 or self.micro_batch_size_per_device < 1 or self.num_builtin_pairs < 1:
-            raise ValueError("batch_size, micro_batch_size_per_device and num_builtin_pairs must be >= 1")
+        for key in ("steps", "test_freq"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, key)}", key)
+        for key in ("batch_size", "micro_batch_size_per_device", "num_builtin_pairs"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
         if not 0.0 <= self.builtin_carry_drop_rate <= 1.0:
-            raise ValueError(f"builtin_carry_drop_rate must be in [0, 1], got {self.builtin_carry_drop_rate}")
+            raise ConfigError(f"must be in [0, 1], got {self.builtin_carry_drop_rate}", "builtin_carry_drop_rate")
+
+    def micro_batch(self, forward_micro_batch_size_per_device: int) -> MicroBatchConfig:
+        """How the SFT actor cuts its batches: one optimizer step per batch_size sequences."""
+        return MicroBatchConfig(
+            mini_batch_size=self.batch_size, micro_batch_size_per_device=self.micro_batch_size_per_device,
+            forward_micro_batch_size_per_device=forward_micro_batch_size_per_device,
+        )
 
 
 @dataclass
@@ -390,7 +394,7 @@ class RunConfig:
     data: DataSection = field(default_factory=DataSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     actor: ActorSection = field(default_factory=ActorSection)
-    rollout: RolloutWorkerConfig = field(default_factory=lambda: RolloutWorkerConfig(n=8, response_length=6))
+    rollout: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)
     critic: CriticSection = field(default_factory=CriticSection)
     reward: RewardSection = field(default_factory=RewardSection)
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
@@ -398,8 +402,7 @@ class RunConfig:
     sft: SFTSection = field(default_factory=SFTSection)
 
     def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.strip() != self.name:
-            raise ValueError(f"name must be a non-empty directory-safe word, got {self.name!r}")
+        check_run_name(self.name)
 
     @property
     def use_critic(self) -> bool:
@@ -410,38 +413,69 @@ class RunConfig:
         return self.actor.loss.use_kl_loss or self.algorithm.use_kl_in_reward
 
 
+def check_run_name(name: str) -> None:
+    """The `name` of a run becomes a directory name."""
+    if not name or "/" in name or name.strip() != name:
+        raise ConfigError(f"must be a non-empty directory-safe word, got {name!r}", "name")
+
+
+# The built-in demo's own values: what the tiny model (64 positions) and the arithmetic task
+# (answers of a few tokens, 16 prompts x 8 samples per step) are tuned for. They apply when a
+# run uses the built-in model or the built-in task, to the keys the user does not set; every
+# other run gets the defaults of the config classes (one definition per setting).
+DEMO_PRESETS: tuple[tuple[str, object], ...] = (
+    ("rollout.n", 8),
+    ("rollout.response_length", 6),
+    ("actor.optim.lr", 1e-4),
+    ("actor.optim.weight_decay", 0.0),
+    ("actor.micro_batch.mini_batch_size", 128),
+    ("actor.micro_batch.micro_batch_size_per_device", 64),
+    ("actor.micro_batch.forward_micro_batch_size_per_device", 64),
+    ("critic.optim.lr", 1e-3),
+    ("critic.optim.weight_decay", 0.0),
+    ("critic.micro_batch.mini_batch_size", 128),
+    ("critic.micro_batch.micro_batch_size_per_device", 32),
+    ("critic.micro_batch.forward_micro_batch_size_per_device", 64),
+)
+
+
+def run_presets(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
+    """The presets of a run: the demo's when it uses the built-in model or task, then its
+    algorithm's (AlgorithmSpec.presets; a later preset of the same key wins)."""
+    demo = DEMO_PRESETS if cfg.model.uses_builtin or not cfg.data.train_files else ()
+    return (*demo, *cfg.algorithm.spec.presets)
+
+
 def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
-    """Load and fully validate a run config (YAML file + dotted overrides). The presets of
-    `algorithm.name` (its AlgorithmSpec) fill the keys that neither the file nor an override sets."""
+    """Load and fully validate a run config (YAML file + dotted overrides). The presets
+    (`run_presets`) fill the keys that neither the file nor an override sets."""
     cfg = load_config(RunConfig, path, list(overrides))
-    presets = _unset_presets(cfg.algorithm.spec, path, overrides)
+    presets = _unset_presets(run_presets(cfg), user_tree(path, list(overrides)))
     if presets:
         cfg = load_config(RunConfig, path, presets + list(overrides))
     validate_run_config(cfg)
     return cfg
 
 
-def _unset_presets(spec: AlgorithmSpec, path: str | Path | None, overrides: list[str]) -> list[str]:
-    """The algorithm's presets as overrides, minus the keys the user set (or set a parent of)."""
-    explicit = {text.split("=", 1)[0] for text in overrides}
-    if path is not None:
-        explicit |= _dotted_keys(yaml.safe_load(Path(path).read_text()) or {})
+def _unset_presets(presets: tuple[tuple[str, object], ...], tree: dict) -> list[str]:
+    """`presets` as overrides, minus those the user's `tree` sets: the key itself, or a parent
+    given a value rather than a section (e.g. `actor.loss.policy: null`)."""
+    explicit = _leaf_keys(tree)
 
     def user_set(key: str) -> bool:
         parts = key.split(".")
         return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
 
     # JSON is YAML, which is how override values are parsed.
-    return [f"{key}={json.dumps(value)}" for key, value in spec.presets if not user_set(key)]
+    return [f"{key}={json.dumps(value)}" for key, value in dict(presets).items() if not user_set(key)]
 
 
-def _dotted_keys(tree: dict, prefix: str = "") -> set[str]:
+def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted keys of the values in `tree` (a section that holds keys is not a value)."""
     keys = set()
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
-        keys.add(dotted)
-        if isinstance(value, dict):
-            keys |= _dotted_keys(value, f"{dotted}.")
+        keys |= _leaf_keys(value, f"{dotted}.") if isinstance(value, dict) else {dotted}
     return keys
 
 

@@ -1,9 +1,15 @@
 """Cross-section checks of a run config: `validate_run_config(cfg) -> Layout`.
 
 Single sections check their own fields; this checks what they cannot: sizes against each
-other and against the world size (batch vs dp x micro-batch, n samples, tensor-parallel
-sizes, placement) and the algorithm against the settings it implies. It runs before any
-worker starts; every error names the keys to change.
+other and against the world size (sequences per step vs mini-batches, prompts vs generation
+groups, placement) and the algorithm against the settings it implies. It runs before any
+worker starts; every error is a ConfigError naming the key to change.
+
+One check per rule: a rule owned by a lower layer runs there and is only called from here,
+with the role's section put in front of its key (`ConfigError.within`): the engine's rules
+that need the world size (`EngineSettings.check_parallel`: tensor-parallel size, offload
+without GPU, mini-batch vs dp x micro-batch) and the roles' rules on their engines
+(`check_role_engine`: LoRA only on the actor).
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hybridflow.config.algorithm import check_algorithm
-from hybridflow.config.loader import ConfigError
-from hybridflow.engines.train.config import MicroBatchConfig
+from hybridflow.engines.train.config import EngineSettings, MicroBatchConfig
+from hybridflow.errors import ConfigError
+from hybridflow.workers.config import check_role_engine
 
 if TYPE_CHECKING:
-    from hybridflow.config.schema import EngineSection, RunConfig
+    from hybridflow.config.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -38,87 +45,84 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     if cfg.resources.placement == "split":
         if not cfg.use_critic:
             raise ConfigError(
-                "resources.placement=split puts the critic on its own ranks, but algorithm.name="
-                f"{cfg.algorithm.name} has no critic; use placement=colocated or algorithm.name=ppo"
+                f"split puts the critic on its own ranks, but algorithm.name={cfg.algorithm.name} has no critic; "
+                "use placement=colocated or an algorithm with a critic (e.g. algorithm.name=ppo)",
+                "resources.placement",
             )
         if not 0 < cfg.resources.critic_ranks < world:
             raise ConfigError(
-                f"resources.critic_ranks={cfg.resources.critic_ranks} must leave the actor at least one of the "
-                f"resources.world_size={world} ranks (split placement: actor ranks = world_size - critic_ranks)"
+                f"{cfg.resources.critic_ranks} must leave the actor at least one of the resources.world_size={world} "
+                "ranks (split placement: actor ranks = world_size - critic_ranks)", "resources.critic_ranks",
             )
         actor_ranks, critic_ranks = world - cfg.resources.critic_ranks, cfg.resources.critic_ranks
     else:
         actor_ranks = critic_ranks = world
-    if cfg.use_critic and cfg.critic.lora.enabled:
-        raise ConfigError("critic.lora.rank must be 0: LoRA is supported for the actor only")
-
     n = cfg.rollout.n
     check_algorithm(cfg)  # what algorithm.name implies (its registry row)
     prompts = cfg.data.train_batch_size
     sequences = prompts * n
-    actor_dp = _engine_dp(cfg.actor, actor_ranks, cfg.resources.use_gpu, "actor")
     tp_gen = cfg.rollout.tensor_model_parallel_size
     if actor_ranks % tp_gen:
-        raise ConfigError(
-            f"rollout.tensor_model_parallel_size={tp_gen} does not divide the actor's {actor_ranks} ranks"
-        )
+        raise ConfigError(f"{tp_gen} does not divide the actor's {actor_ranks} ranks",
+                          "rollout.tensor_model_parallel_size")
     groups = actor_ranks // tp_gen
     if prompts % groups:
         raise ConfigError(
-            f"data.train_batch_size={prompts} prompts cannot be shared by the {groups} generation groups "
-            f"(actor ranks {actor_ranks} / rollout.tensor_model_parallel_size {tp_gen}); make it a multiple of {groups}"
+            f"{prompts} prompts cannot be shared by the {groups} generation groups (actor ranks {actor_ranks} / "
+            f"rollout.tensor_model_parallel_size {tp_gen}); make it a multiple of {groups}", "data.train_batch_size",
         )
-    _check_update_batch("actor", cfg.actor.micro_batch, sequences, prompts, n, actor_dp)
+    _check_steps_fill_mini_batches("actor", cfg.actor.micro_batch, prompts, n)
+    actor_dp = _role_dp(cfg, "actor", actor_ranks, trainable=True)
     critic_dp = 0
     if cfg.use_critic:
-        critic_dp = _engine_dp(cfg.critic, critic_ranks, cfg.resources.use_gpu, "critic")
-        _check_update_batch("critic", cfg.critic.micro_batch, sequences, prompts, n, critic_dp)
+        _check_steps_fill_mini_batches("critic", cfg.critic.micro_batch, prompts, n)
+        critic_dp = _role_dp(cfg, "critic", critic_ranks, trainable=True)
     for key in ("reward_model", "cost_model"):
-        section = getattr(cfg, key)
-        if section.path is not None:
-            _engine_dp(section, actor_ranks, cfg.resources.use_gpu, key)
-            if section.lora.enabled:
-                raise ConfigError(f"{key}.lora.rank must be 0: the {key} is frozen")
+        if getattr(cfg, key).path is not None:
+            _role_dp(cfg, key, actor_ranks, trainable=False)
     if cfg.sft.steps:
-        if cfg.data.train_files and not cfg.sft.files:
-            raise ConfigError(
-                f"sft.steps={cfg.sft.steps} asks for a warm start on your data (data.train_files is set) but "
-                "sft.files is empty; give the prompt/response pairs in sft.files, or set sft.steps=0"
-            )
-        if cfg.sft.batch_size % (actor_dp * cfg.sft.micro_batch_size_per_device):
-            raise ConfigError(
-                f"sft.batch_size={cfg.sft.batch_size} is not a multiple of the actor's dp {actor_dp} x "
-                f"sft.micro_batch_size_per_device {cfg.sft.micro_batch_size_per_device}"
-            )
+        _check_sft(cfg, actor_dp)
     max_len = cfg.data.prompt.max_prompt_length + cfg.rollout.response_length
     if cfg.model.uses_builtin and max_len > cfg.model.builtin.max_position_embeddings:
         raise ConfigError(
-            f"data.prompt.max_prompt_length + rollout.response_length = {max_len} exceeds the built-in model's "
-            f"model.builtin.max_position_embeddings={cfg.model.builtin.max_position_embeddings}"
+            f"{cfg.rollout.response_length} + data.prompt.max_prompt_length {cfg.data.prompt.max_prompt_length} = "
+            f"{max_len} tokens exceed the built-in model's model.builtin.max_position_embeddings="
+            f"{cfg.model.builtin.max_position_embeddings}", "rollout.response_length",
         )
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences)
 
 
-def _engine_dp(section: EngineSection, ranks: int, use_gpu: bool, role: str) -> int:
-    if ranks % section.tp_size:
-        raise ConfigError(f"{role}.tp_size={section.tp_size} does not divide the {role}'s {ranks} ranks")
-    if (section.param_offload or section.optimizer_offload) and not use_gpu:
-        raise ConfigError(f"{role}.param_offload / optimizer_offload need resources.use_gpu=true; set both to false")
-    return ranks // section.tp_size
+def _role_dp(cfg: RunConfig, role: str, ranks: int, *, trainable: bool) -> int:
+    """The role's data-parallel size on `ranks`, after the engine's and the role's own rules."""
+    section: EngineSettings = getattr(cfg, role)
+    try:
+        if trainable:
+            check_role_engine(role, section)
+        return section.check_parallel(ranks, cfg.resources.use_gpu, trainable=trainable)
+    except ConfigError as err:
+        raise err.within(role) from None
 
 
-def _check_update_batch(role: str, mb: MicroBatchConfig, sequences: int, prompts: int, n: int, dp: int) -> None:
-    where = f"data.train_batch_size ({prompts}) x rollout.n ({n}) = {sequences} sequences per step"
+def _check_steps_fill_mini_batches(role: str, mb: MicroBatchConfig, prompts: int, n: int) -> None:
+    sequences = prompts * n
     if sequences % mb.mini_batch_size:
-        raise ConfigError(f"{where} is not a multiple of {role}.micro_batch.mini_batch_size={mb.mini_batch_size}")
-    if mb.mini_batch_size % dp:
         raise ConfigError(
-            f"{role}.micro_batch.mini_batch_size={mb.mini_batch_size} is not divisible by the {role}'s "
-            f"data-parallel size {dp} (ranks / tp_size); every rank must get the same number of sequences"
+            f"{mb.mini_batch_size} does not divide the data.train_batch_size ({prompts}) x rollout.n ({n}) = "
+            f"{sequences} sequences per step", f"{role}.micro_batch.mini_batch_size",
         )
-    per_rank = mb.mini_batch_size // dp
-    if not mb.use_dynamic_bsz and per_rank % mb.micro_batch_size_per_device:
+
+
+# SFTSection keys of the MicroBatchConfig the SFT actor trains with (SFTSection.micro_batch).
+_SFT_KEYS = {"mini_batch_size": "batch_size", "micro_batch_size_per_device": "micro_batch_size_per_device"}
+
+
+def _check_sft(cfg: RunConfig, actor_dp: int) -> None:
+    if cfg.data.train_files and not cfg.sft.files:
         raise ConfigError(
-            f"{role}.micro_batch.mini_batch_size / dp = {per_rank} sequences per rank is not a multiple of "
-            f"{role}.micro_batch.micro_batch_size_per_device={mb.micro_batch_size_per_device}"
+            f"is {cfg.sft.steps}: a warm start on your data (data.train_files is set), but sft.files is empty; give "
+            "the prompt/response pairs in sft.files, or set sft.steps=0", "sft.steps",
         )
+    try:
+        cfg.sft.micro_batch(cfg.actor.micro_batch.forward_micro_batch_size_per_device).check(actor_dp)
+    except ConfigError as err:
+        raise ConfigError(err.message, f"sft.{_SFT_KEYS[err.key]}") from None

@@ -23,7 +23,6 @@ from hybridflow.workers.config import (
     CriticWorkerConfig,
     RewardModelWorkerConfig,
     RolloutWorkerConfig,
-    WorkerConfigError,
 )
 from hybridflow.workers.critic import CRITIC_MESH, CriticWorker
 from hybridflow.workers.placement import DEFAULT_POOL, PlacementSpec, build_role_groups, shutdown_role_groups
@@ -43,7 +42,6 @@ __all__ = [
     "RewardModelWorker",
     "RewardModelWorkerConfig",
     "RolloutWorkerConfig",
-    "WorkerConfigError",
     "build_role_groups",
     "scores_at_last_response_token",
     "shutdown_role_groups",

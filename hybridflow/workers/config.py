@@ -11,7 +11,11 @@ so users moving from verl find them where they expect:
     CriticWorkerConfig(engine=TrainEngineConfig(...), loss=CriticLossConfig(...))
     RewardModelWorkerConfig(engine=TrainEngineConfig(...))
 
-Every default lives here, once; workers read fields, never guess.
+Every default of a worker setting lives here, once; the run config embeds these classes
+(its `rollout` section is a RolloutWorkerConfig), and the built-in demo's own values are
+presets in config/schema.py. Workers read fields, never guess. Every check raises
+ConfigError keyed relative to the class (e.g. "tensor_model_parallel_size"); role rules on
+engine settings are `check_role_engine`, shared with the run config's validation.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.grouping import ReshardMethod
 from hybridflow.engines.rollout.gemm import MATMUL_MODES
 from hybridflow.engines.rollout.sampling import LOG_PROB_MODES, SamplingParams
-from hybridflow.engines.train.config import ActorLossConfig, CriticLossConfig, TrainEngineConfig
+from hybridflow.engines.train.config import (
+    ActorLossConfig,
+    CriticLossConfig,
+    TrainEngineConfig,
+    TrainEngineSettings,
+)
+from hybridflow.errors import ConfigError
 
 ROLLOUT_BACKENDS = ("native",)
-
-
-class WorkerConfigError(ValueError):
-    """A worker setting that is out of range or inconsistent with another one."""
 
 
 @dataclass
@@ -72,36 +78,33 @@ class RolloutWorkerConfig:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.name not in ROLLOUT_BACKENDS:
-            raise WorkerConfigError(f"rollout.name must be one of {ROLLOUT_BACKENDS}, got {self.name!r}")
         if not isinstance(self.tensor_model_parallel_size, int) or self.tensor_model_parallel_size < 1:
-            raise WorkerConfigError(
-                f"rollout.tensor_model_parallel_size must be an integer >= 1, got {self.tensor_model_parallel_size!r}"
-            )
+            raise ConfigError(f"must be an integer >= 1, got {self.tensor_model_parallel_size!r}",
+                              "tensor_model_parallel_size")
+        if self.name not in ROLLOUT_BACKENDS:
+            raise ConfigError(f"must be one of {ROLLOUT_BACKENDS}, got {self.name!r}", "name")
         try:
             ReshardMethod.parse(self.reshard_method)
         except ValueError as err:
-            raise WorkerConfigError(f"rollout.reshard_method: {err}") from None
-        if self.dtype not in DTYPE_NAMES:
-            raise WorkerConfigError(f"rollout.dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
-        if self.log_prob_mode not in LOG_PROB_MODES:
-            raise WorkerConfigError(
-                f"rollout.log_prob_mode must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}"
-            )
-        if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
-            raise WorkerConfigError("rollout.max_num_seqs and rollout.prefill_token_budget must be >= 1")
-        if self.matmul not in MATMUL_MODES:
-            raise WorkerConfigError(f"rollout.matmul must be one of {MATMUL_MODES}, got {self.matmul!r}")
+            raise ConfigError(str(err), "reshard_method") from None
+        for key, value, allowed in (("dtype", self.dtype, DTYPE_NAMES), ("log_prob_mode", self.log_prob_mode,
+                                    LOG_PROB_MODES), ("matmul", self.matmul, MATMUL_MODES)):
+            if value not in allowed:
+                raise ConfigError(f"must be one of {tuple(allowed)}, got {value!r}", key)
+        for key in ("max_num_seqs", "prefill_token_budget"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
         if self.max_model_len is not None and self.max_model_len < 2:
-            raise WorkerConfigError(f"rollout.max_model_len must be >= 2 or None, got {self.max_model_len}")
+            raise ConfigError(f"must be >= 2 or null, got {self.max_model_len}", "max_model_len")
         if self.seed < 0:
-            raise WorkerConfigError(f"rollout.seed must be >= 0, got {self.seed}")
+            raise ConfigError(f"must be >= 0, got {self.seed}", "seed")
         self.stop_token_ids = tuple(self.stop_token_ids)
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         try:
             SamplingParams(**self.sampling_defaults())
         except ValueError as err:
-            raise WorkerConfigError(f"rollout sampling defaults: {err}") from None
+            # SamplingParams names its own argument; the config key is the sampling default.
+            raise ConfigError(f"the sampling defaults are invalid: {err}") from None
 
     def sampling_defaults(self) -> dict[str, Any]:
         """SamplingParams keyword arguments for a call whose meta_info sets nothing."""
@@ -135,9 +138,7 @@ class ActorRolloutRefConfig:
     def __post_init__(self) -> None:
         _check_types(self, engine=TrainEngineConfig, loss=ActorLossConfig, rollout=RolloutWorkerConfig)
         if self.loss.use_kl_loss and not self.use_reference:
-            raise WorkerConfigError(
-                "actor loss.use_kl_loss=True needs the reference policy's log-probs; set use_reference=True"
-            )
+            raise ConfigError("needs the reference policy's log-probs; set use_reference=True", "loss.use_kl_loss")
 
     @property
     def model_path(self) -> str:
@@ -153,8 +154,7 @@ class CriticWorkerConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, engine=TrainEngineConfig, loss=CriticLossConfig)
-        if self.engine.lora.enabled:
-            raise WorkerConfigError("critic: LoRA is supported for the actor only; set critic lora.rank=0")
+        _check_engine(self, "critic")
 
 
 @dataclass
@@ -168,14 +168,30 @@ class RewardModelWorkerConfig:
 
     def __post_init__(self) -> None:
         _check_types(self, engine=TrainEngineConfig)
-        if self.engine.lora.enabled:
-            raise WorkerConfigError("reward_model: LoRA does not apply to a frozen reward model; set lora.rank=0")
+        _check_engine(self, "reward_model")
+
+
+# Roles whose engine may carry LoRA adapters: peft adapts a causal LM, not a scoring head model.
+LORA_ROLES = ("actor",)
+
+
+def check_role_engine(role: str, engine: TrainEngineSettings) -> None:
+    """The rules a role puts on its engine settings (keys relative to the settings). One copy:
+    the worker configs below call it, and so does the run config's validation."""
+    if engine.lora.enabled and role not in LORA_ROLES:
+        raise ConfigError(f"must be 0 for the {role}: LoRA is supported for the {' and '.join(LORA_ROLES)} only",
+                          "lora.rank")
+
+
+def _check_engine(config: object, role: str) -> None:
+    try:
+        check_role_engine(role, config.engine)
+    except ConfigError as err:
+        raise err.within("engine") from None
 
 
 def _check_types(config: object, **expected: type) -> None:
     for name, cls in expected.items():
         value = getattr(config, name)
         if not isinstance(value, cls):
-            raise WorkerConfigError(
-                f"{type(config).__name__}.{name} must be a {cls.__name__}, got {type(value).__name__}"
-            )
+            raise ConfigError(f"must be a {cls.__name__}, got {type(value).__name__}", name)

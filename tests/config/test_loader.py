@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hybridflow.config import ConfigError, config_to_dict, load_config, save_config
+from hybridflow.config.loader import user_tree
 
 
 @dataclass
@@ -16,6 +17,10 @@ class Optim:
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
     schedule: Literal["constant", "cosine"] = "constant"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"must be > 0, got {self.lr}", "lr")  # keyed relative to this class
 
 
 @dataclass
@@ -62,15 +67,29 @@ def test_value_types_are_converted_and_checked():
 
 
 def test_unknown_key_names_the_closest_valid_key():
-    with pytest.raises(ConfigError, match=r"unknown config key 'actor.optim.lrr'.*did you mean 'lr'"):
+    with pytest.raises(ConfigError, match=r"^actor.optim.lrr: unknown config key; did you mean 'lr'") as err:
         load_config(Root, None, ["actor.optim.lrr=1e-5"])
-    with pytest.raises(ConfigError, match=r"unknown config key 'actr'.*did you mean 'actor'"):
+    assert err.value.key == "actor.optim.lrr"
+    with pytest.raises(ConfigError, match=r"^actr: unknown config key; did you mean 'actor'"):
         load_config(Root, None, ["actr.micro_batch_size=2"])
 
 
 def test_section_validation_error_names_the_section():
-    with pytest.raises(ConfigError, match=r"invalid config section 'actor'.*micro_batch_size must be >= 1"):
+    # A plain ValueError of a section names the section ...
+    with pytest.raises(ConfigError, match=r"^actor: invalid section \(Actor\): micro_batch_size must be >= 1") as err:
         load_config(Root, None, ["actor.micro_batch_size=0"])
+    assert err.value.key == "actor"
+    # ... and a ConfigError keyed relative to its class comes out keyed from the root.
+    with pytest.raises(ConfigError, match=r"^actor.optim.lr: must be > 0, got -1") as err:
+        load_config(Root, None, ["actor.optim.lr=-1"])
+    assert err.value.key == "actor.optim.lr"
+
+
+def test_user_tree_is_the_file_with_the_overrides_applied(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"seed": 3, "actor": {"optim": {"lr": 2e-5}}}))
+    assert user_tree(path, ["actor.use_lora=true", "seed=4"]) == {
+        "seed": 4, "actor": {"optim": {"lr": 2e-5}, "use_lora": True}}
 
 
 def test_malformed_overrides_and_files(tmp_path):

@@ -70,7 +70,8 @@ def test_presets_fill_only_what_the_user_left_unset(tmp_path):
     (["cost_model.path=/x"], r"read only by algorithm.name=safe_rlhf"),
     (["algorithm.name=safe_rlhf", "cost_model.custom_fn_path=c.py", "algorithm.safe_rlhf.lambda_init=0"],
      r"init must be > 0"),
-    (["resources.world_size=2", "reward_model.path=/rm", "reward_model.tp_size=4"], r"reward_model.tp_size=4"),
+    (["resources.world_size=2", "reward_model.path=/rm", "reward_model.tp_size=4"],
+     r"reward_model.tp_size: 4 does not divide"),
 ])
 def test_invalid_combinations_are_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

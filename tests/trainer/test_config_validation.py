@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config import ConfigError, load_config
-from hybridflow.config.schema import RunConfig, load_run_config, resolve_run_config
+from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config
 from hybridflow.config.validation import validate_run_config
 from hybridflow.trainer.run_dir import create_run_dir
 
@@ -20,11 +20,12 @@ def test_default_config_is_valid_and_is_the_builtin_demo():
     assert layout.sequences_per_step == cfg.data.train_batch_size * cfg.rollout.n
 
 
-def test_overrides_reach_nested_sections_and_keep_tree_defaults():
+def test_overrides_reach_nested_sections_and_keep_the_demo_presets():
     cfg = load_run_config(None, ["actor.optim.grad_clip=0.5", "rollout.n=16", "algorithm.name=ppo"])
+    presets = dict(DEMO_PRESETS)
     assert cfg.actor.optim.grad_clip == 0.5
-    assert cfg.actor.optim.lr == RunConfig().actor.optim.lr  # the tree's default, not OptimConfig's
-    assert cfg.rollout.n == 16 and cfg.rollout.response_length == RunConfig().rollout.response_length
+    assert cfg.actor.optim.lr == presets["actor.optim.lr"]  # the demo's, not OptimConfig's
+    assert cfg.rollout.n == 16 and cfg.rollout.response_length == presets["rollout.response_length"]
     assert cfg.algorithm.estimator == "gae" and cfg.use_critic
 
 
@@ -35,48 +36,66 @@ def test_overrides_reach_nested_sections_and_keep_tree_defaults():
     ("data.train_batch_sise=8", "train_batch_size"),
 ])
 def test_unknown_key_names_the_closest_valid_key(override, closest):
-    with pytest.raises(ConfigError, match=rf"unknown config key .*did you mean '{closest}'"):
+    with pytest.raises(ConfigError, match=rf"unknown config key; did you mean '{closest}'") as err:
         load_run_config(None, [override])
+    assert override.split("=")[0].startswith(err.value.key)  # the key up to its first unknown part
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize("overrides, key, message", [
     # prompts must divide over the generation groups (2 ranks / rollout tp 1)
-    (["resources.world_size=2", "data.train_batch_size=3"], r"train_batch_size=3 prompts cannot be shared by the 2"),
+    (["resources.world_size=2", "data.train_batch_size=3"], "data.train_batch_size",
+     r"3 prompts cannot be shared by the 2"),
     # sequences per step (16 x 8) vs the actor's mini-batch
-    (["resources.world_size=2", "actor.micro_batch.mini_batch_size=48"], r"128 sequences per step is not a multiple"),
+    (["resources.world_size=2", "actor.micro_batch.mini_batch_size=48"], "actor.micro_batch.mini_batch_size",
+     r"128 sequences per step"),
     # mini-batch per dp rank vs micro-batch size
     (["resources.world_size=2", "actor.micro_batch.mini_batch_size=64",
-      "actor.micro_batch.micro_batch_size_per_device=24"], r"32 sequences per rank is not a multiple"),
+      "actor.micro_batch.micro_batch_size_per_device=24"], "actor.micro_batch.micro_batch_size_per_device",
+     r"24 does not divide the 32 sequences of a mini-batch per dp rank"),
     # mini-batch vs data-parallel size
     (["resources.world_size=4", "data.train_batch_size=4", "rollout.n=3", "actor.micro_batch.mini_batch_size=6",
-      "actor.micro_batch.micro_batch_size_per_device=1"], r"mini_batch_size=6 is not divisible by the actor's"),
-    (["resources.world_size=2", "actor.tp_size=3"], r"actor.tp_size=3 does not divide"),
-    (["resources.world_size=2", "rollout.tensor_model_parallel_size=4"], r"tensor_model_parallel_size=4 does not"),
-    (["rollout.n=1"], r"needs rollout.n >= 2"),
-    (["resources.world_size=2", "resources.placement=split"], r"has no critic"),
+      "actor.micro_batch.micro_batch_size_per_device=1"], "actor.micro_batch.mini_batch_size",
+     r"6 is not divisible by the data-parallel size 4"),
+    (["resources.world_size=2", "actor.tp_size=3"], "actor.tp_size", r"3 does not divide the 2 ranks"),
+    (["resources.world_size=2", "rollout.tensor_model_parallel_size=4"], "rollout.tensor_model_parallel_size",
+     r"4 does not divide the actor's 2 ranks"),
+    (["resources.world_size=2", "resources.placement=split"], "resources.placement", r"has no critic"),
     (["resources.world_size=2", "resources.placement=split", "algorithm.name=ppo", "resources.critic_ranks=2"],
-     r"critic_ranks=2 must leave the actor"),
-    (["resources.world_size=2", "sft.batch_size=50"], r"sft.batch_size=50 is not a multiple"),
-    (["resources.world_size=2", "actor.param_offload=true"], r"need resources.use_gpu"),
-    (["rollout.response_length=60"], r"exceeds the built-in model"),
-    (["data.train_files=[a.parquet]"], r"sft.files is empty"),
+     "resources.critic_ranks", r"2 must leave the actor"),
+    (["resources.world_size=2", "sft.batch_size=50"], "sft.micro_batch_size_per_device",
+     r"128 does not divide the 25 sequences of a mini-batch per dp rank \(50 / dp 2\)"),
+    (["resources.world_size=2", "sft.batch_size=51", "sft.micro_batch_size_per_device=1"], "sft.batch_size",
+     r"51 is not divisible by the data-parallel size 2"),
+    (["resources.world_size=2", "actor.param_offload=true"], "actor.param_offload", r"CPU-only run"),
+    (["rollout.response_length=60"], "rollout.response_length", r"exceed the built-in model"),
+    (["data.train_files=[a.parquet]"], "sft.steps", r"sft.files is empty"),
 ])
-def test_inconsistent_sizes_are_refused_with_the_keys_to_change(overrides, message):
-    with pytest.raises(ConfigError, match=message):
+def test_inconsistent_sizes_are_refused_with_the_keys_to_change(overrides, key, message):
+    with pytest.raises(ConfigError, match=message) as err:
         load_run_config(None, overrides)
+    assert err.value.key == key
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], r"ppo trains a critic and uses adv_estimator=gae"),
-    (["algorithm.adv_estimator=gae"], r"needs a group estimator"),
-    (["algorithm.adv_estimator=nope"], r"nope"),
-    (["trainer.total_steps=0"], r"total_steps must be >= 1"),
-    (["actor.micro_batch.micro_batch_size_per_device=0"], r"micro_batch_size_per_device must be an integer >= 1"),
-    (["name=a/b"], r"directory-safe"),
+def test_algorithm_errors_name_the_keys():
+    with pytest.raises(ConfigError, match=r"needs rollout.n >= 2"):
+        load_run_config(None, ["rollout.n=1"])
+
+
+@pytest.mark.parametrize("overrides, key, message", [
+    # the algorithm section's own checks (algorithm.py) name at least the section
+    (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], "algorithm",
+     r"ppo trains a critic and uses adv_estimator=gae"),
+    (["algorithm.adv_estimator=gae"], "algorithm", r"needs a group estimator"),
+    (["algorithm.adv_estimator=nope"], "algorithm", r"nope"),
+    (["trainer.total_steps=0"], "trainer.total_steps", r"must be >= 1"),
+    (["actor.micro_batch.micro_batch_size_per_device=0"], "actor.micro_batch.micro_batch_size_per_device",
+     r"must be an integer >= 1"),
+    (["name=a/b"], "name", r"directory-safe"),
 ])
-def test_section_errors_name_the_section(overrides, message):
-    with pytest.raises(ConfigError, match=message):
+def test_section_errors_name_the_section(overrides, key, message):
+    with pytest.raises(ConfigError, match=message) as err:
         load_run_config(None, overrides)
+    assert err.value.key == key or err.value.key.startswith(f"{key}.")
 
 
 def test_world_size_null_resolves_to_a_power_of_two():

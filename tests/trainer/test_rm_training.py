@@ -99,11 +99,11 @@ def test_init_from_a_causal_lm_adds_a_score_head_and_keeps_a_reward_model(tmp_pa
 
 
 @pytest.mark.parametrize("extra, message", [
-    ([], "data.train_files is empty"),
+    ([], "data.train_files: is empty"),
     (["data.train_files=[x.jsonl]", "data.batch_size=24"], "not a multiple of engine.micro_batch.mini_batch_size"),
     (["data.train_files=[x.jsonl]", "engine.param_offload=true"], "param_offload"),
     (["data.train_files=[x.jsonl]", "data.pairs.max_length=100"], "max_position_embeddings=64"),
-    (["data.train_files=[x.jsonl]", "data.val_fraction=0"], "val_fraction must be in (0, 1)"),
+    (["data.train_files=[x.jsonl]", "data.val_fraction=0"], "data.val_fraction: must be in (0, 1)"),
     (["data.train_files=[x.jsonl]", "engine.lora.rank=4"], "lora"),
 ])
 def test_config_errors_exit_2_before_anything_starts(tmp_path, capsys, extra, message):

@@ -127,12 +127,12 @@ def test_validation_is_greedy_and_runs_before_training_by_default():
     trainer = load_run_config(None, []).trainer
     assert trainer.val_before_train and trainer.loggers == ["console", "jsonl"]
     assert not trainer.validation.do_sample and trainer.validation.n == 1
-    with pytest.raises(ConfigError, match="n must be >= 1"):
+    with pytest.raises(ConfigError, match="trainer.validation.n: must be >= 1"):
         load_run_config(None, ["trainer.validation.n=0"])
 
 
 def test_unknown_logger_and_missing_wandb_are_config_errors(monkeypatch):
-    with pytest.raises(ConfigError, match="loggers must be distinct names from"):
+    with pytest.raises(ConfigError, match="trainer.loggers: must be distinct names from"):
         load_run_config(None, ["trainer.loggers=[console,tensorbord]"])
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed (import fails)
     with pytest.raises(ConfigError, match="pip install wandb"):

@@ -12,9 +12,9 @@ from hybridflow.workers import (
     PlacementSpec,
     RewardModelWorkerConfig,
     RolloutWorkerConfig,
-    WorkerConfigError,
     scores_at_last_response_token,
 )
+from hybridflow.errors import ConfigError
 
 
 def engine(**kw) -> TrainEngineConfig:
@@ -22,7 +22,7 @@ def engine(**kw) -> TrainEngineConfig:
 
 
 def test_kl_loss_needs_the_reference_policy():
-    with pytest.raises(WorkerConfigError, match="use_reference=True"):
+    with pytest.raises(ConfigError, match="use_reference=True"):
         ActorRolloutRefConfig(engine=engine(), loss=ActorLossConfig(use_kl_loss=True))
     cfg = ActorRolloutRefConfig(engine=engine(), loss=ActorLossConfig(use_kl_loss=True), use_reference=True)
     assert cfg.model_path == "/models/tiny"
@@ -31,14 +31,14 @@ def test_kl_loss_needs_the_reference_policy():
 @pytest.mark.parametrize("kwargs, message", [
     ({"reshard_method": "scatter"}, "reshard_method"),
     ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
-    ({"name": "vllm"}, "rollout.name"),
-    ({"dtype": "fp16"}, "rollout.dtype"),
+    ({"name": "vllm"}, "name"),
+    ({"dtype": "fp16"}, "dtype"),
     ({"top_p": 0.0}, "top_p"),
     ({"response_length": 0}, "max_new_tokens"),
     ({"log_prob_mode": "raw"}, "log_prob_mode"),
 ])
 def test_rollout_settings_are_validated(kwargs, message):
-    with pytest.raises(WorkerConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         RolloutWorkerConfig(**kwargs)
 
 
@@ -49,16 +49,16 @@ def test_sampling_defaults_follow_do_sample_and_response_length():
 
 
 def test_sections_must_have_their_types():
-    with pytest.raises(WorkerConfigError, match="engine must be a TrainEngineConfig"):
+    with pytest.raises(ConfigError, match="engine: must be a TrainEngineConfig"):
         ActorRolloutRefConfig(engine={"model_path": "/x"})
-    with pytest.raises(WorkerConfigError, match="loss must be a CriticLossConfig"):
+    with pytest.raises(ConfigError, match="loss: must be a CriticLossConfig"):
         CriticWorkerConfig(engine=engine(), loss=ActorLossConfig())
 
 
 def test_lora_is_refused_outside_the_actor():
-    with pytest.raises(WorkerConfigError, match="critic"):
+    with pytest.raises(ConfigError, match="engine.lora.rank: must be 0 for the critic"):
         CriticWorkerConfig(engine=engine(lora=LoraConfig(rank=4)))
-    with pytest.raises(WorkerConfigError, match="reward_model"):
+    with pytest.raises(ConfigError, match="engine.lora.rank: must be 0 for the reward_model"):
         RewardModelWorkerConfig(engine=engine(lora=LoraConfig(rank=4)))
     ActorRolloutRefConfig(engine=engine(lora=LoraConfig(rank=4)), use_reference=True)
 

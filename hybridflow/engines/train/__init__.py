@@ -11,7 +11,6 @@ from hybridflow.engines.train.actor import ActorEngine
 from hybridflow.engines.train.config import (
     ActorLossConfig,
     CriticLossConfig,
-    EngineConfigError,
     LoraConfig,
     MicroBatchConfig,
     OptimConfig,
@@ -27,7 +26,6 @@ __all__ = [
     "ActorLossConfig",
     "CriticEngine",
     "CriticLossConfig",
-    "EngineConfigError",
     "LoraConfig",
     "MicroBatchConfig",
     "OptimConfig",

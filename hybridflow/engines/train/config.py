@@ -1,30 +1,51 @@
 """Typed configuration of the training engine, validated when built.
 
-`TrainEngineConfig` is what one model role (actor, critic, reference, reward model)
-needs to be loaded, parallelised and trained; the trainer's config tree embeds it. The
-loss settings of the actor and critic live in `ActorLossConfig` / `CriticLossConfig`
-and are passed to those engines separately. Errors say which key is wrong and how to
-fix it; checks that need the world size run in `TrainEngineConfig.check_parallel`.
+One definition per setting, in three layers, so a setting is declared once and every user
+of it (the engine, the workers, the run config's YAML) sees the same name and default:
+
+    EngineSettings        what any engine reads, frozen or trained: precision, tensor
+                          parallelism, parameter offload, micro-batches, attention
+    TrainEngineSettings   + what only a trained engine reads: optimizer, LoRA, gradient
+                          checkpointing, optimizer offload
+    TrainEngineConfig     + the model path and seed: what one engine is built from
+
+The run config's role sections (actor, critic, reward_model, ...) subclass the settings
+classes, so a new engine setting reaches the YAML without a second declaration. The loss
+settings of the actor and critic live in `ActorLossConfig` / `CriticLossConfig` and are
+passed to those engines separately. Every check raises `ConfigError` keyed relative to the
+class that holds the setting (the YAML loader puts the section in front); the checks that
+need the world size run in `EngineSettings.check_parallel`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from hybridflow.algorithms import PolicyLossConfig, get_kl_estimator, get_loss_agg_mode
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
+from hybridflow.errors import ConfigError
 
 LR_SCHEDULES = ("constant", "cosine")
 
 
-class EngineConfigError(ValueError):
-    """An inconsistent or out-of-range engine setting."""
-
-
-def _positive(name: str, value: float) -> None:
+def _positive(key: str, value: float) -> None:
     if not value > 0:
-        raise EngineConfigError(f"{name} must be > 0, got {value}")
+        raise ConfigError(f"must be > 0, got {value}", key)
+
+
+def _count(key: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"must be an integer >= 1, got {value!r}", key)
+
+
+def _registered(key: str, lookup: Callable[[str], object], name: str) -> None:
+    """`lookup(name)` (a registry getter); its unknown-name ValueError becomes a ConfigError on `key`."""
+    try:
+        lookup(name)
+    except ValueError as err:
+        raise ConfigError(str(err), key) from None
 
 
 @dataclass
@@ -49,28 +70,27 @@ class OptimConfig:
     total_steps: int | None = None
 
     def __post_init__(self) -> None:
-        _positive("optim.lr", self.lr)
-        _positive("optim.eps", self.eps)
+        _positive("lr", self.lr)
+        _positive("eps", self.eps)
         if not all(0.0 <= b < 1.0 for b in self.betas):
-            raise EngineConfigError(f"optim.betas must be in [0, 1), got {self.betas}")
+            raise ConfigError(f"must both be in [0, 1), got {self.betas}", "betas")
         if self.weight_decay < 0:
-            raise EngineConfigError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+            raise ConfigError(f"must be >= 0, got {self.weight_decay}", "weight_decay")
         if self.lr_schedule not in LR_SCHEDULES:
-            raise EngineConfigError(f"optim.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.warmup_steps < 0 or not 0.0 <= self.warmup_ratio < 1.0:
-            raise EngineConfigError(
-                f"optim.warmup_steps must be >= 0 and optim.warmup_ratio in [0, 1), got "
-                f"{self.warmup_steps} and {self.warmup_ratio}"
-            )
+            raise ConfigError(f"must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}", "lr_schedule")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"must be >= 0, got {self.warmup_steps}", "warmup_steps")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"must be in [0, 1), got {self.warmup_ratio}", "warmup_ratio")
         if self.warmup_steps and self.warmup_ratio:
-            raise EngineConfigError("set either optim.warmup_steps or optim.warmup_ratio, not both")
+            raise ConfigError("set warmup_steps or warmup_ratio, not both", "warmup_ratio")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise EngineConfigError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError(f"must be in [0, 1], got {self.min_lr_ratio}", "min_lr_ratio")
         needs_total = self.lr_schedule == "cosine" or self.warmup_ratio > 0
         if needs_total and (self.total_steps is None or self.total_steps < 1):
-            raise EngineConfigError(
-                "optim.total_steps (number of trainer steps) must be set >= 1 for a cosine "
-                f"schedule or a warmup_ratio; got {self.total_steps}"
+            raise ConfigError(
+                f"(the number of trainer steps) must be set >= 1 for a cosine schedule or a warmup_ratio; "
+                f"got {self.total_steps}", "total_steps",
             )
 
     def resolved_warmup_steps(self) -> int:
@@ -93,13 +113,13 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         if self.rank < 0:
-            raise EngineConfigError(f"lora.rank must be >= 0 (0 disables LoRA), got {self.rank}")
+            raise ConfigError(f"must be >= 0 (0 disables LoRA), got {self.rank}", "rank")
         if self.rank:
-            _positive("lora.alpha", self.alpha)
+            _positive("alpha", self.alpha)
             if not 0.0 <= self.dropout < 1.0:
-                raise EngineConfigError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+                raise ConfigError(f"must be in [0, 1), got {self.dropout}", "dropout")
             if not self.target_modules:
-                raise EngineConfigError("lora.target_modules is empty; name the Linear layers to adapt")
+                raise ConfigError("is empty; name the Linear layers to adapt", "target_modules")
 
     @property
     def enabled(self) -> bool:
@@ -134,87 +154,134 @@ class MicroBatchConfig:
             "mini_batch_size", "micro_batch_size_per_device", "max_tokens_per_device",
             "forward_micro_batch_size_per_device", "forward_max_tokens_per_device", "epochs",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise EngineConfigError(f"micro_batch.{name} must be an integer >= 1, got {value!r}")
+            _count(name, getattr(self, name))
 
     def check(self, dp_size: int) -> None:
-        """Divisibility rules that depend on the number of data-parallel ranks."""
+        """Divisibility of a training mini-batch over `dp_size` data-parallel ranks."""
         if self.mini_batch_size % dp_size != 0:
-            raise EngineConfigError(
-                f"micro_batch.mini_batch_size={self.mini_batch_size} is not divisible by the "
-                f"data-parallel size {dp_size}; every dp rank must get the same number of sequences"
+            raise ConfigError(
+                f"{self.mini_batch_size} is not divisible by the data-parallel size {dp_size} (ranks / tp_size); "
+                "every dp rank must get the same number of sequences", "mini_batch_size",
             )
         per_rank = self.mini_batch_size // dp_size
         if not self.use_dynamic_bsz and per_rank % self.micro_batch_size_per_device != 0:
-            raise EngineConfigError(
-                f"mini-batch per dp rank ({self.mini_batch_size} / dp {dp_size} = {per_rank}) is not "
-                f"divisible by micro_batch_size_per_device={self.micro_batch_size_per_device}; make "
-                "mini_batch_size a multiple of micro_batch_size_per_device x dp, or set use_dynamic_bsz"
+            raise ConfigError(
+                f"{self.micro_batch_size_per_device} does not divide the {per_rank} sequences of a mini-batch per dp "
+                f"rank ({self.mini_batch_size} / dp {dp_size}); make the mini-batch a multiple of this x dp, or cut "
+                "micro-batches by tokens (use_dynamic_bsz)", "micro_batch_size_per_device",
             )
+
+
+def _needs_gpu(key: str, enabled: bool, has_gpu: bool) -> None:
+    if enabled and not has_gpu:
+        raise ConfigError(
+            "moves state from GPU to CPU memory between calls; on a CPU-only run everything already "
+            "lives in CPU memory: set it to false (or run on GPUs)", key,
+        )
 
 
 @dataclass
-class TrainEngineConfig:
-    """Everything needed to load, shard and train (or only run) one model.
+class EngineSettings:
+    """What any engine reads, frozen (reference, reward model) or trained.
 
     dtype: "bf16" computes in bf16 with fp32 master weights and fp32 gradient
         reduction; "fp32" computes in fp32; "auto" (default) is bf16 on GPUs and CPUs
-        with native bf16 instructions, fp32 elsewhere (see engines/precision.py). Models that are not trained (reference,
-        reward) are stored in the compute dtype.
+        with native bf16 instructions, fp32 elsewhere (see engines/precision.py). Models
+        that are not trained (reference, reward) are stored in the compute dtype.
     tp_size: tensor-parallel degree; dp = world_size / tp_size.
+    param_offload: keep parameters on the CPU between calls (GPU only; see
+        TrainEngine.offload / onload).
     pack_sequences: remove padding and pack each micro-batch into one row with
         per-sequence position ids (same results as the padded batch, less compute).
     logits_chunk_size: rows of the vocabulary-wide logits upcast to fp32 at a time.
-    param_offload / optimizer_offload: keep parameters / optimizer state on the CPU
-        between calls (GPU only; see TrainEngine.offload / onload).
+    attn_implementation: the Hugging Face attention kernel ("sdpa", "eager", ...).
     peak_flops_per_device: for the MFU metric; None uses a known-GPU table, or a
         measured bf16/fp32 matmul rate on CPU.
+    micro_batch: how batches are cut (a frozen engine reads only the forward_* keys and
+        use_dynamic_bsz).
     """
 
-    model_path: str
     dtype: DtypeName = "auto"
     tp_size: int = 1
-    gradient_checkpointing: bool = False
     param_offload: bool = False
-    optimizer_offload: bool = False
     pack_sequences: bool = False
     logits_chunk_size: int = 1024
     attn_implementation: str = "sdpa"
-    seed: int = 0
     peak_flops_per_device: float | None = None
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
     micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_path, str) or not self.model_path:
-            raise EngineConfigError(f"model_path must be a non-empty path string, got {self.model_path!r}")
         if self.dtype not in DTYPE_NAMES:
-            raise EngineConfigError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
-        if not isinstance(self.tp_size, int) or self.tp_size < 1:
-            raise EngineConfigError(f"tp_size must be an integer >= 1, got {self.tp_size!r}")
-        if self.logits_chunk_size < 1:
-            raise EngineConfigError(f"logits_chunk_size must be >= 1, got {self.logits_chunk_size}")
-        if self.lora.enabled and self.tp_size > 1:
-            raise EngineConfigError("LoRA with tensor parallelism is not supported; use tp_size=1 with lora.rank > 0")
+            raise ConfigError(f"must be one of {DTYPE_NAMES}, got {self.dtype!r}", "dtype")
+        _count("tp_size", self.tp_size)
+        _count("logits_chunk_size", self.logits_chunk_size)
         if self.peak_flops_per_device is not None:
             _positive("peak_flops_per_device", self.peak_flops_per_device)
 
-    def check_parallel(self, world_size: int, has_gpu: bool) -> int:
-        """Validate against the running world; returns the data-parallel size."""
+    def check_parallel(self, world_size: int, has_gpu: bool, *, trainable: bool) -> int:
+        """The rules that need the engine's world size; returns the data-parallel size.
+        The mini-batch rules hold only for a trained engine (a frozen one only scores)."""
         if world_size % self.tp_size != 0:
-            raise EngineConfigError(
-                f"tp_size={self.tp_size} does not divide the world size {world_size}"
-            )
-        if (self.param_offload or self.optimizer_offload) and not has_gpu:
-            raise EngineConfigError(
-                "param_offload / optimizer_offload move state from GPU to CPU memory; on a "
-                "CPU-only machine everything already lives in CPU memory, set both to False"
-            )
+            raise ConfigError(f"{self.tp_size} does not divide the {world_size} ranks of this model", "tp_size")
+        _needs_gpu("param_offload", self.param_offload, has_gpu)
         dp = world_size // self.tp_size
-        self.micro_batch.check(dp)
+        if trainable:
+            try:
+                self.micro_batch.check(dp)
+            except ConfigError as err:
+                raise err.within("micro_batch") from None
         return dp
+
+    def engine_config(self, model_path: str, seed: int) -> TrainEngineConfig:
+        """The engine config of a model at `model_path` with these settings (the settings this
+        class does not hold keep TrainEngineConfig's defaults)."""
+        settings = TrainEngineSettings if isinstance(self, TrainEngineSettings) else EngineSettings
+        values = {f.name: getattr(self, f.name) for f in fields(settings)}
+        return TrainEngineConfig(model_path=model_path, seed=seed, **values)
+
+
+@dataclass
+class TrainEngineSettings(EngineSettings):
+    """What a trained engine reads in addition.
+
+    gradient_checkpointing: recompute activations in the backward pass (less memory).
+    optimizer_offload: keep the optimizer state on the CPU between calls (GPU only).
+    optim: AdamW and its schedule. lora: adapters instead of full fine-tuning (actor only).
+    """
+
+    gradient_checkpointing: bool = False
+    optimizer_offload: bool = False
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lora.enabled and self.tp_size > 1:
+            raise ConfigError(
+                f"LoRA with tensor parallelism (tp_size={self.tp_size}) is not supported; use tp_size=1 with "
+                "LoRA, or lora.rank=0", "lora.rank",
+            )
+
+    def check_parallel(self, world_size: int, has_gpu: bool, *, trainable: bool) -> int:
+        _needs_gpu("optimizer_offload", self.optimizer_offload, has_gpu)
+        return super().check_parallel(world_size, has_gpu, trainable=trainable)
+
+
+@dataclass
+class TrainEngineConfig(TrainEngineSettings):
+    """Everything needed to load, shard and train (or only run) one model: the settings
+    above plus the model directory and the seed of initialisation and shuffling.
+
+    Both are keyword-only: `TrainEngineConfig(model_path="...", dtype="fp32")`.
+    """
+
+    model_path: str = field(kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.model_path, str) or not self.model_path:
+            raise ConfigError(f"must be a non-empty path string, got {self.model_path!r}", "model_path")
 
 
 @dataclass
@@ -234,12 +301,11 @@ class ActorLossConfig:
     loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
-        if self.entropy_coeff < 0 or self.kl_loss_coef < 0:
-            raise EngineConfigError(
-                f"entropy_coeff and kl_loss_coef must be >= 0, got {self.entropy_coeff} and {self.kl_loss_coef}"
-            )
+        for key in ("entropy_coeff", "kl_loss_coef"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, key)}", key)
         if self.use_kl_loss:
-            get_kl_estimator(self.kl_loss_type)
+            _registered("kl_loss_type", get_kl_estimator, self.kl_loss_type)
 
 
 @dataclass
@@ -253,4 +319,4 @@ class CriticLossConfig:
     def __post_init__(self) -> None:
         if self.cliprange_value is not None:
             _positive("cliprange_value", self.cliprange_value)
-        get_loss_agg_mode(self.loss_agg_mode)
+        _registered("loss_agg_mode", get_loss_agg_mode, self.loss_agg_mode)

@@ -66,7 +66,7 @@ class TrainEngine:
         self.config = config
         self.kind = kind
         self.trainable = trainable
-        self.dp_size = config.check_parallel(dist.get_world_size(), device_type() == "cuda")
+        self.dp_size = config.check_parallel(dist.get_world_size(), device_type() == "cuda", trainable=trainable)
         self.device = current_device()
         self.device_mesh: DeviceMesh = build_device_mesh(config.tp_size)
         self.dp_group = self.device_mesh[DP].get_group()

@@ -12,7 +12,6 @@ import torch.distributed as dist
 from hybridflow.engines.models import ModelLoadError, load_model, make_tiny_config
 from hybridflow.engines.train import (
     ActorEngine,
-    EngineConfigError,
     LoraConfig,
     MicroBatchConfig,
     OptimConfig,
@@ -20,6 +19,7 @@ from hybridflow.engines.train import (
 )
 from hybridflow.engines.train.batching import micro_batch_indices_by_tokens, pack
 from hybridflow.engines.train.parallelize import check_tp_divisibility
+from hybridflow.errors import ConfigError
 from train_harness import make_rl_batch
 
 
@@ -45,31 +45,45 @@ def test_bad_model_paths(tmp_path, tiny_llama_dir):
         load_model(tiny_llama_dir, "policy")
 
 
+def _key_of(err: pytest.ExceptionInfo) -> str:
+    return err.value.key
+
+
 def test_inconsistent_batch_settings():
-    with pytest.raises(EngineConfigError, match="not divisible by micro_batch_size_per_device"):
+    uneven = TrainEngineConfig(model_path="m", micro_batch=MicroBatchConfig(mini_batch_size=6,
+                                                                            micro_batch_size_per_device=2))
+    with pytest.raises(ConfigError, match="2 does not divide the 3 sequences of a mini-batch per dp rank") as err:
+        uneven.check_parallel(world_size=2, has_gpu=False, trainable=True)
+    assert _key_of(err) == "micro_batch.micro_batch_size_per_device"
+    # a frozen engine only scores: the update's mini-batch rules do not apply to it
+    assert uneven.check_parallel(world_size=2, has_gpu=False, trainable=False) == 2
+    with pytest.raises(ConfigError, match="not divisible by the data-parallel size") as err:
         TrainEngineConfig(model_path="m", micro_batch=MicroBatchConfig(
-            mini_batch_size=6, micro_batch_size_per_device=2)).check_parallel(world_size=2, has_gpu=False)
-    with pytest.raises(EngineConfigError, match="not divisible by the data-parallel size"):
-        TrainEngineConfig(model_path="m", micro_batch=MicroBatchConfig(
-            mini_batch_size=3, micro_batch_size_per_device=1)).check_parallel(world_size=2, has_gpu=False)
+            mini_batch_size=3, micro_batch_size_per_device=1)).check_parallel(2, False, trainable=True)
+    assert _key_of(err) == "micro_batch.mini_batch_size"
     # dynamic batch size only needs the mini-batch to split over dp ranks
     TrainEngineConfig(model_path="m", micro_batch=MicroBatchConfig(
-        mini_batch_size=6, micro_batch_size_per_device=4, use_dynamic_bsz=True)).check_parallel(2, False)
-    with pytest.raises(EngineConfigError, match="must be an integer >= 1"):
+        mini_batch_size=6, micro_batch_size_per_device=4, use_dynamic_bsz=True)).check_parallel(2, False, trainable=True)
+    with pytest.raises(ConfigError, match="must be an integer >= 1") as err:
         MicroBatchConfig(micro_batch_size_per_device=0)
-    with pytest.raises(EngineConfigError, match="does not divide the world size"):
-        TrainEngineConfig(model_path="m", tp_size=3).check_parallel(world_size=4, has_gpu=False)
-    with pytest.raises(EngineConfigError, match="CPU-only"):
-        TrainEngineConfig(model_path="m", param_offload=True).check_parallel(world_size=1, has_gpu=False)
+    assert _key_of(err) == "micro_batch_size_per_device"
+    with pytest.raises(ConfigError, match="does not divide the 4 ranks") as err:
+        TrainEngineConfig(model_path="m", tp_size=3).check_parallel(world_size=4, has_gpu=False, trainable=True)
+    assert _key_of(err) == "tp_size"
+    for key in ("param_offload", "optimizer_offload"):
+        with pytest.raises(ConfigError, match="CPU-only") as err:
+            TrainEngineConfig(model_path="m", **{key: True}).check_parallel(1, has_gpu=False, trainable=False)
+        assert _key_of(err) == key
 
 
 def test_other_config_errors():
-    with pytest.raises(EngineConfigError, match="total_steps"):
+    with pytest.raises(ConfigError, match="total_steps"):
         OptimConfig(lr_schedule="cosine")
-    with pytest.raises(EngineConfigError, match="dtype"):
+    with pytest.raises(ConfigError, match="dtype"):
         TrainEngineConfig(model_path="m", dtype="fp16")
-    with pytest.raises(EngineConfigError, match="LoRA with tensor parallelism"):
+    with pytest.raises(ConfigError, match="LoRA with tensor parallelism") as err:
         TrainEngineConfig(model_path="m", tp_size=2, lora=LoraConfig(rank=8))
+    assert _key_of(err) == "lora.rank"
     with pytest.raises(ValueError, match="does not divide"):
         check_tp_divisibility(make_tiny_config("llama", num_attention_heads=4, num_key_value_heads=2), 4)
 
