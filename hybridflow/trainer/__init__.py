@@ -1,9 +1,9 @@
 """The trainer: the RL loop on the controller, one short function per algorithm.
 
     from hybridflow import RLTrainer
-    from hybridflow.config.schema import RunConfig
+    from hybridflow.config.schema import load_run_config
 
-    with RLTrainer(RunConfig()) as trainer:     # the built-in default: SFT warm start + GRPO
+    with RLTrainer(load_run_config()) as trainer:   # the built-in demo: SFT warm start + GRPO
         result = trainer.train(steps=30)
 
 - algorithms.py: grpo/rloo/reinforce_plus_plus[_baseline]/drgrpo, remax, dapo, ppo, safe_rlhf,
