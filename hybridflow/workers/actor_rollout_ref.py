@@ -2,9 +2,9 @@
 
 One process per rank holds the actor (`ActorEngine`, FSDP shards aligned with the
 generation split), the 3D-HybridEngine that reshards it into the rollout engine for each
-generation call, and the reference policy when the algorithm needs one (a frozen
-`ActorEngine`, or with LoRA the actor with its adapters off). Every data method takes and
-returns a DataProto:
+generation call (the backend `rollout.name` selects, engines/rollout/registry.py), and the
+reference policy when the algorithm needs one (a frozen `ActorEngine`, or with LoRA the
+actor with its adapters off). Every data method takes and returns a DataProto:
 
     wg.init_model()
     gen = wg.generate_sequences(prompts)         # mesh "rollout": one part per micro-DP group
@@ -78,7 +78,7 @@ class ActorRolloutRefWorker(Worker):
         self.hybrid = HybridEngine.build(
             generation_named_parameters(self.actor), load_hf_config(cfg.model_path), self._rollout_engine_config(),
             gen_tp=cfg.rollout.tensor_model_parallel_size, method=cfg.rollout.reshard_method,
-            tokenizer=_tokenizer_if_present(cfg.model_path),
+            backend=cfg.rollout.name, tokenizer=_tokenizer_if_present(cfg.model_path), model_path=cfg.model_path,
         )
         for engine in (self.actor, self.ref):
             if engine is not None and uses_offload(engine):

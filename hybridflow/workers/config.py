@@ -26,6 +26,7 @@ from typing import Any
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.grouping import ReshardMethod
 from hybridflow.engines.rollout.gemm import MATMUL_MODES
+from hybridflow.engines.rollout.registry import check_rollout_backend
 from hybridflow.engines.rollout.sampling import LOG_PROB_MODES, SamplingParams
 from hybridflow.engines.train.config import (
     ActorLossConfig,
@@ -35,14 +36,14 @@ from hybridflow.engines.train.config import (
 )
 from hybridflow.errors import ConfigError
 
-ROLLOUT_BACKENDS = ("native",)
-
 
 @dataclass
 class RolloutWorkerConfig:
     """Generation settings of the hybrid actor (verl: `actor_rollout_ref.rollout.*`).
 
-    name: generation backend; "native" is hybridflow's own engine.
+    name: generation backend, a name registered in engines/rollout/registry.py ("native":
+        hybridflow's own engine; "hf": transformers generate, t_g = 1 only) or
+        "package.module:name" for one registered outside hybridflow.
     tensor_model_parallel_size: t_g, the generation tensor-parallel size; it must divide
         the actor's world size (the rest are micro-data-parallel generation groups).
     reshard_method: "hybrid" (HybridFlow grouping), "plain" or "gather_all" (baselines),
@@ -81,8 +82,10 @@ class RolloutWorkerConfig:
         if not isinstance(self.tensor_model_parallel_size, int) or self.tensor_model_parallel_size < 1:
             raise ConfigError(f"must be an integer >= 1, got {self.tensor_model_parallel_size!r}",
                               "tensor_model_parallel_size")
-        if self.name not in ROLLOUT_BACKENDS:
-            raise ConfigError(f"must be one of {ROLLOUT_BACKENDS}, got {self.name!r}", "name")
+        try:  # the registry knows the backends (and which can run tensor parallel)
+            check_rollout_backend(self.name, self.tensor_model_parallel_size)
+        except ValueError as err:
+            raise ConfigError(str(err), "name") from None
         try:
             ReshardMethod.parse(self.reshard_method)
         except ValueError as err:
