@@ -33,8 +33,14 @@ What it cannot do like the native engine:
   is reproducible for the same batch and seed (each group call is seeded from the request
   seed, or from RolloutConfig.seed and the call number); the caller's RNG state is left
   untouched;
-- keep_kv_cache, prefill_token_budget and matmul have no effect (generate allocates its
-  cache per call and uses torch's kernels).
+- keeping the KV cache between calls: keep_kv_cache=True is refused; prefill_token_budget
+  and matmul have no effect (generate allocates its cache per call and uses torch's
+  kernels).
+
+Families: the backend itself runs any causal LM transformers builds from the config it is
+given (tests/engines/rollout/test_hf_backend.py runs GPT-2 and Phi-3, which the native
+engine refuses). Inside `hybridflow train` the model must still be one the training engine
+loads (engines/models.py SUPPORTED_FAMILIES).
 """
 
 from __future__ import annotations
@@ -88,6 +94,9 @@ class HFRolloutEngine(RolloutEngine):
         tp_size = 1 if process_group is None else dist.get_world_size(process_group)
         if tp_size > 1:
             raise ValueError(unsupported_tp_message("hf", tp_size))
+        if config.keep_kv_cache:
+            raise ValueError("the hf rollout backend allocates its KV cache inside each generate call and cannot "
+                             "keep it; set keep_kv_cache=False, or use the native backend (rollout.name=native)")
         self.config = config
         self.device = torch.device(config.device)
         self.model = AutoModelForCausalLM.from_config(hf_config, dtype=config.dtype).to(self.device).eval()

@@ -156,11 +156,13 @@ def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str
 
 
 def hf_backend(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str, bool]]) -> dict:
-    """`fsdp_methods` into the "hf" backend, and the error its build gives for t_g > 1."""
+    """`fsdp_methods` into the "hf" backend, and the errors for t_g > 1: from the
+    HybridEngine's build, and from the engine itself given a two-rank group."""
+    import torch.distributed as dist
     import transformers
 
     from hybridflow.engines.reshard import HybridEngine
-    from hybridflow.engines.rollout import RolloutConfig
+    from hybridflow.engines.rollout import HFRolloutEngine, RolloutConfig
 
     out = {"results": fsdp_methods(rank, world, model_dir, settings, backend="hf")}
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -171,6 +173,11 @@ def hf_backend(rank: int, world: int, model_dir: str, settings: list[tuple[str, 
         out["tp_error"] = None
     except ValueError as err:
         out["tp_error"] = str(err)
+    try:
+        HFRolloutEngine(model.config, RolloutConfig(), process_group=dist.new_group(list(range(world))))
+        out["engine_tp_error"] = None
+    except ValueError as err:
+        out["engine_tp_error"] = str(err)
     return out
 
 

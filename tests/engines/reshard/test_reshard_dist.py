@@ -61,7 +61,8 @@ def test_fsdp_world2_into_the_hf_backend(llama_dir):
         assert len(out["results"]) == len(settings)
         for res in out["results"]:
             _check(res)
-        assert "tensor_model_parallel_size=2" in out["tp_error"] and "rollout.name=native" in out["tp_error"]
+        for error in (out["tp_error"], out["engine_tp_error"]):
+            assert "tensor_model_parallel_size=2" in error and "rollout.name=native" in error
 
 
 def test_actor_step_reaches_next_generation_dp2_tp2(llama_dir):
