@@ -171,15 +171,16 @@ def register_algorithm(spec: AlgorithmSpec) -> Callable[[ProgramT], ProgramT]:
 
 def algorithm_spec(name: str) -> AlgorithmSpec:
     """The row of `name`; a ConfigError naming the registered algorithms if there is none."""
-    spec = _REGISTRY.get(name)
-    if spec is None:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.5)
-        raise ConfigError(
-            f"algorithm.name={name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
+    if name not in _REGISTRY:
+        raise ConfigError(_unknown_name(name), "algorithm.name")
+    return _REGISTRY[name]
+
+
+def _unknown_name(name: str) -> str:
+    close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.5)
+    return (f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
             + f" Registered: {', '.join(_REGISTRY)}. An algorithm of your own is registered by its module "
-            "(@register_algorithm): name that module in algorithm.module (docs/extending.md)"
-        )
-    return spec
+            "(@register_algorithm): name that module in algorithm.module (docs/extending.md)")
 
 
 def algorithm_names() -> tuple[str, ...]:
@@ -187,9 +188,10 @@ def algorithm_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def import_algorithm_module(module: str) -> ModuleType:
+def _import_algorithm_module(module: str) -> ModuleType:
     """Import algorithm.module once per process: a dotted import path (a module on the
-    Python path) or the path of a .py file; importing it runs its @register_algorithm."""
+    Python path) or the path of a .py file; importing it runs its @register_algorithm.
+    ConfigErrors are keyed relative to the algorithm section (AlgorithmSection calls this)."""
     if module.endswith(".py"):
         return _import_file(Path(module), module)
     try:
@@ -197,15 +199,15 @@ def import_algorithm_module(module: str) -> ModuleType:
     except ModuleNotFoundError as err:
         if err.name is None or not (module == err.name or module.startswith(f"{err.name}.")):
             raise  # the module exists; something it imports is missing
-        raise ConfigError(f"algorithm.module={module!r} cannot be imported ({err}); give a module on the Python path "
-                          "(pip install -e your package, or PYTHONPATH) or the path of a .py file") from err
+        raise ConfigError(f"{module!r} cannot be imported ({err}); give a module on the Python path (pip install "
+                          "-e your package, or PYTHONPATH) or the path of a .py file", "module") from err
 
 
 def _import_file(path: Path, given: str) -> ModuleType:
     path = path.resolve()
     if not path.is_file():
-        raise ConfigError(f"algorithm.module={given!r}: there is no such file ({path}); give the path of the .py "
-                          "file that registers the algorithm (relative paths start from the working directory)")
+        raise ConfigError(f"there is no such file as {given!r} ({path}); give the path of the .py file that registers "
+                          "the algorithm (relative paths start from the working directory)", "module")
     # One module per file, whatever its name: two files both called algo.py do not clash.
     name = f"hybridflow_user_algorithm_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
     if name not in sys.modules:
@@ -255,15 +257,18 @@ class AlgorithmSection(AdvantageConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # AdvantageConfig's checks
+        # ConfigError keys are relative to this section (the loader puts "algorithm." in front).
         if self.module is not None:
-            import_algorithm_module(self.module)
-        spec = algorithm_spec(self.name)
+            _import_algorithm_module(self.module)
+        if self.name not in _REGISTRY:
+            raise ConfigError(_unknown_name(self.name), "name")
+        spec = self.spec
         estimator = self.estimator
         get_adv_estimator(estimator)  # unknown names raise, listing the known ones
         if estimator not in spec.estimators:
             owners = [s.name for s in _REGISTRY.values() if s.default_estimator == estimator]  # registration order
-            raise ValueError(f"{_estimator_hint(spec)}, got {estimator!r}"
-                             + (f"; for {estimator} use algorithm.name={owners[0]}" if owners else ""))
+            raise ConfigError(f"{estimator!r}, but {_estimator_hint(spec)}"
+                              + (f"; for {estimator} use algorithm.name={owners[0]}" if owners else ""), "adv_estimator")
         if self.use_kl_in_reward:
             get_kl_estimator(self.kl_penalty)
 

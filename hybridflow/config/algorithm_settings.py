@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from hybridflow.algorithms import LagrangeMultiplier
+from hybridflow.config.loader import ConfigError
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -41,7 +42,7 @@ class DynamicSamplingSection:
 
     def __post_init__(self) -> None:
         if self.max_extra_rounds < 0:
-            raise ValueError(f"max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
+            raise ConfigError(f"must be >= 0, got {self.max_extra_rounds}", "max_extra_rounds")
 
 
 @dataclass
@@ -56,9 +57,9 @@ class OverlongBufferSection:
 
     def __post_init__(self) -> None:
         if self.len is not None and self.len < 1:
-            raise ValueError(f"len must be >= 1 (tokens) or null, got {self.len}")
+            raise ConfigError(f"must be >= 1 (tokens) or null, got {self.len}", "len")
         if not self.penalty_factor >= 0:
-            raise ValueError(f"penalty_factor must be >= 0, got {self.penalty_factor}")
+            raise ConfigError(f"must be >= 0, got {self.penalty_factor}", "penalty_factor")
 
 
 @dataclass

@@ -42,7 +42,7 @@ def _write_module(path, spec_source: str, extra: str = "") -> str:
 
 
 def test_unknown_name_lists_the_registered_algorithms_and_the_closest():
-    with pytest.raises(ConfigError, match=r"algorithm.name='grp' is not a registered algorithm; did you mean 'grpo'\? "
+    with pytest.raises(ConfigError, match=r"algorithm.name: 'grp' is not a registered algorithm; did you mean 'grpo'\? "
                                           r"Registered: grpo, ppo, .*safe_rlhf.*algorithm.module"):
         load_run_config(None, ["algorithm.name=grp"])
 
@@ -130,8 +130,8 @@ def test_a_name_is_registered_once_and_the_decorator_sets_the_program():
 
 
 @pytest.mark.parametrize("module, message", [
-    ("no_such_dir/algo.py", r"algorithm.module='no_such_dir/algo.py': there is no such file"),
-    ("no_such_package_xyz.algo", r"algorithm.module='no_such_package_xyz.algo' cannot be imported"),
+    ("no_such_dir/algo.py", r"algorithm.module: there is no such file as 'no_such_dir/algo.py'"),
+    ("no_such_package_xyz.algo", r"algorithm.module: 'no_such_package_xyz.algo' cannot be imported"),
 ])
 def test_a_module_that_cannot_be_found_is_a_config_error(module, message):
     with pytest.raises(ConfigError, match=message):
