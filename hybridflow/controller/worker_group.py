@@ -141,6 +141,17 @@ class WorkerGroup:
         """Per rank: process id, node IP and Ray node id."""
         return [dict(info, rank=rank) for rank, info in enumerate(self._hosts.infos)]
 
+    def dp_parts(self, method: str) -> int:
+        """Into how many data-parallel parts a call of `method` cuts its DataProto arguments
+        (contiguous, in dp-rank order): the mesh's dp size, or the world size."""
+        spec = registered_methods(self.worker_cls).get(method)
+        if spec is None or not spec.dispatch.proto_parts:
+            raise ValueError(f"{self.role}.{method} is not a registered method that splits DataProtos by "
+                             "data-parallel rank (DP_COMPUTE_PROTO or MESH dispatch)")
+        if spec.dispatch.mesh is None:
+            return self.world_size
+        return self._mesh(spec.dispatch.mesh, f"{self.role}.{method}")[0].dp_size
+
     def shutdown(self) -> None:
         """Kill the group's processes (those of colocated roles too). Idempotent."""
         if self._hosts.alive:

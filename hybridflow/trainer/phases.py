@@ -10,6 +10,10 @@ DAPO's overlong shaping and dynamic sampling (`sample_informative_groups`, which
 generate + reward once per round). Keys they add: baseline_rewards, token_level_costs,
 cost_values, cost_advantages, cost_returns.
 
+Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
+goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
+(trainer.balance_batch) and hands per-sample outputs back in the batch's own order.
+
 Weight sync has no phase of its own: the actor's updated weights reach the generation
 engine inside the next `generate_sequences` call (3D-HybridEngine reshard), timed by the
 worker as `timing_s/reshard_to_generation`.
@@ -37,6 +41,7 @@ from hybridflow.algorithms import (
     overlong_reward_penalty,
 )
 from hybridflow.controller import WorkerGroup
+from hybridflow.engines.train.batching import dp_balanced_order
 from hybridflow.engines.train.actor import FORWARD_KEYS as ACTOR_FORWARD_KEYS
 from hybridflow.engines.train.actor import UPDATE_KEYS as ACTOR_UPDATE_KEYS
 from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
@@ -71,6 +76,8 @@ class Step:
     # The next batch of prompts from the run's loader, for programs that generate more
     # than one batch per step (DAPO's dynamic sampling); None where there is no loader.
     more_prompts: Callable[[], DataProto] | None = None
+    # trainer.balance_batch: reorder dp-split calls for equal tokens per rank (dp_call).
+    balance_dp: bool = True
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -99,6 +106,30 @@ def _worker_metrics(out: DataProto) -> dict[str, float]:
 def _select(batch: DataProto, keys: tuple[str, ...]) -> DataProto:
     # Only what the worker reads travels; meta_info (temperature) goes along.
     return batch.select(batch_keys=keys, non_tensor_keys=[])
+
+
+def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto) -> DataProto:
+    """``group.<method>(data)`` for a method that cuts `data` into contiguous dp-rank parts.
+
+    With `step.balance_dp` the rows of `data` (a selected copy: reordered in place) are
+    first permuted by `dp_balanced_order`, so every dp rank gets a near-equal number of
+    valid tokens and no rank waits for the one that drew the long sequences; per-sample
+    outputs are put back in the original order. The permutation keeps each optimizer
+    step's (mini-batch's) sample set, so results do not change beyond float summation order.
+    A batch that the ranks do not divide is sent as it is (dispatch pads it).
+    """
+    call = getattr(group, method)
+    dp = group.dp_parts(method) if step.balance_dp else 1
+    if dp == 1 or len(data) % dp:
+        return call(data)
+    order = dp_balanced_order(data.batch["attention_mask"], dp)
+    data.reorder(order)
+    out = call(data)
+    if out.batch or out.non_tensor_batch:  # per-sample outputs (updates return only metrics)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        out.reorder(inverse)
+    return out
 
 
 @phase("gen")
@@ -172,25 +203,25 @@ def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
 @phase("old_log_prob")
 def compute_old_log_probs(step: Step, actor: WorkerGroup) -> None:
     """old_log_probs (and entropys) of the responses under the policy that sampled them."""
-    step.batch.union(actor.compute_log_prob(_select(step.batch, ACTOR_FORWARD_KEYS)))
+    step.batch.union(dp_call(step, actor, "compute_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS)))
 
 
 @phase("ref")
 def compute_ref_log_probs(step: Step, actor: WorkerGroup) -> None:
     """ref_log_probs under the frozen reference policy (KL loss or KL in reward)."""
-    step.batch.union(actor.compute_ref_log_prob(_select(step.batch, ACTOR_FORWARD_KEYS)))
+    step.batch.union(dp_call(step, actor, "compute_ref_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS)))
 
 
 @phase("values")
 def compute_values(step: Step, critic: WorkerGroup) -> None:
     """values [B, R]: the critic's estimate before each response token."""
-    step.batch.union(critic.compute_values(_select(step.batch, CRITIC_FORWARD_KEYS)))
+    step.batch.union(dp_call(step, critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS)))
 
 
 @phase("cost_values")
 def compute_cost_values(step: Step, cost_critic: WorkerGroup) -> None:
     """cost_values [B, R]: the cost critic's estimate (Safe-RLHF)."""
-    out = cost_critic.compute_values(_select(step.batch, CRITIC_FORWARD_KEYS))
+    out = dp_call(step, cost_critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS))
     step.batch.batch["cost_values"] = out.batch["values"]
 
 
@@ -246,7 +277,7 @@ def add_overlong_penalty(step: Step, max_response_length: int, buffer_len: int, 
 @phase("update_critic")
 def update_critic(step: Step, critic: WorkerGroup) -> None:
     """One value-function update on the step's batch."""
-    out = critic.update_critic(_select(step.batch, CRITIC_UPDATE_KEYS))
+    out = dp_call(step, critic, "update_critic", _select(step.batch, CRITIC_UPDATE_KEYS))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "critic"))
 
 
@@ -255,7 +286,7 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
     """One update of the cost critic towards cost_returns (Safe-RLHF)."""
     data = _select(step.batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
     data.batch["values"], data.batch["returns"] = step.batch.batch["cost_values"], step.batch.batch["cost_returns"]
-    out = cost_critic.update_critic(data)
+    out = dp_call(step, cost_critic, "update_critic", data)
     metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
     step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
 
@@ -264,7 +295,7 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
 def update_actor(step: Step, actor: WorkerGroup, with_ref: bool) -> None:
     """One policy update on the step's batch (plus the KL loss when configured)."""
     keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ())
-    out = actor.update_actor(_select(step.batch, keys))
+    out = dp_call(step, actor, "update_actor", _select(step.batch, keys))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
 
 
@@ -287,7 +318,7 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
     generated = found = rounds = 0
     prompts = step.batch
     while True:
-        part = Step(step.index, prompts, step.metrics)
+        part = Step(step.index, prompts, step.metrics, balance_dp=step.balance_dp)
         sample_round(part, rounds)
         rounds += 1
         keep, counts = dynamic_sampling_filter(part.batch.non_tensor_batch["uid"],

@@ -167,7 +167,8 @@ class RLTrainer:
         metrics: dict[str, float] = {}
         for done in range(1, steps + 1):
             self.global_step += 1
-            step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches))
+            step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches),
+                        balance_dp=cfg.trainer.balance_batch)
             start = time.perf_counter()
             algorithm(step, self.roles, cfg, self.state)
             step.metrics["timing_s/step"] = time.perf_counter() - start

@@ -14,7 +14,9 @@ dimension: the `.batch` of a DataProto. Three things live here:
   and no KV cache is used, so packed log-probs equal the padded ones.
 - `dp_balanced_order`: a permutation of a global batch after which the contiguous
   per-rank chunks that dispatch hands to the dp ranks carry near-equal token counts
-  (call it on the controller before dispatch; the engine needs equal chunk sizes).
+  (the trainer applies it before each dp-split call; `trainer.balance_batch`). It only
+  swaps rows between ranks at the same position in their chunk, so every optimizer step
+  trains on the same set of samples as without it (see the function).
 """
 
 from __future__ import annotations
@@ -74,16 +76,35 @@ def sequence_costs(attention_mask: torch.Tensor, packed: bool) -> list[int]:
 
 
 def dp_balanced_order(attention_mask: torch.Tensor, dp_size: int) -> torch.Tensor:
-    """Permutation of the rows such that `dp_size` equal contiguous chunks have similar token sums.
+    """Permutation of the rows after which `dp_size` equal contiguous chunks have near-equal
+    token sums (``attention_mask.sum(-1)``), at every position, not only in total.
 
-    The rows of chunk r are kept in their original relative order. The batch size must
-    be divisible by `dp_size` (every rank gets the same number of sequences).
+    Without reordering, rank r gets rows ``r*c .. r*c+c-1`` (c = n / dp_size); call the
+    rows at offset i of every chunk the i-th "slot". Slot by slot, the longest row of the
+    slot goes to the rank with the fewest tokens so far, the second longest to the second
+    fewest, and so on. Why slots and not a free partition (Karmarkar-Karp over the whole
+    batch): ranks cut their chunk into mini- and micro-batches by position, with the same
+    shuffle on every rank, so a step's samples are a union of slots. Moving rows only
+    inside a slot keeps every optimizer step's sample set, so training results equal the
+    unbalanced ones up to float summation order. Balance: after each slot the spread of
+    the ranks' running totals is at most the longest row (sorted longest-to-lightest
+    assignment keeps it there), so every step, not just the whole batch, is balanced
+    within two sequence lengths.
     """
     n = attention_mask.shape[0]
-    if n % dp_size != 0:
+    if dp_size < 1 or n % dp_size != 0:
         raise ValueError(f"batch of {n} sequences cannot be split evenly over {dp_size} dp ranks")
-    parts = balanced_partition(attention_mask.sum(dim=-1).tolist(), dp_size, equal_size=True)
-    return torch.tensor([i for part in parts for i in sorted(part)], dtype=torch.long)
+    chunk = n // dp_size
+    lengths = attention_mask.sum(dim=-1).tolist()
+    totals = [0] * dp_size
+    order = [0] * n
+    for slot in range(chunk):
+        rows = sorted((rank * chunk + slot for rank in range(dp_size)), key=lambda row: -lengths[row])
+        ranks = sorted(range(dp_size), key=lambda rank: totals[rank])
+        for row, rank in zip(rows, ranks):
+            order[rank * chunk + slot] = row
+            totals[rank] += lengths[row]
+    return torch.tensor(order, dtype=torch.long)
 
 
 def micro_batch_indices_by_count(n: int, size: int) -> list[list[int]]:
