@@ -148,6 +148,8 @@ class HybridEngine:
         """(the gathered tensor, its buffer bytes); a one-member group needs no buffer."""
         if spec.group_size == 1:
             return local, 0  # load_weights converts the dtype while copying into place
+        if spec.pieces is not None:
+            return self._gather_ragged(spec, local, meter, ledger)
         g, d = spec.group_size, spec.dim
         moved = local.movedim(d, 0)  # gather along `d` by stacking chunks on a leading axis
         buffer = torch.empty((g, *moved.shape), dtype=self.transfer_dtype, device=local.device)
@@ -157,6 +159,25 @@ class HybridEngine:
         meter.all_gather(buffer, spec.positions, me, self.groups[spec.members])
         full_moved = buffer.view(g * moved.shape[0], *moved.shape[1:])
         return full_moved.movedim(0, d), nbytes(buffer)
+
+    def _gather_ragged(self, spec: GatherSpec, local: torch.Tensor, meter: CommMeter,
+                       ledger: MemoryLedger) -> tuple[torch.Tensor, int]:
+        """The whole tensor from pieces of unequal length: each is padded to the longest for
+        one all-gather, then copied to its offset."""
+        d = spec.dim
+        moved = local.movedim(d, 0)
+        width = max(length for _, length in spec.pieces)
+        buffer = torch.zeros((spec.group_size, width, *moved.shape[1:]), dtype=self.transfer_dtype,
+                             device=local.device)
+        full = torch.empty((spec.shape[d], *moved.shape[1:]), dtype=self.transfer_dtype, device=local.device)
+        ledger.alloc(nbytes(buffer) + nbytes(full))
+        me = spec.members.index(self.rank)
+        buffer[me, : moved.shape[0]].copy_(moved)
+        meter.all_gather(buffer, spec.positions, me, self.groups[spec.members])
+        for member, (offset, length) in enumerate(spec.pieces):
+            full[offset : offset + length].copy_(buffer[member, :length])
+        ledger.free(nbytes(buffer))
+        return full.movedim(0, d), nbytes(full)
 
     def _check_rollout(self) -> None:
         r = self.rollout

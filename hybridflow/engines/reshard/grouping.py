@@ -16,7 +16,10 @@ generation tensor parallelism t_g; B = N / t_g.
   the whole model is gathered over the training ranks, then cut.
 - `gather_all` (DeepSpeed-Chat-like): every rank gathers every parameter whole, then the
   generation engine cuts its piece; generation groups as in `plain`.
-Parameters the generation engine replicates (norms) are gathered whole by every method.
+Parameters the generation engine replicates (norms) are gathered whole by every method,
+and so are ragged ones (a dim the training ranks do not divide, layout.py): their
+training pieces do not nest in the generation engine's ceil-sized TP pieces in general,
+so every rank gathers the whole tensor from all ranks and the engine cuts its piece.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def _split_chunk_of_rank(layout: TrainingLayout, tp_size: int) -> tuple[int, ...
         return (0,)  # one rank holds every parameter whole (DTensors over one rank are unsplit)
     for p in layout.params:
         gen_dim = generation_shard_dim(p.name)
-        if gen_dim is None:
+        if gen_dim is None or p.ragged is not None:
             continue
         if p.dim != gen_dim or p.num_chunks != world:
             raise ValueError(
@@ -125,6 +128,9 @@ class GatherSpec:
     positions: tuple[int, ...]
     shape: tuple[int, ...]
     is_gen_shard: bool
+    # Ragged parameters: (offset, length) along `dim` of each member's piece; positions
+    # are then the members' order and the pieces are padded to the longest for the gather.
+    pieces: tuple[tuple[int, int], ...] | None = None
 
     @property
     def group_size(self) -> int:
@@ -151,6 +157,10 @@ def _spec(p: ParamLayout, grouping: GenerationGrouping, rank: int) -> GatherSpec
     gen_dim = generation_shard_dim(p.name)
     if p.dim is None:
         return GatherSpec(p.name, None, (rank,), (0,), p.shape, gen_dim is None or grouping.tp_size == 1)
+    if p.ragged is not None:
+        members = tuple(range(grouping.world_size))
+        return GatherSpec(p.name, p.dim, members, members, p.shape, gen_dim is None or grouping.tp_size == 1,
+                          pieces=p.ragged)
     hybrid = grouping.method is ReshardMethod.HYBRID
     if hybrid and gen_dim is not None:
         per = p.num_chunks // grouping.tp_size

@@ -9,6 +9,11 @@ sharded on two dims (FSDP's default dim 0 over a TP-split dim 1) cannot be gathe
 generation shard without extra copies; `TrainingLayout` refuses it with a pointer to
 `aligned_placement_fn`.
 
+A dim the ranks do not divide (an odd vocabulary over 2 or 4 ranks) is split unevenly:
+FSDP2 gives ceil-sized pieces and a shorter (or empty) last one, FSDP x TP nests two such
+splits. Such a parameter is "ragged": its layout keeps each rank's (offset, length) and
+the grouping gathers it whole (grouping.py), so no method needs equal chunks for it.
+
 `TrainingLayout.from_named_parameters` is collective: every rank computes its own chunk
 index from its DTensor and one small all-gather shares them.
 """
@@ -40,6 +45,9 @@ class ParamLayout:
     num_chunks: int
     chunks: tuple[int, ...]
     train_dtype: torch.dtype
+    # Uneven split only: (offset, length) along `dim` of each global rank's piece; chunk
+    # indices then number the distinct pieces, and chunk_numel does not apply.
+    ragged: tuple[tuple[int, int], ...] | None = None
 
     @property
     def numel(self) -> int:
@@ -81,21 +89,10 @@ class TrainingLayout:
         """
         named = list(named)
         world = dist.get_world_size()
-        local = torch.tensor([_local_chunk(name, p) for name, p in named], dtype=torch.int64).reshape(-1, 3)
+        local = torch.tensor([_local_piece(p) for _, p in named], dtype=torch.int64).reshape(-1, 3)
         everyone = torch.empty((world, *local.shape), dtype=torch.int64)
         dist.all_gather(list(everyone.unbind(0)), local)
-        params = []
-        for i, (name, p) in enumerate(named):
-            _check_agreement(name, p, everyone[:, i])
-            dim, count = int(everyone[0, i, 0]), int(everyone[0, i, 1])
-            params.append(ParamLayout(
-                name=name,
-                shape=tuple(p.shape),
-                dim=None if dim < 0 else dim,
-                num_chunks=count,
-                chunks=tuple(int(c) for c in everyone[:, i, 2]),
-                train_dtype=p.dtype,
-            ))
+        params = [_param_layout(name, p, everyone[:, i]) for i, (name, p) in enumerate(named)]
         return cls(tuple(params), world)
 
 
@@ -106,29 +103,27 @@ def local_shard(param: torch.Tensor) -> torch.Tensor:
 
 # Codes a rank reports instead of a shard dim, so that every rank raises the same error
 # after the all-gather rather than one rank raising and the others hanging in it.
-_REPLICATED, _MULTI_DIM, _UNEVEN = -1, -2, -3
+_REPLICATED, _MULTI_DIM = -1, -2
 
 
-def _local_chunk(name: str, param: torch.Tensor) -> tuple[int, int, int]:
-    """(shard dim or an error code, chunk count, this rank's chunk index) of one parameter."""
+def _local_piece(param: torch.Tensor) -> tuple[int, int, int]:
+    """(shard dim or an error code, offset, length) of this rank's piece of one parameter."""
     if not isinstance(param, DTensor):
-        return _REPLICATED, 1, 0
+        return _REPLICATED, 0, 0
     shape = tuple(param.shape)
     local_shape, offset = compute_local_shape_and_global_offset(shape, param.device_mesh, param.placements)
     split = [d for d in range(len(shape)) if local_shape[d] != shape[d]]
     if not split:
-        return _REPLICATED, 1, 0
+        return _REPLICATED, 0, 0
     if len(split) > 1:
         return _MULTI_DIM, 0, 0
     d = split[0]
-    size = local_shape[d]
-    if size == 0 or shape[d] % size or offset[d] % size:
-        return _UNEVEN, 0, 0
-    return d, shape[d] // size, offset[d] // size
+    return d, offset[d], local_shape[d]
 
 
-def _check_agreement(name: str, param: torch.Tensor, rows: torch.Tensor) -> None:
-    """Raise (on every rank alike) unless all ranks hold equal chunks along one dim."""
+def _param_layout(name: str, param: torch.Tensor, rows: torch.Tensor) -> ParamLayout:
+    """Every rank's (code, offset, length) of one parameter -> its layout; raises alike on every rank."""
+    shape, world = tuple(param.shape), rows.shape[0]
     codes = set(rows[:, 0].tolist())
     placements = getattr(param, "placements", None)
     if _MULTI_DIM in codes:
@@ -137,12 +132,29 @@ def _check_agreement(name: str, param: torch.Tensor, rows: torch.Tensor) -> None
             "resharder needs one shard dim per parameter. Shard FSDP on the tensor-parallel "
             "dim (hybridflow.engines.reshard.aligned_placement_fn)."
         )
-    if _UNEVEN in codes or len(codes) != 1 or len(set(rows[:, 1].tolist())) != 1:
-        raise ValueError(
-            f"{name}: shape {tuple(param.shape)} is sharded unevenly over the training ranks "
-            f"({placements}); pick model sizes divisible by the number of training ranks"
-        )
-    count = int(rows[0, 1])
-    held = set(rows[:, 2].tolist())
-    if held != set(range(count)):
-        raise ValueError(f"{name}: the training ranks hold chunks {sorted(held)} of {count}, not all of them")
+    if len(codes) != 1:
+        raise ValueError(f"{name}: the training ranks split shape {shape} on different dims ({placements})")
+    dim = codes.pop()
+    if dim == _REPLICATED:
+        return ParamLayout(name, shape, None, 1, (0,) * world, param.dtype)
+    pieces = [(int(offset), int(length)) for offset, length in rows[:, 1:].tolist()]
+    distinct = sorted(set(pieces))
+    _check_tiling(name, shape[dim], distinct)
+    lengths = {length for _, length in distinct}
+    if len(lengths) == 1:  # equal chunks tiling the dim: chunk i starts at i * length
+        size = lengths.pop()
+        return ParamLayout(name, shape, dim, shape[dim] // size, tuple(o // size for o, _ in pieces), param.dtype)
+    return ParamLayout(name, shape, dim, len(distinct), tuple(distinct.index(piece) for piece in pieces),
+                       param.dtype, ragged=tuple(pieces))
+
+
+def _check_tiling(name: str, size: int, pieces: list[tuple[int, int]]) -> None:
+    """The distinct non-empty pieces, by offset, must cover [0, size) once."""
+    end = 0
+    for offset, length in pieces:
+        if length and offset != end:
+            raise ValueError(f"{name}: the training ranks' pieces {pieces} do not cover its dim of {size} "
+                             "exactly once")
+        end += length
+    if end != size:
+        raise ValueError(f"{name}: the training ranks' pieces {pieces} cover {end} of its {size} rows")

@@ -88,7 +88,8 @@ class DecoderModel:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]
         dist.all_gather(parts, local.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)
+        # An uneven vocabulary split pads every rank's piece to the same rows: drop the padding.
+        return torch.cat(parts, dim=-1)[..., : self.spec.vocab_size]
 
     # ----------------------------------------------------------------- layer pieces
     def _qkv(self, lw: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

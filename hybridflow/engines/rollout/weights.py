@@ -17,6 +17,10 @@ pieces it already owns:
 `tp_shard_dim(name)` states the rule; `shard_for_rank` cuts a full tensor accordingly. A
 caller passes full tensors (`sharded=False`, we cut them) or its rank's shard
 (`sharded=True`, shapes must already match).
+Heads and MLP width must divide by the TP size; the vocabulary need not: its pieces are
+ceil(vocab / tp) rows (`tp_piece`), the last one shorter, and every rank stores ceil rows
+with the missing ones zero, so the embedding lookup and the logits all-gather stay
+uniform (the model drops the padded logit columns).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from hybridflow.engines.rollout.storage import ReleasableStorage
 
 _COLUMN = re.compile(r"(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$|(embed_tokens|lm_head)\.weight$")
 _ROW = re.compile(r"(o_proj|down_proj)\.weight$")
+_VOCAB_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 # buffers some older checkpoints carry that are recomputed here, never loaded
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 
@@ -53,16 +58,21 @@ def tp_shard_dim(name: str) -> int | None:
     return None
 
 
+def tp_piece(size: int, rank: int, world: int) -> tuple[int, int]:
+    """(start, length) of `rank`'s piece of a dim of `size` split over `world` ranks: pieces
+    of ceil(size / world), the last shorter (or empty) when `world` does not divide `size`."""
+    part = -(-size // world)
+    start = min(rank * part, size)
+    return start, min(part, size - start)
+
+
 def shard_for_rank(tensor: torch.Tensor, name: str, rank: int, world: int) -> torch.Tensor:
-    """This rank's contiguous equal piece of a full tensor, per `tp_shard_dim`."""
+    """This rank's contiguous piece of a full tensor, per `tp_shard_dim` and `tp_piece`."""
     dim = tp_shard_dim(name)
     if dim is None or world == 1:
         return tensor
-    size = tensor.shape[dim]
-    if size % world:
-        raise ValueError(f"{name}: dim {dim} of size {size} does not divide by tensor-parallel size {world}")
-    part = size // world
-    return tensor.narrow(dim, rank * part, part)
+    start, length = tp_piece(tensor.shape[dim], rank, world)
+    return tensor.narrow(dim, start, length)
 
 
 def check_tp_divisibility(spec: DecoderSpec, world: int) -> None:
@@ -71,7 +81,6 @@ def check_tp_divisibility(spec: DecoderSpec, world: int) -> None:
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "intermediate_size": spec.intermediate_size,
-        "vocab_size": spec.vocab_size,
     }
     bad = {k: v for k, v in sizes.items() if v % world}
     if bad:
@@ -105,7 +114,8 @@ class DecoderWeights:
         self.n_q = spec.num_heads // tp_size
         self.n_kv = spec.num_kv_heads // tp_size
         self.inter = spec.intermediate_size // tp_size
-        self.vocab = spec.vocab_size // tp_size
+        self.vocab = -(-spec.vocab_size // tp_size)  # rows stored per rank (see module docstring)
+        self.vocab_rows = tp_piece(spec.vocab_size, tp_rank, tp_size)[1]  # rows of them that exist
         new = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
         h, d = spec.hidden_size, spec.head_dim
         self.embed = new(self.vocab, h)
@@ -197,6 +207,9 @@ class DecoderWeights:
                     "'model.layers.0.self_attn.q_proj.weight'"
                 )
             piece = tensor if sharded else shard_for_rank(tensor, name, self.tp_rank, self.tp_size)
+            if name in _VOCAB_NAMES:
+                dest[self.vocab_rows:].zero_()  # padding rows of an uneven vocabulary split
+                dest = dest[: self.vocab_rows]
             if tuple(piece.shape) != tuple(dest.shape):
                 how = "a tensor-parallel shard" if sharded else "the full tensor"
                 raise ValueError(
