@@ -20,7 +20,7 @@ need the world size run in `EngineSettings.check_parallel`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 from hybridflow.algorithms import PolicyLossConfig, get_kl_estimator, get_loss_agg_mode
@@ -127,33 +127,46 @@ class LoraConfig:
 
 
 @dataclass
-class MicroBatchConfig:
-    """How a batch is cut for updates (epochs x mini-batches x micro-batches) and for scoring.
+class ForwardBatchConfig:
+    """How a batch is cut for no-grad scoring (log-probs, values, rewards): all that a frozen
+    engine (reference, reward or cost model) reads.
+
+    use_dynamic_bsz: cut micro-batches by a token budget instead of a count;
+        forward_max_tokens_per_device then bounds the tokens of one micro-batch (valid
+        tokens with sequence packing, padded tokens without). A longer single sequence is an error.
+    forward_micro_batch_size_per_device: sequences per forward pass (fixed-count mode).
+    """
+
+    use_dynamic_bsz: bool = False
+    forward_micro_batch_size_per_device: int = 8
+    forward_max_tokens_per_device: int = 8192
+
+    def __post_init__(self) -> None:
+        for name in ("forward_micro_batch_size_per_device", "forward_max_tokens_per_device"):
+            _count(name, getattr(self, name))
+
+
+@dataclass
+class MicroBatchConfig(ForwardBatchConfig):
+    """ForwardBatchConfig plus how a trained engine cuts its updates (epochs x mini-batches x
+    micro-batches).
 
     mini_batch_size: sequences per optimizer step, summed over all dp ranks.
     micro_batch_size_per_device: sequences per forward/backward (fixed-count mode).
-    use_dynamic_bsz: cut micro-batches by a token budget instead of a count;
-        max_tokens_per_device then bounds the tokens of one micro-batch (valid tokens
-        with sequence packing, padded tokens without). A longer single sequence is an error.
-    forward_*: the same two knobs for no-grad scoring (log-probs, values, rewards).
+    max_tokens_per_device: the token budget of one update micro-batch with use_dynamic_bsz.
     epochs / shuffle: passes over the batch per update, and whether to reshuffle
         sequences (seeded, identical on every rank) before each pass.
     """
 
     mini_batch_size: int = 8
     micro_batch_size_per_device: int = 2
-    use_dynamic_bsz: bool = False
     max_tokens_per_device: int = 4096
-    forward_micro_batch_size_per_device: int = 8
-    forward_max_tokens_per_device: int = 8192
     epochs: int = 1
     shuffle: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "mini_batch_size", "micro_batch_size_per_device", "max_tokens_per_device",
-            "forward_micro_batch_size_per_device", "forward_max_tokens_per_device", "epochs",
-        ):
+        super().__post_init__()
+        for name in ("mini_batch_size", "micro_batch_size_per_device", "max_tokens_per_device", "epochs"):
             _count(name, getattr(self, name))
 
     def check(self, dp_size: int) -> None:
@@ -197,8 +210,8 @@ class EngineSettings:
     attn_implementation: the Hugging Face attention kernel ("sdpa", "eager", ...).
     peak_flops_per_device: for the MFU metric; None uses a known-GPU table, or a
         measured bf16/fp32 matmul rate on CPU.
-    micro_batch: how batches are cut (a frozen engine reads only the forward_* keys and
-        use_dynamic_bsz).
+    micro_batch: how batches are cut for scoring (a trained engine's MicroBatchConfig adds
+        the update keys).
     """
 
     dtype: DtypeName = "auto"
@@ -208,7 +221,7 @@ class EngineSettings:
     logits_chunk_size: int = 1024
     attn_implementation: str = "sdpa"
     peak_flops_per_device: float | None = None
-    micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
+    micro_batch: ForwardBatchConfig = field(default_factory=ForwardBatchConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -237,6 +250,8 @@ class EngineSettings:
         class does not hold keep TrainEngineConfig's defaults)."""
         settings = TrainEngineSettings if isinstance(self, TrainEngineSettings) else EngineSettings
         values = {f.name: getattr(self, f.name) for f in fields(settings)}
+        if not isinstance(self.micro_batch, MicroBatchConfig):  # a frozen engine: update keys unused
+            values["micro_batch"] = MicroBatchConfig(**asdict(self.micro_batch))
         return TrainEngineConfig(model_path=model_path, seed=seed, **values)
 
 
@@ -253,6 +268,7 @@ class TrainEngineSettings(EngineSettings):
     optimizer_offload: bool = False
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
