@@ -319,7 +319,7 @@ class ScoreModelSection(EngineSettings):
     """A frozen sequence scorer: a Hugging Face `*ForSequenceClassification` directory with
     num_labels=1 (what `hybridflow rm` writes) that shares the policy's tokenizer, run on the
     actor's ranks. path null: none. The keys of a frozen engine (EngineSettings: no optimizer,
-    no LoRA); of micro_batch it reads the forward_* keys and use_dynamic_bsz."""
+    no LoRA, micro_batch holds only the scoring keys: ForwardBatchConfig)."""
 
     path: str | None = None
 
