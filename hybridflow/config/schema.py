@@ -287,9 +287,18 @@ class DataSection:
 class ActorSection(TrainEngineSettings):
     """The policy: the training engine's settings (TrainEngineSettings, one definition with
     the engine) plus the loss (policy loss, KL loss, entropy bonus). The model path and
-    seed come from `model` and `seed`."""
+    seed come from `model` and `seed`.
+
+    old_log_probs: "auto" skips the separate old-log-prob pass when the update makes one
+        optimizer step over the step's batch (micro_batch.epochs 1, mini_batch_size = all
+        sequences of the step) and nothing reads them before it (no reference policy): the
+        update then takes them from its own forward pass, detached (the same weights, so the
+        same values up to float summation order; ActorEngine.update_policy). "recompute"
+        always runs the pass.
+    """
 
     loss: ActorLossConfig = field(default_factory=ActorLossConfig)
+    old_log_probs: Literal["auto", "recompute"] = "auto"
 
 
 @dataclass
@@ -411,6 +420,14 @@ class RunConfig:
     @property
     def use_reference(self) -> bool:
         return self.actor.loss.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def fuses_old_log_probs(self) -> bool:
+        """The actor update computes old_log_probs itself (actor.old_log_probs: auto)."""
+        mb = self.actor.micro_batch
+        sequences = self.data.train_batch_size * self.rollout.n
+        return (self.actor.old_log_probs == "auto" and mb.epochs == 1 and mb.mini_batch_size >= sequences
+                and not self.use_reference)
 
 
 def check_run_name(name: str) -> None:

@@ -114,8 +114,10 @@ def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0)
 
 
 def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
-    """old_log_probs, and ref_log_probs where the run uses the reference policy (KL)."""
-    P.compute_old_log_probs(step, roles.actor)
+    """old_log_probs (unless the update computes them itself: RunConfig.fuses_old_log_probs),
+    and ref_log_probs where the run uses the reference policy (KL)."""
+    if not cfg.fuses_old_log_probs:
+        P.compute_old_log_probs(step, roles.actor)
     if cfg.use_reference:
         P.compute_ref_log_probs(step, roles.actor)
 

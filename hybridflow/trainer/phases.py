@@ -43,6 +43,7 @@ from hybridflow.algorithms import (
 from hybridflow.controller import WorkerGroup
 from hybridflow.engines.train.batching import dp_balanced_order
 from hybridflow.engines.train.actor import FORWARD_KEYS as ACTOR_FORWARD_KEYS
+from hybridflow.engines.train.actor import OLD_LOG_PROBS
 from hybridflow.engines.train.actor import UPDATE_KEYS as ACTOR_UPDATE_KEYS
 from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
 from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
@@ -295,6 +296,8 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
 def update_actor(step: Step, actor: WorkerGroup, with_ref: bool) -> None:
     """One policy update on the step's batch (plus the KL loss when configured)."""
     keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ())
+    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/algorithms.py log_probs)
+        keys += (OLD_LOG_PROBS,)
     out = dp_call(step, actor, "update_actor", _select(step.batch, keys))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
 

@@ -23,7 +23,9 @@ from hybridflow.engines.train.update import run_update
 Tensor = torch.Tensor
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "old_log_probs", "advantages")
+UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "advantages")
+# Without it the update is "on-policy fused": see ActorEngine.update_policy.
+OLD_LOG_PROBS = "old_log_probs"
 
 
 class ActorEngine(TrainEngine):
@@ -72,9 +74,19 @@ class ActorEngine(TrainEngine):
         return {"log_probs": lp} if ent is None else {"log_probs": lp, "entropys": ent}
 
     def update_policy(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0) -> dict[str, float]:
-        """One trainer step of policy optimisation on this rank's batch; metrics under "actor/"."""
+        """One trainer step of policy optimisation on this rank's batch; metrics under "actor/".
+
+        Without `old_log_probs` in the batch the update is on-policy fused: it must make
+        exactly one optimizer step over the batch (one epoch, one mini-batch), so the
+        policy that sampled is the one whose forward pass the step runs, and the ratio's
+        denominator is that forward's own detached log-prob (the separate old-log-prob pass
+        would compute the same values, up to float summation order). The token-mean
+        entropy of the batch is then reported here (actor/entropy), as that pass would have.
+        """
         keys = UPDATE_KEYS + (("ref_log_probs",) if self.loss_config.use_kl_loss else ())
         batching.require_keys(batch, keys, "update_policy")
+        if OLD_LOG_PROBS not in batch:
+            self._require_single_step(batching.batch_len(batch))
         return run_update(
             self,
             batch,
@@ -83,26 +95,42 @@ class ActorEngine(TrainEngine):
             loss_scale_factor=self.loss_config.loss_scale_factor,
         )
 
+    def _require_single_step(self, sequences: int) -> None:
+        mb = self.config.micro_batch
+        if mb.epochs != 1 or mb.mini_batch_size // self.dp_size < sequences:
+            raise ValueError(
+                f"update_policy got no old_log_probs, which is valid only when the update makes one optimizer step "
+                f"over the batch (epochs=1 and mini_batch_size >= the batch); here epochs={mb.epochs}, "
+                f"{sequences} sequences per rank, mini-batch {mb.mini_batch_size // self.dp_size} per rank: "
+                "compute old_log_probs first (compute_log_prob)"
+            )
+
     def _micro_step(
         self, mb: dict[str, Tensor], agg: AggregationScale, temperature: float
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         cfg = self.loss_config
         mode = cfg.policy.loss_agg_mode
         mask = mb["response_mask"]
+        fused = OLD_LOG_PROBS not in mb
         log_prob, entropy = causal_lm_log_probs(
             self.model,
             mb,
             temperature=temperature,
             chunk_size=self.config.logits_chunk_size,
             pack_sequences=self.config.pack_sequences,
-            with_entropy=cfg.entropy_coeff > 0,
+            with_entropy=cfg.entropy_coeff > 0 or fused,
         )
+        old_log_prob = log_prob.detach() if fused else mb[OLD_LOG_PROBS]
         pg_loss, pg_metrics = self._policy_loss(
-            mb["old_log_probs"], log_prob, mb["advantages"], mask, config=cfg.policy, agg=agg
+            old_log_prob, log_prob, mb["advantages"], mask, config=cfg.policy, agg=agg
         )
         loss = pg_loss
         sums = {"pg_loss": pg_loss.detach()}
-        if entropy is not None:
+        if fused and cfg.entropy_coeff == 0:
+            # actor/entropy as the skipped pass reports it: the token mean over the batch
+            # (= this one mini-batch); summed over micro-batches, averaged over ranks.
+            sums["entropy"] = (entropy.detach() * mask).sum() * agg.dp_size / max(agg.global_tokens, 1)
+        elif cfg.entropy_coeff > 0:
             entropy_term = agg_loss(entropy, mask, mode, agg)
             loss = loss - cfg.entropy_coeff * entropy_term
             sums["entropy"] = entropy_term.detach()
