@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from hybridflow.engines.train.distributed import full_tensor
 import torch.distributed as dist
 
 from hybridflow.engines.local_ranks import run_ranks
@@ -74,7 +75,7 @@ def rank_main(rank: int, world: int, model_dir: str, gen_tps: list[int], repeats
         config = TrainEngineConfig(model_path=model_dir, dtype="bf16", tp_size=tp,
                                    micro_batch=MicroBatchConfig(mini_batch_size=world, micro_batch_size_per_device=1))
         actor = ActorEngine(config, fsdp_shard_dim=aligned_shard_dim)
-        full = {n: p.full_tensor() for n, p in actor.named_sharded_parameters()}
+        full = {n: full_tensor(p) for n, p in actor.named_sharded_parameters()}
         for tp_, tg in layouts(world, gen_tps):
             if tp_ != tp:
                 continue

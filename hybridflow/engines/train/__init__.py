@@ -18,7 +18,7 @@ from hybridflow.engines.train.config import (
     TrainEngineConfig,
 )
 from hybridflow.engines.train.critic import CriticEngine
-from hybridflow.engines.train.distributed import build_device_mesh, init_distributed
+from hybridflow.engines.train.distributed import build_device_mesh, full_tensor, init_distributed
 from hybridflow.engines.train.engine import TrainEngine
 from hybridflow.engines.train.reward import RewardModelEngine
 
@@ -35,5 +35,6 @@ __all__ = [
     "TrainEngine",
     "TrainEngineConfig",
     "build_device_mesh",
+    "full_tensor",
     "init_distributed",
 ]

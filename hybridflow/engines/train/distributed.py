@@ -65,3 +65,11 @@ def build_device_mesh(tp_size: int) -> DeviceMesh:
             f"choose tp_size from {[d for d in range(1, world + 1) if world % d == 0]}"
         )
     return init_device_mesh(device_type(), (world // tp_size, tp_size), mesh_dim_names=(DP, TP))
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a parameter or gradient: gathered from its shards when it is a
+    DTensor (collective), itself when the engine left it plain (a lone fp32 replica)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

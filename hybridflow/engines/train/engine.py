@@ -106,8 +106,19 @@ class TrainEngine:
             if mixed
             else MixedPrecisionPolicy()
         )
-        apply_fsdp(model, self.device_mesh[DP], mp_policy=mp_policy, shard_placement_fn=self._shard_placement_fn(model))
+        if self._wraps_fsdp(mixed):
+            apply_fsdp(model, self.device_mesh[DP], mp_policy=mp_policy,
+                       shard_placement_fn=self._shard_placement_fn(model))
         return model
+
+    def _wraps_fsdp(self, mixed: bool) -> bool:
+        """FSDP2 only where it does something: sharding over dp > 1, tensor parallelism,
+        casting to a lower compute dtype, or offloading. A lone full-precision replica runs
+        as the plain module: FSDP2's hooks and DTensor parameters cost it 15-25% of a small
+        model's update on CPU (benchmarks/bench_vs_trl.py) and buy nothing. Everything
+        downstream (optimizer, gradient norm, checkpoints, resharding, export) takes plain
+        parameters as well as DTensors."""
+        return self.dp_size > 1 or self.config.tp_size > 1 or mixed or self.config.param_offload
 
     def _shard_placement_fn(self, model: nn.Module) -> Callable[[nn.Parameter], Shard] | None:
         if self.fsdp_shard_dim is None:

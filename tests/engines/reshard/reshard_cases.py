@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from hybridflow.engines.train.distributed import full_tensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -196,7 +197,7 @@ def _rl_batch(n: int, vocab: int, seed: int = 3) -> dict[str, torch.Tensor]:
 
 
 def _full_params(engine) -> dict[str, torch.Tensor]:
-    return {n: p.full_tensor().detach().clone() for n, p in engine.named_sharded_parameters()}
+    return {n: full_tensor(p).detach().clone() for n, p in engine.named_sharded_parameters()}
 
 
 def actor_update_reaches_generation(rank: int, world: int, model_dir: str, tp: int) -> dict:

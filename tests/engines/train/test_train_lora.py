@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hybridflow.engines.train.distributed import full_tensor
 import transformers
 
 from hybridflow.engines.models import load_model
@@ -30,13 +31,13 @@ def test_lora_trains_only_adapters_reference_is_base_and_export_merges(tiny_llam
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert "model.layers.0.self_attn.q_proj.weight" in names  # base weights under HF names
 
-    before = {n: p.full_tensor().clone() for n, p in engine.named_sharded_parameters()}
+    before = {n: full_tensor(p).clone() for n, p in engine.named_sharded_parameters()}
     batch = make_rl_batch(8, seed=11)
     lp0, _ = engine.compute_log_prob(batch)
     batch["old_log_probs"] = lp0 + 0.2
     for _ in range(2):
         engine.update_policy(batch)
-    after = {n: p.full_tensor().clone() for n, p in engine.named_sharded_parameters()}
+    after = {n: full_tensor(p).clone() for n, p in engine.named_sharded_parameters()}
     for name in names:
         if name in trainable:
             if ".lora_B." in name:  # B starts at 0, so any training moves it

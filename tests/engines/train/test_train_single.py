@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hybridflow.engines.train.distributed import full_tensor
 import transformers
 
 from hybridflow.engines.models import load_model
@@ -72,7 +73,7 @@ def _micro_batch_update(path, micro_batch: MicroBatchConfig, pack: bool, checkpo
     lp, _ = engine.compute_log_prob(batch)
     batch["old_log_probs"] = lp + 0.2 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0))
     metrics = engine.update_policy(batch)
-    params = {n: p.full_tensor().detach().clone() for n, p in engine.named_sharded_parameters()}
+    params = {n: full_tensor(p).detach().clone() for n, p in engine.named_sharded_parameters()}
     return {"params": params, "loss": metrics["actor/loss"], "grad_norm": metrics["actor/grad_norm"]}
 
 
@@ -121,7 +122,7 @@ def test_critic_values_and_update_match_plain_model(tiny_llama_dir):
     opt.step()
     metrics = engine.update_critic(batch)
     assert abs(metrics["critic/vf_loss"] - loss.item()) < 1e-5
-    engine_params = {n: p.full_tensor() for n, p in engine.named_sharded_parameters()}
+    engine_params = {n: full_tensor(p) for n, p in engine.named_sharded_parameters()}
     for name, p in ref.named_parameters():
         assert (engine_params[name] - p).abs().max() < 1e-5, name
 

@@ -9,6 +9,7 @@ except where a case says bf16.
 from __future__ import annotations
 
 import torch
+from hybridflow.engines.train.distributed import full_tensor
 
 from train_harness import (
     full_parameters,
@@ -98,7 +99,7 @@ def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: in
     (agg_loss(elp * local["advantages"], local["response_mask"], "token-mean", agg)).backward()
     rlp = reference_log_probs(ref, batch)
     agg_loss(rlp * batch["advantages"], batch["response_mask"], "token-mean").backward()
-    grads = {name: p.grad.full_tensor() for name, p in engine.named_sharded_parameters()}
+    grads = {name: full_tensor(p.grad) for name, p in engine.named_sharded_parameters()}
     ref_grads = {name: p.grad for name, p in ref.named_parameters()}
     out["grad"] = max(float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads)
     out["grad_scale"] = max(float(g.abs().max()) for g in ref_grads.values())

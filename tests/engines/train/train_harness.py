@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from hybridflow.engines.train.distributed import full_tensor
 
 from hybridflow.engines.local_ranks import free_port, run_ranks, start_ranks  # noqa: F401 (re-exported)
 
@@ -133,7 +134,7 @@ def full_parameters(engine: Any) -> dict[str, torch.Tensor]:
     """Every parameter of a sharded engine as a full tensor, keyed by HF name (collective)."""
     out = {}
     for name, p in engine.named_sharded_parameters():
-        out[name] = p.full_tensor().detach().clone() if hasattr(p, "full_tensor") else p.detach().clone()
+        out[name] = full_tensor(p).detach().clone()
     return out
 
 
