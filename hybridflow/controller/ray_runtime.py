@@ -49,6 +49,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
     if address:
         ray.init(address=address)
         return describe_ray()
+    # Ray starts its workers at niceness 15, which on a shared machine hands their CPU to
+    # any other job: the embedded instance runs them at the controller's priority unless
+    # the user set RAY_worker_niceness. (A joined cluster keeps its own setting.)
+    os.environ.setdefault("RAY_worker_niceness", "0")
     with _loopback_node_ip():
         ray.init(
             address="local",  # a new instance even when RAY_ADDRESS is set in the environment

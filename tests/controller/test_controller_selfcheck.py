@@ -21,3 +21,18 @@ def test_selfcheck_all_reduces_over_gloo(ray_local):
 def test_init_ray_refuses_num_cpus_for_a_joined_cluster():
     with pytest.raises(ValueError, match="only applies to an embedded Ray"):
         init_ray(address="10.0.0.1:6379", num_cpus=4)
+
+
+def test_embedded_workers_run_at_the_controllers_priority(ray_local):
+    # Ray's default niceness 15 would hand the workers' CPU to any other job on the machine.
+    import os
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    if os.environ.get("RAY_worker_niceness", "0") != "0":
+        pytest.skip("the user set RAY_worker_niceness")
+    assert ray.get(niceness.remote()) == os.nice(0)

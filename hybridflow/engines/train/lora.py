@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Iterator
 
-import peft
 import torch
 from torch import nn
 
@@ -24,8 +24,10 @@ _PEFT_PREFIX = "base_model.model."
 _ADAPTER = "default"
 
 
-def apply_lora(model: nn.Module, config: LoraConfig) -> peft.PeftModel:
+def apply_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
     """Wrap a HF causal LM with LoRA adapters; base weights are frozen."""
+    import peft  # 1 s to import: only runs that use LoRA pay for it
+
     peft_config = peft.LoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
@@ -41,7 +43,9 @@ def apply_lora(model: nn.Module, config: LoraConfig) -> peft.PeftModel:
 
 
 def is_lora(model: nn.Module) -> bool:
-    return isinstance(model, peft.PeftModel)
+    # peft is imported lazily (apply_lora): while it is not loaded, no model can be a PeftModel.
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def hf_model_of(model: nn.Module) -> nn.Module:
