@@ -86,3 +86,9 @@ def score_task(task_id: int, kwargs: dict[str, Any], timeout_s: float | None) ->
         raise RuntimeError("reward worker was not initialised (init_worker did not run)")
     _STARTS.put((task_id, os.getpid()))
     return call_with_timeout(_FN, kwargs, timeout_s)
+
+
+def score_chunk(tasks: list[tuple[int, dict[str, Any]]], timeout_s: float | None) -> list[tuple[str, Any]]:
+    """Run several samples one after another in a worker (one round trip for all of them);
+    each still announces its start and has its own timeout."""
+    return [score_task(task_id, kwargs, timeout_s) for task_id, kwargs in tasks]

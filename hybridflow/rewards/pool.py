@@ -13,7 +13,10 @@ created once and reused across batches. Per sample:
   while alone gets ("error", ...); the others are scored normally.
 
 The parent learns which process runs which sample from a start message each worker
-sends (task id, pid) before it calls the function.
+sends (task id, pid) before it calls the function. Samples travel in chunks (a few per
+worker and round: one inter-process round trip per chunk, not per sample, which was most
+of the scoring time of a cheap rule); a worker's latest announced sample is the one it is
+running, so timeouts stay per sample.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from hybridflow.rewards._worker import init_worker, score_task
+from hybridflow.rewards._worker import init_worker, score_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +141,10 @@ class ScoringPool:
     def _run_round(self, tasks, batch: list[int], pending: set[int], results: list, suspects: set[int]) -> bool:
         """Run `batch`; return True when the pool broke and must be replaced."""
         executor = self._ensure_executor()
-        futures: dict[Future, int] = {}
+        futures: dict[Future, list[int]] = {}
         try:
-            for i in batch:
-                futures[executor.submit(score_task, i, tasks[i], self.timeout_s)] = i
+            for chunk in _chunks(batch, self.num_workers * CHUNKS_PER_WORKER):
+                futures[executor.submit(score_chunk, [(i, tasks[i]) for i in chunk], self.timeout_s)] = chunk
         except BrokenProcessPool:
             # A worker died while we were still submitting (an early sample crashed it).
             # The futures already submitted report the break below; with none, the round
@@ -170,18 +173,20 @@ class ScoringPool:
                 return True
         return False
 
-    def _collect(self, done, futures: dict[Future, int], pending: set[int], results: list) -> bool:
+    def _collect(self, done, futures: dict[Future, list[int]], pending: set[int], results: list) -> bool:
         broken = False
         for future in done:
-            i = futures[future]
+            chunk = futures[future]
             try:
-                results[i] = future.result()
+                outcomes = future.result()
             except BrokenProcessPool:
                 broken = True
                 continue
             except Exception as err:  # noqa: BLE001 - e.g. a result that cannot be pickled
-                results[i] = ("error", f"{type(err).__name__}: {err}")
-            pending.discard(i)
+                outcomes = [("error", f"{type(err).__name__}: {err}")] * len(chunk)
+            for i, outcome in zip(chunk, outcomes):
+                results[i] = outcome
+                pending.discard(i)
         return broken
 
     def _drain_starts(self, started: dict[int, tuple[int, float]]) -> None:
@@ -194,7 +199,10 @@ class ScoringPool:
     def _kill_hung(self, started: dict[int, tuple[int, float]], pending: set[int], results: list) -> bool:
         limit = self.timeout_s + self.kill_grace_s
         now = time.monotonic()
-        hung = [i for i, (_, since) in started.items() if i in pending and now - since > limit]
+        # A worker runs its chunk in order: only its latest announced sample is running
+        # (the earlier ones finished; their results come back with the chunk).
+        running = {pid: (i, since) for i, (pid, since) in started.items()}  # announcement order
+        hung = [i for i, since in running.values() if i in pending and now - since > limit]
         for i in hung:
             pid = started[i][0]
             logger.warning("reward sample %d still running after %.1f s: killing worker pid %d", i, limit, pid)
@@ -213,6 +221,15 @@ class ScoringPool:
             pending.discard(batch[0])
             return
         suspects.update(running)
+
+
+CHUNKS_PER_WORKER = 4  # several per worker, so one slow sample does not hold up a whole share
+
+
+def _chunks(batch: list[int], count: int) -> list[list[int]]:
+    """`batch` cut into at most `count` contiguous chunks of near-equal size."""
+    size = -(-len(batch) // max(1, count))
+    return [batch[k : k + size] for k in range(0, len(batch), size)]
 
 
 def _check_picklable(fn: Callable[..., Any]) -> None:

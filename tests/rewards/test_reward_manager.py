@@ -142,6 +142,18 @@ def test_pool_survives_a_crashing_worker(tokenizer, pooled):
     assert "died while scoring this sample" in dict(out.errors)[1]
 
 
+def test_pool_chunks_keep_per_sample_timeouts_and_blame(tokenizer, pooled):
+    # 24 samples on 2 workers travel in chunks of 3: a sample that hangs (alarm blocked) or
+    # kills its worker in the middle of a chunk is the only one that fails.
+    truths = [str(i) for i in range(24)]
+    truths[4], truths[13], truths[20] = "hard", "crash", "hang"
+    out = pooled(make_batch(tokenizer, [str(i) for i in range(24)], truths))
+    want = [0.0 if i in (4, 13, 20) else 1.0 for i in range(24)]
+    assert out.scores.tolist() == want
+    assert out.metrics["reward/timeouts"] == 2.0 and out.metrics["reward/errors"] == 1.0
+    assert "was killed" in dict(out.errors)[4] and "died while scoring" in dict(out.errors)[13]
+
+
 def test_pool_with_builtin_scorers(tokenizer):
     with RewardManager(tokenizer, RewardConfig(num_workers=1, timeout_s=5.0)) as manager:
         out = manager(make_batch(tokenizer, ["46", "45"], ["46", "46"], data_source="arithmetic"))
