@@ -45,34 +45,24 @@ def run_train(args: argparse.Namespace) -> int:
 def resume_train(args: argparse.Namespace) -> int:
     """`hybridflow train --resume [PATH]`: train until trainer.total_steps from a checkpoint."""
     from hybridflow.config import ConfigError
-    from hybridflow.config.schema import load_run_config
     from hybridflow.trainer import RLTrainer
-    from hybridflow.trainer.checkpointing import (
-        CheckpointNotFoundError,
-        check_steps_left,
-        locate_resume,
-        read_trainer_state,
-        resume_config,
-        run_config_path,
-    )
+    from hybridflow.trainer.checkpointing import CheckpointNotFoundError
+    from hybridflow.trainer.lifecycle import check_steps_left, resume_point
 
     resume, overrides = args.resume, list(args.overrides)
     if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
         # `--resume key=value`: argparse gave the first override to the optional PATH.
         resume, overrides = True, [resume, *overrides]
     try:
-        # Without PATH the run is found by the config's name and trainer.output_dir.
-        wanted = load_run_config(args.config, overrides) if resume is True else None
-        checkpoint = locate_resume(resume, wanted)
-        cfg = resume_config(checkpoint, load_run_config(args.config or run_config_path(checkpoint), overrides))
-        check_steps_left(read_trainer_state(checkpoint)["global_step"], cfg.trainer.total_steps)
+        point = resume_point(resume, args.config, overrides)
+        check_steps_left(point.step, point.cfg.trainer.total_steps)
     except (ConfigError, CheckpointNotFoundError) as err:
         print(f"hybridflow train --resume: {err}", file=sys.stderr)
         return 2
     if args.print_config:
-        print_config(cfg)
+        print_config(point.cfg)
         return 0
-    with RLTrainer(cfg, resume=checkpoint) as trainer:
+    with RLTrainer(resume=point) as trainer:
         trainer.train()
     return 0
 

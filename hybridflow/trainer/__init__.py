@@ -9,7 +9,8 @@
 - algorithms.py: grpo/rloo/reinforce_plus_plus[_baseline]/drgrpo, remax, dapo, ppo, safe_rlhf,
   each a step as a sequence of named phases (phases.py);
 - rl_trainer.py: `RLTrainer` (loop, evaluation, checkpoints, metrics);
-- checkpointing.py: step checkpoints (atomic, keep last K) and resume;
+- checkpointing.py: step checkpoints (atomic, keep last K), reopening a run to resume;
+- lifecycle.py: where a run starts: the policy's starting model, the resume point;
 - sft.py: supervised fine-tuning / warm start on the same actor worker;
 - rm.py: Bradley-Terry reward-model training (`hybridflow rm`);
 - offline.py: `hybridflow eval` / `export` on a run, checkpoint or model directory;

@@ -1,4 +1,6 @@
-"""Run-level checkpoints of the RL loop: where they live, how to find them, how to resume.
+"""Run-level checkpoints of the RL loop: where they live, how to find, write and read them,
+and how a run directory is reopened to continue after one (which checkpoint a run resumes,
+with which config, is decided in lifecycle.py).
 
 A run directory holds its checkpoints under `checkpoints/`:
 
@@ -13,9 +15,9 @@ A run directory holds its checkpoints under `checkpoints/`:
 
 Atomicity: every part of step N is written into `.tmp-global_step_<N>` and the directory
 is renamed to `global_step_<N>` only when all roles and the trainer state are on disk
-(rename is atomic on POSIX filesystems). A crash during a save therefore leaves the
-previous checkpoint as the newest complete one, and `find_checkpoint` never returns a
-half-written one.
+(rename is atomic on POSIX filesystems; the protocol is the engine checkpoints' own,
+engines/train/checkpoint.py). A crash during a save therefore leaves the previous
+checkpoint as the newest complete one, and `find_checkpoint` never returns a half-written one.
 
 Public API (used by `hybridflow eval` / `hybridflow export` too):
 
@@ -27,7 +29,6 @@ Public API (used by `hybridflow eval` / `hybridflow export` too):
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import random
@@ -40,14 +41,20 @@ import numpy as np
 import torch
 import yaml
 
-from hybridflow.config import ConfigError, config_to_dict, load_config, save_config
-from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.config import config_to_dict, save_config
+from hybridflow.config.schema import RunConfig
+from hybridflow.engines.train.checkpoint import (
+    TMP_PREFIX,
+    begin_atomic_dir,
+    prune_atomic_dirs,
+    publish_atomic_dir,
+    write_text_atomically,
+)
 from hybridflow.trainer.run_dir import read_metrics
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE_FILE = "trainer_state.json"
 STEP_PREFIX = "global_step_"
-TMP_PREFIX = ".tmp-"
 STATE_VERSION = 1  # of trainer_state.json
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
@@ -149,70 +156,30 @@ def run_config_path(checkpoint_dir: str | Path) -> Path:
 # ----------------------------------------------------------------------------- saving
 
 
+# Written the way engine checkpoints are (engines/train/checkpoint.py): into a `.tmp-`
+# sibling, renamed into place when complete, old ones renamed to `.tmp-` before deletion.
+
+
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
     """A fresh, empty `.tmp-global_step_<step>` to write step `step` into. Leftovers of an
     interrupted save (`.tmp-*`) are removed first: they were never complete."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(f"{TMP_PREFIX}*"):
-        shutil.rmtree(stale)
-    tmp = root / f"{TMP_PREFIX}{STEP_PREFIX}{step}"
-    tmp.mkdir()
-    return tmp
+    return begin_atomic_dir(Path(run_dir) / CHECKPOINTS_DIR / f"{STEP_PREFIX}{step}")
+
+
+def write_trainer_state(checkpoint_dir: Path, state: dict[str, Any]) -> None:
+    """The trainer state file, written last into a checkpoint (its presence marks it complete)."""
+    write_text_atomically(checkpoint_dir / TRAINER_STATE_FILE, json.dumps(state))
 
 
 def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -> Path:
     """Write the trainer state into `tmp` (every role's files are already there), make the
-    checkpoint visible by renaming it to `global_step_<step>`, then keep only the newest
-    `keep_last` checkpoints (None: all). Returns the checkpoint directory."""
-    final = tmp.parent / tmp.name[len(TMP_PREFIX):]
-    _write_json_durably(tmp / TRAINER_STATE_FILE, state)
-    if final.exists():
-        # The same step saved again (possible only after a resume from an older step):
-        # set the old copy aside first so a complete checkpoint of the step always exists.
-        aside = tmp.parent / f"{TMP_PREFIX}old-{final.name}"
-        final.rename(aside)
-        tmp.rename(final)
-        shutil.rmtree(aside)
-    else:
-        tmp.rename(final)
-    _fsync_dir(final.parent)
+    checkpoint visible by renaming it to `global_step_<step>`, then keep only `keep_last`
+    checkpoints (None: all): this one and the newest others. Returns the checkpoint directory."""
+    write_trainer_state(tmp, state)
+    final = publish_atomic_dir(tmp)
     if keep_last is not None:
-        prune_checkpoints(final.parent, keep_last)
+        prune_atomic_dirs(complete_checkpoints(final.parent), keep_last, keep=final)
     return final
-
-
-def prune_checkpoints(root: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints under `root`; returns the
-    deleted ones. Each is renamed to `.tmp-*` before deletion, so a crash halfway through
-    never leaves a partial directory that looks like a checkpoint."""
-    if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-    doomed = complete_checkpoints(root)[:-keep_last]
-    for path in doomed:
-        trash = root / f"{TMP_PREFIX}delete-{path.name}"
-        path.rename(trash)
-        shutil.rmtree(trash)
-    return doomed
-
-
-def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable (POSIX); harmless where directories cannot be opened.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
@@ -249,83 +216,7 @@ def set_controller_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.from_numpy(raw))
 
 
-# ----------------------------------------------------------------------------- resuming
-
-# Keys a resumed run may change: how long and how often (trainer.*), where it runs
-# (resources.*), how rewards are run (not what they score), and which held-out prompts it
-# reports on. Anything else (model, data, algorithm, optimizer, rollout, seeds) would make
-# the saved weights, optimizer moments, data position or algorithm state mean something else.
-RESUMABLE_CHANGES = (
-    "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
-    "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
-    "reward.manager.mp_context",
-)
-
-
-def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
-    """The newest complete checkpoint (most recently written) among the runs named
-    `<name>-<timestamp>` under `output_dir`."""
-    root = Path(output_dir)
-    pattern = re.compile(rf"^{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")
-    runs = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)] if root.is_dir() else []
-    found = [ckpt for run in runs for ckpt in complete_checkpoints(run / CHECKPOINTS_DIR)]
-    if not found:
-        raise CheckpointNotFoundError(
-            f"--resume found no checkpoint: no run {name}-<timestamp> under {str(root)!r} has a complete "
-            f"{CHECKPOINTS_DIR}/{STEP_PREFIX}<N> ({len(runs)} run(s) of that name). Pass the run directory "
-            "explicitly (--resume PATH), or set name / trainer.output_dir to the run's")
-    return max(found, key=lambda p: (p / TRAINER_STATE_FILE).stat().st_mtime_ns)
-
-
-def locate_resume(resume: str | Path | bool, cfg: RunConfig | None) -> Path:
-    """The checkpoint to resume from: `resume` a run or checkpoint directory, or True for
-    the newest checkpoint of `cfg`'s runs (trainer.run_dir if set, else the runs named
-    cfg.name under trainer.output_dir)."""
-    if resume is True:
-        if cfg is None:
-            raise ValueError("resume=True needs a config to find the run by (name, trainer.output_dir); "
-                             "pass the config, or the run directory as resume=PATH")
-        if cfg.trainer.run_dir is not None:
-            return find_checkpoint(cfg.trainer.run_dir)
-        return latest_run_checkpoint(cfg.trainer.output_dir, cfg.name)
-    if isinstance(resume, bool):
-        raise ValueError("resume=False means a fresh run; pass resume=None")
-    return find_checkpoint(resume)
-
-
-def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:
-    """The config of the resumed run: the run's saved config.yaml, or `cfg` when it only
-    changes keys in RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir
-    and trainer.output_dir say). Raises ConfigError naming every other changed key."""
-    saved = resolve_run_config(load_config(RunConfig, run_config_path(checkpoint_dir)))
-    if cfg is None:
-        return saved
-    cfg = resolve_run_config(cfg)
-    # The run continues in the checkpoint's directory; keep the saved values so that the
-    # config only differs where the user changed something.
-    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
-        cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
-    before, after = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
-    changed = sorted(k for k in before.keys() | after.keys()
-                     if before.get(k) != after.get(k) and not k.startswith(RESUMABLE_CHANGES))
-    if changed:
-        detail = ", ".join(f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}" for k in changed)
-        raise ConfigError(
-            f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
-            "optimizer state, data position and algorithm state only mean something with the config that "
-            "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
-            "workers and the held-out data), or start a new run from an exported model (model.path)")
-    return cfg
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+# ----------------------------------------------------------------------------- resuming in a run directory
 
 
 def reopen_run_dir(cfg: RunConfig, checkpoint_dir: Path) -> Path:
@@ -354,9 +245,7 @@ def reopen_run_dir(cfg: RunConfig, checkpoint_dir: Path) -> Path:
         kept = [line for line in lines if line.strip() and _keep_record(json.loads(line), step)]
         if len(kept) != len(lines):
             shutil.copy2(metrics_path, _unused(run_dir, f"metrics.before-resume-step{step}", ".jsonl"))
-            tmp = metrics_path.with_name(metrics_path.name + ".tmp")
-            tmp.write_text("".join(kept), encoding="utf-8")
-            os.replace(tmp, metrics_path)
+            write_text_atomically(metrics_path, "".join(kept))
     final_model = run_dir / "final_model"
     if final_model.exists():
         os.replace(final_model, _unused(run_dir, f"final_model.before-resume-step{step}", ""))
@@ -385,13 +274,3 @@ def logged_accuracy(run_dir: Path, step: int) -> float | None:
         if record["phase"] == "eval" and record["step"] == step and "val/accuracy" in record:
             return record["val/accuracy"]
     return None
-
-
-def check_steps_left(global_step: int, total_steps: int) -> int:
-    """Steps from `global_step` to `total_steps`; a ConfigError when there are none (a
-    resumed run must never silently train zero steps)."""
-    if global_step >= total_steps:
-        raise ConfigError(
-            f"nothing to train: the run is at step {global_step} and trainer.total_steps={total_steps}; "
-            f"raise trainer.total_steps (e.g. trainer.total_steps={global_step + total_steps}) to train further")
-    return total_steps - global_step

@@ -9,9 +9,11 @@ Names (all floats):
 - response_length/{mean,max,min,clip_ratio} (clip_ratio: share stopped by the length limit),
   prompt_length/{mean,max};
 - perf/tokens_per_s (prompt + response tokens of the step / step wall time) and perf/mfu:
-  the step's estimated model FLOPs (generation and scoring forwards 2N per token, updates
-  6N per token, plus attention, see engines/train/flops.py) over step time x ranks x peak
-  FLOP/s of one rank. Update-only numbers from the engines are perf/{actor,critic}_update_*.
+  the step's estimated model FLOPs (perf/step_flops: generation and scoring forwards 2N per
+  token, updates 6N per token, plus attention, see engines/train/flops.py) over step time x
+  the summed peak FLOP/s of the processes running the step. N, L, d and each peak are
+  reported by the workers (`flop_facts`, measured on their own devices); `flop_model`
+  only combines them. Update-only numbers from the engines are perf/{actor,critic}_update_*.
 - timing_s/<phase>: controller wall time of each phase (gen, reward, old_log_prob, ref,
   values, kl_reward, adv, update_critic, update_actor) and of the step; the workers add
   timing_s/generate and timing_s/reshard_to_generation (the weight sync into the rollout
@@ -20,14 +22,17 @@ Names (all floats):
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from hybridflow.algorithms import masked_mean
-from hybridflow.engines.train.flops import training_flops
+from hybridflow.controller import WorkerGroup
+from hybridflow.engines.train.flops import FlopFacts
 from hybridflow.protocol import DataProto
+from hybridflow.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
 
 def _stats(prefix: str, values: torch.Tensor, ops: tuple[str, ...] = ("mean", "max", "min")) -> dict[str, float]:
@@ -70,34 +75,76 @@ def data_metrics(batch: DataProto) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FlopModel:
-    """What the FLOP estimate needs: matmul parameters, layers, hidden size of the policy
-    (and of the critic), and one rank's peak FLOP/s."""
+    """The models of a step and the peak they run against, as the workers reported them.
 
-    actor_params: int
-    critic_params: int
-    layers: int
-    hidden: int
-    peak_flops_per_rank: float
+    actor: the policy; critics: value models scored and trained every step (critic, and
+    Safe-RLHF's cost critic); scorers: frozen sequence scorers run forward once per step
+    (reward and cost models); peak_flops: the summed peak FLOP/s of the step's processes.
+    """
 
-    def step_flops(self, batch: DataProto, *, forwards: int, critic_forwards: int, actor_update_epochs: int,
+    actor: FlopFacts
+    critics: tuple[FlopFacts, ...]
+    scorers: tuple[FlopFacts, ...]
+    peak_flops: float
+
+    def step_flops(self, batch: DataProto, *, actor_forwards: int, actor_update_epochs: int,
                    critic_update_epochs: int) -> float:
-        """Generation + `forwards` actor scoring passes + critic passes + updates."""
+        """Generation + `actor_forwards` actor scoring passes (old and reference log-probs)
+        + one forward of every critic and scorer + the actor's and critics' updates."""
         seq_lens = batch.batch["attention_mask"].sum(-1).tolist()
-        actor_train = training_flops(self.actor_params, self.layers, self.hidden, seq_lens)
-        critic_train = training_flops(self.critic_params, self.layers, self.hidden, seq_lens)
+        actor = self.actor.training_flops(seq_lens)
         # A forward is a third of forward + backward; generation is one forward per token.
-        generation = actor_train / 3
-        return (generation + forwards * actor_train / 3 + critic_forwards * critic_train / 3
-                + actor_update_epochs * actor_train + critic_update_epochs * critic_train)
+        total = (1 + actor_forwards) * actor / 3 + actor_update_epochs * actor
+        for critic in self.critics:
+            train = critic.training_flops(seq_lens)
+            total += train / 3 + critic_update_epochs * train
+        return total + sum(scorer.training_flops(seq_lens) / 3 for scorer in self.scorers)
 
 
-def throughput_metrics(batch: DataProto, step_seconds: float, world_size: int, flops: float,
-                       flop_model: FlopModel) -> dict[str, float]:
+def flop_model(groups: Mapping[str, WorkerGroup]) -> FlopModel:
+    """Ask every role's ranks for their `flop_facts` (each measures its own device) and
+    combine them; a role whose worker has no FLOP estimate is an error."""
+    actor: FlopFacts | None = None
+    critics: list[FlopFacts] = []
+    scorers: list[FlopFacts] = []
+    peaks: list[tuple[Hashable, float]] = []
+    for role, group in groups.items():
+        if not issubclass(group.worker_cls, (ActorRolloutRefWorker, CriticWorker, RewardModelWorker)):
+            raise TypeError(f"role {role!r} ({group.worker_cls.__qualname__}) has no FLOP estimate for perf/mfu; "
+                            "give its worker a flop_facts method and count it in metrics.flop_model")
+        facts = group.flop_facts()
+        peaks += [((info["node_id"], info["pid"]), rank.peak_flops) for info, rank in zip(group.worker_info, facts)]
+        if issubclass(group.worker_cls, ActorRolloutRefWorker):
+            actor = facts[0]  # every rank reports the full (unsharded) model
+        elif issubclass(group.worker_cls, CriticWorker):
+            critics.append(facts[0])
+        else:
+            scorers.append(facts[0])
+    if actor is None:
+        raise ValueError(f"no actor among the roles {sorted(groups)}: the step's FLOPs start from the policy")
+    return FlopModel(actor, tuple(critics), tuple(scorers), total_peak_flops(peaks))
+
+
+def total_peak_flops(peaks: Iterable[tuple[Hashable, float]]) -> float:
+    """The summed peak of the devices behind (process, peak FLOP/s) reports. Colocated
+    roles share a process and so a device: it counts once, at the highest rate any of its
+    roles reported (roles differ there only in compute dtype or a configured peak)."""
+    best: dict[Hashable, float] = {}
+    for process, peak in peaks:
+        if not peak > 0:
+            raise ValueError(f"process {process!r} reported a peak of {peak} FLOP/s; set "
+                             "actor.peak_flops_per_device (critic.*, ...) to the device's positive peak")
+        best[process] = max(best.get(process, 0.0), peak)
+    return sum(best.values())
+
+
+def throughput_metrics(batch: DataProto, step_seconds: float, flops: float, peak_flops: float) -> dict[str, float]:
+    """perf/tokens_per_s, perf/mfu (`flops` over the step time x `peak_flops`) and perf/step_flops."""
     tokens = float(batch.batch["attention_mask"].sum())
     seconds = max(step_seconds, 1e-9)
     return {
         "perf/tokens_per_s": tokens / seconds,
-        "perf/mfu": flops / seconds / (world_size * flop_model.peak_flops_per_rank),
+        "perf/mfu": flops / seconds / peak_flops,
         "perf/step_flops": flops,
     }
 

@@ -39,6 +39,7 @@ from hybridflow.trainer.checkpointing import (
     run_dir_of,
 )
 from hybridflow.trainer.evaluate import evaluate, sampling_meta
+from hybridflow.trainer.lifecycle import policy_start_path
 from hybridflow.trainer.setup import (
     actor_config,
     build_groups,
@@ -92,28 +93,13 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
-    return ModelSource(path, cfg, policy_model_path(cfg, run_dir_of(checkpoint)), checkpoint,
+    return ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
                        checkpoint_step(checkpoint))
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, resources=dataclasses.replace(
         cfg.resources, world_size=cfg.resources.resolved_world_size()))
-
-
-def policy_model_path(cfg: RunConfig, run_dir: Path) -> str:
-    """The model directory the run built its actor from (see RLTrainer._start): the SFT
-    warm-started model, the built-in model written into the run, or model.path."""
-    if cfg.sft.steps > 0:
-        path = run_dir / "sft_model"
-    elif cfg.model.path is None:
-        path = run_dir / "model"
-    else:
-        return cfg.model.path
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"the run's starting model {str(path)!r} is missing (the actor is built from it "
-                                "before the checkpoint's weights are loaded); restore it, or pass model.path=DIR")
-    return str(path)
 
 
 def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: int | None,
@@ -187,7 +173,7 @@ def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
     source's model with the checkpoint's weights; everything stopped on exit."""
     cfg = source.cfg
     layout = validate_run_config(cfg)
-    ray_started = start_ray(cfg, layout)
+    ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
     groups: dict[str, WorkerGroup] = {}
     try:
         # Only the policy: no reference model, no critic (they do not change its answers).

@@ -26,31 +26,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from hybridflow.config.schema import RunConfig, load_run_config
 from hybridflow.controller import WorkerGroup
 from hybridflow.data import ResumableLoader
-from hybridflow.engines.models import load_hf_config
-from hybridflow.engines.precision import resolve_dtype
-from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
 from hybridflow.trainer.algorithms import build_algo_state, step_program
 from hybridflow.trainer.checkpointing import STATE_VERSION as CHECKPOINT_STATE_VERSION
 from hybridflow.trainer.checkpointing import (
     begin_checkpoint,
-    check_steps_left,
     checkpoint_step,
     commit_checkpoint,
     controller_rng_state,
-    locate_resume,
     logged_accuracy,
     read_trainer_state,
-    resume_config,
     role_checkpoint_path,
     set_controller_rng_state,
 )
 from hybridflow.trainer.evaluate import evaluate
-from hybridflow.trainer.metrics import FlopModel, data_metrics, throughput_metrics
+from hybridflow.trainer.lifecycle import ResumePoint, check_steps_left, policy_start_path, resume_point
+from hybridflow.trainer.metrics import data_metrics, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.setup import (
@@ -81,14 +74,16 @@ class RLTrainer:
     workers on the first `train` call. Use as a context manager or call `close()`."""
 
     def __init__(self, config: RunConfig | str | Path | None = None,
-                 resume: str | Path | bool | None = None) -> None:
+                 resume: str | Path | bool | ResumePoint | None = None) -> None:
         """`config`: a RunConfig, or the path of a YAML run config.
 
         `resume`: continue a run from a checkpoint (checkpointing.py) in its own run
         directory: a run directory (its newest complete checkpoint), a checkpoint directory,
-        or True for the newest checkpoint among `config`'s runs. The config is then the
-        run's saved one (config None), or `config` if it only changes what a resumed run
-        may change (e.g. a larger trainer.total_steps); anything else is a ConfigError.
+        True for the newest checkpoint among `config`'s runs, or a ResumePoint already
+        worked out (lifecycle.resume_point, as `hybridflow train --resume` does). The config
+        is then the run's saved one (config None), or `config` if it only changes what a
+        resumed run may change (e.g. a larger trainer.total_steps); anything else is a
+        ConfigError.
         """
         if isinstance(config, (str, Path)):
             config = load_run_config(config)
@@ -97,10 +92,11 @@ class RLTrainer:
                             f"got {type(config).__name__}")
         self.resumed_from: Path | None = None  # the checkpoint this trainer started from
         self.global_step = 0
+        if isinstance(resume, ResumePoint) and config is not None:
+            raise ValueError("a ResumePoint carries its config; pass config=None with it")
         if resume is not None:
-            self.resumed_from = locate_resume(resume, config)
-            config = resume_config(self.resumed_from, config)
-            self.global_step = int(read_trainer_state(self.resumed_from)["global_step"])
+            point = resume if isinstance(resume, ResumePoint) else resume_point(resume, config)
+            self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
         self.ctx = RunContext.open(config, resume_from=self.resumed_from)
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
         self.run_dir = self.ctx.run_dir
@@ -126,13 +122,10 @@ class RLTrainer:
 
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
-        policy_path = ctx.model_path
-        if cfg.sft.steps > 0 and self.resumed_from is not None:
-            policy_path = str(self.run_dir / "sft_model")  # warm-started before the checkpoint
-        elif cfg.sft.steps > 0:
+        if cfg.sft.steps > 0 and self.resumed_from is None:  # a resumed run warm-started before its checkpoint
             self.sft_result = run_sft(ctx)
-            policy_path = str(self.sft_result.model_dir)
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
+        policy_path = policy_start_path(cfg, self.run_dir)
         self.groups = build_groups(cfg, ctx.layout, rl_roles(cfg, policy_path))
         if ctx.cost is None:
             ctx.cost = build_cost_manager(cfg, ctx.tokenizer)  # closed with the context
@@ -145,7 +138,9 @@ class RLTrainer:
                                       collate_fn=data.collate)
         self.batches = endless(self.loader)
         self.state = build_algo_state(cfg)
-        self.flop_model = _flop_model(cfg, policy_path)
+        self.flop_model = flop_model(self.groups)  # each rank measures its own device's peak
+        ctx.display.message(f"perf/mfu against {self.flop_model.peak_flops / 1e12:.3g} TFLOP/s: the peaks the "
+                            "workers measured (or were configured with) on their own devices")
         if self.resumed_from is not None:
             self._load_checkpoint(self.resumed_from)
 
@@ -192,18 +187,13 @@ class RLTrainer:
         cfg = self.config
         metrics = dict(step.metrics)
         metrics.update(data_metrics(step.batch))
-        # Value models (critic, Safe-RLHF's cost critic) and scoring models (reward / cost
-        # model, counted at the critic's size) over the trained batch. Not counted: ReMax's
-        # greedy generation and the groups DAPO generated and dropped.
-        critics = len(cfg.algorithm.spec.critics)
-        scorers = sum(role in self.groups for role in ("reward_model", "cost_model"))
+        # Every role over the trained batch, each at its own size (metrics.flop_model). Not
+        # counted: ReMax's greedy generation and the groups DAPO generated and dropped.
         flops = self.flop_model.step_flops(
-            step.batch, forwards=1 + int(cfg.use_reference), critic_forwards=critics + scorers,
-            actor_update_epochs=cfg.actor.micro_batch.epochs,
-            critic_update_epochs=cfg.critic.micro_batch.epochs * critics,
+            step.batch, actor_forwards=1 + int(cfg.use_reference), actor_update_epochs=cfg.actor.micro_batch.epochs,
+            critic_update_epochs=cfg.critic.micro_batch.epochs,
         )
-        metrics.update(throughput_metrics(step.batch, metrics["timing_s/step"], self.ctx.layout.world_size, flops,
-                                          self.flop_model))
+        metrics.update(throughput_metrics(step.batch, metrics["timing_s/step"], flops, self.flop_model.peak_flops))
         return metrics
 
     def _due(self, freq: int) -> bool:
@@ -287,24 +277,3 @@ class RLTrainer:
             ("tensorboard/", "tensorboard" in trainer.loggers), ("final_model/", trainer.save_final_model),
         ) if present]
         display.message(f"run saved to [bold]{result.run_dir}[/bold] ({', '.join(saved)})")
-
-
-def _flop_model(cfg: RunConfig, model_path: str) -> FlopModel:
-    """Parameter counts from the model config (no weights loaded) and one rank's peak."""
-    from transformers import AutoModelForCausalLM
-
-    hf = load_hf_config(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf)
-    actor_params = matmul_parameter_count(model)
-    critic_params = actor_params - model.lm_head.weight.numel() + hf.hidden_size  # scalar value head
-    peak = cfg.actor.peak_flops_per_device
-    if peak is None:
-        device = "cuda" if cfg.resources.use_gpu else "cpu"
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # a CPU rank computes on one thread (one slot = one CPU)
-        try:
-            peak = peak_flops(resolve_dtype(cfg.actor.dtype, device))
-        finally:
-            torch.set_num_threads(threads)
-    return FlopModel(actor_params, critic_params, hf.num_hidden_layers, hf.hidden_size, peak)

@@ -18,9 +18,8 @@ The run directory (same rules as the RL trainer's: never reused):
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,14 @@ import torch
 
 from hybridflow.algorithms import bradley_terry_loss, pairwise_accuracy
 from hybridflow.config.rm_schema import RMConfig, rm_worker_config, validate_rm_config
-from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
-from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, make_builtin_model_dir, split_held_out
+from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, split_held_out
 from hybridflow.data.rl_dataset import pad_token_id_of
 from hybridflow.engines.models import load_hf_config
 from hybridflow.trainer.display import RunDisplay
+from hybridflow.trainer.lifecycle import BUILTIN_MODEL_DIR, write_builtin_model
 from hybridflow.trainer.run_dir import MetricsLog, create_run_dir
-from hybridflow.trainer.setup import endless
+from hybridflow.trainer.setup import endless, start_ray
 from hybridflow.workers import PlacementSpec, RewardModelWorker, build_role_groups, shutdown_role_groups
 
 
@@ -125,17 +125,6 @@ def total_steps(cfg: RMConfig, train_pairs: int) -> int:
     return cfg.trainer.epochs * per_epoch
 
 
-def _start_ray(cfg: RMConfig, world_size: int) -> bool:
-    """Join resources.ray_address or start an embedded Ray (unless one runs); True if started here."""
-    if ray.is_initialized():
-        return False
-    if cfg.resources.ray_address is not None:
-        init_ray(address=cfg.resources.ray_address)
-    else:
-        init_ray(num_cpus=max(os.cpu_count() or 1, world_size))
-    return True
-
-
 def _write_scores(path: Path, ds: PairwiseDataset, chosen: torch.Tensor, rejected: torch.Tensor) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for i in range(len(ds)):
@@ -155,8 +144,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     try:
         base = cfg.model.path
         if base is None:
-            sizes = asdict(cfg.model.builtin)
-            base = str(make_builtin_model_dir(run_dir / "model", family=sizes.pop("family"), seed=cfg.seed, **sizes))
+            base = str(write_builtin_model(cfg.model.builtin, run_dir / BUILTIN_MODEL_DIR, cfg.seed))
         model_path = init_reward_model_dir(base, run_dir / "init_reward_model", cfg.seed)
         tokenizer = load_tokenizer(model_path)
         train, val = pair_data(cfg, tokenizer)
@@ -165,7 +153,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
             display.message(_stats_line("held-out pairs", val, cfg))
         display.message(f"{len(train)} pairs for training, {len(val)} held out")
         steps = total_steps(cfg, len(train))
-        ray_started = _start_ray(cfg, world)
+        ray_started = start_ray(cfg.resources.ray_address, world)
         role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
         groups = build_role_groups({"rm": role}, PlacementSpec.colocated([world], use_gpu=cfg.resources.use_gpu))
         group = groups["rm"]

@@ -1,9 +1,10 @@
 """Everything a run needs before its first step, built from the validated config.
 
 `RunContext.open(cfg)` validates the config, creates the run directory (config.yaml),
-starts or joins Ray, writes the built-in model when `model.path` is null, loads the
-tokenizer, the prompt data sets and the reward manager. The worker-config builders turn
-config sections into the workers' typed configs; `build_groups` places the roles.
+starts or joins Ray, finds the starting model (lifecycle.py: writes the built-in one when
+model.path and model.pretrained are null), loads the tokenizer, the prompt data sets and
+the reward manager. The worker-config builders turn config sections into the workers'
+typed configs; `build_groups` places the roles.
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from hybridflow.data import (
     RLPromptDataset,
     ResumableLoader,
     load_tokenizer,
-    make_builtin_model_dir,
     rl_records,
 )
 from hybridflow.engines.models import load_hf_config
-from hybridflow.engines.pretrained import pretrained_model_dir
 from hybridflow.engines.train.config import ActorLossConfig, MicroBatchConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.checkpointing import reopen_run_dir
 from hybridflow.trainer.display import RunDisplay
+from hybridflow.trainer.lifecycle import base_model_path
 from hybridflow.trainer.loggers import RunLoggers, build_loggers
 from hybridflow.trainer.run_dir import create_run_dir
 from hybridflow.workers import (
@@ -78,12 +78,12 @@ class RunContext:
         # Without the "console" logger nothing is printed (trainer.console picks the style).
         display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
         display.message(f"run directory: [bold]{run_dir}[/bold]")
-        model_path = prepare_model(cfg, run_dir)
+        model_path = base_model_path(cfg, run_dir, write_builtin=True)
         tokenizer = load_tokenizer(model_path)
         val_batch = val_prompts(cfg, tokenizer)
         reward = build_reward_manager(cfg, tokenizer)
         try:
-            ray_started = start_ray(cfg, layout)
+            ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
@@ -100,30 +100,17 @@ class RunContext:
             ray.shutdown()
 
 
-def prepare_model(cfg: RunConfig, run_dir: Path) -> str:
-    """model.path, model.pretrained (converted once into the cache, see engines/pretrained.py),
-    or the built-in tiny model written into <run>/model (kept when a resumed run finds it there)."""
-    if cfg.model.path is not None:
-        return cfg.model.path
-    if cfg.model.pretrained is not None:
-        return str(pretrained_model_dir(cfg.model.pretrained))
-    if (run_dir / "model" / "config.json").is_file():
-        return str(run_dir / "model")
-    sizes = dataclasses.asdict(cfg.model.builtin)
-    family = sizes.pop("family")
-    return str(make_builtin_model_dir(run_dir / "model", family=family, seed=cfg.seed, **sizes))
-
-
-def start_ray(cfg: RunConfig, layout: Layout) -> bool:
-    """Join resources.ray_address, or start an embedded Ray; reuse one already running.
-    Returns whether this call started it (and the run should stop it)."""
+def start_ray(ray_address: str | None, world_size: int) -> bool:
+    """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
+    with a logical CPU for each of `world_size` ranks at least; reuse one already running.
+    Returns whether this call started it (and the job should stop it)."""
     if ray.is_initialized():
         return False
-    if cfg.resources.ray_address is not None:
-        init_ray(address=cfg.resources.ray_address)
+    if ray_address is not None:
+        init_ray(address=ray_address)
     else:
-        # One logical CPU per rank at least; the ranks set their own thread counts.
-        init_ray(num_cpus=max(os.cpu_count() or 1, layout.world_size))
+        # The ranks set their own thread counts; the CPU count only lets every rank be placed.
+        init_ray(num_cpus=max(os.cpu_count() or 1, world_size))
     return True
 
 

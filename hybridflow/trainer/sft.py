@@ -25,6 +25,7 @@ from hybridflow.data import ResumableLoader, SFTDataset
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.builtin import teacher_sft_records
 from hybridflow.trainer.evaluate import evaluate
+from hybridflow.trainer.lifecycle import SFT_MODEL_DIR
 from hybridflow.trainer.setup import RunContext, build_groups, endless, sft_actor_config
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
 
@@ -84,7 +85,7 @@ def run_sft(ctx: RunContext) -> SFTResult:
             ctx.display.step(step, cfg.sft.steps, {"actor/loss": record["sft/loss"], **record})
         ctx.display.stop()
         after = _held_out_accuracy(ctx, actor, cfg.sft.steps)
-        model_dir = Path(actor.export_hf(str(ctx.run_dir / "sft_model"))[0])
+        model_dir = Path(actor.export_hf(str(ctx.run_dir / SFT_MODEL_DIR))[0])
     finally:
         shutdown_role_groups(groups)
     return SFTResult(model_dir, before, after, record["sft/loss"])

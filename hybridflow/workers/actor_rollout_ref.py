@@ -32,6 +32,7 @@ from hybridflow.engines.train import ActorEngine
 from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, UPDATE_KEYS
 from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
 from hybridflow.engines.train.export import export_hf
+from hybridflow.engines.train.flops import FlopFacts, engine_flop_facts
 from hybridflow.protocol import DataProto
 from hybridflow.workers.common import (
     batch_tensors,
@@ -226,6 +227,13 @@ class ActorRolloutRefWorker(Worker):
         require(self.actor, "the actor")
         with engine_on_device(self.actor):
             return str(export_hf(self.actor, out_dir))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def flop_facts(self) -> FlopFacts:
+        """This rank's actor size and its device's peak FLOP/s, measured in this process
+        (once) unless configured: the trainer adds them up for perf/mfu."""
+        require(self.actor, "the actor")
+        return engine_flop_facts(self.actor)
 
 
 def _reshard_metrics(stats: TransitionStats) -> dict[str, float]:

@@ -14,6 +14,7 @@ from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.train import CriticEngine
 from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint, write_checkpoint
 from hybridflow.engines.train.critic import FORWARD_KEYS, UPDATE_KEYS
+from hybridflow.engines.train.flops import FlopFacts, engine_flop_facts
 from hybridflow.protocol import DataProto
 from hybridflow.workers.common import (
     batch_tensors,
@@ -88,3 +89,10 @@ class CriticWorker(Worker):
         require(self.critic, "the critic")
         with engine_on_device(self.critic):
             return str(load_checkpoint(self.critic, path))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def flop_facts(self) -> FlopFacts:
+        """This rank's critic size and its device's peak FLOP/s, measured in this process
+        (once) unless configured: the trainer adds them up for perf/mfu."""
+        require(self.critic, "the critic")
+        return engine_flop_facts(self.critic)

@@ -23,6 +23,7 @@ import torch
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.train import RewardModelEngine
 from hybridflow.engines.train.export import export_hf
+from hybridflow.engines.train.flops import FlopFacts, engine_flop_facts
 from hybridflow.engines.train.reward import PAIR_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.workers.common import (
@@ -94,6 +95,13 @@ class RewardModelWorker(Worker):
         require(self.rm, "the reward model")
         with engine_on_device(self.rm):
             return str(export_hf(self.rm, out_dir))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def flop_facts(self) -> FlopFacts:
+        """This rank's reward model size and its device's peak FLOP/s, measured in this process
+        (once) unless configured: the trainer adds them up for perf/mfu."""
+        require(self.rm, "the reward model")
+        return engine_flop_facts(self.rm)
 
 
 def scores_at_last_response_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

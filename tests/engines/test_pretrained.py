@@ -196,11 +196,11 @@ def test_installing_over_a_damaged_entry_moves_it_aside(converted, scratch):
 
 
 @needs_package
-def test_prepare_model_resolves_model_pretrained_through_the_cache(converted, tmp_path, monkeypatch):
-    from hybridflow.trainer.setup import prepare_model
+def test_base_model_path_resolves_model_pretrained_through_the_cache(converted, tmp_path, monkeypatch):
+    from hybridflow.trainer.lifecycle import base_model_path
 
     root, path = converted
     monkeypatch.setenv("HYBRIDFLOW_CACHE", str(root))
     cfg = load_run_config(None, [f"model.pretrained={NAME}"])
-    assert prepare_model(cfg, tmp_path) == str(path)
+    assert base_model_path(cfg, tmp_path, write_builtin=True) == str(path)
     assert not (tmp_path / "model").exists()  # no built-in model written

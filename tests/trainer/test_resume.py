@@ -36,10 +36,10 @@ from hybridflow.trainer.checkpointing import (
     find_checkpoint,
     read_trainer_state,
     reopen_run_dir,
-    resume_config,
     run_config_path,
     set_controller_rng_state,
 )
+from hybridflow.trainer.lifecycle import resume_config
 from hybridflow.trainer.run_dir import read_metrics
 from trainer_helpers import rl_records
 
@@ -63,7 +63,7 @@ from hybridflow.trainer import checkpointing, rl_trainer
 
 def commit_or_die(tmp, state, keep_last):
     if state["global_step"] == 2:
-        checkpointing._write_json_durably(tmp / checkpointing.TRAINER_STATE_FILE, state)
+        checkpointing.write_trainer_state(tmp, state)
         os.killpg(os.getpgid(0), signal.SIGKILL)
     return checkpointing.commit_checkpoint(tmp, state, keep_last)
 

@@ -66,8 +66,11 @@ def test_grpo_two_steps_with_kl_loss_and_a_reward_function_that_raises_and_hangs
 def test_ppo_two_steps_with_kl_in_reward(ray_local, tiny_config, placement):
     extra = ["resources.world_size=3", "resources.placement=split", "resources.critic_ranks=1"] \
         if placement == "split" else []
+    # Peaks per role, as if the critic ranks ran on slower devices: perf/mfu divides by the
+    # peaks of the processes that ran the step (a colocated process counts once).
+    peaks = ["actor.peak_flops_per_device=4e9", "critic.peak_flops_per_device=1e9"]
     cfg = tiny_config("algorithm.name=ppo", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-                      "trainer.save_final_model=true", *extra)
+                      "trainer.save_final_model=true", *peaks, *extra)
     with RLTrainer(cfg) as trainer:
         result = trainer.train(steps=2)
         actor_pids = {info["pid"] for info in trainer.groups["actor"].worker_info}
@@ -76,8 +79,10 @@ def test_ppo_two_steps_with_kl_in_reward(ray_local, tiny_config, placement):
         assert len(actor_pids) == 2 and len(critic_pids) == 1 and not actor_pids & critic_pids
     else:
         assert actor_pids == critic_pids and len(actor_pids) == 2
+    peak = 2 * 4e9 + (1e9 if placement == "split" else 0.0)
     for record in rl_records(result.run_dir):
         assert_finite(record)
+        assert record["perf/mfu"] == pytest.approx(record["perf/step_flops"] / record["timing_s/step"] / peak)
         assert set(STEP_KEYS) <= set(record)
         for key in ("values/mean", "returns/mean", "critic/vf_loss", "critic/vf_clipfrac", "kl/penalty", "kl/coef",
                     "timing_s/values", "timing_s/update_critic"):

@@ -17,6 +17,10 @@ is ignored by loading and removed by the next save. `write_checkpoint` writes th
 files into an exact directory for callers that make a bigger checkpoint atomic themselves
 (the RL trainer's <run>/checkpoints/global_step_<n>/<role>).
 
+The directory protocol itself (`begin_atomic_dir`, `publish_atomic_dir`,
+`prune_atomic_dirs`, `write_text_atomically`) is shared with those callers: the RL
+trainer's run checkpoints (trainer/checkpointing.py) write, swap in and prune the same way.
+
 DCP stores tensors by name with their global shapes, so a checkpoint can be loaded
 with another dp x tp layout; RNG states are restored only when the world size matches.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -36,7 +41,7 @@ from hybridflow.engines.train.engine import TrainEngine
 
 LATEST_FILE = "latest_checkpointed_step.txt"
 _STEP_PREFIX = "global_step_"
-_TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-"  # a directory being written, set aside or deleted; never a checkpoint
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -65,15 +70,6 @@ def _rng_state(engine: TrainEngine) -> dict:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_checkpoint(engine: TrainEngine, directory: str | Path, *, extra: dict | None = None) -> Path:
@@ -109,40 +105,28 @@ def save_checkpoint(engine: TrainEngine, root: str | Path, *, keep_last: int | N
     keep_last: after the new checkpoint is complete, delete all but the newest
     `keep_last` step directories (None keeps everything). extra: see `write_checkpoint`.
     """
-    if keep_last is not None and keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    _check_keep_last(keep_last)
     root = Path(root)
     rank = dist.get_rank()
     final = step_dir(root, engine.global_step)
-    tmp = root / f"{_TMP_PREFIX}{final.name}"
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{_TMP_PREFIX}*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-    write_checkpoint(engine, tmp, extra=extra)  # ends with a barrier: tmp is complete
+        begin_atomic_dir(final)
+    write_checkpoint(engine, atomic_tmp_dir(final), extra=extra)  # ends with a barrier: complete
     if rank == 0:
-        if final.exists():  # re-saving a step: move the old copy aside, then swap
-            old = root / f"{_TMP_PREFIX}old-{final.name}"
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(final)
-        _atomic_write_text(root / LATEST_FILE, str(engine.global_step))
+        publish_atomic_dir(atomic_tmp_dir(final))
+        # The pointer moves before pruning: it never names a directory being deleted.
+        write_text_atomically(root / LATEST_FILE, str(engine.global_step))
         if keep_last is not None:
-            _prune(root, keep_last, keep=final)
+            prune_atomic_dirs(_step_dirs(root), keep_last, keep=final)
     dist.barrier()
     return final
 
 
-def _prune(root: Path, keep_last: int, keep: Path) -> None:
-    steps = sorted(
-        (int(p.name[len(_STEP_PREFIX):]), p) for p in root.glob(f"{_STEP_PREFIX}*") if p.name[len(_STEP_PREFIX):].isdigit()
-    )
-    for _, path in steps[:-keep_last]:
-        if path != keep:
-            shutil.rmtree(path, ignore_errors=True)
+def _step_dirs(root: Path) -> list[Path]:
+    """The `global_step_<n>` directories under `root`, oldest step first (only a completed
+    save renames a directory to that name)."""
+    steps = [p for p in root.glob(f"{_STEP_PREFIX}*") if p.name[len(_STEP_PREFIX):].isdigit()]
+    return sorted(steps, key=lambda p: int(p.name[len(_STEP_PREFIX):]))
 
 
 def load_checkpoint(engine: TrainEngine, path: str | Path) -> Path:
@@ -189,3 +173,87 @@ def load_extra(path: str | Path) -> dict | None:
         if file.is_file():
             return torch.load(file, weights_only=False)
     return None
+
+
+# ----------------------------------------------------------------------------- atomic directories
+# One protocol for every checkpoint directory (these engine checkpoints and the trainer's
+# run checkpoints): write into a `.tmp-` sibling, rename it into place when complete, and
+# delete old ones by renaming them to `.tmp-` first, so that no half-written or half-deleted
+# directory ever carries a checkpoint's name.
+
+
+def atomic_tmp_dir(final: Path) -> Path:
+    """Where `final` is written before `publish_atomic_dir` renames it into place."""
+    return final.with_name(f"{TMP_PREFIX}{final.name}")
+
+
+def begin_atomic_dir(final: str | Path) -> Path:
+    """A fresh, empty `atomic_tmp_dir(final)` to write `final` into. Leftovers of interrupted
+    writes (every `.tmp-*` beside it) are removed first: they never completed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f"{TMP_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = atomic_tmp_dir(final)
+    tmp.mkdir()
+    return tmp
+
+
+def publish_atomic_dir(tmp: Path) -> Path:
+    """Rename the finished `tmp` (from `begin_atomic_dir`) to its final name and make the
+    rename durable. An existing directory of that name (the same step saved again) is set
+    aside first and deleted after the swap, so a complete copy exists at every moment."""
+    if not tmp.name.startswith(TMP_PREFIX):
+        raise ValueError(f"{str(tmp)!r} is not a directory from begin_atomic_dir (no {TMP_PREFIX!r} prefix)")
+    final = tmp.with_name(tmp.name[len(TMP_PREFIX):])
+    if final.exists():
+        aside = final.with_name(f"{TMP_PREFIX}old-{final.name}")
+        final.rename(aside)
+        tmp.rename(final)
+        shutil.rmtree(aside)
+    else:
+        tmp.rename(final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def prune_atomic_dirs(existing: Sequence[Path], keep_last: int, keep: Path) -> list[Path]:
+    """Delete all but `keep_last` of `existing` (complete directories, oldest first): `keep`
+    (the one just published, even when older ones sort after it) and the newest others.
+    Returns the deleted ones."""
+    _check_keep_last(keep_last)
+    others = [p for p in existing if p != keep]
+    doomed = others[:max(0, len(others) - (keep_last - 1))]
+    for path in doomed:
+        trash = path.with_name(f"{TMP_PREFIX}delete-{path.name}")
+        path.rename(trash)
+        shutil.rmtree(trash)
+    return doomed
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one step (a reader sees the old or the new file, never
+    a partial one), flushed to disk before the rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes a rename inside `path` durable (POSIX); skipped where directories cannot be opened.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_keep_last(keep_last: int | None) -> None:
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (or None to keep every checkpoint), got {keep_last}")

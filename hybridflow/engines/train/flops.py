@@ -9,13 +9,19 @@ hidden size d (Kaplan et al. 2020; Chowdhery et al. 2022, appendix B):
 The first term is the weight matmuls (2 FLOPs per multiply-add, x3 for backward), the
 second the attention score and value matmuls, counted without the causal halving as is
 customary. A forward alone is a third of this. MFU = achieved FLOP/s / peak FLOP/s.
+
+The peak belongs to the device a rank runs on, so it is taken there: each worker reports
+`FlopFacts` (its model's N, L, d and its own peak, measured once per process in its own
+threads or configured) and the controller only adds them up (trainer/metrics.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -84,3 +90,33 @@ def peak_flops(dtype: torch.dtype) -> float:
                 # fp32 matmuls run as TF32 on these GPUs: half the bf16 rate.
                 return value if dtype == torch.bfloat16 else value / 2
     return measure_matmul_flops(dtype, size=1024, seconds=0.2)
+
+
+@dataclass(frozen=True)
+class FlopFacts:
+    """What one rank reports for the MFU estimate: its model's N (matmul parameters, full
+    unsharded size), L and d, and the peak FLOP/s of its device in the model's compute
+    dtype (the configured peak_flops_per_device, else measured in the rank's own process)."""
+
+    matmul_params: int
+    layers: int
+    hidden: int
+    peak_flops: float
+
+    def training_flops(self, seq_lens: Sequence[int]) -> float:
+        """Forward + backward FLOPs of this model over sequences of the given lengths."""
+        return training_flops(self.matmul_params, self.layers, self.hidden, seq_lens)
+
+
+class _FlopSource(Protocol):
+    # What a training engine offers (engine.py); a protocol keeps this module below it.
+    def flops_config(self) -> tuple[int, int, int]: ...
+
+    def peak_flops(self) -> float: ...
+
+
+def engine_flop_facts(engine: _FlopSource) -> FlopFacts:
+    """The FlopFacts of an engine in this process (the peak is measured here on first use,
+    then cached for the process: the engine's own update metrics divide by the same one)."""
+    params, layers, hidden = engine.flops_config()
+    return FlopFacts(params, layers, hidden, engine.peak_flops())

@@ -1,0 +1,210 @@
+"""Where a run starts from, decided in one place for every entry point.
+
+Which model the policy starts from (the trainer, SFT, `hybridflow eval` and `hybridflow
+export` all ask here):
+
+    base_model_path(cfg, run_dir, write_builtin=True)   # model.path | model.pretrained's cache
+                                                        # dir | the built-in <run>/model
+    policy_start_path(cfg, run_dir)                     # <run>/sft_model after an SFT warm
+                                                        # start, else the base model
+
+Which checkpoint a resumed run continues from, and with which config (`hybridflow train
+--resume` and `RLTrainer(resume=...)`):
+
+    point = resume_point("runs/grpo-20260101-120000")   # or a checkpoint dir, or True
+    point.checkpoint, point.step, point.cfg
+    check_steps_left(point.step, point.cfg.trainer.total_steps)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config import ConfigError, config_to_dict, load_config
+from hybridflow.config.schema import BuiltinModelSection, RunConfig, load_run_config, resolve_run_config
+from hybridflow.data import make_builtin_model_dir
+from hybridflow.engines.pretrained import pretrained_model_dir
+from hybridflow.trainer.checkpointing import (
+    CHECKPOINTS_DIR,
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    CheckpointNotFoundError,
+    complete_checkpoints,
+    find_checkpoint,
+    read_trainer_state,
+    run_config_path,
+)
+
+BUILTIN_MODEL_DIR = "model"  # <run>/model: the built-in tiny model (model.path and model.pretrained null)
+SFT_MODEL_DIR = "sft_model"  # <run>/sft_model: the policy after the SFT warm start (sft.steps > 0)
+
+
+# ----------------------------------------------------------------------------- the starting model
+
+
+def write_builtin_model(builtin: BuiltinModelSection, out_dir: Path, seed: int) -> Path:
+    """The built-in tiny model of `builtin`'s sizes, initialised from `seed`, written to `out_dir`."""
+    sizes = dataclasses.asdict(builtin)
+    family = sizes.pop("family")
+    return make_builtin_model_dir(out_dir, family=family, seed=seed, **sizes)
+
+
+def base_model_path(cfg: RunConfig, run_dir: Path, *, write_builtin: bool) -> str:
+    """The model the config names, before any fine-tuning: model.path; model.pretrained's
+    directory in the cache (converted on first use, engines/pretrained.py); or the
+    built-in tiny model in <run>/model. That one is written there when `write_builtin`
+    and missing (a run starting), and must exist otherwise (a finished run being read)."""
+    if cfg.model.path is not None:
+        return cfg.model.path
+    if cfg.model.pretrained is not None:
+        return str(pretrained_model_dir(cfg.model.pretrained))
+    path = run_dir / BUILTIN_MODEL_DIR
+    if (path / "config.json").is_file():  # a resumed run keeps the model it started with
+        return str(path)
+    if not write_builtin:
+        raise _missing_model(path)
+    return str(write_builtin_model(cfg.model.builtin, path, cfg.seed))
+
+
+def policy_start_path(cfg: RunConfig, run_dir: Path) -> str:
+    """The model the RL policy is built from, before its first step or before a
+    checkpoint's weights replace its own: <run>/sft_model when the run warm-starts with
+    SFT (sft.steps > 0; SFT writes it first), else `base_model_path`. Raises
+    FileNotFoundError when the run directory lacks the model it should hold."""
+    if cfg.sft.steps == 0:
+        return base_model_path(cfg, run_dir, write_builtin=False)
+    path = run_dir / SFT_MODEL_DIR
+    if not (path / "config.json").is_file():
+        raise _missing_model(path)
+    return str(path)
+
+
+def _missing_model(path: Path) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"the run's starting model {str(path)!r} is missing (the actor is built from it before a "
+        "checkpoint's weights are loaded); restore the directory, or pass model.path=DIR")
+
+
+# ----------------------------------------------------------------------------- resuming
+
+# Keys a resumed run may change: how long and how often (trainer.*), where it runs
+# (resources.*), how rewards are run (not what they score), and which held-out prompts it
+# reports on. Anything else (model, data, algorithm, optimizer, rollout, seeds) would make
+# the saved weights, optimizer moments, data position or algorithm state mean something else.
+RESUMABLE_CHANGES = (
+    "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
+    "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
+    "reward.manager.mp_context",
+)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues: the checkpoint, its step, and the run's config."""
+
+    checkpoint: Path
+    step: int
+    cfg: RunConfig  # resolved; differs from the saved one only in RESUMABLE_CHANGES
+
+
+def resume_point(resume: str | Path | bool, config: RunConfig | str | Path | None = None,
+                 overrides: Sequence[str] = ()) -> ResumePoint:
+    """The checkpoint to resume and the config to resume it with.
+
+    `resume`: a run directory (its newest complete checkpoint), a checkpoint directory, or
+    True for the newest checkpoint among the config's runs (trainer.run_dir if set, else
+    the runs named `name` under trainer.output_dir).
+    `config`: a RunConfig; or a YAML file, or None for the run's saved config.yaml, with
+    the dotted `overrides` applied. It may differ from the saved config only in
+    RESUMABLE_CHANGES (ConfigError naming every other key).
+    """
+    if isinstance(config, RunConfig) and overrides:
+        raise ValueError("overrides apply to a YAML config or to the run's saved one; with a RunConfig, "
+                         "apply them when building it (load_run_config(path, overrides))")
+    if resume is True:
+        wanted = config if isinstance(config, RunConfig) else load_run_config(config, list(overrides))
+        checkpoint = _checkpoint_of_runs(wanted)
+    elif resume is False or resume is None:
+        raise ValueError(f"resume={resume!r} is not a checkpoint to resume; for a fresh run pass resume=None "
+                         "to RLTrainer (or leave out --resume)")
+    else:
+        checkpoint = find_checkpoint(resume)
+    if isinstance(config, RunConfig):
+        wanted = config
+    elif config is None and not overrides:
+        wanted = None  # the saved config as it is
+    else:
+        wanted = load_run_config(config if config is not None else run_config_path(checkpoint), list(overrides))
+    cfg = resume_config(checkpoint, wanted)
+    return ResumePoint(checkpoint, int(read_trainer_state(checkpoint)["global_step"]), cfg)
+
+
+def _checkpoint_of_runs(cfg: RunConfig) -> Path:
+    if cfg.trainer.run_dir is not None:
+        return find_checkpoint(cfg.trainer.run_dir)
+    return latest_run_checkpoint(cfg.trainer.output_dir, cfg.name)
+
+
+def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
+    """The newest complete checkpoint (most recently written) among the runs named
+    `<name>-<timestamp>` under `output_dir`."""
+    root = Path(output_dir)
+    pattern = re.compile(rf"^{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")
+    runs = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)] if root.is_dir() else []
+    found = [ckpt for run in runs for ckpt in complete_checkpoints(run / CHECKPOINTS_DIR)]
+    if not found:
+        raise CheckpointNotFoundError(
+            f"--resume found no checkpoint: no run {name}-<timestamp> under {str(root)!r} has a complete "
+            f"{CHECKPOINTS_DIR}/{STEP_PREFIX}<N> ({len(runs)} run(s) of that name). Pass the run directory "
+            "explicitly (--resume PATH), or set name / trainer.output_dir to the run's")
+    return max(found, key=lambda p: (p / TRAINER_STATE_FILE).stat().st_mtime_ns)
+
+
+def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:
+    """The config of the resumed run: the run's saved config.yaml, or `cfg` when it only
+    changes keys in RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir
+    and trainer.output_dir say). Raises ConfigError naming every other changed key."""
+    saved = resolve_run_config(load_config(RunConfig, run_config_path(checkpoint_dir)))
+    if cfg is None:
+        return saved
+    cfg = resolve_run_config(cfg)
+    # The run continues in the checkpoint's directory; keep the saved values so that the
+    # config only differs where the user changed something.
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
+    before, after = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
+    changed = sorted(k for k in before.keys() | after.keys()
+                     if before.get(k) != after.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    if changed:
+        detail = ", ".join(f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}" for k in changed)
+        raise ConfigError(
+            f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
+            "optimizer state, data position and algorithm state only mean something with the config that "
+            "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
+            "workers and the held-out data), or start a new run from an exported model (model.path)")
+    return cfg
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_steps_left(global_step: int, total_steps: int) -> int:
+    """Steps from `global_step` to `total_steps`; a ConfigError when there are none (a
+    resumed run must never silently train zero steps)."""
+    if global_step >= total_steps:
+        raise ConfigError(
+            f"nothing to train: the run is at step {global_step} and trainer.total_steps={total_steps}; "
+            f"raise trainer.total_steps (e.g. trainer.total_steps={global_step + total_steps}) to train further")
+    return total_steps - global_step
