@@ -1,0 +1,72 @@
+"""The PPO loss for environment tasks: clipped policy loss + (clipped) value loss - entropy bonus.
+
+    loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
+
+Each term is the one the LM trainer uses, applied to a minibatch of single steps (a [B, 1]
+view: one "token" per sample): `ppo_clip_loss` (policy_loss.py) with the dual clip
+switched off, and `value_loss` (value.py) with `clip_value` as its clip range. Advantages
+are normalised over the minibatch first when `normalize_advantages` (the usual choice for
+environment PPO; the LM trainer whitens over the whole batch in GAE instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hybridflow.algorithms.policy_loss import PolicyLossConfig, ppo_clip_loss
+from hybridflow.algorithms.value import value_loss
+
+Tensor = torch.Tensor
+
+# The dual clip (clip_ratio_c) bounds the loss of negative advantages; plain PPO has no
+# such bound, so it is set far beyond any ratio the log-ratio clamp (20) can produce.
+_NO_DUAL_CLIP = 1e12
+
+
+@dataclass(frozen=True)
+class PPOLossConfig:
+    """clip_ratio: the ratio is clipped to [1 - c, 1 + c]; clip_value: value clip range
+    around the rollout values (None: unclipped); vf_coef, ent_coef: loss weights."""
+
+    clip_ratio: float = 0.2
+    clip_value: float | None = None
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    normalize_advantages: bool = True
+
+
+def normalize(x: Tensor, mean_std: tuple[Tensor, Tensor] | None = None, eps: float = 1e-8) -> Tensor:
+    """(x - mean) / (std + eps): over all elements of x (std unbiased, 0 for one element), or
+    with given statistics (a data-parallel learner passes the whole minibatch's)."""
+    if mean_std is None:
+        mean_std = (x.mean(), x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype))
+    mean, std = mean_std
+    return (x - mean) / (std + eps)
+
+
+def ppo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, new_values: Tensor, old_values: Tensor,
+             returns: Tensor, entropy: Tensor, config: PPOLossConfig,
+             adv_mean_std: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The scalar loss of one minibatch (all inputs [B]) and detached metrics. `adv_mean_std`:
+    the advantage statistics to normalise with (default: this minibatch's own)."""
+    if config.normalize_advantages:
+        advantages = normalize(advantages, adv_mean_std)
+    ones = torch.ones(log_probs.shape[0], 1, dtype=torch.bool)
+    pg_cfg = PolicyLossConfig(clip_ratio_low=config.clip_ratio, clip_ratio_high=config.clip_ratio,
+                              clip_ratio_c=_NO_DUAL_CLIP)
+    pg_loss, pg_metrics = ppo_clip_loss(old_log_probs[:, None], log_probs[:, None], advantages[:, None], ones,
+                                        config=pg_cfg)
+    vf_loss, vf_metrics = value_loss(new_values[:, None], old_values[:, None], returns[:, None], ones,
+                                     cliprange_value=config.clip_value)
+    ent = entropy.mean()
+    loss = pg_loss + config.vf_coef * vf_loss - config.ent_coef * ent
+    with torch.no_grad():
+        log_ratio = log_probs - old_log_probs
+        # k3 estimate of KL(old || new): unbiased and never negative (used for target_kl).
+        approx_kl = ((log_ratio.exp() - 1.0) - log_ratio).mean()
+    metrics = {"pg_loss": pg_loss.detach(), "vf_loss": vf_loss.detach(), "entropy": ent.detach(),
+               "clipfrac": pg_metrics["pg_clipfrac"], "approx_kl": approx_kl,
+               "vf_clipfrac": vf_metrics["vf_clipfrac"]}
+    return loss, metrics

@@ -1,0 +1,352 @@
+"""The config tree of an environment task (PPO or SAC on Gymnasium-style environments).
+
+    cfg = load_env_config("examples/ppo_cartpole.yaml", ["ppo.lr=1e-3"])
+    cfg = env_config_from_dict({"algorithm": "PPO", "env": "CartPole-v1",
+                                "policy": {"hidden_size": [64, 64], "activation": "tanh"},
+                                "distributed": {"num_workers": 2, "placement_strategy": "spread"}})
+
+A user dict may use nested sections, the flat forms `env: <name>` (= `env: {id: <name>}`)
+and dotted keys (`"ppo.lr": 1e-3`); choices are case-insensitive ("PPO", "Spread"). Unknown
+keys raise a ConfigError naming the closest valid key. `resolve_env_config` fills what
+depends on the algorithm (network sizes and init: PPO [64, 64] tanh orthogonal, SAC
+[256, 256] relu default init, as in Stable-Baselines3) and the run name, and checks the
+sizes against each other. Sections:
+
+    name, seed        run name (run dir <trainer.output_dir>/<name>-<timestamp>; null: <env>-<algorithm>)
+    algorithm         ppo | sac
+    env               which environment, copies per worker, normalisation options
+    policy            MLP sizes and activation, shared or separate value network, init
+    distributed       env-runner workers (0: in-process), placement, learner ranks, sync/async sampling
+    ppo, sac          the algorithm's hyper-parameters (the other section is ignored)
+    trainer           length (environment steps), logging, checkpoints, run directory, console
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from hybridflow.config.loader import _build, _set_path, user_tree
+from hybridflow.errors import ConfigError
+
+ALGORITHMS = ("ppo", "sac")
+LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@dataclass
+class EnvSection:
+    """id: a Gymnasium id, a name registered with @hybridflow.envs.register_env, or
+    'package.module:Class'. num_envs: copies per env-runner worker (one vector each).
+    kwargs: passed to the environment's constructor. max_episode_steps: a time limit (null:
+    the environment's own). normalize_obs: running mean/std normalisation inside the policy
+    (clipped to +-clip_obs). normalize_reward: rewards divided by the running std of the
+    discounted return (clipped to +-clip_reward)."""
+
+    id: str = "CartPole-v1"
+    num_envs: int = 1
+    kwargs: dict = field(default_factory=dict)
+    max_episode_steps: int | None = None
+    normalize_obs: bool = False
+    clip_obs: float = 10.0
+    normalize_reward: bool = False
+    clip_reward: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive(self, "num_envs", "clip_obs", "clip_reward")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ConfigError(f"must be >= 1 or null, got {self.max_episode_steps}", "max_episode_steps")
+
+
+@dataclass
+class PolicySection:
+    """hidden_size: widths of the MLP's hidden layers (null: the algorithm's default).
+    activation: tanh, relu, gelu, elu, silu, leaky_relu (null: the algorithm's default).
+    shared_network: PPO's value head on the policy's trunk (false: its own MLP of
+    value_hidden_size, null = hidden_size). ortho_init: orthogonal init (null: PPO yes, SAC
+    no). log_std_init: PPO's initial log std of continuous actions."""
+
+    hidden_size: list[int] | None = None
+    activation: Literal["tanh", "relu", "gelu", "elu", "silu", "leaky_relu"] | None = None
+    shared_network: bool = False
+    value_hidden_size: list[int] | None = None
+    ortho_init: bool | None = None
+    log_std_init: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "value_hidden_size"):
+            sizes = getattr(self, key)
+            if sizes is not None and any(s < 1 for s in sizes):
+                raise ConfigError(f"layer widths must be >= 1, got {sizes}", key)
+
+
+@dataclass
+class DistributedSection:
+    """num_workers: env-runner processes (Ray actors), each with env.num_envs copies; 0 runs
+    the environments and the learner in the controller's process, without Ray.
+    placement_strategy: where the workers go: pack (as few nodes as possible), spread
+    (over all nodes, a preference: one node is fine), strict_spread (one worker per node;
+    an error when the cluster has fewer nodes). num_learners: data-parallel learner ranks
+    (torch.distributed, gloo). cpus_per_worker: Ray CPUs per env runner (null: the cluster's
+    CPUs shared out, at most 1). learner_cpus: Ray CPUs (= torch threads) per learner rank.
+    sampling: sync (collect, then update) or async (the runners collect the next batch
+    with the previous weights while the learner updates; the policy lag stays <=
+    max_policy_lag updates). ray_address: join this cluster (null: an embedded local Ray)."""
+
+    num_workers: int = 1
+    placement_strategy: Literal["pack", "spread", "strict_spread"] = "pack"
+    num_learners: int = 1
+    cpus_per_worker: float | None = None
+    learner_cpus: float = 1.0
+    sampling: Literal["sync", "async"] = "sync"
+    max_policy_lag: int = 1
+    ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ConfigError(f"must be >= 0 (0 = in-process), got {self.num_workers}", "num_workers")
+        _positive(self, "num_learners", "learner_cpus", "max_policy_lag")
+        if self.cpus_per_worker is not None and not self.cpus_per_worker > 0:
+            raise ConfigError(f"must be > 0 or null, got {self.cpus_per_worker}", "cpus_per_worker")
+        if self.num_workers == 0 and self.sampling == "async":
+            raise ConfigError("async sampling overlaps env-runner processes with the learner; with num_workers: 0 "
+                              "there are none. Set distributed.num_workers >= 1 or sampling: sync", "sampling")
+        if self.num_workers == 0 and self.num_learners > 1:
+            raise ConfigError("several learner ranks run as Ray processes; with num_workers: 0 everything runs "
+                              "in-process. Set distributed.num_workers >= 1 or num_learners: 1", "num_learners")
+
+
+@dataclass
+class PPOSection:
+    """rollout_steps: steps per env copy per iteration (batch = workers x num_envs x
+    rollout_steps). minibatch_size: samples per optimizer step (over all learner ranks).
+    epochs: passes over each batch. lr_schedule: constant or linear decay to 0 over
+    trainer.total_env_steps. clip_value: value clip range (null: off). vf_coef weights a
+    value loss that carries a 1/2 (vf_coef 1.0 here = Stable-Baselines3's 0.5).
+    target_kl: stop an update's epochs once the approximate KL exceeds it (null: never)."""
+
+    rollout_steps: int = 128
+    minibatch_size: int = 64
+    epochs: int = 10
+    lr: float = 3e-4
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_ratio: float = 0.2
+    clip_value: float | None = None
+    ent_coef: float = 0.0
+    vf_coef: float = 1.0
+    max_grad_norm: float | None = 0.5
+    normalize_advantages: bool = True
+    target_kl: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self, "rollout_steps", "minibatch_size", "epochs", "lr", "clip_ratio")
+        _unit(self, "gamma", "gae_lambda")
+
+
+@dataclass
+class SACSection:
+    """buffer_size: replay capacity (transitions, over all learner ranks). batch_size:
+    samples per gradient step (over all learner ranks). learning_starts: environment steps
+    of uniform random actions before the first update. train_freq: steps per env copy
+    between updates; gradient_steps: updates after each (-1: as many as environment steps
+    were collected). autotune: learn the temperature towards target_entropy (null:
+    -action_dim), starting at init_alpha; otherwise alpha stays init_alpha."""
+
+    buffer_size: int = 1_000_000
+    batch_size: int = 256
+    learning_starts: int = 100
+    lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.005
+    train_freq: int = 1
+    gradient_steps: int = 1
+    autotune: bool = True
+    init_alpha: float = 1.0
+    target_entropy: float | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self, "buffer_size", "batch_size", "lr", "train_freq", "init_alpha")
+        _unit(self, "gamma")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"must be in (0, 1], got {self.tau}", "tau")
+        if self.learning_starts < 0:
+            raise ConfigError(f"must be >= 0, got {self.learning_starts}", "learning_starts")
+        if self.gradient_steps == 0 or self.gradient_steps < -1:
+            raise ConfigError(f"must be >= 1, or -1 for one per environment step, got {self.gradient_steps}",
+                              "gradient_steps")
+
+
+@dataclass
+class EnvTrainerSection:
+    """total_env_steps: environment steps of the whole run (train() without steps runs to
+    it; with linear lr decay it is the horizon). log_freq / save_freq: a metrics record /
+    a checkpoint at the end of every iteration that crosses a multiple of this many
+    environment steps (save_freq 0: no checkpoints). return_window: episodes in the
+    rolling mean return (episode/return_mean_window). target_return: stop once that mean
+    reaches it (null: never). The rest as in the LM trainer section."""
+
+    total_env_steps: int = 100_000
+    log_freq: int = 1000
+    save_freq: int = 0
+    keep_last_checkpoints: int | None = None
+    return_window: int = 20
+    target_return: float | None = None
+    output_dir: str = "runs"
+    run_dir: str | None = None
+    console: Literal["rich", "plain", "none"] = "rich"
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    wandb_project: str = "hybridflow"
+
+    def __post_init__(self) -> None:
+        _positive(self, "total_env_steps", "log_freq", "return_window")
+        if self.save_freq < 0:
+            raise ConfigError(f"must be >= 0 (0: no checkpoints), got {self.save_freq}", "save_freq")
+        unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
+        if unknown:
+            raise ConfigError(f"unknown logger(s) {unknown}; choose from {list(LOGGER_NAMES)}", "loggers")
+
+
+@dataclass
+class EnvRunConfig:
+    name: str | None = None
+    seed: int = 0
+    algorithm: Literal["ppo", "sac"] = "ppo"
+    env: EnvSection = field(default_factory=EnvSection)
+    policy: PolicySection = field(default_factory=PolicySection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
+    ppo: PPOSection = field(default_factory=PPOSection)
+    sac: SACSection = field(default_factory=SACSection)
+    trainer: EnvTrainerSection = field(default_factory=EnvTrainerSection)
+
+
+def _positive(section: Any, *keys: str) -> None:
+    for key in keys:
+        if not getattr(section, key) > 0:
+            raise ConfigError(f"must be > 0, got {getattr(section, key)}", key)
+
+
+def _unit(section: Any, *keys: str) -> None:
+    for key in keys:
+        if not 0.0 <= getattr(section, key) <= 1.0:
+            raise ConfigError(f"must be in [0, 1], got {getattr(section, key)}", key)
+
+
+# ----------------------------------------------------------------------------- user input
+
+
+def is_env_tree(tree: dict[str, Any]) -> bool:
+    """Does a user's config tree describe an environment task (it names an `env`)?"""
+    return any(key.split(".")[0] == "env" for key in tree)
+
+
+def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    """A user's dict as the nested tree the loader reads: dotted keys nested, `env: <name>`
+    (or an environment class) as `env: {id: ...}`, choices lower-cased."""
+    if not isinstance(tree, dict):
+        raise ConfigError(f"an environment config is a mapping, got {type(tree).__name__}")
+    nested: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"config keys are strings, got {key!r}")
+        if key == "env" and (isinstance(value, str) or callable(value)):
+            value = {"id": value}  # the flat form `env: <name>`
+        _merge(nested, key.split("."), _copy(value))
+    env = nested.get("env")
+    if isinstance(env, dict) and callable(env.get("id")) and not isinstance(env.get("id"), str):
+        from hybridflow.envs.registry import register_env
+
+        env["id"] = register_env(env["id"]).__name__  # a class given directly: registered under its name
+    _fold_choices(EnvRunConfig, nested)
+    return nested
+
+
+def _merge(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set `path` to `value`; a section merges into what dotted keys already set there."""
+    node: Any = tree
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(value, dict) and isinstance(node, dict):
+        for key, inner in value.items():
+            _merge(tree, [*path, key], inner)
+    else:
+        _set_path(tree, path, value)
+
+
+def _copy(value: Any) -> Any:
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
+    """Lower-case string values of Literal fields when that makes them valid ("PPO" -> "ppo")."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in tree:
+            continue
+        value, hint = tree[f.name], hints[f.name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            _fold_choices(hint, value)
+            continue
+        members = typing.get_args(hint) if typing.get_origin(hint) is not Literal else (hint,)
+        options = [a for arg in members if typing.get_origin(arg) is Literal for a in typing.get_args(arg)]
+        if isinstance(value, str) and value not in options and value.lower() in options:
+            tree[f.name] = value.lower()
+
+
+def env_config_from_dict(tree: dict[str, Any]) -> EnvRunConfig:
+    """Build and resolve an `EnvRunConfig` from a user's dict (module docstring)."""
+    return resolve_env_config(_build(EnvRunConfig, normalize_tree(tree)))
+
+
+def load_env_config(path: str | Path | None = None, overrides: list[str] = ()) -> EnvRunConfig:
+    """Build and resolve an `EnvRunConfig` from a YAML file and dotted overrides."""
+    return env_config_from_dict(user_tree(path, list(overrides)))
+
+
+# ----------------------------------------------------------------------------- resolution
+
+# Network defaults per algorithm: Stable-Baselines3's (PPO: 64x64 tanh, orthogonal; SAC:
+# 256x256 relu, PyTorch's default init).
+POLICY_DEFAULTS = {"ppo": ([64, 64], "tanh", True), "sac": ([256, 256], "relu", False)}
+
+
+def resolve_env_config(cfg: EnvRunConfig) -> EnvRunConfig:
+    """Fill the algorithm-dependent defaults and the run name; check sizes across sections."""
+    hidden, activation, ortho = POLICY_DEFAULTS[cfg.algorithm]
+    policy = dataclasses.replace(
+        cfg.policy, hidden_size=list(cfg.policy.hidden_size if cfg.policy.hidden_size is not None else hidden),
+        activation=cfg.policy.activation or activation,
+        ortho_init=ortho if cfg.policy.ortho_init is None else cfg.policy.ortho_init)
+    name = cfg.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.env.id}-{cfg.algorithm}").strip("-")
+    cfg = dataclasses.replace(cfg, name=name, policy=policy)
+    _check_sizes(cfg)
+    return cfg
+
+
+def env_batch_size(cfg: EnvRunConfig) -> int:
+    """Environment steps per iteration: workers (at least the in-process one) x copies x steps."""
+    per_env = cfg.ppo.rollout_steps if cfg.algorithm == "ppo" else cfg.sac.train_freq
+    return max(cfg.distributed.num_workers, 1) * cfg.env.num_envs * per_env
+
+
+def _check_sizes(cfg: EnvRunConfig) -> None:
+    learners, batch = cfg.distributed.num_learners, env_batch_size(cfg)
+    if cfg.algorithm == "ppo":
+        mb = cfg.ppo.minibatch_size
+        if batch % mb:
+            raise ConfigError(
+                f"{mb} does not divide the batch of {batch} steps per iteration (workers x env.num_envs x "
+                f"ppo.rollout_steps); pick a divisor of {batch}, or change rollout_steps", "ppo.minibatch_size")
+        if mb % learners:
+            raise ConfigError(f"{mb} does not split over distributed.num_learners={learners} learner ranks; use a "
+                              "multiple of num_learners", "ppo.minibatch_size")
+    else:
+        if batch % learners:
+            raise ConfigError(f"the {batch} transitions per iteration (workers x env.num_envs x sac.train_freq) do "
+                              f"not split over {learners} learner ranks; make them a multiple", "distributed.num_learners")
+        if cfg.sac.batch_size % learners:
+            raise ConfigError(f"{cfg.sac.batch_size} does not split over {learners} learner ranks", "sac.batch_size")

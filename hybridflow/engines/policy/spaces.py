@@ -1,0 +1,50 @@
+"""What a policy network needs to know about an action space, without Gymnasium.
+
+`ActionSpec` is built from a Gymnasium space by `hybridflow.envs.spaces.action_spec` (the
+envs layer knows Gymnasium; this layer does not). Kinds:
+
+- "discrete": one choice among n (Gymnasium Discrete, `start` added back for the env);
+- "multi_discrete": one choice per dimension, nvec[i] options each (MultiDiscrete,
+  MultiBinary as nvec of 2s);
+- "box": a bounded continuous vector, sampled from a tanh-squashed Gaussian and mapped
+  from [-1, 1] onto [low, high].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ActionKind = Literal["discrete", "multi_discrete", "box"]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    kind: ActionKind
+    nvec: tuple[int, ...] = ()  # options per dimension (discrete: one entry)
+    low: tuple[float, ...] = ()  # box bounds, one per dimension
+    high: tuple[float, ...] = ()
+    start: tuple[int, ...] = ()  # discrete offsets the environment expects
+
+    def __post_init__(self) -> None:
+        if self.kind in ("discrete", "multi_discrete"):
+            if not self.nvec or any(n < 1 for n in self.nvec):
+                raise ValueError(f"{self.kind} action space needs positive option counts, got {self.nvec}")
+            if self.kind == "discrete" and len(self.nvec) != 1:
+                raise ValueError(f"a discrete action space has one dimension, got nvec {self.nvec}")
+        elif self.kind == "box":
+            if not self.low or len(self.low) != len(self.high):
+                raise ValueError(f"box action space needs low and high of one length, got {self.low}, {self.high}")
+            if any(not lo < hi for lo, hi in zip(self.low, self.high)):
+                raise ValueError(f"box action space needs low < high in every dimension, got {self.low}, {self.high}")
+        else:
+            raise ValueError(f"unknown action kind {self.kind!r}; expected discrete, multi_discrete or box")
+
+    @property
+    def dim(self) -> int:
+        """Numbers per action: 1 (discrete), len(nvec) (multi-discrete), len(low) (box)."""
+        return len(self.low) if self.kind == "box" else len(self.nvec)
+
+    @property
+    def is_continuous(self) -> bool:
+        return self.kind == "box"

@@ -1,0 +1,167 @@
+"""Environments by name: a registry for user classes, import paths, and Gymnasium ids.
+
+    from hybridflow.envs import register_env
+
+    @register_env                       # registered as "CustomEnv" (or @register_env("my-env"))
+    class CustomEnv(gymnasium.Env): ...
+
+`resolve_env(name)` looks a name up, in this order:
+
+1. a name registered with `register_env` (a class or a factory function returning an env);
+2. an import path, "package.module:ClassName" or "package.module.ClassName";
+3. a Gymnasium id ("CartPole-v1", "Pendulum-v1", "HalfCheetah-v5" with `mujoco` installed).
+
+The result is an `EnvSource`: what an env-runner process needs to build the environment.
+It carries the class or factory itself, so an environment defined in the user's script
+(and registered there) reaches the Ray workers by value, without being importable there.
+An environment follows the Gymnasium API: reset(seed=...) -> (obs, info) and
+step(action) -> (obs, reward, terminated, truncated, info).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from hybridflow.errors import ConfigError
+
+EnvFactory = Callable[..., Any]
+_REGISTRY: dict[str, EnvFactory] = {}
+
+
+@overload
+def register_env(name: EnvFactory) -> EnvFactory: ...
+@overload
+def register_env(name: str | None = None, factory: None = None) -> Callable[[EnvFactory], EnvFactory]: ...
+@overload
+def register_env(name: str, factory: EnvFactory) -> EnvFactory: ...
+
+
+def register_env(name: Any = None, factory: EnvFactory | None = None) -> Any:
+    """Register an environment class or factory: ``@register_env``, ``@register_env("name")``
+    or ``register_env("name", factory)``. The default name is the class's (function's) name.
+    Registering another object under a taken name raises; the same object again is fine."""
+    if callable(name) and factory is None:
+        return _store(name.__name__, name)
+    if factory is not None:
+        return _store(name, factory)
+
+    def decorate(obj: EnvFactory) -> EnvFactory:
+        return _store(name if name is not None else obj.__name__, obj)
+
+    return decorate
+
+
+def _store(name: str, obj: EnvFactory) -> EnvFactory:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_env: the name must be a non-empty string, got {name!r}")
+    if not callable(obj):
+        raise TypeError(f"register_env({name!r}): {obj!r} is not a class or function that builds an environment")
+    known = _REGISTRY.get(name)
+    if known is not None and _where(known) != _where(obj):
+        raise ValueError(f"register_env: {name!r} is already registered to {_where(known)}; pick another name")
+    _REGISTRY[name] = obj
+    return obj
+
+
+def _where(obj: EnvFactory) -> str:
+    # Compared by definition site: re-running a script or re-importing a module makes a
+    # new class object for the same environment.
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def registered_envs() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """How to build one environment: a factory (class or function), or a Gymnasium id."""
+
+    name: str
+    factory: EnvFactory | None = None
+    gym_id: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int | None = None
+
+    def make(self) -> Any:
+        """A fresh environment instance (seeded later, by its first reset)."""
+        if self.gym_id is not None:
+            return _make_gym(self.gym_id, self.kwargs, self.max_episode_steps)
+        env = self.factory(**self.kwargs)
+        for attr in ("reset", "step", "observation_space", "action_space"):
+            if not hasattr(env, attr):
+                raise TypeError(f"environment {self.name!r} ({_where(self.factory)}) has no {attr!r}; an environment "
+                                "follows the Gymnasium API (reset, step, observation_space, action_space)")
+        if self.max_episode_steps is not None:
+            from gymnasium.wrappers import TimeLimit
+
+            env = TimeLimit(env, max_episode_steps=self.max_episode_steps)
+        return env
+
+
+def _make_gym(gym_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> Any:
+    import gymnasium as gym
+    from gymnasium.error import DependencyNotInstalled
+
+    try:
+        return gym.make(gym_id, max_episode_steps=max_episode_steps, **kwargs)
+    except DependencyNotInstalled as err:
+        raise ConfigError(f"Gymnasium environment {gym_id!r} needs a package that is not installed: {err}. "
+                          "Install it (MuJoCo tasks: `pip install mujoco`)", "env.id") from err
+
+
+def resolve_env(name: str, kwargs: dict[str, Any] | None = None, max_episode_steps: int | None = None) -> EnvSource:
+    """The `EnvSource` of `name` (module docstring for the lookup order); ConfigError
+    keyed `env.id` naming the closest known names when nothing matches."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"must name an environment (a registered name, 'module:Class' or a Gymnasium id), "
+                          f"got {name!r}", "env.id")
+    common = {"kwargs": dict(kwargs or {}), "max_episode_steps": max_episode_steps}
+    if name in _REGISTRY:
+        return EnvSource(name, factory=_REGISTRY[name], **common)
+    imported = _import_path(name)
+    if imported is not None:
+        return EnvSource(name, factory=imported, **common)
+    gym_ids = _gym_ids()
+    if name in gym_ids:
+        return EnvSource(name, gym_id=name, **common)
+    candidates = registered_envs() + gym_ids
+    folded = [c for c in candidates if c.lower() == name.lower()]
+    if len(folded) == 1:  # names are case-insensitive when that is unambiguous
+        return resolve_env(folded[0], kwargs, max_episode_steps)
+    close = folded or difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ConfigError(
+        f"unknown environment {name!r}{hint} Give a Gymnasium id (e.g. 'CartPole-v1'), a class registered with "
+        f"@hybridflow.envs.register_env (registered: {registered_envs() or 'none'}), or an import path "
+        "'package.module:ClassName'", "env.id")
+
+
+def _import_path(name: str) -> EnvFactory | None:
+    """The object at 'module:attr' or 'module.attr', or None when `name` is not such a path."""
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+    elif "." in name and "-v" not in name:  # Gymnasium ids look like "Name-v1"
+        module_name, _, attr = name.rpartition(".")
+    else:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        if ":" in name:
+            raise ConfigError(f"cannot import module {module_name!r} of environment {name!r}: {err}", "env.id") from err
+        return None
+    obj = getattr(module, attr, None)
+    if obj is None or not callable(obj):
+        raise ConfigError(f"module {module_name!r} has no environment class or factory {attr!r}", "env.id")
+    return obj
+
+
+def _gym_ids() -> list[str]:
+    import gymnasium as gym
+
+    return sorted(gym.envs.registry)

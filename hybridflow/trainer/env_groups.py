@@ -1,0 +1,149 @@
+"""The worker groups of an environment task: env runners and learners, on Ray or in-process.
+
+    groups = build_env_groups(cfg, collector_spec, learner_spec)
+    groups.runners.rollout(128).get(); groups.learner.ppo_update(batch)
+    groups.shutdown()
+
+With distributed.num_workers >= 1 both roles are Ray `WorkerGroup`s: num_workers env
+runners placed by distributed.placement_strategy, and num_learners learner ranks. With
+num_workers 0 each role is a `LocalGroup`: the same worker class, built in this process
+and called through the same registered methods (dispatch and collect as for one rank), so
+the programs in env_programs.py do not know which they drive.
+
+Placement strategies map onto `ResourcePool` entries (one placement group per node):
+pack = all runners in one entry (one node); spread = the runners dealt round-robin over
+the alive nodes (on one node: one entry, since spreading is a preference); strict_spread
+= one runner per node, refused when the cluster has fewer nodes than runners.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.config.env_schema import EnvRunConfig
+from hybridflow.controller import DispatchContext, registered_methods
+from hybridflow.controller.decorator import MethodSpec
+from hybridflow.errors import ConfigError
+from hybridflow.workers.env_runner import EnvRunnerWorker
+from hybridflow.workers.learner import LearnerSpec, LearnerWorker
+
+
+class Done:
+    """The result of a LocalGroup call made with blocking=False: already computed."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self, timeout_s: float | None = None) -> Any:
+        return self.value
+
+    def done(self) -> bool:
+        return True
+
+
+class LocalGroup:
+    """One rank of `worker_cls`, in this process, called like a one-rank WorkerGroup."""
+
+    def __init__(self, worker_cls: type, *args: Any, **kwargs: Any) -> None:
+        self.worker = worker_cls(*args, **kwargs)
+        self.role = worker_cls.__name__
+        self.world_size = 1
+        for name, spec in registered_methods(worker_cls).items():
+            setattr(self, name, self._bind(name, spec, getattr(self.worker, name)))
+
+    def _bind(self, name: str, spec: MethodSpec, method: Callable[..., Any]) -> Callable[..., Any]:
+        per_rank = spec.dispatch.name in ("ALL_TO_ALL", "DP_COMPUTE")  # arguments are lists, one per rank
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            args = tuple(_value(a[0] if per_rank else a) for a in args)
+            kwargs = {k: _value(v[0] if per_rank else v) for k, v in kwargs.items()}
+            out = method(*args, **kwargs)
+            ctx = DispatchContext(label=f"{self.role}.{name}", mode=spec.dispatch.name, world_size=1)
+            result = out if spec.rank_zero else spec.dispatch.collect(ctx, [out])
+            return result if spec.blocking else Done(result)
+
+        return call
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _value(arg: Any) -> Any:
+    return arg.get() if isinstance(arg, Done) else arg
+
+
+@dataclass
+class EnvGroups:
+    runners: Any  # WorkerGroup | LocalGroup of EnvRunnerWorker
+    learner: Any  # WorkerGroup | LocalGroup of LearnerWorker
+    pools: list[Any]
+
+    def shutdown(self) -> None:
+        for group in (self.runners, self.learner):
+            group.shutdown()
+        for pool in self.pools:
+            pool.release()
+
+
+def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: LearnerSpec) -> EnvGroups:
+    """Start the env runners and the learner (Ray, or in-process when num_workers is 0)."""
+    dist = cfg.distributed
+    if dist.num_workers == 0:
+        learner = LocalGroup(LearnerWorker, learner_spec)
+        learner.init_model()
+        return EnvGroups(runners=LocalGroup(EnvRunnerWorker, collector_spec), learner=learner, pools=[])
+    import ray
+
+    from hybridflow.controller import ResourcePool, WorkerGroup, init_ray
+
+    init_ray(address=dist.ray_address)
+    counts = runner_node_counts(dist.num_workers, dist.placement_strategy, _alive_node_count())
+    runner_cpus = dist.cpus_per_worker or _shared_cpus(ray.cluster_resources().get("CPU", 1.0), dist)
+    runner_pool = ResourcePool(counts, cpus_per_slot=runner_cpus)
+    learner_pool = ResourcePool([dist.num_learners], cpus_per_slot=dist.learner_cpus)
+    pools = [runner_pool, learner_pool]
+    runners = learner = None
+    try:
+        learner = WorkerGroup(learner_pool, LearnerWorker, learner_spec)
+        learner.init_model()
+        runners = WorkerGroup(runner_pool, EnvRunnerWorker, collector_spec)
+    except BaseException:
+        for group in (runners, learner):
+            if group is not None:
+                group.shutdown()
+        for pool in pools:
+            pool.release()
+        raise
+    return EnvGroups(runners=runners, learner=learner, pools=pools)
+
+
+def runner_node_counts(num_workers: int, strategy: str, num_nodes: int) -> list[int]:
+    """Runners per node (one ResourcePool entry each) for a placement strategy."""
+    if strategy == "pack":
+        return [num_workers]
+    if strategy == "strict_spread":
+        if num_workers > num_nodes:
+            raise ConfigError(
+                f"strict_spread puts each of the {num_workers} env runners on its own node, but the Ray cluster has "
+                f"{num_nodes} node(s); use placement_strategy: spread (a preference) or pack, or fewer num_workers",
+                "distributed.placement_strategy")
+        return [1] * num_workers
+    nodes = max(1, min(num_nodes, num_workers))
+    return [num_workers // nodes + (1 if i < num_workers % nodes else 0) for i in range(nodes)]
+
+
+def _alive_node_count() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node["Alive"])
+
+
+def _shared_cpus(cluster_cpus: float, dist: Any) -> float:
+    """Ray CPUs per runner when not configured: what the learners leave, shared out, at most 1.
+    (Fractions let 8 runners share a 2-core machine; the OS interleaves them.)"""
+    left = cluster_cpus - dist.num_learners * dist.learner_cpus
+    return round(max(0.05, min(1.0, left / dist.num_workers)), 4)

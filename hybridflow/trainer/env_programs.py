@@ -1,0 +1,192 @@
+"""PPO and SAC on environments: one iteration each, as a sequence of named phases.
+
+    metrics = ppo_iteration(run)     # collect -> advantages -> update -> sync weights
+    metrics = sac_iteration(run)     # collect -> store -> update -> sync weights
+
+`run.groups.runners` are the env-runner workers, `run.groups.learner` the learner ranks
+(env_groups.py: Ray worker groups, or in-process ones); the controller only moves
+DataProtos between them and computes GAE. `run.sampler` decides when collections happen:
+
+- sync: each iteration collects with the newest weights, then updates;
+- async: `max_policy_lag` collections stay in flight, so the runners step with the weights
+  they have while the learner updates. A `set_weights` queues behind the collection under
+  way (a Ray actor runs its calls in order), so the data of an update is at most
+  max_policy_lag policy versions old; policy/lag_mean and policy/lag_max record it.
+
+Phase timings are timing_s/<phase>; the rest of the metric names are in env_trainer.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.algorithms.env_advantages import compute_env_gae
+from hybridflow.config.env_schema import EnvRunConfig, env_batch_size
+from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.env_groups import EnvGroups
+
+
+class Sampler:
+    """Collections in flight (futures, or batches restored from a checkpoint), oldest first."""
+
+    def __init__(self, submit: Callable[[], Any], depth: int) -> None:
+        self.submit = submit
+        self.depth = depth  # 0: sync; k: up to k collections run while the learner updates
+        self.pending: deque[Any] = deque()
+
+    def next(self) -> DataProto:
+        while len(self.pending) <= self.depth:
+            self.pending.append(self.submit())
+        item = self.pending.popleft()
+        return item if isinstance(item, DataProto) else item.get()
+
+    def drain(self) -> list[DataProto]:
+        """Wait for every collection in flight and keep the batches (a checkpoint saves them)."""
+        self.pending = deque(item if isinstance(item, DataProto) else item.get() for item in self.pending)
+        return list(self.pending)
+
+
+@dataclass
+class EnvRun:
+    """What the programs work on: config, groups, sampler and the counters they advance."""
+
+    cfg: EnvRunConfig
+    groups: EnvGroups
+    sampler: Sampler | None = None
+    horizon: int = 0  # environment steps a linear lr schedule decays over
+    version: int = 0  # learner updates done = the policy version the runners catch up to
+    env_steps: int = 0  # environment steps of the batches consumed so far
+    submitted_steps: int = 0  # environment steps asked of the runners (consumed + in flight)
+    syncs: list[Any] = field(default_factory=list)  # weight syncs not yet confirmed
+
+    def start_sampler(self, submit: Callable[[], Any]) -> None:
+        depth = self.cfg.distributed.max_policy_lag if self.cfg.distributed.sampling == "async" else 0
+        self.sampler = Sampler(submit, depth)
+
+    def sync_weights(self) -> None:
+        """Send the learner's weights to every runner (Ray passes the future straight on)."""
+        self.syncs = [s for s in self.syncs if not _confirmed(s)]
+        self.syncs.append(self.groups.runners.set_weights(self.groups.learner.get_weights(), self.version))
+
+    def confirm_syncs(self) -> None:
+        for sync in self.syncs:
+            sync.get()
+        self.syncs = []
+
+    def consume(self, batch: DataProto) -> dict[str, Any]:
+        """Count a collected batch; its episode lists and policy lag as metrics."""
+        meta = batch.meta_info
+        self.env_steps += int(meta["env_steps"])
+        lag = (self.version - batch.batch["policy_version"]).double()
+        return {"episode_returns": list(meta["episode_returns"]), "episode_lengths": list(meta["episode_lengths"]),
+                "policy/lag_mean": float(lag.mean()), "policy/lag_max": float(lag.max())}
+
+
+def _confirmed(sync: Any) -> bool:
+    if sync.done():
+        sync.get()  # raises if the runner failed to load the weights
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def phase(metrics: dict[str, Any], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    metrics[f"timing_s/{name}"] = time.perf_counter() - start
+
+
+def learn(run: EnvRun, metrics: dict[str, Any], update: Callable[[], dict[str, float]]) -> None:
+    """The phases every program ends with: the learner's update, then the new weights to the runners."""
+    with phase(metrics, "update"):
+        metrics.update(update())
+    run.version += 1
+    with phase(metrics, "sync"):
+        run.sync_weights()
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
+def ppo_submit(run: EnvRun) -> Callable[[], Any]:
+    def submit() -> Any:
+        run.submitted_steps += _round_steps(run)
+        return run.groups.runners.rollout(run.cfg.ppo.rollout_steps)
+
+    return submit
+
+
+def ppo_iteration(run: EnvRun) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    with phase(metrics, "collect"):
+        segment = run.sampler.next()
+    lr = ppo_lr(run.cfg, run.env_steps, run.horizon)
+    metrics.update(run.consume(segment))
+    with phase(metrics, "adv"):
+        batch = ppo_batch(segment, run.cfg, lr)
+    learn(run, metrics, lambda: run.groups.learner.ppo_update(batch)[0])
+    return metrics
+
+
+def ppo_lr(cfg: EnvRunConfig, env_steps_done: int, horizon: int) -> float:
+    """The step size of the next update: constant, or decayed linearly to 0 at `horizon` steps."""
+    if cfg.ppo.lr_schedule == "constant":
+        return cfg.ppo.lr
+    return cfg.ppo.lr * max(0.0, 1.0 - env_steps_done / max(horizon, 1))
+
+
+def ppo_batch(segment: DataProto, cfg: EnvRunConfig, lr: float) -> DataProto:
+    """GAE on the [envs, time] segment, then one row per environment step for the learner."""
+    b = segment.batch
+    advantages, returns = compute_env_gae(b["rewards"], b["values"], b["next_values"], b["terminated"], b["dones"],
+                                          gamma=cfg.ppo.gamma, lam=cfg.ppo.gae_lambda)
+    columns = {"observations": b["observations"], "actions": b["actions"], "old_log_probs": b["old_log_probs"],
+               "values": b["values"], "advantages": advantages, "returns": returns}
+    flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in columns.items()}
+    return DataProto.from_dict(flat, meta_info={"lr": lr})
+
+
+# ----------------------------------------------------------------------------- SAC
+
+
+def sac_submit(run: EnvRun) -> Callable[[], Any]:
+    def submit() -> Any:
+        # Uniform actions until learning_starts steps were asked for (decided at submission,
+        # so sync and async runs draw the same warm-up).
+        random = run.submitted_steps < run.cfg.sac.learning_starts
+        run.submitted_steps += _round_steps(run)
+        return run.groups.runners.transitions(run.cfg.sac.train_freq, random)
+
+    return submit
+
+
+def sac_iteration(run: EnvRun) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    cfg = run.cfg.sac
+    with phase(metrics, "collect"):
+        batch = run.sampler.next()
+    metrics.update(run.consume(batch))
+    with phase(metrics, "store"):
+        run.groups.learner.add_transitions(batch.select(TRANSITION_KEYS, meta_info_keys=[]))
+    if run.env_steps > cfg.learning_starts:
+        steps = cfg.gradient_steps if cfg.gradient_steps > 0 else int(batch.meta_info["env_steps"])
+        learn(run, metrics, lambda: run.groups.learner.sac_update(steps)[0])
+    return metrics
+
+
+def _round_steps(run: EnvRun) -> int:
+    return env_batch_size(run.cfg)
+
+
+PROGRAMS: dict[str, tuple[Callable[[EnvRun], Callable[[], Any]], Callable[[EnvRun], dict[str, Any]]]] = {
+    "ppo": (ppo_submit, ppo_iteration),
+    "sac": (sac_submit, sac_iteration),
+}
+
+__all__ = ["PROGRAMS", "EnvRun", "Sampler", "phase", "ppo_batch", "ppo_iteration", "ppo_lr", "sac_iteration"]

@@ -1,0 +1,83 @@
+"""`EnvRunnerWorker`: one env-runner process (a vector of environments and an acting policy).
+
+    runners = WorkerGroup(pool, EnvRunnerWorker, collector_spec)     # distributed.num_workers ranks
+    runners.set_weights(learner.get_weights(), version)               # a future: Ray hands it over
+    segment = runners.rollout(128).get()                               # PPO: every rank's rows
+    transitions = runners.transitions(1, random=False).get()           # SAC
+
+Rank r seeds its environments and its sampling with seed + 1000 * r, so every worker sees
+different episodes and a run is reproducible. `rollout` and `transitions` are non-blocking:
+the controller keeps them in flight while the learner updates (async sampling), and
+since a Ray actor runs its calls in order, a `set_weights` sent meanwhile applies to the
+next collection, never to one under way. Their results come back through the ENV_SEGMENTS
+dispatch mode: every rank runs, the rows are concatenated in rank order and the episode
+statistics in meta_info are merged (DataProto.concat alone refuses differing meta_info).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from hybridflow.controller import Dispatch, DispatchContext, Worker, register, register_dispatch_mode
+from hybridflow.controller.dispatch import split_one_to_all
+from hybridflow.envs.collector import Collector, CollectorSpec
+from hybridflow.protocol import DataProto
+
+RANK_SEED_STRIDE = 1000
+
+
+def collect_segments(ctx: DispatchContext, outputs: list[DataProto]) -> DataProto:
+    """Every runner's rows in rank order; episode lists joined and env steps summed."""
+    returns: list[float] = []
+    lengths: list[int] = []
+    steps = 0
+    parts = []
+    for out in outputs:
+        meta = out.meta_info
+        returns += meta["episode_returns"]
+        lengths += meta["episode_lengths"]
+        steps += meta["env_steps"]
+        parts.append(DataProto(batch=out.batch))
+    merged = DataProto.concat(parts) if len(parts) > 1 else parts[0]
+    merged.meta_info = {"episode_returns": returns, "episode_lengths": lengths, "env_steps": steps}
+    return merged
+
+
+ENV_SEGMENTS = register_dispatch_mode("ENV_SEGMENTS", split_one_to_all, collect_segments)
+
+
+class EnvRunnerWorker(Worker):
+    """A `Collector` in one process; its rank picks its seeds."""
+
+    def __init__(self, spec: CollectorSpec) -> None:
+        if not isinstance(spec, CollectorSpec):
+            raise TypeError(f"EnvRunnerWorker needs a CollectorSpec, got {type(spec).__name__}")
+        self.collector = Collector(dataclasses.replace(spec, seed=spec.seed + RANK_SEED_STRIDE * self.rank))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
+    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> None:
+        """Act with these weights (the learner's policy `version`) from the next collection on."""
+        self.collector.set_weights(weights, version)
+
+    @register(dispatch=ENV_SEGMENTS, blocking=False)
+    def rollout(self, steps: int) -> DataProto:
+        """PPO segments: `steps` steps of every environment copy (collector.py)."""
+        return self.collector.rollout(steps)
+
+    @register(dispatch=ENV_SEGMENTS, blocking=False)
+    def transitions(self, steps: int, random: bool) -> DataProto:
+        """SAC transitions: `steps` steps of every copy, uniform actions when `random`."""
+        return self.collector.transitions(steps, random)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def state_dict(self) -> dict[str, Any]:
+        """Environments, observations, RNG and reward scaling of this rank (for checkpoints)."""
+        return self.collector.state_dict()
+
+    @register(dispatch=Dispatch.ALL_TO_ALL)
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Restore this rank's `state_dict` (one per rank); False if its environments restarted."""
+        return self.collector.load_state_dict(state)

@@ -1,0 +1,124 @@
+"""`LearnerWorker`: the learner role of environment tasks, data-parallel over its ranks.
+
+    learner = WorkerGroup(pool, LearnerWorker, learner_spec)     # distributed.num_learners ranks
+    learner.init_model()                                          # process group, networks, optimizers
+    metrics = learner.ppo_update(batch)[0]                        # PPO: batch split over the ranks
+    learner.add_transitions(batch); metrics = learner.sac_update(64)[0]    # SAC
+    weights = learner.get_weights()                               # a future for the env runners
+
+Every rank builds the same initial network (seeded), takes its slice of each batch
+(DP_COMPUTE_PROTO without padding: a padded row would be trained twice) and averages its
+gradients with the others (engines/policy/data_parallel.py), so all ranks hold the same
+weights and rank 0 speaks for them. A SAC rank keeps its own replay shard.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
+from hybridflow.engines.policy.ppo_learner import BATCH_KEYS, PPOLearner, PPOUpdateConfig
+from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACLearner, SACUpdateConfig
+from hybridflow.engines.policy.sac_model import SACModel
+from hybridflow.protocol import DataProto
+
+# What the env runners need of a SAC model: the acting network and the normaliser.
+SAC_ACTING_PREFIXES = ("actor.", "obs_norm.", "log_alpha")
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    algorithm: Literal["ppo", "sac"]
+    network: NetworkSpec
+    seed: int
+    ppo: PPOUpdateConfig | None = None
+    sac: SACUpdateConfig | None = None
+    init_alpha: float = 1.0
+    buffer_capacity: int = 1_000_000  # per rank
+
+
+class LearnerWorker(Worker):
+    def __init__(self, spec: LearnerSpec) -> None:
+        if not isinstance(spec, LearnerSpec):
+            raise TypeError(f"LearnerWorker needs a LearnerSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.learner: PPOLearner | SACLearner | None = None
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Join the learners' process group (several ranks) and build the networks."""
+        spec = self.spec
+        if self.world_size > 1:
+            self.init_process_group()
+        torch.manual_seed(spec.seed)  # the same initial weights on every rank
+        rank_seed = spec.seed + self.rank
+        if spec.algorithm == "ppo":
+            self.learner = PPOLearner(ActorCritic(spec.network), spec.ppo, seed=rank_seed)
+        else:
+            self.learner = SACLearner(SACModel(spec.network, spec.init_alpha), spec.sac, seed=rank_seed,
+                                      capacity=spec.buffer_capacity)
+
+    def _require(self) -> PPOLearner | SACLearner:
+        if self.learner is None:
+            raise RuntimeError("the learner is not built yet; call init_model() on the worker group first")
+        return self.learner
+
+    @register(dispatch=Dispatch.RANK_ZERO, blocking=False)
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The acting weights as numpy arrays (they travel zero-copy through the object store)."""
+        state = self._require().model.state_dict()
+        if self.spec.algorithm == "sac":
+            state = {k: v for k, v in state.items() if k.startswith(SAC_ACTING_PREFIXES)}
+        return {k: v.detach().numpy().copy() for k, v in state.items()}
+
+    @register(dispatch=Dispatch.dp_compute_proto(pad=False))
+    def ppo_update(self, data: DataProto) -> dict[str, float]:
+        """PPO epochs on this rank's rows (meta_info["lr"]: the scheduled step size)."""
+        learner = self._require()
+        assert isinstance(learner, PPOLearner), "ppo_update on a SAC learner"
+        return learner.update({k: data.batch[k] for k in BATCH_KEYS}, lr=float(data.meta_info["lr"]))
+
+    @register(dispatch=Dispatch.dp_compute_proto(pad=False))
+    def add_transitions(self, data: DataProto) -> None:
+        """Store this rank's share of the transitions in its replay shard."""
+        learner = self._require()
+        assert isinstance(learner, SACLearner), "add_transitions on a PPO learner"
+        learner.add({k: data.batch[k] for k in TRANSITION_KEYS})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def sac_update(self, num_steps: int) -> dict[str, float]:
+        """`num_steps` SAC gradient steps (every rank samples from its own shard)."""
+        learner = self._require()
+        assert isinstance(learner, SACLearner), "sac_update on a PPO learner"
+        return learner.update(num_steps)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save(self, directory: str) -> str:
+        """Write this rank's learner state (network, optimizers, RNG, replay shard) into `directory`."""
+        path = Path(directory) / f"rank{self.rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self._require().state_dict(), tmp)
+        os.replace(tmp, path)
+        return str(path)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load(self, directory: str) -> None:
+        """Restore what `save` wrote (the same number of ranks)."""
+        path = Path(directory) / f"rank{self.rank}.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"no learner state for rank {self.rank} at {str(path)!r}; resume with the "
+                                    "distributed.num_learners the checkpoint was written with")
+        self._require().load_state_dict(torch.load(path, weights_only=False))
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def parameters_digest(self) -> dict[str, Any]:
+        """The full model state as numpy (tests compare replicas and runs with it)."""
+        return {k: v.detach().numpy().copy() for k, v in self._require().model.state_dict().items()}
