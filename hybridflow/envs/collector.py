@@ -1,7 +1,7 @@
 """`Collector`: steps a `VecEnv` with the current policy and returns what it saw as a DataProto.
 
     collector = Collector(CollectorSpec(source, num_envs=8, seed=0, network=spec, algorithm="ppo"))
-    collector.set_weights(weights, version=3)          # numpy state dict from the learner
+    collector.set_weights(weights, version=3)          # export_acting(learner model)
     segment = collector.rollout(128)                   # PPO: rows = env copies, 128 steps each
     transitions = collector.transitions(1, random=False)   # SAC: one row per transition
 
@@ -31,6 +31,7 @@ import torch
 
 from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
 from hybridflow.engines.policy.sac_model import SACModel
+from hybridflow.engines.policy.weights import Weights, import_acting
 from hybridflow.envs.registry import EnvSource
 from hybridflow.envs.vector import RewardScaler, VecEnv
 from hybridflow.protocol import DataProto
@@ -65,13 +66,9 @@ class Collector:
         self.obs = self.venv.reset()
         self.version = 0
 
-    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> None:
-        """Load the learner's weights (a SAC learner sends only the actor and the normaliser)."""
-        state = {name: torch.tensor(value) for name, value in weights.items()}  # a copy: object-store arrays are read-only
-        result = self.model.load_state_dict(state, strict=False)
-        if result.unexpected_keys or any(not k.startswith("critic") for k in result.missing_keys):
-            raise ValueError(f"weights do not fit the collector's {type(self.model).__name__}: unexpected "
-                             f"{result.unexpected_keys}, missing {result.missing_keys}")
+    def set_weights(self, weights: Weights, version: int) -> None:
+        """Load the learner's acting weights (engines/policy/weights.py) of policy `version`."""
+        import_acting(self.model, weights)
         self.version = int(version)
 
     def _scale(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:

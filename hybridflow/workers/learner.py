@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from hybridflow.controller import Dispatch, Worker, register
@@ -27,11 +26,8 @@ from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
 from hybridflow.engines.policy.ppo_learner import BATCH_KEYS, PPOLearner, PPOUpdateConfig
 from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACLearner, SACUpdateConfig
 from hybridflow.engines.policy.sac_model import SACModel
+from hybridflow.engines.policy.weights import Weights, export_acting
 from hybridflow.protocol import DataProto
-
-# What the env runners need of a SAC model: the acting network and the normaliser.
-SAC_ACTING_PREFIXES = ("actor.", "obs_norm.", "log_alpha")
-
 
 @dataclass(frozen=True)
 class LearnerSpec:
@@ -71,12 +67,9 @@ class LearnerWorker(Worker):
         return self.learner
 
     @register(dispatch=Dispatch.RANK_ZERO, blocking=False)
-    def get_weights(self) -> dict[str, np.ndarray]:
+    def get_weights(self) -> Weights:
         """The acting weights as numpy arrays (they travel zero-copy through the object store)."""
-        state = self._require().model.state_dict()
-        if self.spec.algorithm == "sac":
-            state = {k: v for k, v in state.items() if k.startswith(SAC_ACTING_PREFIXES)}
-        return {k: v.detach().numpy().copy() for k, v in state.items()}
+        return export_acting(self._require().model)
 
     @register(dispatch=Dispatch.dp_compute_proto(pad=False))
     def ppo_update(self, data: DataProto) -> dict[str, float]:
@@ -118,7 +111,7 @@ class LearnerWorker(Worker):
                                     "distributed.num_learners the checkpoint was written with")
         self._require().load_state_dict(torch.load(path, weights_only=False))
 
-    @register(dispatch=Dispatch.RANK_ZERO)
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def parameters_digest(self) -> dict[str, Any]:
-        """The full model state as numpy (tests compare replicas and runs with it)."""
+        """Every rank's full model state as numpy (tests compare replicas and runs with it)."""
         return {k: v.detach().numpy().copy() for k, v in self._require().model.state_dict().items()}

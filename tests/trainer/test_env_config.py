@@ -1,0 +1,88 @@
+"""The dict / YAML API of environment tasks: the documented quick-start dict, flat and dotted
+keys, case-insensitive choices, errors that name the closest key, size checks, and the
+`steps` argument of train()."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config import ConfigError
+from hybridflow.config.env_schema import env_config_from_dict, is_env_tree, load_env_config
+from hybridflow.trainer.entry import describes_env_task, dict_overrides
+from hybridflow.trainer.env_groups import runner_node_counts
+from hybridflow.trainer.env_trainer import as_env_steps
+
+QUICK_START = {
+    "algorithm": "PPO",
+    "env": "CustomEnv",
+    "policy": {"hidden_size": [1024, 512], "activation": "gelu"},
+    "distributed": {"num_workers": 8, "placement_strategy": "spread"},
+}
+
+
+def test_the_documented_dict_builds_and_fills_the_algorithm_defaults():
+    cfg = env_config_from_dict(QUICK_START)
+    assert (cfg.algorithm, cfg.env.id, cfg.name) == ("ppo", "CustomEnv", "CustomEnv-ppo")
+    assert cfg.policy.hidden_size == [1024, 512] and cfg.policy.activation == "gelu" and cfg.policy.ortho_init
+    assert cfg.distributed.num_workers == 8 and cfg.distributed.placement_strategy == "spread"
+    sac = env_config_from_dict({"algorithm": "Sac", "env": {"id": "Pendulum-v1"}})
+    assert sac.policy.hidden_size == [256, 256] and sac.policy.activation == "relu" and not sac.policy.ortho_init
+
+
+def test_dotted_keys_merge_with_sections_and_choices_fold_case():
+    cfg = env_config_from_dict({"env": "CartPole-v1", "env.num_envs": 4, "ppo.lr": 1e-3,
+                                "ppo": {"epochs": 3}, "distributed": {"placement_strategy": "STRICT_SPREAD",
+                                                                      "sampling": "Async"}})
+    assert cfg.env.num_envs == 4 and cfg.ppo.lr == 1e-3 and cfg.ppo.epochs == 3
+    assert cfg.distributed.placement_strategy == "strict_spread" and cfg.distributed.sampling == "async"
+
+
+@pytest.mark.parametrize(("tree", "match"), [
+    ({"algorithm": "dqn", "env": "x"}, r"algorithm: 'dqn' is not one of \['ppo', 'sac'\]"),
+    ({"env": "x", "polcy": {}}, r"polcy: unknown config key; did you mean 'policy'"),
+    ({"env": "x", "policy": {"hidden_sizes": [8]}}, r"policy.hidden_size"),
+    ({"env": "x", "distributed": {"num_worker": 2}}, r"did you mean 'num_workers'"),
+    ({"env": "x", "policy": {"activation": "swish"}}, r"policy.activation"),
+    ({"env": "x", "ppo": {"gamma": 1.5}}, r"ppo.gamma: must be in \[0, 1\]"),
+    ({"env": "x", "ppo": {"minibatch_size": 100}}, r"ppo.minibatch_size: 100 does not divide the batch of 128"),
+    ({"env": "x", "distributed": {"num_workers": 0, "sampling": "async"}}, r"distributed.sampling"),
+    ({"env": "x", "distributed": {"num_workers": -1}}, r"distributed.num_workers: must be >= 0"),
+    ({"env": "x", "trainer": {"loggers": ["jsonl", "csv"]}}, r"trainer.loggers: unknown logger"),
+])
+def test_bad_dicts_name_the_key_and_the_fix(tree, match):
+    with pytest.raises(ConfigError, match=match):
+        env_config_from_dict(tree)
+
+
+def test_yaml_files_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm: SAC\nenv: Pendulum-v1\nsac:\n  batch_size: 64\n")
+    cfg = load_env_config(path, ["sac.lr=0.001", "trainer.total_env_steps=5000"])
+    assert (cfg.algorithm, cfg.env.id, cfg.sac.batch_size, cfg.sac.lr) == ("sac", "Pendulum-v1", 64, 1e-3)
+    assert describes_env_task(str(path)) and not describes_env_task({"trainer": {"total_steps": 3}})
+
+
+def test_env_tasks_are_told_apart_from_language_model_configs():
+    assert is_env_tree(QUICK_START) and is_env_tree({"env.id": "CartPole-v1"})
+    assert not is_env_tree({"algorithm": {"name": "grpo"}, "trainer": {"total_steps": 2}})
+    assert dict_overrides({"trainer": {"total_steps": 2, "loggers": ["jsonl"]}, "seed": 1}) == [
+        'trainer.total_steps=2', 'trainer.loggers=["jsonl"]', "seed=1"]
+
+
+def test_train_steps_accept_ints_and_integral_floats_only():
+    assert as_env_steps(1e6) == 1_000_000 and as_env_steps(300) == 300
+    with pytest.raises(ValueError, match="whole number"):
+        as_env_steps(1.5)
+    with pytest.raises(ValueError, match=">= 1"):
+        as_env_steps(0)
+    with pytest.raises(TypeError, match="integral float"):
+        as_env_steps("100")
+
+
+def test_placement_strategies_map_onto_nodes():
+    assert runner_node_counts(8, "pack", 3) == [8]
+    assert runner_node_counts(8, "spread", 1) == [8]  # spreading is a preference
+    assert runner_node_counts(8, "spread", 3) == [3, 3, 2]
+    assert runner_node_counts(2, "strict_spread", 2) == [1, 1]
+    with pytest.raises(ConfigError, match="strict_spread puts each of the 8 env runners on its own node"):
+        runner_node_counts(8, "strict_spread", 1)
