@@ -52,3 +52,17 @@ def test_advantages_are_normalised_over_the_minibatch_or_with_given_statistics()
     a0, a1 = -1 / math.sqrt(2), 1 / math.sqrt(2)
     want = (max(-a0 * 1.5, -a0 * 1.2) + max(-a1 * 0.5, -a1 * 0.8)) / 2
     assert m["pg_loss"].item() == pytest.approx(want, abs=1e-6)
+
+
+def test_policy_term_equals_the_lm_ppo_clip_loss_without_dual_clip():
+    from hybridflow.algorithms import PolicyLossConfig
+    from hybridflow.algorithms.policy_loss import ppo_clip_loss
+
+    g = torch.Generator().manual_seed(0)
+    old, new, adv = (torch.randn(64, generator=g, dtype=torch.float64) * 0.3 for _ in range(3))
+    zeros = torch.zeros(64, dtype=torch.float64)
+    _, m = ppo_loss(new, old, adv, zeros, zeros, zeros, zeros,
+                    PPOLossConfig(clip_ratio=0.2, vf_coef=0.0, normalize_advantages=False))
+    lm, _ = ppo_clip_loss(old[:, None], new[:, None], adv[:, None], torch.ones(64, 1),
+                          config=PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=1e12))
+    assert m["pg_loss"].item() == pytest.approx(lm.item(), abs=1e-12)

@@ -47,7 +47,7 @@ class PPOLearner:
     def __init__(self, model: ActorCritic, config: PPOUpdateConfig, seed: int) -> None:
         self.model = model
         self.config = config
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=config.adam_eps)
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, eps=config.adam_eps, fused=True)
         self.generator = torch.Generator().manual_seed(seed)
         self.version = 0  # optimizer rounds done: the policy version the runners act with
 
