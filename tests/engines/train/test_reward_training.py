@@ -120,8 +120,11 @@ def test_update_matches_one_adamw_step_of_a_plain_model(tiny_reward_dir):
     assert abs(got["rm/accuracy"] - metrics["accuracy"].item()) < 1e-6
     assert abs(got["rm/margin"] - metrics["margin"].item()) < 1e-5
     engine_params = {n: full_tensor(p) for n, p in engine.named_sharded_parameters()}
+    # Adam's first step moves each weight by ~lr * g / (|g| + eps): elements whose gradient is
+    # near eps amplify the last-bit differences of micro-batch accumulation (seen: 3e-5 on one
+    # weight of o_proj), so the tolerance is 1% of lr; a wrong update is off by ~lr.
     for name, p in ref.named_parameters():
-        assert (engine_params[name] - p).abs().max() < 1e-5, name
+        assert (engine_params[name] - p).abs().max() < 1e-2 * optim.lr, name
     # and the scores moved the way the loss wants: a second look at the batch scores the pairs better
     chosen, rejected = engine.compute_pair_scores(batch)
     after, _ = bradley_terry_loss(chosen, rejected)
