@@ -456,11 +456,25 @@ DEMO_PRESETS: tuple[tuple[str, object], ...] = (
 )
 
 
+# The built-in tiny model computes in fp32 wherever it runs. `dtype: auto` picks bf16 on CPUs
+# with AVX512_BF16, but this model's matmuls (hidden 64) are too small for bf16 to be faster,
+# and bf16 rounding costs it learning: measured on an AMD EPYC with AVX512_BF16 (the demo's
+# SFT + 10 GRPO steps, seed 0), greedy held-out accuracy 0.59 -> 0.90 in fp32 and 0.33 -> 0.46
+# with auto (bf16).
+BUILTIN_MODEL_PRESETS: tuple[tuple[str, object], ...] = (
+    ("actor.dtype", "fp32"),
+    ("rollout.dtype", "fp32"),
+    ("critic.dtype", "fp32"),
+)
+
+
 def run_presets(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
-    """The presets of a run: the demo's when it uses the built-in model or task, then its
-    algorithm's (AlgorithmSpec.presets; a later preset of the same key wins)."""
+    """The presets of a run: the demo's when it uses the built-in model or task (and fp32
+    for the built-in model), then its algorithm's (AlgorithmSpec.presets; a later preset of
+    the same key wins)."""
     demo = DEMO_PRESETS if cfg.model.uses_builtin or not cfg.data.train_files else ()
-    return (*demo, *cfg.algorithm.spec.presets)
+    builtin_model = BUILTIN_MODEL_PRESETS if cfg.model.uses_builtin else ()
+    return (*demo, *builtin_model, *cfg.algorithm.spec.presets)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

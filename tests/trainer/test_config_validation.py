@@ -118,6 +118,8 @@ def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
 def test_every_example_config_validates_and_says_how_to_run_it():
     from pathlib import Path
 
+    from hybridflow.config.env_schema import is_env_tree, load_env_config
+    from hybridflow.config.loader import user_tree
     from hybridflow.config.rm_schema import load_rm_config
 
     examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
@@ -129,5 +131,7 @@ def test_every_example_config_validates_and_says_how_to_run_it():
         assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm --config ...)"
         if commands == ["rm"]:
             load_rm_config(path)
+        elif is_env_tree(user_tree(path)):  # an environment task (PPO/SAC on Gymnasium)
+            load_env_config(path)
         else:
             load_run_config(path)
