@@ -190,12 +190,13 @@ class ComputeSection:
 class ResourceSection(ComputeSection):
     """Processes and where the roles run: ComputeSection's keys and
 
-    placement: "colocated" (every role in the same processes, verl's default) or
-        "split" (actor and critic in separate processes that run at the same time).
+    placement: "colocated" (every role in the same processes, verl's default),
+        "split" (actor and critic in separate processes that run at the same time), or
+        "auto" (the planner picks placement, critic_ranks and the tp sizes; docs/planner.md).
     critic_ranks: with split placement, ranks of the critic; the actor gets the rest.
     """
 
-    placement: Literal["colocated", "split"] = "colocated"
+    placement: Literal["colocated", "split", "auto"] = "colocated"
     critic_ranks: int = 1
 
     def __post_init__(self) -> None:

@@ -95,6 +95,7 @@ def phase(name: str) -> Callable[[F], F]:
                 key = f"timing_s/{name}"
                 step.metrics[key] = step.metrics.get(key, 0.0) + time.perf_counter() - start
 
+        timed.phase_name = name  # type: ignore[attr-defined]  # the planner's dataflow test reads it
         return timed  # type: ignore[return-value]
 
     return wrap

@@ -72,12 +72,20 @@ class RunContext:
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
         directory; the run continues in its run directory instead of a new one."""
         validate_run_config(cfg)  # before anything starts
+        mapping = None
+        if cfg.resources.placement == "auto":  # the planner's mapping becomes the run's settings
+            from hybridflow.planner.apply import resolve_auto_placement
+
+            cfg, mapping = resolve_auto_placement(cfg)
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
         # Without the "console" logger nothing is printed (trainer.console picks the style).
         display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
         display.message(f"run directory: [bold]{run_dir}[/bold]")
+        if mapping is not None:
+            save_plan(run_dir, mapping)
+            display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
         model_path = base_model_path(cfg, run_dir, write_builtin=True)
         tokenizer = load_tokenizer(model_path)
         val_batch = val_prompts(cfg, tokenizer)
@@ -98,6 +106,15 @@ class RunContext:
         self.log.close()
         if self.ray_started and ray.is_initialized():
             ray.shutdown()
+
+
+def save_plan(run_dir: Path, mapping: Any) -> None:
+    """The planner's chosen mapping and its prediction, beside config.yaml (placement auto)."""
+    import json
+
+    path = run_dir / "plan.json"
+    if not path.exists():  # a resumed run keeps the plan it started with
+        path.write_text(json.dumps(mapping.to_dict(), indent=2))
 
 
 def start_ray(ray_address: str | None, world_size: int) -> bool:
