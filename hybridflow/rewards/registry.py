@@ -102,10 +102,19 @@ def _import_file(path: Path) -> Any:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # a file that calls exit() at import is a broken file too
         del sys.modules[module_name]
-        raise ImportError(f"importing reward file {str(path)!r} failed: {type(err).__name__}: {err}") from err
+        raise ImportError(f"importing reward file {str(path)!r} failed: {_import_failure(err)}; fix the file "
+                          "(it is imported on the controller and in every reward worker)") from err
     return module
+
+
+def _import_failure(err: BaseException) -> str:
+    if isinstance(err, SystemExit):
+        return f"it called exit({err.code!r}) while being imported"
+    if isinstance(err, SyntaxError):
+        return f"SyntaxError at line {err.lineno}: {err.msg}"
+    return f"{type(err).__name__}: {err}"
 
 
 def _check_signature(fn: Callable, where: str) -> None:

@@ -43,6 +43,7 @@ import yaml
 
 from hybridflow.config import config_to_dict, save_config
 from hybridflow.config.schema import RunConfig
+from hybridflow.errors import UserInputError
 from hybridflow.engines.train.checkpoint import (
     TMP_PREFIX,
     begin_atomic_dir,
@@ -59,7 +60,7 @@ STATE_VERSION = 1  # of trainer_state.json
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(FileNotFoundError, UserInputError):
     """No complete checkpoint where one was asked for; the message says what was looked at."""
 
 

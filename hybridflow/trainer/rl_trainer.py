@@ -46,6 +46,7 @@ from hybridflow.trainer.lifecycle import ResumePoint, check_steps_left, policy_s
 from hybridflow.trainer.metrics import data_metrics, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
+from hybridflow.trainer.run_dir import discard_unused_run_dir
 from hybridflow.trainer.setup import (
     RunContext,
     build_cost_manager,
@@ -117,6 +118,8 @@ class RLTrainer:
         shutdown_role_groups(self.groups)
         self.groups = {}
         self.ctx.close()
+        if self.resumed_from is None and self.global_step == 0:
+            discard_unused_run_dir(self.run_dir)  # a start that failed leaves no empty run dir
 
     # ------------------------------------------------------------------ setup
 

@@ -53,6 +53,29 @@ def create_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
+# What a run directory holds before its first step; a start that fails with only these
+# there removes the directory (nothing of value is in it).
+_START_FILES = {"config.yaml", "model", "metrics.jsonl", "tensorboard"}
+
+
+def discard_unused_run_dir(path: Path) -> bool:
+    """Remove a new run directory whose start failed, if it holds only what a start writes
+    (config, built-in model, an empty metrics.jsonl, TensorBoard files): a failed start leaves
+    no empty run directory behind. Anything more (a logged step, a checkpoint) keeps it.
+    Returns whether it was removed."""
+    import shutil
+
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    names = {entry.name for entry in path.iterdir()}
+    metrics = path / "metrics.jsonl"
+    if not names <= _START_FILES or (metrics.is_file() and metrics.stat().st_size > 0):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 class MetricsLog:
     """The "jsonl" logger (loggers.py): appends one JSON line per record to
     <run>/metrics.jsonl (flushed at once, so a crashed run keeps every step it finished).
