@@ -42,7 +42,14 @@ from hybridflow.trainer.checkpointing import (
     set_controller_rng_state,
 )
 from hybridflow.trainer.evaluate import evaluate
-from hybridflow.trainer.lifecycle import ResumePoint, check_steps_left, policy_start_path, resume_point
+from hybridflow.trainer.lifecycle import (
+    MODEL_KEY,
+    ResumePoint,
+    check_steps_left,
+    model_record,
+    policy_start_path,
+    resume_point,
+)
 from hybridflow.trainer.metrics import data_metrics, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
@@ -237,7 +244,7 @@ class RLTrainer:
             group.write_checkpoint(str(tmp / name))
         state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
-                 "rng": controller_rng_state()}
+                 "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
 
     def _load_checkpoint(self, checkpoint: Path) -> None:

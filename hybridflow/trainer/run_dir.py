@@ -102,5 +102,21 @@ def _json_value(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All records of a metrics.jsonl file. A last line cut short (the process was killed
+    while writing it) is left out; a bad line anywhere else is a ValueError naming it."""
+    return [record for _, record in metrics_lines(Path(path).read_text(encoding="utf-8"), str(path))]
+
+
+def metrics_lines(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) of each complete record in the text of a metrics.jsonl file (see read_metrics)."""
+    lines = [line for line in text.splitlines(keepends=True) if line.strip()]
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError as err:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # torn by a crash mid-write: the step it describes is done again on resume
+            raise ValueError(f"{where}: line {number} is not valid JSON ({err}); the file was edited or "
+                             "damaged: fix or remove that line") from None
+    return out
