@@ -104,7 +104,8 @@ def _missing_model(path: Path) -> FileNotFoundError:
 RESUMABLE_CHANGES = (
     "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
     "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
-    "reward.manager.mp_context",
+    "reward.manager.mp_context", "reward.manager.memory_limit_mb", "reward.manager.max_failed_share",
+    "reward.manager.max_failed_steps",
 )
 
 

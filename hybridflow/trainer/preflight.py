@@ -25,6 +25,7 @@ import json
 import re
 import struct
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,11 +68,11 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
                 f"(data.train_batch_size={cfg.data.train_batch_size}); set data.train_batch_size to at most "
                 f"{usable}, or add rows", "data.train_batch_size")
         if reward_fn is None and cfg.reward_model.path is None:
-            check_scorers(records, "data.train_files")
+            check_scorers((r.data_source for r in records), "data.train_files")
     if cfg.data.val_files:
         records = prompt_records(cfg.data.val_files, "data.val_files", cfg)
         if reward_fn is None:
-            check_scorers(records, "data.val_files")
+            check_scorers((r.data_source for r in records), "data.val_files")
 
 
 # ----------------------------------------------------------------------------- model directories
@@ -225,12 +226,12 @@ def _rows(files: list[str], key: str) -> list[dict]:
                           "suffix says (parquet / jsonl)?", key) from None
 
 
-def check_scorers(records: list[PromptRecord], key: str) -> None:
-    """Every data_source of `records` has a built-in or registered scorer (for runs without
-    a reward file)."""
+def check_scorers(data_sources: Iterable[str], key: str) -> None:
+    """Every one of `data_sources` (one per row) has a built-in or registered scorer (for
+    runs and evaluations without a reward file)."""
     from hybridflow.rewards.registry import SCORERS
 
-    sources = Counter(record.data_source for record in records)
+    sources = Counter(str(source) for source in data_sources)
     unknown = {source: n for source, n in sources.items() if source not in SCORERS}
     if unknown:
         raise ConfigError(

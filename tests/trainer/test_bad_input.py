@@ -170,3 +170,23 @@ def test_a_start_that_fails_after_the_run_dir_was_made_removes_it(good, tmp_path
     out = tmp_path / "runs"
     err = refused(argv(out, model, good["data"]), out, capsys)
     assert "could not load a tokenizer" in err
+
+
+def test_eval_refuses_data_sources_no_scorer_knows(good, tmp_path, capsys):
+    data = write_records([{**row, "data_source": "my_task"} for row in ROWS], tmp_path / "test.jsonl")
+    assert main(["eval", str(good["model"]), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "no scorer for data_source 'my_task' (8 rows)" in err and "--data" in err
+
+
+def test_eval_of_a_run_without_checkpoints_uses_its_final_model(good, tmp_path):
+    from hybridflow.config import save_config
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer.offline import resolve_source
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(good["model"], run_dir / "final_model")
+    save_config(load_run_config(None, ["trainer.save_freq=0"]), run_dir / "config.yaml")
+    source = resolve_source(run_dir, ["trainer.validation.n=2"])
+    assert source.model_path == str(run_dir / "final_model") and source.checkpoint is None
+    assert source.run_dir == run_dir and source.cfg.trainer.validation.n == 2
