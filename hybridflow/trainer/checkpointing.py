@@ -51,6 +51,7 @@ from hybridflow.engines.train.checkpoint import (
     prune_atomic_dirs,
     publish_atomic_dir,
     write_text_atomically,
+    writing_checkpoint,
 )
 from hybridflow.trainer.run_dir import metrics_lines, read_metrics
 
@@ -215,7 +216,8 @@ def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -
     """Write the trainer state into `tmp` (every role's files are already there), make the
     checkpoint visible by renaming it to `global_step_<step>`, then keep only `keep_last`
     checkpoints (None: all): this one and the newest others. Returns the checkpoint directory."""
-    write_trainer_state(tmp, {**state, FILES_KEY: checkpoint_files(tmp)})  # what `damaged_files` checks
+    with writing_checkpoint(tmp):
+        write_trainer_state(tmp, {**state, FILES_KEY: checkpoint_files(tmp)})  # what `damaged_files` checks
     final = publish_atomic_dir(tmp)
     if keep_last is not None:
         prune_atomic_dirs(complete_checkpoints(final.parent), keep_last, keep=final)

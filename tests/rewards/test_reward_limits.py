@@ -13,11 +13,10 @@ import time
 
 import pytest
 
-from hybridflow.data import build_char_tokenizer
 from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
 from hybridflow.rewards.manager import RewardFailureError
 from hybridflow.rewards.pool import MAX_RESTARTS_PER_RUN
-from test_reward_manager import make_batch
+from test_reward_manager import make_batch, tokenizer  # noqa: F401 - the fixture
 
 REWARD_FILE = textwrap.dedent(
     '''
@@ -34,11 +33,6 @@ REWARD_FILE = textwrap.dedent(
         return float(solution_str == ground_truth)
     '''
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +80,7 @@ def test_config_of_the_limits_is_checked():
 OWNER = textwrap.dedent(
     '''
     import sys, time
-    from hybridflow.data import build_char_tokenizer
-    from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
+        from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
     from test_reward_manager import make_batch
 
     if __name__ == "__main__":
