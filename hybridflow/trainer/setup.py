@@ -73,6 +73,10 @@ class RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
         directory; the run continues in its run directory instead of a new one."""
+        # Rebuilding the reward sections records a reward function assigned to
+        # custom_fn_path after the config was made by its import path (schema.reward_reference).
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),
+                                  cost_model=dataclasses.replace(cfg.cost_model))
         validate_run_config(cfg)  # before anything starts
         preflight(cfg, new_run=resume_from is None)  # model, data and reward files, before the run dir
         cfg = resolve_run_config(cfg)
