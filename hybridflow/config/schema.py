@@ -65,6 +65,7 @@ from hybridflow.engines.train.config import (
 )
 from hybridflow.errors import ConfigError
 from hybridflow.rewards.manager import RewardConfig
+from hybridflow.rewards.registry import reward_fn_reference
 from hybridflow.workers.config import RolloutWorkerConfig
 
 # trainer.loggers: where metrics go (hybridflow/trainer/loggers.py).
@@ -316,12 +317,28 @@ class RewardSection:
     """Rule-based rewards scored in worker processes (errors and hangs are contained).
 
     custom_fn_path / custom_fn_name: your `compute_score(data_source, solution_str,
-        ground_truth, extra_info)` in a Python file; null uses the built-in scorers.
+        ground_truth, extra_info)` in a Python file or an importable module (dotted name);
+        null uses the built-in scorers. From Python, custom_fn_path may be the function
+        itself: it is recorded by its import path (see `reward_fn_reference`).
     """
 
     manager: RewardConfig = field(default_factory=lambda: RewardConfig(num_workers=1, timeout_s=10.0))
     custom_fn_path: str | None = None
     custom_fn_name: str = "compute_score"
+
+    def __post_init__(self) -> None:
+        self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
+
+
+def reward_reference(path: Any, name: str) -> tuple[str | None, str]:
+    """(custom_fn_path, custom_fn_name) with a Python function given as the path replaced by
+    its import path (rewards.registry.reward_fn_reference), so the config saves as YAML."""
+    if not callable(path):
+        return path, name
+    try:
+        return reward_fn_reference(path)
+    except ValueError as err:
+        raise ConfigError(str(err), "custom_fn_path") from None
 
 
 @dataclass
@@ -350,6 +367,10 @@ class CostModelSection(ScoreModelSection):
 
     custom_fn_path: str | None = None
     custom_fn_name: str = "compute_score"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
 
 
 @dataclass

@@ -16,7 +16,8 @@ class WorkerError(RuntimeError):
     """A worker failed while running a call: it raised, or its process died.
 
     Attributes name the failing worker (``role``, ``rank``, ``node``, ``pid``), the call
-    (``method``) and, for exceptions, the worker-side traceback (``remote_traceback``).
+    (``method``) and, for exceptions, the worker-side traceback (``remote_traceback``; for
+    a dead process, what Ray said about it).
     """
 
     def __init__(self, message: str, *, role: str, rank: int, node: str, pid: int | None,

@@ -110,16 +110,24 @@ def to_worker_error(err: RayError, owner: RankInfo, method: str) -> WorkerError:
     where = f"{owner.role} rank {owner.rank} (node {owner.node}, pid {owner.pid})"
     if isinstance(err, RayTaskError):
         # str() of Ray's task error is the worker-side traceback (the dual-class instance
-        # that ray.get raises does not keep the traceback_str attribute).
+        # that ray.get raises does not keep the traceback_str attribute). The message leads
+        # with the exception itself, so a one-line report shows the cause.
         remote_tb = str(err)
-        message = f"{where} raised in {method}:\n{remote_tb}"
+        cause = getattr(err, "cause", None)
+        headline = f"{type(cause).__name__}: {cause}" if cause is not None else remote_tb.strip().splitlines()[-1]
+        message = f"{where} raised in {method}: {headline}\n{remote_tb}"
         return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
                            method=method, died=False, remote_traceback=remote_tb)
     if isinstance(err, RayActorError):
-        message = (f"{where} died during {method}: its process exited or was killed. "
-                   f"The group cannot be used any more; shut it down and create a new one.\nRay: {err}")
+        # One paragraph, without Ray's text (its generic out-of-memory hint misleads more
+        # often than not); that text stays in `remote_traceback` for --debug.
+        message = (f"{where} died during {method}: its process exited or was killed from outside (kill -9, "
+                   "the kernel's out-of-memory killer, a crash in native code); nothing in it raised an exception. "
+                   "Check the machine's memory (dmesg, free) and the worker's log (ray logs), then continue "
+                   "from the newest checkpoint with `hybridflow train --resume RUN_DIR`. This worker group "
+                   "cannot be used any more.")
         return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
-                           method=method, died=True)
+                           method=method, died=True, remote_traceback=f"Ray: {err}")
     message = f"{where} failed in {method}: {type(err).__name__}: {err}"
     return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
                        method=method, died=False)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.errors import UserInputError
 from hybridflow.protocol import DataProto
 from hybridflow.rewards._worker import call_with_timeout
 from hybridflow.rewards.pool import ScoringPool
@@ -38,9 +39,18 @@ class RewardConfig:
 
     num_workers: worker processes (0 = score in this process, for debugging).
     timeout_s: per-sample limit; the function is interrupted after it.
-    kill_grace_s: extra time before a worker that ignores the interruption is killed.
+    kill_grace_s: extra time before a worker that ignores the interruption is killed (by
+        the parent, from outside: a function that blocks the alarm cannot escape it).
     error_score: reward of a sample whose function failed or timed out.
     mp_context: "forkserver" (fast worker start) or "spawn".
+    memory_limit_mb: address-space limit of each worker process (RLIMIT_AS); a sample that
+        allocates past it fails with MemoryError instead of exhausting the machine.
+        null: no limit. Not applied in-process (num_workers 0).
+    max_failed_share / max_failed_steps: the run stops with an error naming the first
+        failure after `max_failed_steps` scoring calls in a row (training steps or held-out
+        evaluations) in which more than `max_failed_share` of the samples failed (raised,
+        timed out, killed their worker). A reward function that always fails then stops
+        the run instead of training on error_score. max_failed_steps 0: never stop.
     """
 
     num_workers: int = 2
@@ -48,6 +58,9 @@ class RewardConfig:
     kill_grace_s: float = 2.0
     error_score: float = 0.0
     mp_context: str = "forkserver"
+    memory_limit_mb: int | None = 8192
+    max_failed_share: float = 0.5
+    max_failed_steps: int = 3
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -58,6 +71,17 @@ class RewardConfig:
             raise ValueError(f"kill_grace_s must be >= 0, got {self.kill_grace_s}")
         if self.mp_context not in ("forkserver", "spawn"):
             raise ValueError(f"mp_context must be 'forkserver' or 'spawn', got {self.mp_context!r}")
+        if self.memory_limit_mb is not None and self.memory_limit_mb < 64:
+            raise ValueError(f"memory_limit_mb must be >= 64 (a Python process needs that much) or null, "
+                             f"got {self.memory_limit_mb}")
+        if not 0.0 <= self.max_failed_share < 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1), got {self.max_failed_share}")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"max_failed_steps must be >= 0 (0 = never stop), got {self.max_failed_steps}")
+
+
+class RewardFailureError(UserInputError):
+    """The reward function failed on most samples for max_failed_steps scoring calls in a row."""
 
 
 @dataclasses.dataclass
@@ -141,7 +165,9 @@ class RewardManager:
                 self.config.timeout_s,
                 self.config.kill_grace_s,
                 self.config.mp_context,
+                memory_limit_mb=self.config.memory_limit_mb,
             )
+        self._failing_calls = 0  # scoring calls in a row with more than max_failed_share failures
 
     def close(self) -> None:
         """Stop the worker processes."""
@@ -177,7 +203,21 @@ class RewardManager:
             for i in range(len(texts))
         ]
         outcomes, restarts = self._run(tasks)
-        return self._assemble(outcomes, last, responses.shape, restarts)
+        out = self._assemble(outcomes, last, responses.shape, restarts)
+        self._count_failures(out.errors, len(outcomes))
+        return out
+
+    def _count_failures(self, errors: list[tuple[int, str]], samples: int) -> None:
+        """Raise RewardFailureError after max_failed_steps calls in a row with too many failures."""
+        config = self.config
+        failing = samples > 0 and len(errors) > config.max_failed_share * samples
+        self._failing_calls = self._failing_calls + 1 if failing else 0
+        if config.max_failed_steps and self._failing_calls >= config.max_failed_steps:
+            raise RewardFailureError(
+                f"the reward function failed on {len(errors)} of {samples} samples, and on more than "
+                f"{config.max_failed_share:.0%} in each of the last {self._failing_calls} steps (first: sample "
+                f"{errors[0][0]}, {errors[0][1]}). Fix the reward function; the limit is "
+                "reward.manager.max_failed_share / max_failed_steps")
 
     def _check_batch(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [k for k in ("responses", "response_mask") if k not in data.batch]

@@ -42,10 +42,18 @@ from hybridflow.trainer.checkpointing import (
     set_controller_rng_state,
 )
 from hybridflow.trainer.evaluate import evaluate
-from hybridflow.trainer.lifecycle import ResumePoint, check_steps_left, policy_start_path, resume_point
+from hybridflow.trainer.lifecycle import (
+    MODEL_KEY,
+    ResumePoint,
+    check_steps_left,
+    model_record,
+    policy_start_path,
+    resume_point,
+)
 from hybridflow.trainer.metrics import data_metrics, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
+from hybridflow.trainer.run_dir import discard_unused_run_dir
 from hybridflow.trainer.setup import (
     RunContext,
     build_cost_manager,
@@ -117,6 +125,8 @@ class RLTrainer:
         shutdown_role_groups(self.groups)
         self.groups = {}
         self.ctx.close()
+        if self.resumed_from is None and self.global_step == 0:
+            discard_unused_run_dir(self.run_dir)  # a start that failed leaves no empty run dir
 
     # ------------------------------------------------------------------ setup
 
@@ -234,7 +244,7 @@ class RLTrainer:
             group.write_checkpoint(str(tmp / name))
         state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
-                 "rng": controller_rng_state()}
+                 "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
 
     def _load_checkpoint(self, checkpoint: Path) -> None:

@@ -1,6 +1,7 @@
 """Everything a run needs before its first step, built from the validated config.
 
-`RunContext.open(cfg)` validates the config, creates the run directory (config.yaml),
+`RunContext.open(cfg)` validates the config, checks the model, data and reward files
+(preflight.py), creates the run directory (config.yaml; removed again when the start fails),
 starts or joins Ray, finds the starting model (lifecycle.py: writes the built-in one when
 model.path and model.pretrained are null), loads the tokenizer, the prompt data sets and
 the reward manager. The worker-config builders turn config sections into the workers'
@@ -36,7 +37,8 @@ from hybridflow.trainer.checkpointing import reopen_run_dir
 from hybridflow.trainer.display import RunDisplay
 from hybridflow.trainer.lifecycle import base_model_path
 from hybridflow.trainer.loggers import RunLoggers, build_loggers
-from hybridflow.trainer.run_dir import create_run_dir
+from hybridflow.trainer.preflight import preflight
+from hybridflow.trainer.run_dir import create_run_dir, discard_unused_run_dir
 from hybridflow.workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
@@ -71,7 +73,12 @@ class RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
         directory; the run continues in its run directory instead of a new one."""
+        # Rebuilding the reward sections records a reward function assigned to
+        # custom_fn_path after the config was made by its import path (schema.reward_reference).
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),
+                                  cost_model=dataclasses.replace(cfg.cost_model))
         validate_run_config(cfg)  # before anything starts
+        preflight(cfg, new_run=resume_from is None)  # model, data and reward files, before the run dir
         mapping = None
         if cfg.resources.placement == "auto":  # the planner's mapping becomes the run's settings
             from hybridflow.planner.apply import resolve_auto_placement
@@ -80,21 +87,28 @@ class RunContext:
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
-        # Without the "console" logger nothing is printed (trainer.console picks the style).
-        display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
-        display.message(f"run directory: [bold]{run_dir}[/bold]")
-        if mapping is not None:
-            save_plan(run_dir, mapping)
-            display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
-        model_path = base_model_path(cfg, run_dir, write_builtin=True)
-        tokenizer = load_tokenizer(model_path)
-        val_batch = val_prompts(cfg, tokenizer)
-        reward = build_reward_manager(cfg, tokenizer)
+        try:
+            # Without the "console" logger nothing is printed (trainer.console picks the style).
+            display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
+            display.message(f"run directory: [bold]{run_dir}[/bold]")
+            if mapping is not None:
+                save_plan(run_dir, mapping)
+                display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
+            model_path = base_model_path(cfg, run_dir, write_builtin=True)
+            tokenizer = load_tokenizer(model_path)
+            val_batch = val_prompts(cfg, tokenizer)
+            reward = build_reward_manager(cfg, tokenizer)
+        except BaseException:
+            if resume_from is None:
+                discard_unused_run_dir(run_dir)
+            raise
         try:
             ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
+            if resume_from is None:
+                discard_unused_run_dir(run_dir)
             raise
         return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_started)
 
