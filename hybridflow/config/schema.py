@@ -124,6 +124,13 @@ class TrainerSection:
     balance_batch: before each call that splits the batch over dp ranks (log-probs,
         values, updates), swap rows between ranks so each gets a near-equal token count;
         every mini-/micro-batch keeps its samples, so results only change by float order.
+    max_restarts: when a worker process or node dies, a call raises in a worker, or a call
+        outlives call_timeout_s, tear every worker group down, start them again, load the
+        newest complete checkpoint (trainer.save_freq; a failure before the first one stops
+        the run) and go on; at most this many times per run (0: stop at the first failure).
+        Each restart is a "restart" record in metrics.jsonl. See docs/resilience.md.
+    call_timeout_s: longest a worker-group call may run (seconds; null: no limit). A rank
+        stuck in a collective its peers never reach is reported (and restarted) after it.
     """
 
     total_steps: int = 30
@@ -139,8 +146,15 @@ class TrainerSection:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
     balance_batch: bool = True
+    max_restarts: int = 2
+    call_timeout_s: float | None = 1800.0
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"must be >= 0 (0 = stop at the first worker failure), got {self.max_restarts}",
+                              "max_restarts")
+        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
+            raise ConfigError(f"must be > 0 seconds or null (no limit), got {self.call_timeout_s}", "call_timeout_s")
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
         if unknown or len(set(self.loggers)) != len(self.loggers):
             raise ConfigError(f"must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}", "loggers")
@@ -165,19 +179,49 @@ class ComputeSection:
         (or GPU), at most 8, rounded down to a power of two so batch sizes divide.
     use_gpu: one GPU per rank; false runs on CPU (gloo).
     ray_address: join this Ray cluster; null starts an embedded Ray on 127.0.0.1.
+    nodes: machines the ranks are spread over (each its own node of the Ray cluster; more
+        than 1 needs ray_address). Every role is placed on all of them, rank order filling
+        one node after the other (docs/resilience.md, "Multi-node").
+    ranks_per_node: ranks on each node; null = world_size / nodes (world_size null: one
+        per local core or GPU on each node). world_size, when set too, must equal
+        nodes * ranks_per_node.
     """
 
     world_size: int | None = None
     use_gpu: bool = False
     ray_address: str | None = None
+    nodes: int = 1
+    ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size is not None and self.world_size < 1:
             raise ConfigError(f"must be >= 1 or null (one per local core), got {self.world_size}", "world_size")
+        if self.nodes < 1:
+            raise ConfigError(f"must be >= 1, got {self.nodes}", "nodes")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ConfigError(f"must be >= 1 or null (world_size / nodes), got {self.ranks_per_node}",
+                              "ranks_per_node")
+        if self.ranks_per_node is not None and self.world_size is not None \
+                and self.world_size != self.nodes * self.ranks_per_node:
+            raise ConfigError(f"{self.ranks_per_node} ranks on each of nodes={self.nodes} is "
+                              f"{self.nodes * self.ranks_per_node} ranks, but world_size={self.world_size}; set "
+                              "one of them (or make them agree)", "ranks_per_node")
+        if self.ranks_per_node is None and self.world_size is not None and self.world_size % self.nodes:
+            raise ConfigError(f"world_size={self.world_size} ranks do not split evenly over nodes={self.nodes}; "
+                              "set ranks_per_node", "nodes")
+
+    def process_on_nodes(self) -> list[int]:
+        """Ranks per node, one entry per node (a `ResourcePool`'s process_on_nodes)."""
+        return [self.resolved_world_size() // self.nodes] * self.nodes
 
     def resolved_world_size(self) -> int:
+        if self.ranks_per_node is not None:
+            return self.nodes * self.ranks_per_node
         if self.world_size is not None:
             return self.world_size
+        return self.nodes * self._local_ranks()
+
+    def _local_ranks(self) -> int:
         if self.use_gpu:
             import torch
 
@@ -195,15 +239,29 @@ class ResourceSection(ComputeSection):
         "split" (actor and critic in separate processes that run at the same time), or
         "auto" (the planner picks placement, critic_ranks and the tp sizes; docs/planner.md).
     critic_ranks: with split placement, ranks of the critic; the actor gets the rest.
+    min_world_size / max_world_size: elastic restarts (trainer.max_restarts): when the
+        cluster has fewer (or more) free slots after a failure, e.g. a lost node, the run
+        continues on the largest world size in this range that the cluster holds and the
+        batch sizes divide, loading its checkpoint resharded (null min: no elastic
+        change, the run needs its world size back; null max: world_size).
     """
 
     placement: Literal["colocated", "split", "auto"] = "colocated"
     critic_ranks: int = 1
+    min_world_size: int | None = None
+    max_world_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.critic_ranks < 1:
             raise ConfigError(f"must be >= 1, got {self.critic_ranks}", "critic_ranks")
+        for key in ("min_world_size", "max_world_size"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1 or null, got {getattr(self, key)}", key)
+        if self.min_world_size is not None and self.max_world_size is not None \
+                and self.min_world_size > self.max_world_size:
+            raise ConfigError(f"{self.min_world_size} is above max_world_size={self.max_world_size}",
+                              "min_world_size")
 
 
 @dataclass

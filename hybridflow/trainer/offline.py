@@ -188,7 +188,7 @@ def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
     source's model with the checkpoint's weights; everything stopped on exit."""
     cfg = source.cfg
     layout = validate_run_config(cfg)
-    ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
+    ray_started = start_ray(cfg.resources.ray_address, layout.world_size, cfg.resources.nodes)
     groups: dict[str, WorkerGroup] = {}
     try:
         # Only the policy: no reference model, no critic (they do not change its answers).

@@ -103,7 +103,7 @@ class RunContext:
                 discard_unused_run_dir(run_dir)
             raise
         try:
-            ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
+            ray_started = start_ray(cfg.resources.ray_address, layout.world_size, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
@@ -111,6 +111,17 @@ class RunContext:
                 discard_unused_run_dir(run_dir)
             raise
         return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_started)
+
+    def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
+        """The context of this run continuing from `checkpoint` with `cfg` (an automatic
+        restart, recovery.py; cfg differs at most in resources.*): as `--resume` opens it
+        (metrics after the checkpoint set aside), on the same Ray, which the new context
+        stops at the end if this one would have."""
+        ray_started, self.ray_started = self.ray_started, False
+        self.close()
+        ctx = RunContext.open(cfg, resume_from=checkpoint)
+        ctx.ray_started = ray_started
+        return ctx
 
     def close(self) -> None:
         self.display.stop()
@@ -131,12 +142,17 @@ def save_plan(run_dir: Path, mapping: Any) -> None:
         path.write_text(json.dumps(mapping.to_dict(), indent=2))
 
 
-def start_ray(ray_address: str | None, world_size: int) -> bool:
+def start_ray(ray_address: str | None, world_size: int, nodes: int) -> bool:
     """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
-    with a logical CPU for each of `world_size` ranks at least; reuse one already running.
+    with a logical CPU for each of `world_size` ranks at least (one node: `nodes` > 1 needs
+    a cluster); reuse one already running.
     Returns whether this call started it (and the job should stop it)."""
     if ray.is_initialized():
         return False
+    if ray_address is None and nodes > 1:
+        raise ConfigError(f"{nodes} nodes need a Ray cluster: start one (`ray start --head` on one machine, "
+                          "`ray start --address HEAD:6379` on the others) and set resources.ray_address=HEAD:6379",
+                          "resources.nodes")
     if ray_address is not None:
         init_ray(address=ray_address)
     else:
@@ -243,18 +259,39 @@ def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec
     every other role (reward and cost models too) on the actor's."""
     use_gpu = cfg.resources.use_gpu
     critics = cfg.algorithm.spec.critics
+    nodes = cfg.resources.process_on_nodes()  # ranks per node, nodes in order
     if cfg.resources.placement == "split" and any(role in critics for role in roles):
+        actor_nodes, critic_nodes = split_nodes(nodes, [layout.actor_ranks, layout.critic_ranks])
         return PlacementSpec(
-            pools={"actor_pool": [layout.actor_ranks], "critic_pool": [layout.critic_ranks]},
+            pools={"actor_pool": actor_nodes, "critic_pool": critic_nodes},
             mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
             use_gpu=use_gpu,
         )
-    return PlacementSpec.colocated([layout.world_size], use_gpu=use_gpu)
+    return PlacementSpec.colocated(nodes, use_gpu=use_gpu)
+
+
+def split_nodes(nodes: list[int], sizes: list[int]) -> list[list[int]]:
+    """Cut ranks-per-node `nodes` into consecutive parts of `sizes` ranks, each as its own
+    ranks-per-node list: split_nodes([2, 2], [3, 1]) == [[2, 1], [1]]."""
+    parts, node, left = [], 0, nodes[0]
+    for size in sizes:
+        part = []
+        while size:
+            take = min(size, left)
+            part.append(take)
+            size, left = size - take, left - take
+            if left == 0 and node + 1 < len(nodes):
+                node, left = node + 1, nodes[node + 1]
+        parts.append(part)
+    return parts
 
 
 def build_groups(cfg: RunConfig, layout: Layout, roles: dict[str, RoleSpec]) -> dict[str, WorkerGroup]:
-    """Place and initialise the roles (model loading, sharding, generation engine)."""
+    """Place and initialise the roles (model loading, sharding, generation engine); every
+    call of theirs is limited to trainer.call_timeout_s."""
     groups = build_role_groups(roles, placement(cfg, layout, list(roles)))
+    for group in groups.values():
+        group.call_timeout_s = cfg.trainer.call_timeout_s
     try:
         for group in groups.values():
             group.init_model()
