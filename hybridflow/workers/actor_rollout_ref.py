@@ -29,7 +29,7 @@ from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
 from hybridflow.engines.rollout import RolloutConfig, SamplingParams
 from hybridflow.engines.train import ActorEngine
-from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, UPDATE_KEYS
+from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, update_keys
 from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
 from hybridflow.engines.train.export import export_hf
 from hybridflow.engines.train.flops import FlopFacts, engine_flop_facts
@@ -177,7 +177,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """One policy update; returns only ``meta_info["metrics"]`` (averaged over ranks)."""
         require(self.actor, "the actor")
-        keys = UPDATE_KEYS + (("ref_log_probs",) if self.config.loss.use_kl_loss else ())
+        keys = update_keys(self.config.loss)
         if OLD_LOG_PROBS in data.batch:  # absent: the on-policy fused update (ActorEngine.update_policy)
             keys += (OLD_LOG_PROBS,)
         batch = batch_tensors(data, keys, "update_actor")
