@@ -27,6 +27,7 @@ it only starts the two calls. `TransferStats` reports bytes, buckets and seconds
 from __future__ import annotations
 
 import datetime
+import math
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -53,10 +54,7 @@ class TensorMeta:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
