@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
+from hybridflow.config.async_schema import AsyncSection
 from hybridflow.config.loader import load_config, user_tree
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
@@ -138,6 +139,7 @@ class TrainerSection:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
     balance_batch: bool = True
+    mode: Literal["sync", "one_step_off", "async"] = "sync"  # docs/async.md; settings in async_rl
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
@@ -409,6 +411,7 @@ class RunConfig:
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     cost_model: CostModelSection = field(default_factory=CostModelSection)
     sft: SFTSection = field(default_factory=SFTSection)
+    async_rl: AsyncSection = field(default_factory=AsyncSection)  # trainer.mode one_step_off / async
 
     def __post_init__(self) -> None:
         check_run_name(self.name)

@@ -83,7 +83,8 @@ class RunContext:
         val_batch = val_prompts(cfg, tokenizer)
         reward = build_reward_manager(cfg, tokenizer)
         try:
-            ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
+            extra = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0  # the rollout pool's
+            ray_started = start_ray(cfg.resources.ray_address, layout.world_size + extra)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
