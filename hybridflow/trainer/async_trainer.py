@@ -11,8 +11,8 @@
   between calls (partial rollouts: they continue under the new weights, KV recomputed).
 
 What bounds staleness: admission control and a drop rule. New prompts are sent to the
-rollout pool only while the groups sent so far would all be trained within
-max_staleness versions if they finish in order (sent <= (version + s + 1) * batch) and
+rollout pool only while the groups sent so far (less those dropped) would all be trained
+within max_staleness versions if they finish in order (sent <= (version + s + 1) * batch) and
 the buffer plus the groups in flight fit async_rl.buffer_size. A group that finishes
 late (long tail) and whose oldest token is more than s versions behind the update that
 would train it is dropped and counted (async/dropped_groups). With s = 0 the pool only
@@ -36,10 +36,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import ray
 
 from hybridflow.algorithms.off_policy import staleness_metrics
 from hybridflow.config.schema import RunConfig
-from hybridflow.controller import CallFuture, RoleSpec, WorkerGroup
+from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import phases as P
@@ -139,9 +140,10 @@ class AsyncRunner:
 
     # ------------------------------------------------------------------ generation
     def _may_send(self) -> bool:
+        # Dropped groups were never trained: their place in the schedule goes to new prompts.
         limit = (self.version + self.max_staleness + 1) * self.batch_groups
         room = self.buffer.capacity - len(self.buffer) - self.in_flight
-        return self.sent + self.chunk <= limit and self.chunk <= room and len(self.pending) < 2
+        return self.sent - self.buffer.dropped + self.chunk <= limit and self.chunk <= room and len(self.pending) < 2
 
     def _next_prompts(self) -> DataProto:
         """`chunk` prompts from the loader's batches (a batch may be cut across calls)."""
@@ -196,7 +198,27 @@ class AsyncRunner:
                                    f"flight, none may be sent (version {self.version}); raise async_rl.buffer_size")
 
     def step(self, index: int) -> Step:
-        """One training step on the next batch of fresh groups; returns it with its metrics."""
+        """One training step on the next batch of fresh groups; returns it with its metrics.
+
+        A failure in either pool raises a WorkerError naming the pool whose process died,
+        if one did (its peer's error, e.g. a broken weight-sync connection, is the symptom)."""
+        try:
+            return self._step(index)
+        except WorkerError as err:
+            raise self._root_cause(err) from err
+
+    def _root_cause(self, err: WorkerError) -> WorkerError:
+        for role, group in (("rollout", self.rollout), ("actor", self.roles.actor)):
+            dead = dead_ranks(group)
+            if dead:
+                info = group.worker_info[dead[0]]
+                return WorkerError(
+                    f"the {role} pool's rank {dead[0]} (pid {info['pid']}) died; the run stops. The error seen first "
+                    f"was: {err}", role=role, rank=dead[0], node=info["ip"], pid=info["pid"], method=err.method,
+                    died=True)
+        return err
+
+    def _step(self, index: int) -> Step:
         step = Step(index, DataProto(), balance_dp=self.cfg.trainer.balance_batch)
         dropped_before = self.buffer.dropped
         start = time.perf_counter()
@@ -228,3 +250,17 @@ class AsyncRunner:
         """Wait for nothing: the groups are killed by the trainer's close."""
         self.pending.clear()
         self.syncs = []
+
+
+def dead_ranks(group: WorkerGroup, timeout_s: float = 5.0) -> list[int]:
+    """Ranks of `group` whose process is gone (a busy rank counts as alive)."""
+    refs = [actor.__ray_ready__.remote() for actor in group.workers]
+    dead = []
+    for rank, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            pass
+        except ray.exceptions.RayActorError:
+            dead.append(rank)
+    return dead
