@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
+from hybridflow.config.async_schema import AsyncSection
 from hybridflow.config.loader import load_config, user_tree
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
@@ -148,6 +149,7 @@ class TrainerSection:
     balance_batch: bool = True
     max_restarts: int = 2
     call_timeout_s: float | None = 1800.0
+    mode: Literal["sync", "one_step_off", "async"] = "sync"  # docs/async.md; settings in async_rl
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -489,6 +491,7 @@ class RunConfig:
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     cost_model: CostModelSection = field(default_factory=CostModelSection)
     sft: SFTSection = field(default_factory=SFTSection)
+    async_rl: AsyncSection = field(default_factory=AsyncSection)  # trainer.mode one_step_off / async
 
     def __post_init__(self) -> None:
         check_run_name(self.name)

@@ -298,9 +298,10 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
 
 
 @phase("update_actor")
-def update_actor(step: Step, actor: WorkerGroup, with_ref: bool) -> None:
-    """One policy update on the step's batch (plus the KL loss when configured)."""
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ())
+def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
+    """One policy update on the step's batch (plus the KL loss when configured; with
+    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy)."""
+    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
     if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/algorithms.py log_probs)
         keys += (OLD_LOG_PROBS,)
     out = dp_call(step, actor, "update_actor", _select(step.batch, keys))

@@ -34,6 +34,7 @@ from hybridflow.config.schema import RunConfig, load_run_config
 from hybridflow.controller import WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
 from hybridflow.trainer.algorithms import build_algo_state, step_program
+from hybridflow.trainer.async_trainer import AsyncRunner
 from hybridflow.trainer.checkpointing import STATE_VERSION as CHECKPOINT_STATE_VERSION
 from hybridflow.trainer.checkpointing import (
     CHECKPOINTS_DIR,
@@ -122,6 +123,7 @@ class RLTrainer:
             self.ctx.display.message(f"resuming from {self.resumed_from} (step {self.global_step})")
         self.groups: dict[str, WorkerGroup] = {}
         self.roles: Roles | None = None
+        self.async_runner: AsyncRunner | None = None  # trainer.mode one_step_off / async
         self.sft_result = None
 
     def __enter__(self) -> RLTrainer:
@@ -160,6 +162,9 @@ class RLTrainer:
         self.batches = endless(self.loader)
         self.state = build_algo_state(cfg)
         self.flop_model = flop_model(self.groups)  # each rank measures its own device's peak
+        if cfg.trainer.mode != "sync":  # a generation-only pool beside the actor (async_trainer.py)
+            self.async_runner, self.groups["rollout"] = AsyncRunner.start(cfg, self.roles, policy_path, self.batches,
+                                                                          self.state)
         ctx.display.message(f"perf/mfu against {self.flop_model.peak_flops / 1e12:.3g} TFLOP/s: the peaks the "
                             "workers measured (or were configured with) on their own devices")
         if self.resumed_from is not None:
@@ -204,11 +209,14 @@ class RLTrainer:
         while self.global_step < end:
             self.global_step += 1
             done = steps - (end - self.global_step)
-            step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches),
-                        balance_dp=cfg.trainer.balance_batch, on_phase=self.status.phase)
             self.status.update(step=self.global_step)
             start = time.perf_counter()
-            algorithm(step, self.roles, cfg, self.state)
+            if self.async_runner is not None:
+                step = self.async_runner.step(self.global_step)
+            else:
+                step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches),
+                            balance_dp=cfg.trainer.balance_batch, on_phase=self.status.phase)
+                algorithm(step, self.roles, cfg, self.state)
             step.metrics["timing_s/step"] = time.perf_counter() - start
             metrics = self._step_metrics(step)
             if self._due(cfg.trainer.test_freq) and done < steps:  # the last step is evaluated below

@@ -103,7 +103,8 @@ class RunContext:
                 discard_unused_run_dir(run_dir)
             raise
         try:
-            ray_started = start_ray(cfg.resources.ray_address, layout.world_size, cfg.resources.nodes)
+            extra = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0  # the rollout pool's
+            ray_started = start_ray(cfg.resources.ray_address, layout.world_size + extra, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()

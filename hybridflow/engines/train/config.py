@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 from hybridflow.algorithms import PolicyLossConfig, get_kl_estimator, get_loss_agg_mode
+from hybridflow.algorithms.off_policy import OffPolicyConfig
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.errors import ConfigError
 
@@ -306,10 +307,14 @@ class ActorLossConfig:
 
     The KL and entropy terms are aggregated with `policy.loss_agg_mode` like the policy
     loss. `loss_scale_factor` is the constant of `seq-mean-token-sum-norm` (e.g. the max
-    response length); None uses the padded response length.
+    response length); None uses the padded response length. `off_policy`: truncated
+    importance weights between the rollout (behaviour) policy and the old (proximal)
+    policy, the decoupled PPO objective (algorithms/off_policy.py; the update then reads
+    `rollout_log_probs`).
     """
 
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
