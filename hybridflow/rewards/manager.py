@@ -161,11 +161,13 @@ class RewardManager:
         """Decode each response up to its last valid token, score it, and place the score there."""
         responses, response_mask = self._check_batch(data)
         last = last_valid_positions(response_mask)
+        nt = data.non_tensor_batch
+        # Multi-turn rollouts (envs/agent/loop.py): the scorer reads the final model turn.
+        starts = nt["final_turn_start"] if "final_turn_start" in nt else [0] * len(responses)
         texts = self.tokenizer.batch_decode(
-            [responses[i, : int(last[i]) + 1].tolist() for i in range(len(responses))],
+            [responses[i, int(starts[i]) : int(last[i]) + 1].tolist() for i in range(len(responses))],
             skip_special_tokens=True,
         )
-        nt = data.non_tensor_batch
         extra_infos = nt["extra_info"] if "extra_info" in nt else [None] * len(texts)
         tasks = [
             {
@@ -177,7 +179,10 @@ class RewardManager:
             for i in range(len(texts))
         ]
         outcomes, restarts = self._run(tasks)
-        return self._assemble(outcomes, last, responses.shape, restarts)
+        out = self._assemble(outcomes, last, responses.shape, restarts)
+        if "score_override" in nt or "env_rewards" in data.batch:
+            add_environment_rewards(out, data, last)
+        return out
 
     def _check_batch(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [k for k in ("responses", "response_mask") if k not in data.batch]
@@ -234,3 +239,28 @@ class RewardManager:
             errors=errors,
             metrics=metrics,
         )
+
+
+def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tensor) -> None:
+    """Fold a multi-turn rollout's environment outcome into `out` (envs/agent/loop.py):
+    a failed environment's `score_override` replaces the scorer's score, and the turn
+    rewards in `env_rewards` (on each turn's last token) are added to the token scores."""
+    nt = data.non_tensor_batch
+    if "score_override" in nt:
+        override = torch.tensor([float(v) for v in nt["score_override"]], dtype=torch.float32)
+        rows = torch.nonzero(~torch.isnan(override) & (last >= 0)).squeeze(-1)
+        out.scores[rows] = override[rows]
+        out.token_level_scores[rows, last[rows]] = override[rows]
+        out.metrics["reward/mean"] = float(out.scores.mean()) if len(out.scores) else 0.0
+    if "env_rewards" in data.batch:
+        env = data.batch["env_rewards"].to(torch.float32)
+        out.token_level_scores += env
+        out.metrics["reward/env_mean"] = float(env.sum(-1).mean())
+    for key in ("num_turns", "num_tool_calls"):
+        if key in nt:
+            out.metrics[f"agent/{key}_mean"] = float(np.mean([float(v) for v in nt[key]]))
+    if "num_tool_calls" in nt:
+        out.metrics["agent/tool_call_rate"] = float(np.mean([float(v) > 0 for v in nt["num_tool_calls"]]))
+    if "agent_stop" in nt:
+        for reason in sorted({str(v) for v in nt["agent_stop"]}):
+            out.metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))

@@ -28,6 +28,7 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
 from hybridflow.engines.rollout import RolloutConfig, SamplingParams
+from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.engines.train import ActorEngine
 from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, UPDATE_KEYS
 from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
@@ -118,7 +119,7 @@ class ActorRolloutRefWorker(Worker):
             stats = self.hybrid.to_generation()
         try:
             with timed(timings, "timing_s/generate"):
-                out = self.hybrid.rollout.generate(prompts, params)
+                out = self._generate(prompts, params)
         finally:
             with timed(timings, "timing_s/reshard_to_training"):
                 self.hybrid.to_training()
@@ -128,6 +129,16 @@ class ActorRolloutRefWorker(Worker):
             self._generate_calls += 1
         out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats)})
         return out
+
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        """One-turn generation, or the multi-turn agent loop (rollout.agent.enable; envs/agent/loop.py)."""
+        engine, r = self.hybrid.rollout, self.config.rollout
+        if not r.agent.enable:
+            return engine.generate(prompts, params)
+        if engine.tokenizer is None:
+            raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in {self.config.model_path}")
+        response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
+        return AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
 
     def _sampling_params(self, meta: dict) -> SamplingParams:
         params = SamplingParams.from_meta_info(meta, **self.config.rollout.sampling_defaults())

@@ -6,27 +6,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import transformers
 
 from hybridflow.data.rl_dataset import collate_prompts
-from hybridflow.data.tokenizer import load_tokenizer, make_builtin_model_dir
+from hybridflow.data.tokenizer import load_tokenizer
 from hybridflow.envs.agent import AgentEnv, StepResult
-
-SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
-
-
-def make_turn_model(path: Path, eos_boost: float = 5.0) -> Path:
-    """The built-in character model whose eos row of lm_head is raised so turns end after a
-    few tokens (a random model otherwise almost never ends a turn)."""
-    make_builtin_model_dir(path, **SIZES)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():
-        w = model.lm_head.weight
-        w[2] = eos_boost * w[10:40].mean(0) * 30 ** 0.5
-    model.save_pretrained(path)
-    return path
-
 
 def prompt_batch(tokenizer, prompts: list[str], extra_infos: list[dict | None], ground_truths=None):
     """A collated batch of user prompts rendered with the chat template."""

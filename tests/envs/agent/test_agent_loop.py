@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from agent_helpers import make_turn_model, prompt_batch, tokenizer_of
+from agent_helpers import prompt_batch, tokenizer_of
 
 from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig, SamplingParams
 from hybridflow.envs.agent import AgentConfig
@@ -26,10 +26,10 @@ ENV = "agent_helpers:CountEnv"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(turn_model_dir):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: extra threads only spin on this shared machine
-    path = make_turn_model(tmp_path_factory.mktemp("agent_model") / "m")
+    path = turn_model_dir
     tok = tokenizer_of(path)
     engine = NativeRolloutEngine.from_pretrained(path, RolloutConfig(dtype=torch.float32), tokenizer=tok)
     yield engine, tok
