@@ -28,6 +28,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards._worker import call_with_timeout
 from hybridflow.rewards.pool import ScoringPool
 from hybridflow.rewards.registry import DispatchScore
+from hybridflow.rewards.templates import TemplateSpec, score_turns
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +129,12 @@ class RewardManager:
         tokenizer: Any,
         config: RewardConfig | None = None,
         compute_score: Callable[..., Any] | None = None,
+        turn_templates: list[TemplateSpec] | None = None,
     ) -> None:
-        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers."""
+        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers.
+        `turn_templates`: turn-level reward templates (templates.py), scored on every model turn."""
         self.tokenizer = tokenizer
+        self.turn_templates = [t for t in (turn_templates or []) if t.level == "turn"]
         self.config = config or RewardConfig()
         self.compute_score = compute_score if compute_score is not None else DispatchScore()
         self._pool: ScoringPool | None = None
@@ -169,6 +173,10 @@ class RewardManager:
             skip_special_tokens=True,
         )
         extra_infos = nt["extra_info"] if "extra_info" in nt else [None] * len(texts)
+        if "num_turns" in nt:  # what turn / tool-use / length templates read
+            extra_infos = [{**(extra_infos[i] or {}), "num_turns": int(nt["num_turns"][i]),
+                            "num_tool_calls": int(nt["num_tool_calls"][i]),
+                            "num_model_tokens": int(response_mask[i].sum())} for i in range(len(texts))]
         tasks = [
             {
                 "data_source": nt["data_source"][i],
@@ -180,6 +188,8 @@ class RewardManager:
         ]
         outcomes, restarts = self._run(tasks)
         out = self._assemble(outcomes, last, responses.shape, restarts)
+        if self.turn_templates:
+            add_turn_rewards(out, data, self.tokenizer, self.turn_templates)
         if "score_override" in nt or "env_rewards" in data.batch:
             add_environment_rewards(out, data, last)
         return out
@@ -264,3 +274,29 @@ def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tens
     if "agent_stop" in nt:
         for reason in sorted({str(v) for v in nt["agent_stop"]}):
             out.metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of model tokens (1s) in a response_mask row."""
+    spans, start = [], None
+    for i, m in enumerate(mask_row.tolist() + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def add_turn_rewards(out: RewardOutput, data: DataProto, tokenizer: Any, specs: list[TemplateSpec]) -> None:
+    """Score every model turn with the turn-level templates; each on its turn's last token."""
+    nt, responses = data.non_tensor_batch, data.batch["responses"]
+    total = 0.0
+    for i, mask_row in enumerate(data.batch["response_mask"]):
+        spans = turn_spans(mask_row)
+        texts = tokenizer.batch_decode([responses[i, a:b].tolist() for a, b in spans], skip_special_tokens=True)
+        row = {k: nt[k][i] for k in ("ground_truth", "data_source", "extra_info") if k in nt}
+        for (_, end), reward in zip(spans, score_turns(specs, texts, row)):
+            out.token_level_scores[i, end - 1] += reward
+            total += reward
+    out.metrics["reward/turn_templates_mean"] = total / max(1, len(responses))
