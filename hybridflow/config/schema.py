@@ -385,6 +385,17 @@ class RewardSection:
     manager: RewardConfig = field(default_factory=lambda: RewardConfig(num_workers=1, timeout_s=10.0))
     custom_fn_path: str | None = None
     custom_fn_name: str = "compute_score"
+    # reward templates composed with weights (rewards/templates.py, docs/agents.md); empty:
+    # the data source's scorer (or custom_fn). Entries: {name, weight, level, args}.
+    templates: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from hybridflow.rewards.templates import parse_templates
+
+        parse_templates(self.templates, "templates")
+        if self.templates and self.custom_fn_path is not None:
+            raise ConfigError("give either templates or custom_fn_path; a file function is the template "
+                              "{name: user, args: {path: ..., name: ...}}", "templates")
 
     def __post_init__(self) -> None:
         self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)

@@ -165,10 +165,14 @@ def start_ray(ray_address: str | None, world_size: int, nodes: int) -> bool:
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     from hybridflow.rewards import RewardManager, load_reward_fn
 
-    fn = None
+    from hybridflow.rewards.templates import ComposedScore, parse_templates
+
+    fn, specs = None, parse_templates(cfg.reward.templates)
     if cfg.reward.custom_fn_path is not None:
         fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name)
-    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
+    elif any(s.level == "trajectory" for s in specs):
+        fn = ComposedScore(specs)
+    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn, turn_templates=specs)
 
 
 def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
