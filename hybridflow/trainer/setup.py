@@ -20,7 +20,7 @@ import ray
 
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
-from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.config.schema import ComputeSection, RunConfig, resolve_run_config
 from hybridflow.config.validation import Layout, validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
 from hybridflow.data import (
@@ -83,7 +83,7 @@ class RunContext:
         val_batch = val_prompts(cfg, tokenizer)
         reward = build_reward_manager(cfg, tokenizer)
         try:
-            ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
+            ray_started = start_ray(cfg.resources.ray_address, layout.world_size * rank_cpus(cfg.resources, layout))
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
@@ -100,18 +100,23 @@ class RunContext:
             ray.shutdown()
 
 
-def start_ray(ray_address: str | None, world_size: int) -> bool:
+def start_ray(ray_address: str | None, cpus: int) -> bool:
     """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
-    with a logical CPU for each of `world_size` ranks at least; reuse one already running.
-    Returns whether this call started it (and the job should stop it)."""
+    with at least the `cpus` logical CPUs the job's ranks reserve; reuse one already
+    running. Returns whether this call started it (and the job should stop it)."""
     if ray.is_initialized():
         return False
     if ray_address is not None:
         init_ray(address=ray_address)
     else:
         # The ranks set their own thread counts; the CPU count only lets every rank be placed.
-        init_ray(num_cpus=max(os.cpu_count() or 1, world_size))
+        init_ray(num_cpus=max(os.cpu_count() or 1, cpus))
     return True
+
+
+def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
+    """Ray CPUs of one rank's slot: its torch threads on CPU (resources.threads_per_rank)."""
+    return resources.resolved_threads_per_rank(layout.world_size)
 
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -216,9 +221,9 @@ def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec
         return PlacementSpec(
             pools={"actor_pool": [layout.actor_ranks], "critic_pool": [layout.critic_ranks]},
             mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
-            use_gpu=use_gpu,
+            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout),
         )
-    return PlacementSpec.colocated([layout.world_size], use_gpu=use_gpu)
+    return PlacementSpec.colocated([layout.world_size], use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout))
 
 
 def build_groups(cfg: RunConfig, layout: Layout, roles: dict[str, RoleSpec]) -> dict[str, WorkerGroup]:
