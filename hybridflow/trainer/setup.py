@@ -21,7 +21,7 @@ import ray
 
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
-from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.config.schema import ComputeSection, RunConfig, resolve_run_config
 from hybridflow.config.validation import Layout, validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
 from hybridflow.data import (
@@ -104,7 +104,8 @@ class RunContext:
             raise
         try:
             extra = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0  # the rollout pool's
-            ray_started = start_ray(cfg.resources.ray_address, layout.world_size + extra, cfg.resources.nodes)
+            cpus = (layout.world_size + extra) * rank_cpus(cfg.resources, layout)
+            ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
@@ -143,11 +144,11 @@ def save_plan(run_dir: Path, mapping: Any) -> None:
         path.write_text(json.dumps(mapping.to_dict(), indent=2))
 
 
-def start_ray(ray_address: str | None, world_size: int, nodes: int) -> bool:
+def start_ray(ray_address: str | None, cpus: int, nodes: int) -> bool:
     """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
-    with a logical CPU for each of `world_size` ranks at least (one node: `nodes` > 1 needs
-    a cluster); reuse one already running.
-    Returns whether this call started it (and the job should stop it)."""
+    with at least the `cpus` logical CPUs the job's ranks reserve (one node: `nodes` > 1
+    needs a cluster); reuse one already running. Returns whether this call started it (and
+    the job should stop it)."""
     if ray.is_initialized():
         return False
     if ray_address is None and nodes > 1:
@@ -158,8 +159,13 @@ def start_ray(ray_address: str | None, world_size: int, nodes: int) -> bool:
         init_ray(address=ray_address)
     else:
         # The ranks set their own thread counts; the CPU count only lets every rank be placed.
-        init_ray(num_cpus=max(os.cpu_count() or 1, world_size))
+        init_ray(num_cpus=max(os.cpu_count() or 1, cpus))
     return True
+
+
+def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
+    """Ray CPUs of one rank's slot: its torch threads on CPU (resources.threads_per_rank)."""
+    return resources.resolved_threads_per_rank(layout.world_size)
 
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -270,9 +276,9 @@ def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec
         return PlacementSpec(
             pools={"actor_pool": actor_nodes, "critic_pool": critic_nodes},
             mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
-            use_gpu=use_gpu,
+            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout),
         )
-    return PlacementSpec.colocated(nodes, use_gpu=use_gpu)
+    return PlacementSpec.colocated(nodes, use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout))
 
 
 def split_nodes(nodes: list[int], sizes: list[int]) -> list[list[int]]:
