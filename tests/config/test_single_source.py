@@ -178,7 +178,6 @@ def test_a_preset_yields_to_any_key_the_user_sets_in_a_file(tmp_path):
 
 RUN_RULES = [
     # the engine's rules (EngineSettings / TrainEngineSettings), keyed under the role
-    (["actor.tp_size=2", "actor.lora.rank=4"], "actor.lora.rank"),
     (["resources.world_size=2", "actor.tp_size=4"], "actor.tp_size"),
     (["resources.world_size=2", "algorithm.name=ppo", "critic.tp_size=4"], "critic.tp_size"),
     (["resources.world_size=2", "reward_model.path=/rm", "reward_model.tp_size=4"], "reward_model.tp_size"),
