@@ -14,7 +14,7 @@ from hybridflow.config import ConfigError
 from hybridflow.trainer.elastic import fitting_config
 from hybridflow.trainer.setup import placement, split_nodes, start_ray
 from hybridflow.config.validation import validate_run_config
-from conftest import tiny_run_config
+from trainer_helpers import tiny_run_config
 
 
 # One sequence per micro-batch, so that up to 4 data-parallel ranks divide the batches.
