@@ -212,17 +212,22 @@ def _pareto(cands: list[Candidate], *, with_memory: bool, overlap: bool = True) 
     return kept
 
 
-def search(problem: Problem, top: int = 5) -> PlanResult:
-    """The best `top` mappings of `problem`, fastest first, each simulated (module docstring)."""
+def search(problem: Problem, top: int = 5, only: list[tuple[str, ...]] | None = None) -> PlanResult:
+    """The best `top` mappings of `problem`, fastest first, each simulated (module docstring);
+    `only`: search this one placement (pools as role tuples) instead of all."""
     start = time.perf_counter()
     s = Search(problem)
     total, per_node = problem.cluster.devices, problem.cluster.devices_per_node
     sizes = pool_sizes(total, per_node)
     ctrl = s.controller_stages()
+    per_step = problem.cluster.efficiency.per_step_s
     best: list[tuple[float, int, Mapping]] = []  # max-heap by -step_s
     tie = itertools.count()
     result = PlanResult([])
+    wanted = None if only is None else sorted(tuple(b) for b in only)
     for blocks in placements(problem):
+        if wanted is not None and sorted(blocks) != wanted:
+            continue
         result.placements += 1
         for split in splits(total, len(blocks), sizes):
             fronts = [s.front(b, n) for b, n in zip(blocks, split)]
@@ -232,7 +237,7 @@ def search(problem: Problem, top: int = 5) -> PlanResult:
                 continue
             for choice in itertools.product(*fronts):
                 result.evaluated += 1
-                step, _ = combine([*(c.stages for c in choice), ctrl], problem.caps.overlap)
+                step = combine([*(c.stages for c in choice), ctrl], problem.caps.overlap)[0] + per_step
                 if len(best) == top and step >= -best[0][0]:
                     continue
                 pars = {r: p for c in choice for r, p in c.parallel.items()}
