@@ -140,6 +140,21 @@ def leave_one_out(cases: dict[str, tuple], device: DeviceSpec) -> dict[str, dict
     return rows
 
 
+def fit_and_store(measured: dict[str, dict[str, Any]], device: DeviceSpec, output_dir: Path) -> tuple[Path, str]:
+    """Fit the factors on every profile of `measured`, store them with the device and the
+    measurements; the report is the leave-one-out comparison."""
+    cases = cases_of(measured, device, output_dir)
+    eff = dataclasses.replace(fit(list(cases.values())), source=f"fitted by hybridflow plan --calibrate on "
+                              f"{len(cases)} profiles (load {os.getloadavg()[0]:.1f})")
+    loo = leave_one_out(cases, device)
+    path = save_calibration(device, eff, {"measured": measured, "leave_one_out": loo})
+    lines = [f"{'profile':32} {'measured s':>10} {'predicted s':>11} {'error':>7}  (leave-one-out)"]
+    for name, row in loo.items():
+        err = row["predicted_s"] / row["measured_s"] - 1
+        lines.append(f"{name:32} {row['measured_s']:10.3f} {row['predicted_s']:11.3f} {err:+7.1%}")
+    return path, "\n".join(lines)
+
+
 def calibrate(output_dir: Path | None = None) -> tuple[Path, str]:
     """Run PROFILES here, fit, store; returns the stored path and a report."""
     import tempfile
@@ -150,13 +165,4 @@ def calibrate(output_dir: Path | None = None) -> tuple[Path, str]:
     device = measure_cpu()
     start_ray(None, 2)
     measured = {name: measure(profile_config(o, output_dir)) for name, o in PROFILES.items()}
-    cases = cases_of(measured, device, output_dir)
-    eff = dataclasses.replace(fit(list(cases.values())), source=f"fitted by hybridflow plan --calibrate on "
-                              f"{len(cases)} profiles (load {os.getloadavg()[0]:.1f})")
-    loo = leave_one_out(cases, device)
-    path = save_calibration(device, eff, {"measured": measured, "leave_one_out": loo})
-    lines = [f"{'profile':32} {'measured s':>10} {'predicted s':>11} {'error':>7}"]
-    for name, row in loo.items():
-        err = row["predicted_s"] / row["measured_s"] - 1
-        lines.append(f"{name:32} {row['measured_s']:10.3f} {row['predicted_s']:11.3f} {err:+7.1%}")
-    return path, "\n".join(lines)
+    return fit_and_store(measured, device, output_dir)
