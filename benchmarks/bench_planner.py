@@ -2,8 +2,9 @@
 against measured step times on this machine.
 
     PYTHONPATH=. python benchmarks/bench_planner.py                 # paper scale + search time
-    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE # + predicted vs measured,
-                                                                    #   FILE: measurements of calibrate.PROFILES
+    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE # + predicted vs measured (leave-one-out),
+        FILE: measurements of calibrate.PROFILES, e.g. ~/.cache/hybridflow/planner/cpu.json after
+        `hybridflow plan --calibrate`
 
 Paper scale (simulated, every input below): PPO with actor, critic, reference and reward
 model of one Llama size (7B, 13B, 34B, 70B) on 16..128 A100-80GB (8 per node), 1024
@@ -82,6 +83,7 @@ def predicted_vs_measured(path: Path) -> list[dict]:
     from hybridflow.planner.devices import measure_cpu
 
     measured = json.loads(path.read_text())
+    measured = measured.get("measured", measured)  # a calibration file holds them under "measured"
     device = measure_cpu()
     cases = cases_of(measured, device, Path(tempfile.mkdtemp()))
     loo = leave_one_out(cases, device)

@@ -1,6 +1,7 @@
 """Fit this machine's efficiency factors from short real runs (`hybridflow plan --calibrate`).
 
-Each profile is a real RL run of the built-in tiny model on this machine's ranks with one
+The runs themselves are the trainer's business (hybridflow/trainer/profiles.py runs them;
+this layer sits below the trainer). Each profile is a real RL run of the built-in tiny model on this machine's ranks with one
 mapping forced (placement, tp sizes, t_g), a few steps long; the phase times it logs
 (`timing_s/<phase>` in metrics.jsonl, the first step dropped as warm-up) are the
 measurements. `fit` searches the `Efficiency` factors (in log space, coordinate descent:
@@ -15,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
 from hybridflow.config.schema import RunConfig, load_run_config
 from hybridflow.planner.cost import Parallel
-from hybridflow.planner.devices import CPU_DEFAULT, DeviceSpec, Efficiency, measure_cpu, save_calibration
+from hybridflow.planner.devices import CPU_DEFAULT, DeviceSpec, Efficiency, save_calibration
 from hybridflow.planner.problem import Capabilities, Cluster, Problem, problem_from_config
 from hybridflow.planner.simulate import Mapping, Pool, simulate
 
@@ -68,21 +68,6 @@ def mapping_of(cfg: RunConfig) -> Mapping:
     else:
         pools = (Pool(tuple(roles), world),)
     return Mapping(pools, pars)
-
-
-def measure(cfg: RunConfig) -> dict[str, Any]:
-    """Run `cfg` (Ray must be up, or the trainer starts it); median phase and step times
-    over the steps after the first."""
-    from hybridflow import RLTrainer
-    from hybridflow.trainer.run_dir import read_metrics
-
-    with RLTrainer(cfg) as trainer:
-        result = trainer.train()
-    records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"][1:]
-    keys = {k for r in records for k in r if k.startswith("timing_s/")}
-    times = {k.split("/", 1)[1]: statistics.median(r[k] for r in records if k in r) for k in keys}
-    return {"times": times, "steps": len(records), "run_dir": str(result.run_dir),
-            "load_avg_1": os.getloadavg()[0]}
 
 
 def _with_eff(problem: Problem, eff: Efficiency) -> Problem:
@@ -153,16 +138,3 @@ def fit_and_store(measured: dict[str, dict[str, Any]], device: DeviceSpec, outpu
         err = row["predicted_s"] / row["measured_s"] - 1
         lines.append(f"{name:32} {row['measured_s']:10.3f} {row['predicted_s']:11.3f} {err:+7.1%}")
     return path, "\n".join(lines)
-
-
-def calibrate(output_dir: Path | None = None) -> tuple[Path, str]:
-    """Run PROFILES here, fit, store; returns the stored path and a report."""
-    import tempfile
-
-    from hybridflow.trainer.setup import start_ray
-
-    output_dir = Path(output_dir or tempfile.mkdtemp(prefix="hybridflow-calibrate-"))
-    device = measure_cpu()
-    start_ray(None, 2)
-    measured = {name: measure(profile_config(o, output_dir)) for name, o in PROFILES.items()}
-    return fit_and_store(measured, device, output_dir)
