@@ -4,7 +4,8 @@ For a role on n = dp x tp x pp devices, S sequences of s = prompt + response tok
 with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e bytes/element:
 
     train    FLOPs  6 N S s + 12 L d S s^2 (engines/train/flops.py), x4/3 with gradient
-                    checkpointing; / (n peak eff.train); x (1 + (pp-1)/m) pipeline bubble
+                    checkpointing, + a forward when the update computes old_log_probs
+                    itself; / (n peak eff.train); x (1 + (pp-1)/m) pipeline bubble
                     (m micro-batches per rank)
              comm   FSDP: per micro-batch an all-gather of the weights for forward and
                     for backward, 2 e P / (tp pp) (dp-1)/dp bytes, prefetched under the
@@ -88,6 +89,8 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) 
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) * load.epochs
     if load.gradient_checkpointing:
         flops *= 4 / 3
+    if load.fused_forward:  # one more forward pass per sequence for old_log_probs
+        flops += training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
     micro = _micro_batches(S, par.dp, load.micro_batch) * load.epochs
     optimizer_steps = max(1, S // max(1, load.mini_batch)) * load.epochs
     # The pipeline drains at every optimizer step: its bubble is (pp - 1) / (micro-batches per step).

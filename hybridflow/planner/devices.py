@@ -52,7 +52,8 @@ class Efficiency:
     train / forward / prefill: fraction of peak FLOP/s; decode_bw: fraction of memory
     bandwidth while decoding; comm: fraction of link bandwidth; call_s: per worker-group
     call (dispatch, collect); micro_batch_s: per micro-batch a rank runs; decode_step_s: per
-    decode step of a generation wave; controller_per_seq_s: rule-based scoring per sequence.
+    decode step of a generation wave; controller_per_seq_s: rule-based scoring per sequence;
+    per_step_s: the controller's own work per step (advantages, batch bookkeeping, metrics).
     """
 
     train: float = 0.45
@@ -64,6 +65,7 @@ class Efficiency:
     micro_batch_s: float = 2e-3
     decode_step_s: float = 2e-2
     controller_per_seq_s: float = 1e-4
+    per_step_s: float = 0.0
     source: str = "defaults (module docstring of hybridflow/planner/devices.py)"
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,5 +144,5 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
 
 # CPU before calibration: tiny models are dominated by per-call Python and Ray costs.
 CPU_DEFAULT = Efficiency(train=0.3, forward=0.3, prefill=0.3, decode_bw=0.3, comm=0.5, call_s=0.05,
-                         micro_batch_s=0.01, decode_step_s=0.01, controller_per_seq_s=1e-3,
+                         micro_batch_s=0.01, decode_step_s=0.01, controller_per_seq_s=1e-3, per_step_s=0.1,
                          source="uncalibrated CPU guesses; run `hybridflow plan --calibrate`")

@@ -79,6 +79,7 @@ class RoleLoad:
     mini_batch: int  # sequences per optimizer step over all dp ranks
     epochs: int = 1
     gradient_checkpointing: bool = False
+    fused_forward: bool = False  # the update also computes old_log_probs (RunConfig.fuses_old_log_probs)
 
 
 @dataclass(frozen=True)
@@ -167,10 +168,10 @@ def problem_from_config(cfg: RunConfig, cluster: Cluster, caps: Capabilities | N
                         mini_batch=getattr(mb, "mini_batch_size", 0), epochs=getattr(mb, "epochs", 1),
                         gradient_checkpointing=bool(getattr(section, "gradient_checkpointing", False)))
 
-    roles: dict[str, RoleLoad] = {"actor": load(cfg.actor, policy, True)}
+    roles: dict[str, RoleLoad] = {"actor": replace(load(cfg.actor, policy, True), fused_forward=cfg.fuses_old_log_probs)}
     needed = {p.role for p in phases}
     if "reference" in needed:
-        roles["reference"] = replace(load(cfg.actor, policy, False), trainable=False)
+        roles["reference"] = load(cfg.actor, policy, False)
     for critic in cfg.algorithm.spec.critics:
         shape = policy if model or cfg.critic.model_path is None else ModelShape.from_hf(load_hf_config(cfg.critic.model_path))
         roles[critic] = load(cfg.critic, shape.with_head("value"), True)

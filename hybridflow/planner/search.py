@@ -14,9 +14,10 @@
 5. Per placement and split: the product of its pools' fronts, combined by the simulator's
    rules (`simulate.combine`); the best `top` mappings are kept and re-simulated.
 
-Step 3's dominance and step 4's Pareto front are exact: the step time never decreases when
-a pool's stage time grows, and the pools' memory is independent. tests/planner checks the
-result against brute force.
+Step 3's dominance and step 4's Pareto front are exact for the best mapping: the step time
+never decreases when a pool's stage time grows, and the pools' memory is independent
+(tests/planner checks it against brute force). The runners-up of a top-K list also draw on
+each pool's K fastest combinations.
 """
 
 from __future__ import annotations
@@ -132,8 +133,9 @@ def parallel_options(problem: Problem, role: str, n: int) -> list[Parallel]:
 class Search:
     """Caches of step 3 and 4 for one problem (module docstring)."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, top: int = 1) -> None:
         self.problem = problem
+        self.top = top
         self.limit = problem.cluster.device.memory_bytes * USABLE_MEMORY
         self.owner = dict(problem.caps.shares_engine)
         self.rejected: dict[str, int] = {}
@@ -180,7 +182,10 @@ class Search:
                 pars = {r: p for c in choice for r, p in c.parallel.items()}
                 stages = tuple(sum(c.stages[i] for c in choice) for i in range(STAGES))
                 combos.append(Candidate(pars, stages, memories))
-            self._fronts[key] = _pareto(combos, with_memory=False, overlap=self.problem.caps.overlap)
+            front = _pareto(combos, with_memory=False, overlap=self.problem.caps.overlap)
+            # Runners-up for the top-K list: the K fastest combinations by their own total too.
+            extra = [c for c in sorted(combos, key=lambda c: sum(c.stages))[:self.top] if c not in front]
+            self._fronts[key] = front + extra
         return self._fronts[key]
 
     def controller_stages(self) -> list[float]:
@@ -212,17 +217,22 @@ def _pareto(cands: list[Candidate], *, with_memory: bool, overlap: bool = True) 
     return kept
 
 
-def search(problem: Problem, top: int = 5) -> PlanResult:
-    """The best `top` mappings of `problem`, fastest first, each simulated (module docstring)."""
+def search(problem: Problem, top: int = 5, only: list[tuple[str, ...]] | None = None) -> PlanResult:
+    """The best `top` mappings of `problem`, fastest first, each simulated (module docstring);
+    `only`: search this one placement (pools as role tuples) instead of all."""
     start = time.perf_counter()
-    s = Search(problem)
+    s = Search(problem, top)
     total, per_node = problem.cluster.devices, problem.cluster.devices_per_node
     sizes = pool_sizes(total, per_node)
     ctrl = s.controller_stages()
+    per_step = problem.cluster.efficiency.per_step_s
     best: list[tuple[float, int, Mapping]] = []  # max-heap by -step_s
     tie = itertools.count()
     result = PlanResult([])
+    wanted = None if only is None else sorted(tuple(b) for b in only)
     for blocks in placements(problem):
+        if wanted is not None and sorted(blocks) != wanted:
+            continue
         result.placements += 1
         for split in splits(total, len(blocks), sizes):
             fronts = [s.front(b, n) for b, n in zip(blocks, split)]
@@ -232,7 +242,7 @@ def search(problem: Problem, top: int = 5) -> PlanResult:
                 continue
             for choice in itertools.product(*fronts):
                 result.evaluated += 1
-                step, _ = combine([*(c.stages for c in choice), ctrl], problem.caps.overlap)
+                step = combine([*(c.stages for c in choice), ctrl], problem.caps.overlap)[0] + per_step
                 if len(best) == top and step >= -best[0][0]:
                     continue
                 pars = {r: p for c in choice for r, p in c.parallel.items()}

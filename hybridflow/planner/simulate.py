@@ -6,7 +6,8 @@ updates; a stage reads only what earlier stages wrote):
 - with `Capabilities.overlap`, the pools of one stage run at the same time, so a stage
   lasts as long as its busiest pool, and the step is the sum of its stages; without it
   (this trainer: the controller waits for each call) the step is the sum of all phases.
-Rule-based scoring runs on the controller, a pool of its own.
+Rule-based scoring runs on the controller, a pool of its own; Efficiency.per_step_s adds
+the controller's own work per step.
 
 Memory: a pool's devices hold every resident role state of the pool plus the largest
 addition of one phase (memory.py); a mapping whose peak exceeds USABLE_MEMORY of a device
@@ -129,7 +130,8 @@ def simulate(problem: Problem, mapping: Mapping) -> Mapping:
         reason = memory_reason(pool, mems, limit)
         if reason:
             raise Infeasible(reason)
-    mapping.step_s, mapping.stage_s = combine(stage_by_pool, problem.caps.overlap)
+    step_s, mapping.stage_s = combine(stage_by_pool, problem.caps.overlap)
+    mapping.step_s = step_s + problem.cluster.efficiency.per_step_s
     mapping.phase_s = phase_s
     mapping.peak_bytes = [sum(m.resident for m in mems.values()) + max(m.peak_transient for m in mems.values())
                           for mems in memories]

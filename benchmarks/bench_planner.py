@@ -1,0 +1,128 @@
+"""The planner's proof (docs/planner.md): paper-scale choices, search time, and predicted
+against measured step times on this machine.
+
+    PYTHONPATH=. python benchmarks/bench_planner.py                 # paper scale + search time
+    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE # + predicted vs measured (leave-one-out),
+        FILE: measurements of calibrate.PROFILES, e.g. ~/.cache/hybridflow/planner/cpu.json after
+        `hybridflow plan --calibrate`
+
+Paper scale (simulated, every input below): PPO with actor, critic, reference and reward
+model of one Llama size (7B, 13B, 34B, 70B) on 16..128 A100-80GB (8 per node), 1024
+prompts of 1024 tokens, 1024-token responses, one sample each, mini-batch 256 (4 updates
+per step), update micro-batch 2 and scoring micro-batch 8 per device, bf16 with fp32
+Adam state, gradient checkpointing on, at most 64 sequences decoded at once per generation
+replica (the KV cache of 256 would not fit 13B at t_g 8). For each setup: the planner's best mapping in the
+paper's runtime (every placement, pipeline parallel, pools overlapping), and the best
+colocated / split (actor+reference | critic+reward model) / standalone mappings for the
+comparison with the paper's findings. Writes JSON with the machine description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_controller import machine  # noqa: E402
+
+from hybridflow.config.schema import load_run_config  # noqa: E402
+from hybridflow.engines.models import save_tiny_reward_model  # noqa: E402
+from hybridflow.planner import LLAMA, Capabilities, Cluster, problem_from_config, search  # noqa: E402
+from hybridflow.planner.problem import Problem  # noqa: E402
+
+PAPER_OVERRIDES = [
+    "algorithm.name=ppo", "actor.loss.use_kl_loss=true", "data.train_batch_size=1024", "rollout.n=1",
+    "data.prompt.max_prompt_length=1024", "rollout.response_length=1024", "model.builtin.max_position_embeddings=4096",
+    "actor.micro_batch.mini_batch_size=256", "critic.micro_batch.mini_batch_size=256",
+    "actor.micro_batch.micro_batch_size_per_device=2", "critic.micro_batch.micro_batch_size_per_device=2",
+    "actor.micro_batch.forward_micro_batch_size_per_device=8", "critic.micro_batch.forward_micro_batch_size_per_device=8",
+    "reward_model.micro_batch.forward_micro_batch_size_per_device=8",
+    "actor.gradient_checkpointing=true", "critic.gradient_checkpointing=true", "rollout.max_num_seqs=64",
+]
+NAMED = {"colocated": [["actor", "reference", "critic", "reward_model"]],
+         "split": [["actor", "reference"], ["critic", "reward_model"]],
+         "standalone": [["actor"], ["reference"], ["critic"], ["reward_model"]]}
+
+
+def paper_problem(model: str, devices: int, rm_dir: Path) -> Problem:
+    cfg = load_run_config(None, [*PAPER_OVERRIDES, f"reward_model.path={rm_dir}"])
+    return problem_from_config(cfg, Cluster.of(devices // 8, 8, "a100-80gb"), Capabilities(), LLAMA[model])
+
+
+def best_of(problem: Problem, blocks: list[list[str]]) -> dict | None:
+    """The best mapping with exactly this placement."""
+    result = search(problem, top=1, only=[tuple(b) for b in blocks])
+    return result.mappings[0].to_dict() if result.mappings else None
+
+
+def paper_scale(rm_dir: Path) -> list[dict]:
+    rows = []
+    for model in ("llama-7b", "llama-13b", "llama-34b", "llama-70b"):
+        for devices in (16, 32, 64, 96, 128):
+            problem = paper_problem(model, devices, rm_dir)
+            result = search(problem, top=1)
+            row = {"model": model, "devices": devices, "search_s": result.seconds, "evaluated": result.evaluated,
+                   "best": result.mappings[0].to_dict() if result.mappings else None,
+                   "rejected": sum(result.rejected.values())}
+            for name, blocks in NAMED.items():
+                row[name] = best_of(problem, blocks)
+            rows.append(row)
+            b = row["best"]
+            named = "  ".join(f"{n} {row[n]['tokens_per_s']:8.0f}" if row[n] else f"{n} {'-':>8}" for n in NAMED)
+            print(f"{model:10} {devices:4d}  best: {b['placement'] if b else 'none':40} "
+                  f"{b['tokens_per_s'] if b else 0:8.0f} tok/s  | {named}  ({result.seconds:.2f} s)", flush=True)
+    return rows
+
+
+def predicted_vs_measured(path: Path) -> list[dict]:
+    from hybridflow.planner.calibrate import cases_of, leave_one_out
+    from hybridflow.planner.devices import measure_cpu
+
+    measured = json.loads(path.read_text())
+    measured = measured.get("measured", measured)  # a calibration file holds them under "measured"
+    device = measure_cpu()
+    cases = cases_of(measured, device, Path(tempfile.mkdtemp()))
+    loo = leave_one_out(cases, device)
+    rows = [{"profile": n, **r, "error": r["predicted_s"] / r["measured_s"] - 1,
+             "load_avg_1": measured[n]["load_avg_1"]} for n, r in loo.items()]
+    print(f"{'mapping':32} {'measured s':>10} {'predicted s':>11} {'error':>7} {'load':>5}")
+    for r in rows:
+        print(f"{r['profile']:32} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} {r['error']:+7.1%} "
+              f"{r['load_avg_1']:5.1f}")
+    by_measured = [r["profile"] for r in sorted(rows, key=lambda r: r["measured_s"])]
+    by_predicted = [r["profile"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
+    print("same ranking:", by_measured == by_predicted)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measured", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/planner.json"))
+    args = parser.parse_args()
+    out = {"machine": machine()}
+    with tempfile.TemporaryDirectory() as tmp:
+        rm_dir = save_tiny_reward_model(Path(tmp) / "rm")
+        start = time.perf_counter()
+        problem = paper_problem("llama-70b", 128, rm_dir)
+        result = search(problem, top=5)
+        out["search_4_roles_128_devices"] = {"seconds": result.seconds, "placements": result.placements,
+                                             "evaluated": result.evaluated, "roles": list(problem.roles),
+                                             "with_setup_s": time.perf_counter() - start}
+        print(f"search, 4 roles on 128 A100 (llama-70b): {result.seconds:.2f} s, {result.placements} placements, "
+              f"{result.evaluated} mappings combined (load {machine()['load_avg_1_5_15']})")
+        out["paper_scale"] = paper_scale(rm_dir)
+    if args.measured:
+        out["predicted_vs_measured"] = predicted_vs_measured(args.measured)
+    out["machine_after"] = machine()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Fit this machine's efficiency factors from short real runs (`hybridflow plan --calibrate`).
+
+The runs themselves are the trainer's business (hybridflow/trainer/profiles.py runs them;
+this layer sits below the trainer). Each profile is a real RL run of the built-in tiny model on this machine's ranks with one
+mapping forced (placement, tp sizes, t_g), a few steps long; the phase times it logs
+(`timing_s/<phase>` in metrics.jsonl, the first step dropped as warm-up) are the
+measurements. `fit` searches the `Efficiency` factors (in log space, coordinate descent:
+no SciPy here) that minimise the squared log error of the simulated phase and step times
+over all profiles; `calibrate` stores the result with the measured device (devices.py:
+calibration_path) and reports leave-one-out errors (each profile predicted from factors
+fitted without it). benchmarks/bench_planner.py shows the same comparison as a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config.schema import RunConfig, load_run_config
+from hybridflow.planner.cost import Parallel
+from hybridflow.planner.devices import CPU_DEFAULT, DeviceSpec, Efficiency, save_calibration
+from hybridflow.planner.problem import Capabilities, Cluster, Problem, problem_from_config
+from hybridflow.planner.simulate import Mapping, Pool, simulate
+
+# The run every profile shares: the built-in demo task, 3 steps, nothing but training.
+BASE = ["trainer.console=none", "trainer.total_steps=3", "trainer.test_freq=0", "trainer.save_final_model=false",
+        "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1"]
+# Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2.
+PROFILES: dict[str, list[str]] = {
+    "ppo colocated dp2 t_g1": ["algorithm.name=ppo"],
+    "ppo colocated dp2 t_g2": ["algorithm.name=ppo", "rollout.tensor_model_parallel_size=2"],
+    "ppo colocated actor tp2 t_g2": ["algorithm.name=ppo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
+    "ppo split 1|1": ["algorithm.name=ppo", "resources.placement=split", "resources.critic_ranks=1"],
+    "grpo colocated dp2 t_g1": ["algorithm.name=grpo"],
+    "grpo colocated tp2 t_g2": ["algorithm.name=grpo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
+}
+_FIT = ("train", "forward", "prefill", "decode_bw", "call_s", "micro_batch_s", "decode_step_s",
+        "controller_per_seq_s", "per_step_s")
+
+
+def profile_config(overrides: list[str], output_dir: Path, world_size: int = 2) -> RunConfig:
+    return load_run_config(None, [f"trainer.output_dir={output_dir}", f"resources.world_size={world_size}",
+                                  *BASE, *overrides])
+
+
+def mapping_of(cfg: RunConfig) -> Mapping:
+    """The mapping a (non-auto) run config runs: the inverse of apply.mapping_config."""
+    world = cfg.resources.resolved_world_size()
+    critics = cfg.algorithm.spec.critics
+    roles = ["actor", *(["reference"] if cfg.use_reference else []), *critics]
+    roles += [k for k in ("reward_model", "cost_model") if getattr(cfg, k).path is not None]
+    split = cfg.resources.placement == "split"
+    actor_n = world - cfg.resources.critic_ranks if split else world
+    critic_n = cfg.resources.critic_ranks if split else world
+
+    def par(section, n: int, gen_tp: int = 0) -> Parallel:
+        return Parallel(n // section.tp_size, section.tp_size, 1, gen_tp)
+
+    pars = {"actor": par(cfg.actor, actor_n, cfg.rollout.tensor_model_parallel_size)}
+    pars.update({r: par(cfg.actor, actor_n) for r in roles if r == "reference"})
+    pars.update({r: par(cfg.critic, critic_n) for r in critics})
+    pars.update({r: par(getattr(cfg, r), actor_n) for r in ("reward_model", "cost_model") if r in roles})
+    if split:
+        pools = (Pool(tuple(r for r in roles if r not in critics), actor_n), Pool(tuple(critics), critic_n))
+    else:
+        pools = (Pool(tuple(roles), world),)
+    return Mapping(pools, pars)
+
+
+def _with_eff(problem: Problem, eff: Efficiency) -> Problem:
+    return dataclasses.replace(problem, cluster=dataclasses.replace(problem.cluster, efficiency=eff))
+
+
+def predict(problem: Problem, mapping: Mapping, eff: Efficiency) -> Mapping:
+    return simulate(_with_eff(problem, eff), Mapping(mapping.pools, dict(mapping.parallel)))
+
+
+def _loss(cases: list[tuple[Problem, Mapping, dict[str, float]]], eff: Efficiency) -> float:
+    total = 0.0
+    for problem, mapping, times in cases:
+        m = predict(problem, mapping, eff)
+        pairs = [(m.phase_s[k], times[k]) for k in m.phase_s if k in times] + [(m.step_s, times["step"])]
+        total += sum(math.log(max(p, 1e-9) / max(t, 1e-9)) ** 2 for p, t in pairs)
+    return total
+
+
+def fit(cases: list[tuple[Problem, Mapping, dict[str, float]]], start: Efficiency = CPU_DEFAULT,
+        rounds: int = 40) -> Efficiency:
+    """Coordinate descent in log space over the _FIT factors (module docstring)."""
+    eff, best = start, _loss(cases, start)
+    for _ in range(rounds):
+        improved = False
+        for name in _FIT:
+            for factor in (4.0, 2.0, 1.25, 0.8, 0.5, 0.25):
+                value = getattr(eff, name) * factor
+                if name in ("train", "forward", "prefill", "decode_bw") and value > 1.0:
+                    continue  # a fraction of the roofline
+                trial = dataclasses.replace(eff, **{name: value})
+                loss = _loss(cases, trial)
+                if loss < best - 1e-12:
+                    eff, best, improved = trial, loss, True
+        if not improved:
+            break
+    return eff
+
+
+def cases_of(measured: dict[str, dict[str, Any]], device: DeviceSpec, output_dir: Path) -> dict[str, tuple]:
+    out = {}
+    for name, m in measured.items():
+        cfg = profile_config(PROFILES[name], output_dir)
+        cluster = Cluster(1, cfg.resources.resolved_world_size(), device, CPU_DEFAULT)
+        out[name] = (problem_from_config(cfg, cluster, Capabilities.here()), mapping_of(cfg), m["times"])
+    return out
+
+
+def leave_one_out(cases: dict[str, tuple], device: DeviceSpec) -> dict[str, dict[str, float]]:
+    """Each profile's step time predicted by factors fitted on the other profiles."""
+    rows = {}
+    for name, (problem, mapping, times) in cases.items():
+        eff = fit([c for n, c in cases.items() if n != name])
+        rows[name] = {"measured_s": times["step"], "predicted_s": predict(problem, mapping, eff).step_s}
+    return rows
+
+
+def fit_and_store(measured: dict[str, dict[str, Any]], device: DeviceSpec, output_dir: Path) -> tuple[Path, str]:
+    """Fit the factors on every profile of `measured`, store them with the device and the
+    measurements; the report is the leave-one-out comparison."""
+    cases = cases_of(measured, device, output_dir)
+    eff = dataclasses.replace(fit(list(cases.values())), source=f"fitted by hybridflow plan --calibrate on "
+                              f"{len(cases)} profiles (load {os.getloadavg()[0]:.1f})")
+    loo = leave_one_out(cases, device)
+    path = save_calibration(device, eff, {"measured": measured, "leave_one_out": loo})
+    lines = [f"{'profile':32} {'measured s':>10} {'predicted s':>11} {'error':>7}  (leave-one-out)"]
+    for name, row in loo.items():
+        err = row["predicted_s"] / row["measured_s"] - 1
+        lines.append(f"{name:32} {row['measured_s']:10.3f} {row['predicted_s']:11.3f} {err:+7.1%}")
+    return path, "\n".join(lines)

@@ -1,0 +1,45 @@
+"""The real runs behind `hybridflow plan --calibrate`: each profile of
+hybridflow/planner/calibrate.py (a mapping of the built-in demo on 2 ranks) runs a few steps
+here; the phase times it logs are fitted into this machine's efficiency factors.
+
+    from hybridflow.trainer.profiles import calibrate
+    path, report = calibrate()     # minutes; stores ~/.cache/hybridflow/planner/cpu.json
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config.schema import RunConfig
+from hybridflow.planner.calibrate import PROFILES, fit_and_store, profile_config
+from hybridflow.planner.devices import measure_cpu
+
+
+def measure(cfg: RunConfig) -> dict[str, Any]:
+    """Run `cfg` (Ray must be up, or the trainer starts it); median phase and step times
+    over the steps after the first."""
+    from hybridflow.trainer.rl_trainer import RLTrainer
+    from hybridflow.trainer.run_dir import read_metrics
+
+    with RLTrainer(cfg) as trainer:
+        result = trainer.train()
+    records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"][1:]
+    keys = {k for r in records for k in r if k.startswith("timing_s/")}
+    times = {k.split("/", 1)[1]: statistics.median(r[k] for r in records if k in r) for k in keys}
+    return {"times": times, "steps": len(records), "run_dir": str(result.run_dir),
+            "load_avg_1": os.getloadavg()[0]}
+
+
+def calibrate(output_dir: Path | None = None) -> tuple[Path, str]:
+    """Run PROFILES here, fit, store (planner.calibrate.fit_and_store); the stored path and a report."""
+    from hybridflow.trainer.setup import start_ray
+
+    output_dir = Path(output_dir or tempfile.mkdtemp(prefix="hybridflow-calibrate-"))
+    device = measure_cpu()
+    start_ray(None, 2)
+    measured = {name: measure(profile_config(o, output_dir)) for name, o in PROFILES.items()}
+    return fit_and_store(measured, device, output_dir)
