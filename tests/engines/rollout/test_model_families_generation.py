@@ -1,9 +1,11 @@
-"""Generation for the families the native engine lacks (Gemma 2/3, Qwen3-MoE, DeepSeek-V3).
+"""Generation of every supported family on the Hugging Face backend, and on the native
+engine where it has the family (docs/models.md support matrix).
 
-They generate with the Hugging Face backend (`rollout.name=hf`): greedy tokens equal
-transformers' own generate of the same checkpoint, and `rollout_log_probs` equal a full
-forward pass within 1e-4 (fp32; KV-cache decoding sums in another order). The native
-engine refuses them with an error that names the hf backend. Models are the tiny
+The hf backend (`rollout.name=hf`): greedy tokens equal transformers' own generate of the
+same checkpoint, and `rollout_log_probs` equal a full forward pass within 1e-4 (fp32;
+KV-cache decoding sums in another order). The native engine generates the same tokens for
+its dense families and refuses the others (Gemma 2/3, Qwen3-MoE, DeepSeek-V3) with an
+error that names the hf backend. Models are the tiny
 configs of engines/models.py with every norm and bias perturbed (rollout_helpers.save_model).
 """
 
@@ -13,10 +15,11 @@ import pytest
 import torch
 from rollout_helpers import build_engine, full_forward_log_probs, left_padded, load_hf, save_model
 
-from hybridflow.engines.models import ModelLoadError, load_hf_config
+from hybridflow.engines.models import SUPPORTED_FAMILIES, ModelLoadError, load_hf_config
 from hybridflow.engines.rollout import HFRolloutEngine, RolloutConfig, SamplingParams
+from hybridflow.engines.rollout.spec import NATIVE_FAMILIES
 
-FAMILIES = ("gemma2", "gemma3_text", "qwen3_moe", "deepseek_v3")
+FAMILIES = tuple(SUPPORTED_FAMILIES)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -33,5 +36,10 @@ def test_hf_backend_generates_what_transformers_does(family, tmp_path):
     # prompts + 8 tokens run past the 4-token sliding window of the Gemma configs
     lp = full_forward_log_probs(hf, out)
     assert (out.batch["rollout_log_probs"] - lp).abs().max() < 1e-4
-    with pytest.raises(ModelLoadError, match="rollout.name=hf"):
-        build_engine("native", path, hf_config=load_hf_config(path))
+    if family in NATIVE_FAMILIES:
+        native = build_engine("native", path).generate(
+            batch, SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True))
+        assert torch.equal(native.batch["responses"], out.batch["responses"])
+    else:
+        with pytest.raises(ModelLoadError, match="rollout.name=hf"):
+            build_engine("native", path, hf_config=load_hf_config(path))
