@@ -3,6 +3,13 @@
 Both the training engine and the rollout engine read models from a local Hugging Face
 directory; nothing is ever downloaded. `save_tiny_model` writes a small randomly
 initialised model of a supported family so tests and the built-in demo need no weights.
+
+The training engine runs Hugging Face's own modules, so a family is supported once its
+layer layout is known to the sharding code (docs/models.md has the support matrix):
+dense llama / qwen2 / qwen3 / mistral, Gemma 2 and Gemma 3 text (logit soft-capping,
+sliding-window layers, scaled embeddings), and the mixture-of-experts Qwen3-MoE and
+DeepSeek-V3 (MLA attention, shared + routed experts). The native rollout engine covers
+the dense four only (rollout/spec.py); the others generate with `rollout.name=hf`.
 """
 
 from __future__ import annotations
@@ -22,7 +29,39 @@ SUPPORTED_FAMILIES: dict[str, str] = {
     "qwen2": "Qwen2Config",
     "qwen3": "Qwen3Config",
     "mistral": "MistralConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",  # Gemma3ForCausalLM (text-only checkpoints, e.g. gemma-3-1b)
+    "qwen3_moe": "Qwen3MoeConfig",
+    "deepseek_v3": "DeepseekV3Config",
 }
+
+# Mixture-of-experts families: their experts are fused 3-D tensors that the tensor-parallel
+# plan does not split (they are sharded over dp by FSDP like every other parameter).
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
+
+# Families whose attention soft-caps its logits (tanh), which only the eager kernel applies;
+# transformers refuses sdpa for them.
+EAGER_ATTENTION_FAMILIES = ("gemma2",)
+
+
+def _tiny_family_settings(family: str, *, num_attention_heads: int, hidden_size: int) -> dict:
+    """Family-specific fields of a tiny config, small enough that every feature is exercised
+    on test sequences of ~10 tokens (a 4-token sliding window, strong soft-caps, 4 experts)."""
+    head_dim = hidden_size // num_attention_heads
+    gemma = dict(head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=4,
+                 final_logit_softcapping=5.0, layer_types=["sliding_attention", "full_attention"])
+    return {
+        "gemma2": {**gemma, "attn_logit_softcapping": 2.0},
+        "gemma3_text": gemma,
+        "qwen3_moe": dict(head_dim=head_dim, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                          norm_topk_prob=True),
+        # MLA: low-rank q and kv projections, rope on a slice of each head; layer 0 dense,
+        # layer 1 one shared expert + 4 routed (top 2).
+        "deepseek_v3": dict(num_key_value_heads=num_attention_heads, moe_intermediate_size=32,
+                            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1,
+                            topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=head_dim),
+    }.get(family, {})
 
 
 class ModelLoadError(UserInputError):
@@ -47,7 +86,7 @@ def make_tiny_config(
             f"unknown model family {family!r}; supported: {sorted(SUPPORTED_FAMILIES)}"
         )
     config_cls = getattr(transformers, SUPPORTED_FAMILIES[family])
-    return config_cls(
+    fields = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -60,6 +99,10 @@ def make_tiny_config(
         eos_token_id=2,
         pad_token_id=0,
     )
+    fields.update(_tiny_family_settings(family, num_attention_heads=num_attention_heads, hidden_size=hidden_size))
+    if family in EAGER_ATTENTION_FAMILIES:
+        fields["attn_implementation"] = "eager"
+    return config_cls(**fields)
 
 
 def save_tiny_model(path: str | Path, family: str = "llama", *, seed: int = 0, **sizes) -> Path:
@@ -181,6 +224,11 @@ def load_model(
     _check_weights_present(path)
     if kind == "reward":
         _check_reward_config(path, config)
+    if config.model_type in EAGER_ATTENTION_FAMILIES and attn_implementation != "eager":
+        raise ModelLoadError(
+            f"{str(path)!r} is a {config.model_type} model, whose attention soft-caps its logits; only the "
+            f"eager kernel does that, not {attn_implementation!r}: set attn_implementation: eager"
+        )
     auto_cls = getattr(transformers, _AUTO_CLASS_FOR_KIND[kind])
     extra = {"num_labels": 1} if kind != "causal_lm" else {}
     try:

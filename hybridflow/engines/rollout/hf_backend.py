@@ -53,6 +53,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.rollout.batch_io import (
     check_model_len,
     check_ready,
@@ -117,6 +118,23 @@ class HFRolloutEngine(RolloutEngine):
         self._param_names = {id(p): n for n, p in self.model.named_parameters()}
         self._loaded: set[int] = set()
         self._calls = 0
+
+    @classmethod
+    def from_pretrained(cls, model_dir, config: RolloutConfig = RolloutConfig(), *, process_group=None,
+                        tokenizer=None) -> "HFRolloutEngine":
+        """Build from a local HF directory, its weights read by transformers' own loader.
+
+        Checkpoints may store tensors under other names than the module uses: transformers 5
+        fuses the per-expert weights of MoE families (Qwen3-MoE, DeepSeek-V3) into 3-D
+        tensors at load time. Weights from the training engine already carry the module's
+        names; only a directory on disk needs the conversion. Costs one transient copy.
+        """
+        hf_config = load_hf_config(model_dir)
+        engine = cls(hf_config, config, process_group=process_group, tokenizer=tokenizer, model_path=str(model_dir))
+        loaded = AutoModelForCausalLM.from_pretrained(model_dir, config=hf_config, dtype=config.dtype,
+                                                      local_files_only=True)
+        engine.load_weights(loaded.state_dict().items())
+        return engine
 
     # ----------------------------------------------------------------- RolloutEngine
     @property

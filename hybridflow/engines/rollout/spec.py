@@ -17,8 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridflow.engines.models import SUPPORTED_FAMILIES, ModelLoadError
+from hybridflow.engines.models import ModelLoadError
 from hybridflow.engines.rollout.batch_io import id_tuple
+
+# The decoder layouts the native engine implements. The training engine supports more
+# (engines/models.py SUPPORTED_FAMILIES); those generate with the hf backend.
+NATIVE_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -64,10 +68,10 @@ class DecoderSpec:
     def from_hf_config(cls, config) -> "DecoderSpec":
         """Build from a transformers config object of a supported family."""
         family = getattr(config, "model_type", None)
-        if family not in SUPPORTED_FAMILIES:
+        if family not in NATIVE_FAMILIES:
             raise ModelLoadError(
-                f"model_type {family!r} is not supported by the rollout engine; "
-                f"supported families: {sorted(SUPPORTED_FAMILIES)}"
+                f"model_type {family!r} is not supported by the native rollout engine (families: "
+                f"{sorted(NATIVE_FAMILIES)}); generate with the Hugging Face backend: rollout.name=hf"
             )
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":

@@ -37,9 +37,21 @@ def apply_lora(model: nn.Module, config: LoraConfig) -> nn.Module:
         task_type="CAUSAL_LM",
     )
     try:
-        return peft.get_peft_model(model, peft_config)
+        wrapped = peft.get_peft_model(model, peft_config)
     except ValueError as err:
         raise ValueError(f"could not apply LoRA with target_modules={config.target_modules}: {err}") from err
+    # peft also adapts fused 3-D parameters (the experts of Qwen3-MoE / DeepSeek-V3) whose
+    # adapters are not one B A per weight: neither merging for generation nor export can fold them.
+    fused = sorted(hf_name(name) for name, module in wrapped.named_modules()
+                   if hasattr(module, "lora_A") and not isinstance(getattr(module, "base_layer", None), nn.Linear)
+                   and ".base_layer" not in name)
+    if fused:
+        raise ValueError(
+            f"LoRA on {fused[0]} (a fused mixture-of-experts tensor, not a Linear layer) is not supported: its "
+            "adapters cannot be merged for generation or export; set lora.target_modules to the attention "
+            "projections, e.g. [q_proj, k_proj, v_proj, o_proj]"
+        )
+    return wrapped
 
 
 def is_lora(model: nn.Module) -> bool:

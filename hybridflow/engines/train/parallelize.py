@@ -1,14 +1,15 @@
 """How a model is parallelised: tensor-parallel plans, FSDP2 sharding, activation checkpointing.
 
 Model code (Hugging Face modules, `TokenScoreModel`) is untouched; this module only
-annotates it, torchtitan-style. The supported families (llama, qwen2, qwen3, mistral)
-share one decoder layout, so one plan covers them:
+annotates it, torchtitan-style. The dense families (llama, qwen2, qwen3, mistral, gemma2,
+gemma3_text) share one decoder layout, so one plan covers them (mixture-of-experts
+families are refused: their fused expert tensors have no plan here):
 
 - attention q/k/v and MLP gate/up: column-wise (output features, i.e. heads, sharded);
   o_proj and down_proj: row-wise, so each block ends in one all-reduce. Activations
   between blocks are plain replicated tensors, which keeps the HF code unaware of TP.
   Qwen2's q/k/v biases are sharded with their weights.
-- Qwen3's per-head q/k RMSNorm sees only the local heads; its weight is a replicated
+- Qwen3's (and Gemma 3's) per-head q/k RMSNorm sees only the local heads; its weight is a replicated
   DTensor and its input is marked as sharded on the head axis, so the weight gradient
   (a sum over all heads) is reduced over tp by DTensor instead of silently differing.
 - Embedding: vocabulary-parallel (row-wise). lm_head: column-wise with the logits
@@ -39,7 +40,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from hybridflow.engines.models import model_family
+from hybridflow.engines.models import MOE_FAMILIES, model_family
+
+QK_NORM_FAMILIES = ("qwen3", "gemma3_text")
 
 
 class HeadShardedNorm(ParallelStyle):
@@ -119,6 +122,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard `model` (a HF model, TokenScoreModel or peft wrapper) in place over `tp_mesh`
     with the plan in the module docstring."""
     family = model_family(model)
+    if family in MOE_FAMILIES:
+        raise ValueError(
+            f"tensor parallelism for the mixture-of-experts family {family!r} is not supported (its experts are "
+            "fused 3-D tensors without a TP plan); use tp_size=1: FSDP shards the experts over dp"
+        )
     if hasattr(model, "get_base_model"):  # peft: the plan's paths are those of the HF model
         model = model.get_base_model()
     check_tp_divisibility(model.config, tp_mesh.size())
@@ -131,7 +139,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
-    if family == "qwen3":
+    if family in QK_NORM_FAMILIES:
         layer_plan["self_attn.q_norm"] = HeadShardedNorm()
         layer_plan["self_attn.k_norm"] = HeadShardedNorm()
     for layer in decoder_layers(model):

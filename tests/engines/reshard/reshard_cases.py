@@ -246,3 +246,51 @@ def actor_update_reaches_generation(rank: int, world: int, model_dir: str, tp: i
     out["generation_moved"] = float((gen["log_probs"] - lp0).abs().max())
     hybrid.to_training()
     return out
+
+
+def families_into_hf_backend(rank: int, world: int, model_dirs: list[str]) -> list[dict]:
+    """For each model: an ActorEngine sharded by FSDP over the world (dp), weights moved into
+    the hf rollout backend by the HybridEngine (t_g = 1), one actor step, moved again. The
+    backend must hold exactly the training weights (after the step too) and generate what
+    transformers' generate does with them."""
+    import transformers
+
+    from hybridflow.engines.models import EAGER_ATTENTION_FAMILIES, load_hf_config
+    from hybridflow.engines.reshard import HybridEngine, aligned_shard_dim
+    from hybridflow.engines.rollout import RolloutConfig
+    from hybridflow.engines.train import ActorEngine, MicroBatchConfig, OptimConfig, TrainEngineConfig
+
+    out = []
+    for model_dir in model_dirs:
+        hf_config = load_hf_config(model_dir)
+        attn = "eager" if hf_config.model_type in EAGER_ATTENTION_FAMILIES else "sdpa"
+        engine = ActorEngine(TrainEngineConfig(
+            model_path=model_dir, dtype="fp32", attn_implementation=attn,
+            optim=OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=0.0),
+            micro_batch=MicroBatchConfig(mini_batch_size=2 * world, micro_batch_size_per_device=1)),
+            fsdp_shard_dim=aligned_shard_dim)  # as the actor-rollout worker builds it
+        hybrid = HybridEngine.build(engine.named_sharded_parameters, hf_config, RolloutConfig(dtype=torch.float32),
+                                    gen_tp=1, method="hybrid", backend="hf")
+        hybrid.to_generation()
+        hybrid.to_training()
+        batch = {k: v.chunk(world)[rank] for k, v in _rl_batch(2 * world, hf_config.vocab_size).items()}
+        batch["old_log_probs"], _ = engine.compute_log_prob(batch)
+        engine.update_policy(batch)
+        full = _full_params(engine)
+        hybrid.to_generation()
+        views = named_generation_weights(hybrid.rollout)
+        res = {"family": hf_config.model_type,
+               "weight_diff": max(float((views[n].float() - t).abs().max()) for n, t in full.items()),
+               "missing": sorted(set(full) - set(views))}
+        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+        model.load_state_dict(full, strict=False)
+        model.tie_weights()
+        gen = greedy(hybrid.rollout, hf_config.vocab_size)
+        batch = prompts(hf_config.vocab_size).batch
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=gen.batch["responses"].shape[1],
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        res["tokens_equal"] = bool(torch.equal(gen.batch["responses"], ref[:, ids.shape[1]:]))
+        hybrid.to_training()
+        out.append(res)
+    return out

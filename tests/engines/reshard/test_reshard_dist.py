@@ -84,3 +84,17 @@ def test_actor_step_reaches_next_generation_dp2_tp2(llama_dir):
         assert res["generation_moved"] > 1e-3  # ... and generation saw the change
         # FSDP sharding o_proj/down_proj on dim 1 instead of 0 trains the same model
         assert res["placement_param_diff"] < 1e-5
+
+
+def test_tied_embeddings_tp2_step_reaches_generation(tmp_path):
+    """A tied-embedding actor trained at tp 2: the one shared [vocab, hidden] DTensor reaches
+    the generation engine (t_g = 2) as its embedding and lm_head, before and after a step."""
+    tied = reshard_cases.save_perturbed_llama(tmp_path / "tied", **SIZES, tie_word_embeddings=True)
+    (res,) = run_ranks(reshard_cases.actor_update_reaches_generation, 2, str(tied), 2)[:1]
+    assert "lm_head.weight" not in res["layout"]
+    for phase in ("before", "after"):
+        assert res[phase]["bad_slices"] == [], phase
+        for key in ("comm_bytes", "train_shard_bytes", "generation_bytes", "buffer_bytes", "peak_bytes"):
+            assert res[phase]["stats"][key] == res[phase]["predicted"][key], (phase, key)
+    assert res["after"]["tokens_equal"] and res["after"]["logprob_diff"] < 1e-4
+    assert res["generation_moved"] > 1e-3

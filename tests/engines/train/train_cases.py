@@ -24,11 +24,19 @@ from train_harness import (
 )
 
 
+def attention_for(path: str) -> str:
+    """sdpa, or eager for a family whose soft-capped attention needs it (Gemma 2)."""
+    from hybridflow.engines.models import EAGER_ATTENTION_FAMILIES, load_hf_config
+
+    return "eager" if load_hf_config(path).model_type in EAGER_ATTENTION_FAMILIES else "sdpa"
+
+
 def _actor_config(path: str, *, tp: int, mini: int, micro: int, lr: float, dtype: str = "fp32", **kw):
     from hybridflow.engines.train import MicroBatchConfig, OptimConfig, TrainEngineConfig
 
     return TrainEngineConfig(
         model_path=path,
+        attn_implementation=attention_for(path),
         dtype=dtype,
         tp_size=tp,
         optim=OptimConfig(lr=lr, weight_decay=0.01, grad_clip=1.0),
@@ -79,7 +87,12 @@ def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: in
     if lora_rank:
         from hybridflow.engines.train import LoraConfig
 
-        extra["lora"] = LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank)
+        from hybridflow.engines.models import MOE_FAMILIES, load_hf_config
+
+        # MoE: attention only (LoRA on fused experts is refused, test_model_families.py)
+        moe = load_hf_config(path).model_type in MOE_FAMILIES
+        targets = {"target_modules": ("q_proj", "k_proj", "v_proj", "o_proj")} if moe else {}
+        extra["lora"] = LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank, **targets)
     config = _actor_config(path, tp=tp, mini=mini, micro=micro, lr=lr, **extra)
     if dynamic:
         config.micro_batch.use_dynamic_bsz = True
@@ -335,3 +348,9 @@ def tied_tp_checkpoint_across_layouts(rank: int, world: int, path: str, root: st
             ref_lp = reference_log_probs(exported, batches[0])
         out["export_log_prob"] = float((lp - ref_lp)[batches[0]["response_mask"].bool()].abs().max())
     return out
+
+
+def families_match_reference(rank: int, world: int, runs: list[tuple[str, int, int]]) -> list[dict]:
+    """actor_matches_reference for each (model dir, tp, LoRA rank) in `runs`, in one set of
+    ranks: one step, two with LoRA (A first moves in the second)."""
+    return [actor_matches_reference(rank, world, path, tp, 2 if lora else 1, False, lora) for path, tp, lora in runs]

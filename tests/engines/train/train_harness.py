@@ -86,7 +86,7 @@ def reference_model(path: str, config: Any) -> torch.nn.Module:
     from hybridflow.engines.train.lora import apply_lora
 
     torch.manual_seed(config.seed)
-    model = load_model(path)
+    model = load_model(path, attn_implementation=config.attn_implementation)
     return apply_lora(model, config.lora) if config.lora.enabled else model
 
 
