@@ -9,6 +9,7 @@
     hybridflow eval PATH [--data FILE] [--output J]    score a run / checkpoint / model dir per data source
     hybridflow export PATH --out DIR                   checkpoint -> Hugging Face model directory
     hybridflow plot RUN_DIR                            PNG plots of reward, KL, entropy, length
+    hybridflow plan [--config FILE] [--nodes N ...]    auto-mapping: best placement and parallel sizes
 
 `train` and `sft` read the config tree of hybridflow/config/schema.py: a YAML file plus
 dotted overrides such as `actor.optim.lr=1e-5 rollout.n=4`. The config is validated before
@@ -31,8 +32,8 @@ import sys
 from typing import Callable
 
 from hybridflow.cli import eval as eval_cmd
+from hybridflow.cli import export, plan, plot, preprocess, rm, selfcheck, train
 from hybridflow.errors import UserInputError
-from hybridflow.cli import export, plot, preprocess, rm, selfcheck, train
 
 
 DEBUG_HELP = "show the full Python traceback of an error (default: one or two lines naming the problem)"
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     for add in (train.add_parsers, selfcheck.add_parser, preprocess.add_parser, rm.add_parser,
-                eval_cmd.add_parser, export.add_parser, plot.add_parser):
+                eval_cmd.add_parser, export.add_parser, plot.add_parser, plan.add_parser):
         add(sub)
     for command in sub.choices.values():
         # SUPPRESS: an absent subcommand flag must not reset `hybridflow --debug train`.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hybridflow.config.algorithm import check_algorithm
+from hybridflow.config.async_schema import check_async_settings
 from hybridflow.engines.train.config import EngineSettings, MicroBatchConfig
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import check_role_engine
@@ -89,6 +90,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
             f"{max_len} tokens exceed the built-in model's model.builtin.max_position_embeddings="
             f"{cfg.model.builtin.max_position_embeddings}", "rollout.response_length",
         )
+    check_async_settings(cfg)
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences)
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from hybridflow.controller.errors import DispatchError, WorkerError
+from hybridflow.controller.errors import CallTimeoutError, DispatchError, WorkerError
 
 if TYPE_CHECKING:
     from hybridflow.controller.decorator import DispatchMode
@@ -59,8 +59,7 @@ def gather(refs: list[ray.ObjectRef], owners: list[RankInfo], method: str,
             failures += _late_failures(pending, position)
             raise _primary_error(failures, owners, method)
         if pending and deadline is not None and time.monotonic() >= deadline:
-            late = sorted(owners[position[r]].rank for r in pending)
-            raise TimeoutError(f"{method}: ranks {late} did not finish within {timeout_s} s")
+            raise _timeout_error([owners[position[r]] for r in pending], method, timeout_s)
     return results
 
 
@@ -105,6 +104,15 @@ def _primary_error(failures: list[tuple[int, RayError]], owners: list[RankInfo],
     return primary
 
 
+def _timeout_error(late: list[RankInfo], method: str, timeout_s: float) -> CallTimeoutError:
+    late = sorted(late, key=lambda owner: owner.rank)
+    where = ", ".join(f"rank {o.rank} (node {o.node}, pid {o.pid})" for o in late)
+    message = (f"{method}: {late[0].role} {where} did not finish within {timeout_s:g} s (a hang, e.g. in a "
+               "collective; raise the call's time limit if the work is only slow)")
+    return CallTimeoutError(message, role=late[0].role, late_ranks=[o.rank for o in late], node=late[0].node,
+                            pid=late[0].pid, method=method, timeout_s=timeout_s)
+
+
 def to_worker_error(err: RayError, owner: RankInfo, method: str) -> WorkerError:
     """Name the worker, the call and the cause (with the worker's traceback)."""
     where = f"{owner.role} rank {owner.rank} (node {owner.node}, pid {owner.pid})"
@@ -137,8 +145,10 @@ class CallFuture:
     """A call that may still be running: ``get()`` waits and collects like a blocking call."""
 
     def __init__(self, *, method: str, mode: DispatchMode, ctx: DispatchContext, refs: list[ray.ObjectRef],
-                 owners: list[RankInfo], selected: list[int], pad_size: int | ray.ObjectRef = 0) -> None:
+                 owners: list[RankInfo], selected: list[int], pad_size: int | ray.ObjectRef = 0,
+                 timeout_s: float | None = None) -> None:
         self.method = method
+        self.timeout_s = timeout_s  # the limit `get()` applies when given none
         self._mode = mode
         self._ctx = ctx
         self._refs = refs
@@ -166,7 +176,10 @@ class CallFuture:
         return not pending
 
     def get(self, timeout_s: float | None = None) -> Any:
-        """Wait for all ranks, then collect; a failing rank raises `WorkerError`."""
+        """Wait for all ranks, then collect; a failing rank raises `WorkerError`, and ranks
+        still running after `timeout_s` (default: the group's call_timeout_s) raise
+        `CallTimeoutError`."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         values = gather(self._refs, self._owners, self.method, timeout_s)
         pad = self._pad_size
         if isinstance(pad, ray.ObjectRef):

@@ -29,6 +29,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards._worker import call_with_timeout
 from hybridflow.rewards.pool import ScoringPool
 from hybridflow.rewards.registry import DispatchScore
+from hybridflow.rewards.templates import TemplateSpec, score_turns
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +153,12 @@ class RewardManager:
         tokenizer: Any,
         config: RewardConfig | None = None,
         compute_score: Callable[..., Any] | None = None,
+        turn_templates: list[TemplateSpec] | None = None,
     ) -> None:
-        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers."""
+        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers.
+        `turn_templates`: turn-level reward templates (templates.py), scored on every model turn."""
         self.tokenizer = tokenizer
+        self.turn_templates = [t for t in (turn_templates or []) if t.level == "turn"]
         self.config = config or RewardConfig()
         self.compute_score = compute_score if compute_score is not None else DispatchScore()
         self._pool: ScoringPool | None = None
@@ -187,12 +191,18 @@ class RewardManager:
         """Decode each response up to its last valid token, score it, and place the score there."""
         responses, response_mask = self._check_batch(data)
         last = last_valid_positions(response_mask)
+        nt = data.non_tensor_batch
+        # Multi-turn rollouts (envs/agent/loop.py): the scorer reads the final model turn.
+        starts = nt["final_turn_start"] if "final_turn_start" in nt else [0] * len(responses)
         texts = self.tokenizer.batch_decode(
-            [responses[i, : int(last[i]) + 1].tolist() for i in range(len(responses))],
+            [responses[i, int(starts[i]) : int(last[i]) + 1].tolist() for i in range(len(responses))],
             skip_special_tokens=True,
         )
-        nt = data.non_tensor_batch
         extra_infos = nt["extra_info"] if "extra_info" in nt else [None] * len(texts)
+        if "num_turns" in nt:  # what turn / tool-use / length templates read
+            extra_infos = [{**(extra_infos[i] or {}), "num_turns": int(nt["num_turns"][i]),
+                            "num_tool_calls": int(nt["num_tool_calls"][i]),
+                            "num_model_tokens": int(response_mask[i].sum())} for i in range(len(texts))]
         tasks = [
             {
                 "data_source": nt["data_source"][i],
@@ -204,6 +214,10 @@ class RewardManager:
         ]
         outcomes, restarts = self._run(tasks)
         out = self._assemble(outcomes, last, responses.shape, restarts)
+        if self.turn_templates:
+            add_turn_rewards(out, data, self.tokenizer, self.turn_templates)
+        if "score_override" in nt or "env_rewards" in data.batch:
+            add_environment_rewards(out, data, last)
         self._count_failures(out.errors, len(outcomes))
         return out
 
@@ -274,3 +288,54 @@ class RewardManager:
             errors=errors,
             metrics=metrics,
         )
+
+
+def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tensor) -> None:
+    """Fold a multi-turn rollout's environment outcome into `out` (envs/agent/loop.py):
+    a failed environment's `score_override` replaces the scorer's score, and the turn
+    rewards in `env_rewards` (on each turn's last token) are added to the token scores."""
+    nt = data.non_tensor_batch
+    if "score_override" in nt:
+        override = torch.tensor([float(v) for v in nt["score_override"]], dtype=torch.float32)
+        rows = torch.nonzero(~torch.isnan(override) & (last >= 0)).squeeze(-1)
+        out.scores[rows] = override[rows]
+        out.token_level_scores[rows, last[rows]] = override[rows]
+        out.metrics["reward/mean"] = float(out.scores.mean()) if len(out.scores) else 0.0
+    if "env_rewards" in data.batch:
+        env = data.batch["env_rewards"].to(torch.float32)
+        out.token_level_scores += env
+        out.metrics["reward/env_mean"] = float(env.sum(-1).mean())
+    for key in ("num_turns", "num_tool_calls"):
+        if key in nt:
+            out.metrics[f"agent/{key}_mean"] = float(np.mean([float(v) for v in nt[key]]))
+    if "num_tool_calls" in nt:
+        out.metrics["agent/tool_call_rate"] = float(np.mean([float(v) > 0 for v in nt["num_tool_calls"]]))
+    if "agent_stop" in nt:
+        for reason in sorted({str(v) for v in nt["agent_stop"]}):
+            out.metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of model tokens (1s) in a response_mask row."""
+    spans, start = [], None
+    for i, m in enumerate(mask_row.tolist() + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def add_turn_rewards(out: RewardOutput, data: DataProto, tokenizer: Any, specs: list[TemplateSpec]) -> None:
+    """Score every model turn with the turn-level templates; each on its turn's last token."""
+    nt, responses = data.non_tensor_batch, data.batch["responses"]
+    total = 0.0
+    for i, mask_row in enumerate(data.batch["response_mask"]):
+        spans = turn_spans(mask_row)
+        texts = tokenizer.batch_decode([responses[i, a:b].tolist() for a, b in spans], skip_special_tokens=True)
+        row = {k: nt[k][i] for k in ("ground_truth", "data_source", "extra_info") if k in nt}
+        for (_, end), reward in zip(spans, score_turns(specs, texts, row)):
+            out.token_level_scores[i, end - 1] += reward
+            total += reward
+    out.metrics["reward/turn_templates_mean"] = total / max(1, len(responses))

@@ -138,7 +138,8 @@ def train_critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState
     log_probs(step, roles, cfg)
     shaped_rewards(step, cfg, state)
     P.compute_advantages(step, cfg.algorithm.estimator, cfg.algorithm.advantage_config(), extra_keys)
-    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss)
+    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                   with_behaviour=cfg.actor.loss.off_policy.enabled)
 
 
 def _group_unit(cfg: RunConfig) -> int:
@@ -188,7 +189,8 @@ def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     shaped_rewards(step, cfg, state)
     P.compute_advantages(step, "gae", cfg.algorithm.advantage_config())
     P.update_critic(step, roles.critic)
-    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss)
+    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                   with_behaviour=cfg.actor.loss.off_policy.enabled)
 
 
 def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
@@ -205,5 +207,6 @@ def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> Non
     P.compute_safe_advantages(step, state.lagrange, adv_config)
     P.update_critic(step, roles.critic)
     P.update_cost_critic(step, roles.cost_critic)
-    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss)
+    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                   with_behaviour=cfg.actor.loss.off_policy.enabled)
 

@@ -64,7 +64,7 @@ def describes_env_task(config: Any, resume: Any = None) -> bool:
         return is_env_tree(config)
     if isinstance(config, (str, Path)):
         return is_env_tree(user_tree(config))
-    if config is None and resume is not None and not isinstance(resume, bool):
+    if config is None and isinstance(resume, (str, Path)):  # not True / a language-model ResumePoint
         from hybridflow.trainer.checkpointing import find_checkpoint, run_config_path
 
         return is_env_tree(user_tree(run_config_path(find_checkpoint(resume))))

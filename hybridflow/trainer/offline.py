@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from hybridflow.config.schema import RunConfig, load_run_config
+from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
@@ -49,6 +49,7 @@ from hybridflow.trainer.setup import (
     build_groups,
     build_reward_manager,
     first_prompts,
+    rank_cpus,
     start_ray,
     val_prompts,
 )
@@ -111,8 +112,7 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:
-    return dataclasses.replace(cfg, resources=dataclasses.replace(
-        cfg.resources, world_size=cfg.resources.resolved_world_size()))
+    return dataclasses.replace(cfg, resources=resolved_resources(cfg.resources))
 
 
 def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: int | None,
@@ -188,7 +188,8 @@ def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
     source's model with the checkpoint's weights; everything stopped on exit."""
     cfg = source.cfg
     layout = validate_run_config(cfg)
-    ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
+    ray_started = start_ray(cfg.resources.ray_address, layout.world_size * rank_cpus(cfg.resources, layout),
+                            cfg.resources.nodes)
     groups: dict[str, WorkerGroup] = {}
     try:
         # Only the policy: no reference model, no critic (they do not change its answers).

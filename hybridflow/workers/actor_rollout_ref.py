@@ -18,18 +18,16 @@ Two dispatch meshes: "actor" (training dp rank, collected from tp rank 0) and "r
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-
-import numpy as np
 
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.models import load_hf_config
-from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
-from hybridflow.engines.rollout import RolloutConfig, SamplingParams
+from hybridflow.engines.reshard.cross_pool import TensorMeta, WeightBridge, free_port, full_tensors, manifest_of
+from hybridflow.engines.rollout import SamplingParams
+from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.engines.train import ActorEngine
-from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, UPDATE_KEYS
+from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, update_keys
 from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
 from hybridflow.engines.train.export import export_hf
 from hybridflow.engines.train.flops import FlopFacts, engine_flop_facts
@@ -45,6 +43,12 @@ from hybridflow.workers.common import (
     uses_offload,
 )
 from hybridflow.workers.config import ActorRolloutRefConfig
+from hybridflow.workers.generation import (
+    call_sampling_params,
+    counts_as_sampled_call,
+    rollout_engine_config,
+    tokenizer_if_present,
+)
 from hybridflow.workers.generation_weights import generation_named_parameters
 
 ACTOR_MESH = "actor"
@@ -65,6 +69,7 @@ class ActorRolloutRefWorker(Worker):
         self.hybrid: HybridEngine | None = None
         self.rollout_dp_rank = 0
         self._generate_calls = 0
+        self.bridge: WeightBridge | None = None  # to a separate rollout pool (trainer.mode != sync), rank 0 only
 
     # ------------------------------------------------------------------ build
 
@@ -77,9 +82,9 @@ class ActorRolloutRefWorker(Worker):
         if cfg.use_reference and not cfg.engine.lora.enabled:
             self.ref = ActorEngine(cfg.engine, cfg.loss, trainable=False)
         self.hybrid = HybridEngine.build(
-            generation_named_parameters(self.actor), load_hf_config(cfg.model_path), self._rollout_engine_config(),
+            generation_named_parameters(self.actor), load_hf_config(cfg.model_path), rollout_engine_config(cfg.rollout, self.actor.device),
             gen_tp=cfg.rollout.tensor_model_parallel_size, method=cfg.rollout.reshard_method,
-            backend=cfg.rollout.name, tokenizer=_tokenizer_if_present(cfg.model_path), model_path=cfg.model_path,
+            backend=cfg.rollout.name, tokenizer=tokenizer_if_present(cfg.model_path), model_path=cfg.model_path,
         )
         for engine in (self.actor, self.ref):
             if engine is not None and uses_offload(engine):
@@ -90,13 +95,6 @@ class ActorRolloutRefWorker(Worker):
         self.register_dispatch_mesh(ROLLOUT_MESH, dp_rank=self.rollout_dp_rank, dp_size=len(groups),
                                     is_collect=self.hybrid.rollout.tp_rank == 0)
 
-    def _rollout_engine_config(self) -> RolloutConfig:
-        r, device = self.config.rollout, self.actor.device
-        return RolloutConfig(
-            dtype=resolve_dtype(r.dtype, device.type), device=str(device), max_num_seqs=r.max_num_seqs,
-            max_model_len=r.max_model_len, keep_kv_cache=False, log_prob_mode=r.log_prob_mode,
-            prefill_token_budget=r.prefill_token_budget, seed=r.seed, matmul=r.matmul,
-        )
 
     # ------------------------------------------------------------------ generation
 
@@ -118,24 +116,27 @@ class ActorRolloutRefWorker(Worker):
             stats = self.hybrid.to_generation()
         try:
             with timed(timings, "timing_s/generate"):
-                out = self.hybrid.rollout.generate(prompts, params)
+                out = self._generate(prompts, params)
         finally:
             with timed(timings, "timing_s/reshard_to_training"):
                 self.hybrid.to_training()
-        if not params.greedy and prompts.meta_info.get("seed") is None:
-            # Only calls whose seed came from the counter consume it: greedy or explicitly
-            # seeded evaluation never shifts the seeds of the training rollouts after it.
+        if counts_as_sampled_call(params, prompts.meta_info):
             self._generate_calls += 1
         out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats)})
         return out
 
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        """One-turn generation, or the multi-turn agent loop (rollout.agent.enable; envs/agent/loop.py)."""
+        engine, r = self.hybrid.rollout, self.config.rollout
+        if not r.agent.enable:
+            return engine.generate(prompts, params)
+        if engine.tokenizer is None:
+            raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in {self.config.model_path}")
+        response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
+        return AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
+
     def _sampling_params(self, meta: dict) -> SamplingParams:
-        params = SamplingParams.from_meta_info(meta, **self.config.rollout.sampling_defaults())
-        # Each micro-DP group must draw its own random numbers: the engine seeds a sample by
-        # (seed, row, sample index), and row 0 of every group would otherwise share a stream.
-        # Without a seed in meta_info, the call number makes every call draw afresh.
-        base = [params.seed] if params.seed is not None else [self.config.rollout.seed, 1 << 31, self._generate_calls]
-        return _replace_seed(params, _derive_seed(base + [self.rollout_dp_rank]))
+        return call_sampling_params(self.config.rollout, meta, self._generate_calls, self.rollout_dp_rank)
 
     # ------------------------------------------------------------------ log-probs
 
@@ -177,7 +178,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """One policy update; returns only ``meta_info["metrics"]`` (averaged over ranks)."""
         require(self.actor, "the actor")
-        keys = UPDATE_KEYS + (("ref_log_probs",) if self.config.loss.use_kl_loss else ())
+        keys = update_keys(self.config.loss)
         if OLD_LOG_PROBS in data.batch:  # absent: the on-policy fused update (ActorEngine.update_policy)
             keys += (OLD_LOG_PROBS,)
         batch = batch_tensors(data, keys, "update_actor")
@@ -185,6 +186,36 @@ class ActorRolloutRefWorker(Worker):
         with engine_on_device(self.actor), timed(timings, "timing_s/update_actor"):
             metrics = self.actor.update_policy(batch, temperature=self._temperature(data.meta_info))
         return DataProto(meta_info={"metrics": mean_over_world({**metrics, **timings})})
+
+    # ------------------------------------------------------------------ weights to a rollout pool
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def weight_bridge_endpoint(self) -> tuple[str, int, list[TensorMeta]]:
+        """(host, free port, manifest of the generation weights) for a WeightBridge that
+        training rank 0 hosts (engines/reshard/cross_pool.py)."""
+        require(self.actor, "the actor")
+        return self.master_addr, free_port(self.master_addr), manifest_of(generation_named_parameters(self.actor)())
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_bridge(self, host: str, port: int, world_size: int, manifest: list[TensorMeta],
+                           bucket_bytes: int) -> None:
+        """Rank 0 joins the bridge as its sender (collective with the rollout pool's join)."""
+        if self.rank == 0:
+            self.bridge = WeightBridge(host, port, 0, world_size, manifest, bucket_bytes)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
+    def send_weights(self) -> dict[str, float]:
+        """Broadcast the current weights to the rollout pool (every rank gathers its shards,
+        rank 0 sends); rank 0's bytes / buckets / seconds under weight_sync/*."""
+        require(self.actor, "the actor")
+        with engine_on_device(self.actor):
+            tensors = full_tensors(generation_named_parameters(self.actor)(), keep=self.rank == 0)
+            if self.rank != 0:
+                for _ in tensors:  # the gathers are collective over the training pool
+                    pass
+                return {}
+            require(self.bridge, "the weight bridge (join_weight_bridge)")
+            return self.bridge.send(tensors).as_metrics("weight_sync")
 
     # ------------------------------------------------------------------ persistence
 
@@ -238,21 +269,3 @@ class ActorRolloutRefWorker(Worker):
 
 def _reshard_metrics(stats: TransitionStats) -> dict[str, float]:
     return {f"reshard/{name}": float(getattr(stats, name)) for name in _RESHARD_FIELDS}
-
-
-def _derive_seed(entropy: list[int]) -> int:
-    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint32)
-    return int(state[0]) & 0x7FFFFFFF
-
-
-def _replace_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    return dataclasses.replace(params, seed=seed)
-
-
-def _tokenizer_if_present(model_path: str):
-    """The model directory's tokenizer (stop strings need one to decode), or None."""
-    if not (Path(model_path) / "tokenizer_config.json").is_file():
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)

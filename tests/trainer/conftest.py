@@ -1,26 +1,11 @@
-"""Helpers for trainer tests: a tiny run config (2 ranks, CPU, tiny model) and metrics checks."""
+"""Fixtures for trainer tests: tiny run configs (trainer_helpers.TINY: 2 ranks, CPU, tiny model)."""
 
 from __future__ import annotations
 
 import pytest
+from trainer_helpers import tiny_run_config
 
-from hybridflow.config.schema import RunConfig, load_run_config
-
-# A 2-layer, 32-wide model and a handful of prompts: seconds per step on 2 CPU ranks.
-TINY = [
-    "trainer.console=none", "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_final_model=false",
-    "resources.world_size=2", "sft.steps=0",
-    "model.builtin.hidden_size=32", "model.builtin.intermediate_size=64", "model.builtin.num_hidden_layers=2",
-    "data.train_batch_size=4", "rollout.n=2", "data.builtin.num_train=64", "data.builtin.num_val=8",
-    "actor.micro_batch.mini_batch_size=4", "actor.micro_batch.micro_batch_size_per_device=2",
-    "critic.micro_batch.mini_batch_size=4", "critic.micro_batch.micro_batch_size_per_device=2",
-    "reward.manager.num_workers=1",
-]
-
-
-def tiny_run_config(output_dir, *overrides: str) -> RunConfig:
-    """TINY plus `overrides`, with runs going under `output_dir`."""
-    return load_run_config(None, [f"trainer.output_dir={output_dir}", *TINY, *overrides])
+from hybridflow.config.schema import RunConfig
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from hybridflow.trainer.lifecycle import (
 from hybridflow.trainer.run_dir import read_metrics
 
 TINY_PRETRAINED = "tiny-pretrained-test"
-# The sizes of trainer/conftest.py's TINY model: seconds per step on 2 CPU ranks.
+# The sizes of trainer_helpers.py's TINY model: seconds per step on 2 CPU ranks.
 TINY_SIZES = BuiltinModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from hybridflow.algorithms import agg_loss, get_policy_loss, kl_loss
 from hybridflow.algorithms import AggregationScale
+from hybridflow.algorithms.off_policy import apply_behaviour_weights
 from hybridflow.engines.train import batching
 from hybridflow.engines.train.config import ActorLossConfig, TrainEngineConfig
 from hybridflow.engines.train.engine import TrainEngine
@@ -26,6 +27,14 @@ FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "advantages")
 # Without it the update is "on-policy fused": see ActorEngine.update_policy.
 OLD_LOG_PROBS = "old_log_probs"
+# The behaviour policy's log-probs, read by the update when actor.loss.off_policy is on.
+ROLLOUT_LOG_PROBS = "rollout_log_probs"
+
+
+def update_keys(loss: ActorLossConfig) -> tuple[str, ...]:
+    """Batch keys `update_policy` reads under `loss` (besides the optional old_log_probs)."""
+    return (UPDATE_KEYS + (("ref_log_probs",) if loss.use_kl_loss else ())
+            + ((ROLLOUT_LOG_PROBS,) if loss.off_policy.enabled else ()))
 
 
 class ActorEngine(TrainEngine):
@@ -83,7 +92,7 @@ class ActorEngine(TrainEngine):
         would compute the same values, up to float summation order). The token-mean
         entropy of the batch is then reported here (actor/entropy), as that pass would have.
         """
-        keys = UPDATE_KEYS + (("ref_log_probs",) if self.loss_config.use_kl_loss else ())
+        keys = update_keys(self.loss_config)
         batching.require_keys(batch, keys, "update_policy")
         if OLD_LOG_PROBS not in batch:
             self._require_single_step(batching.batch_len(batch))
@@ -121,9 +130,14 @@ class ActorEngine(TrainEngine):
             with_entropy=cfg.entropy_coeff > 0 or fused,
         )
         old_log_prob = log_prob.detach() if fused else mb[OLD_LOG_PROBS]
+        advantages, is_metrics = mb["advantages"], {}
+        if cfg.off_policy.enabled:  # decoupled PPO: proximal = old, behaviour = rollout
+            advantages, is_metrics = apply_behaviour_weights(advantages, old_log_prob, mb[ROLLOUT_LOG_PROBS], mask,
+                                                             cfg.off_policy)
         pg_loss, pg_metrics = self._policy_loss(
-            old_log_prob, log_prob, mb["advantages"], mask, config=cfg.policy, agg=agg
+            old_log_prob, log_prob, advantages, mask, config=cfg.policy, agg=agg
         )
+        pg_metrics = {**pg_metrics, **is_metrics}
         loss = pg_loss
         sums = {"pg_loss": pg_loss.detach()}
         if fused and cfg.entropy_coeff == 0:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 from hybridflow.algorithms import PolicyLossConfig, get_kl_estimator, get_loss_agg_mode
+from hybridflow.algorithms.off_policy import OffPolicyConfig
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.errors import ConfigError
 
@@ -270,14 +271,6 @@ class TrainEngineSettings(EngineSettings):
     lora: LoraConfig = field(default_factory=LoraConfig)
     micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lora.enabled and self.tp_size > 1:
-            raise ConfigError(
-                f"LoRA with tensor parallelism (tp_size={self.tp_size}) is not supported; use tp_size=1 with "
-                "LoRA, or lora.rank=0", "lora.rank",
-            )
-
     def check_parallel(self, world_size: int, has_gpu: bool, *, trainable: bool) -> int:
         _needs_gpu("optimizer_offload", self.optimizer_offload, has_gpu)
         return super().check_parallel(world_size, has_gpu, trainable=trainable)
@@ -306,10 +299,14 @@ class ActorLossConfig:
 
     The KL and entropy terms are aggregated with `policy.loss_agg_mode` like the policy
     loss. `loss_scale_factor` is the constant of `seq-mean-token-sum-norm` (e.g. the max
-    response length); None uses the padded response length.
+    response length); None uses the padded response length. `off_policy`: truncated
+    importance weights between the rollout (behaviour) policy and the old (proximal)
+    policy, the decoupled PPO objective (algorithms/off_policy.py; the update then reads
+    `rollout_log_probs`).
     """
 
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001

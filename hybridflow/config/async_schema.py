@@ -1,0 +1,92 @@
+"""Settings of the asynchronous trainer modes (`trainer.mode` one_step_off / async, docs/async.md).
+
+The YAML section is `async_rl` (`async` is a Python keyword, so it cannot be a field name):
+
+    trainer: {mode: async}
+    async_rl:
+      rollout_ranks: 1        # the generation-only pool, beside resources.world_size training ranks
+      max_staleness: 1        # a sample may lag this many policy versions; staler ones are dropped
+      buffer_size: 32         # prompt groups (rollout.n samples each) the buffer holds at most
+      chunk_prompts: null     # prompts per generation call (null: data.train_batch_size)
+      steps_per_call: 16      # scheduler iterations per call: weights are taken between calls
+      bucket_mb: 64           # weight-sync bucket size
+
+one_step_off is async with max_staleness 1, whole batches per generation call and no
+partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call).
+`check_async_settings` holds the cross-section rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hybridflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RunConfig
+
+TRAINER_MODES = ("sync", "one_step_off", "async")
+_CRITIC_FREE = "hybridflow.trainer.algorithms:critic_free"
+
+
+@dataclass
+class AsyncSection:
+    """See the module docstring."""
+
+    rollout_ranks: int = 1
+    max_staleness: int = 1
+    buffer_size: int = 64
+    chunk_prompts: int | None = None
+    steps_per_call: int | None = 16
+    bucket_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        for key in ("rollout_ranks", "buffer_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
+        if self.max_staleness < 0:
+            raise ConfigError(f"must be >= 0 (0: on-policy), got {self.max_staleness}", "max_staleness")
+        for key in ("chunk_prompts", "steps_per_call"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"must be >= 1 or null, got {value}", key)
+        if not self.bucket_mb > 0:
+            raise ConfigError(f"must be > 0, got {self.bucket_mb}", "bucket_mb")
+
+    def chunk(self, train_batch_size: int) -> int:
+        return train_batch_size if self.chunk_prompts is None else self.chunk_prompts
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * (1 << 20))
+
+
+def check_async_settings(cfg: RunConfig) -> None:
+    """Cross-section rules of the asynchronous modes (nothing to check in sync mode)."""
+    mode, a = cfg.trainer.mode, cfg.async_rl
+    if mode not in TRAINER_MODES:
+        raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
+    if mode == "sync":
+        return
+    if cfg.algorithm.spec.program != _CRITIC_FREE:
+        raise ConfigError(f"{mode} supports the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
+                          f"reinforce_plus_plus_baseline, drgrpo); algorithm.name={cfg.algorithm.name} runs "
+                          f"{cfg.algorithm.spec.program}: use trainer.mode=sync", "trainer.mode")
+    if cfg.rollout.name != "native":
+        raise ConfigError(f"{mode} needs the native engine (partial rollouts); got {cfg.rollout.name!r}", "rollout.name")
+    tp = cfg.rollout.tensor_model_parallel_size
+    if a.rollout_ranks % tp:
+        raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",
+                          "async_rl.rollout_ranks")
+    groups, batch = a.rollout_ranks // tp, cfg.data.train_batch_size
+    chunk = batch if mode == "one_step_off" else a.chunk(batch)
+    if chunk % groups:
+        raise ConfigError(f"{chunk} prompts per generation call cannot be shared by the {groups} generation groups "
+                          "of the rollout pool; make it a multiple", "async_rl.chunk_prompts")
+    if a.buffer_size < batch:
+        raise ConfigError(f"{a.buffer_size} groups cannot hold one step's data.train_batch_size={batch} groups",
+                          "async_rl.buffer_size")
+    if cfg.trainer.save_freq:
+        raise ConfigError(f"checkpoints are not supported with trainer.mode={mode} (in-flight rollouts and the "
+                          "buffer are not saved); set trainer.save_freq=0 or trainer.mode=sync", "trainer.save_freq")

@@ -1,0 +1,64 @@
+"""The asynchronous trainer's buffer: ordering, staleness accounting, dropped groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow.engines.rollout.partial import POLICY_VERSION
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.async_trainer import Group, RolloutBuffer, split_groups
+
+
+def _generated(uids: list[str], versions: list[list[int]]) -> DataProto:
+    """Samples with 3 response tokens each (the last one padding) and their token versions."""
+    n = len(uids)
+    mask = torch.tensor([[1, 1, 0]] * n)
+    version = torch.tensor([v + [-1] for v in versions])
+    return DataProto.from_dict(tensors={"responses": torch.arange(n * 3).view(n, 3), "response_mask": mask,
+                                        POLICY_VERSION: version},
+                               non_tensors={"uid": np.array(uids, dtype=object)})
+
+
+def test_split_groups_keeps_order_and_finds_the_oldest_token():
+    batch = _generated(["a", "a", "b", "b", "c", "c"], [[3, 3], [2, 3], [3, 3], [3, 3], [1, 2], [2, 2]])
+    groups = split_groups(batch)
+    assert [g.data.non_tensor_batch["uid"].tolist() for g in groups] == [["a", "a"], ["b", "b"], ["c", "c"]]
+    assert [g.oldest_version for g in groups] == [2, 3, 1]  # padding (-1) is not a token
+    assert torch.equal(groups[1].data.batch["responses"], batch.batch["responses"][2:4])
+
+
+def _group(name: str, version: int) -> Group:
+    return split_groups(_generated([name, name], [[version, version + 1]] * 2))[0]
+
+
+def test_buffer_is_fifo_and_waits_for_a_full_batch():
+    buf = RolloutBuffer(capacity=4, max_staleness=1)
+    for name in "abc":
+        buf.put(_group(name, 0))
+    assert buf.take(4, version=0) is None and len(buf) == 3  # not enough yet: nothing taken
+    taken = buf.take(2, version=1)
+    assert [g.data.non_tensor_batch["uid"][0] for g in taken] == ["a", "b"]
+    assert len(buf) == 1 and buf.dropped == 0
+
+
+def test_staler_groups_are_dropped_and_counted():
+    buf = RolloutBuffer(capacity=8, max_staleness=2)
+    for name, version in (("old", 0), ("mid", 1), ("new", 3), ("newer", 3)):
+        buf.put(_group(name, version))
+    # at version 3: "old" lags 3 > 2 (dropped), "mid" lags 2 (kept)
+    taken = buf.take(2, version=3)
+    assert [g.data.non_tensor_batch["uid"][0] for g in taken] == ["mid", "new"]
+    assert buf.dropped == 1
+    # dropping happens even when no batch can be taken
+    assert buf.take(2, version=6) is None and buf.dropped == 2 and len(buf) == 0
+
+
+def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
+    buf = RolloutBuffer(capacity=2, max_staleness=0)
+    buf.put(_group("a", 4))
+    buf.put(_group("b", 5))
+    with pytest.raises(RuntimeError, match="overflow"):
+        buf.put(_group("c", 5))
+    assert [g.data.non_tensor_batch["uid"][0] for g in buf.take(1, version=5)] == ["b"] and buf.dropped == 1
