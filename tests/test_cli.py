@@ -59,3 +59,13 @@ def test_print_config_shows_the_resolved_tree_without_running(capsys, tmp_path):
     assert tree["rollout"]["n"] == 16 and tree["algorithm"]["adv_estimator"] == "grpo"
     assert isinstance(tree["resources"]["world_size"], int)
     assert not any(tmp_path.iterdir())
+
+
+def test_yaml_syntax_errors_are_reported_before_torch_is_imported(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  total_steps: 3\n bad: [1\n")
+    probe = ("import sys; from hybridflow.cli import main; "
+             f"rc = main(['train', '--config', {str(bad)!r}]); print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], out.stderr
+    assert "not valid YAML" in out.stderr and "line 3" in out.stderr

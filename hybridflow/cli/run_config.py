@@ -22,9 +22,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def load(args: argparse.Namespace) -> RunConfig | None:
     """The run config of `args`, or None after printing a config error to stderr."""
     from hybridflow.config import ConfigError
-    from hybridflow.config.schema import load_run_config
+    from hybridflow.config.loader import user_tree
 
     try:
+        # YAML syntax of the file and the overrides first: the loader needs only PyYAML,
+        # while the schema imports torch (seconds).
+        user_tree(args.config, args.overrides)
+        from hybridflow.config.schema import load_run_config
+
         return load_run_config(args.config, args.overrides)
     except ConfigError as err:
         print(f"hybridflow {args.command}: config error: {err}", file=sys.stderr)

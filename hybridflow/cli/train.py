@@ -28,7 +28,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from hybridflow.cli.env_train import is_env_run, run_env_train
+    from hybridflow.config.loader import user_tree
 
+    user_tree(args.config, args.overrides)  # YAML syntax first: PyYAML only (what follows imports torch)
     if is_env_run(args):  # a config (or resumed run) that names an `env`: PPO / SAC on environments
         return run_env_train(args)
     if args.resume is not None:

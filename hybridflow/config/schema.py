@@ -424,13 +424,11 @@ class RewardSection:
     def __post_init__(self) -> None:
         from hybridflow.rewards.templates import parse_templates
 
+        self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
         parse_templates(self.templates, "templates")
         if self.templates and self.custom_fn_path is not None:
             raise ConfigError("give either templates or custom_fn_path; a file function is the template "
                               "{name: user, args: {path: ..., name: ...}}", "templates")
-
-    def __post_init__(self) -> None:
-        self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
 
 
 def reward_reference(path: Any, name: str) -> tuple[str | None, str]:

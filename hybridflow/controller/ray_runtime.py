@@ -1,7 +1,8 @@
 """Starting or joining Ray for the controller.
 
 `init_ray()` starts an embedded single-node Ray whose services listen on 127.0.0.1 only
-(dashboard off); `init_ray(address=...)` joins an existing cluster instead. Calling it
+(dashboard off), and a reaper process that kills what is left of it if this process is
+killed (reaper.py); `init_ray(address=...)` joins an existing cluster instead. Calling it
 when Ray is already up in this process returns the running instance's description.
 """
 
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import ray
+
+from hybridflow.controller.reaper import start_reaper
 
 LOOPBACK = "127.0.0.1"
 
@@ -61,6 +64,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
             _node_ip_address=LOOPBACK,
             runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
         )
+    start_reaper()  # a SIGKILL of this process must not leave Ray's agents running (reaper.py)
     return describe_ray(embedded=True)
 
 

@@ -198,7 +198,8 @@ def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
             f"--resume found no checkpoint: no run {name}-<timestamp> under {str(root)!r} has a complete "
             f"{CHECKPOINTS_DIR}/{STEP_PREFIX}<N> ({len(runs)} run(s) of that name). Pass the run directory "
             "explicitly (--resume PATH), or set name / trainer.output_dir to the run's")
-    return max(found, key=lambda p: (p / TRAINER_STATE_FILE).stat().st_mtime_ns)
+    newest = max(found, key=lambda p: (p / TRAINER_STATE_FILE).stat().st_mtime_ns)
+    return find_checkpoint(newest.parent.parent)  # that run's newest intact checkpoint
 
 
 def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:

@@ -80,7 +80,8 @@ def test_config_of_the_limits_is_checked():
 OWNER = textwrap.dedent(
     '''
     import sys, time
-        from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
+    from hybridflow.data import build_char_tokenizer
+    from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
     from test_reward_manager import make_batch
 
     if __name__ == "__main__":

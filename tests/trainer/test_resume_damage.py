@@ -116,3 +116,13 @@ def test_resume_refuses_an_edited_model_section(model_run):
     (run_dir / "config.yaml").write_text(yaml.safe_dump(tree))
     with pytest.raises(ConfigError, match="model.builtin.hidden_size: 32 -> 128"):
         resume_point(run_dir)
+
+
+def test_resume_by_run_name_skips_a_damaged_newest_checkpoint(tmp_path, tiny_config):
+    cfg = tiny_config("name=damaged", f"trainer.output_dir={tmp_path / 'runs'}")
+    run_dir = tmp_path / "runs" / "damaged-20260101-120000"
+    run_dir.mkdir(parents=True)
+    save_config(cfg, run_dir / "config.yaml")
+    older, newest = checkpoint(run_dir, 1), checkpoint(run_dir, 2)
+    (newest / SHARD).unlink()
+    assert resume_point(True, cfg).checkpoint == older

@@ -58,3 +58,20 @@ def test_a_lambda_or_nested_function_is_refused_before_the_run_dir(tmp_path, fn)
     with pytest.raises(ConfigError, match="reward.custom_fn_path: .*cannot be loaded by name.*module level"):
         RLTrainer({"reward": {"custom_fn_path": fn}, "trainer": {"output_dir": str(tmp_path)}})
     assert not any(tmp_path.iterdir())
+
+
+def test_the_documented_register_scorer_example_scores_its_data_source():
+    import re
+    from pathlib import Path
+
+    from hybridflow.rewards import SCORERS, default_compute_score
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    section = doc.split("**Scorers by data source.**", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section.split("**The data row format**", 1)[0], flags=re.S)
+    try:
+        exec(compile(block, "extending.md", "exec"), {"__name__": "doc_example"})
+        assert default_compute_score("my_task", " 5 ", "5") == 1.0
+        assert default_compute_score("my_task", "6", "5") == 0.0
+    finally:
+        SCORERS.pop("my_task", None)

@@ -1,0 +1,108 @@
+"""Kill what a dead controller leaves behind: run as its own small process.
+
+    start_reaper()      # in the controller, right after it started an embedded Ray
+
+A controller killed with SIGKILL runs no cleanup. Ray's raylet and GCS follow it, but
+Ray's agents (dashboard agent, runtime-env agent) first try to report the raylet's death
+to the dead GCS and linger for about a minute; anything else the run started (reward
+workers, their forkserver) may linger too. The reaper is a separate process (its own
+session, so Ctrl-C of the controller's terminal does not stop it first) that keeps a
+snapshot of the controller's descendants, refreshed every second, and when the
+controller is gone SIGKILLs the ones still running. It notices at once: it holds the
+read end of a pipe whose write end only the controller has, and reads EOF when the
+controller dies. Pids are checked against their start time, so a reused pid is never hit.
+
+This file imports only the standard library and runs by path (`python reaper.py PID`),
+so starting it costs no import of hybridflow, torch or Ray. Linux only (/proc); elsewhere
+`start_reaper` does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+REFRESH_S = 1.0
+
+
+def start_reaper() -> subprocess.Popen | None:
+    """Start the reaper of this process (once; None where /proc is missing)."""
+    global _REAPER
+    if _REAPER is not None or not os.path.isdir("/proc/self"):
+        return _REAPER
+    _REAPER = subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())],
+                               stdin=subprocess.PIPE, start_new_session=True, close_fds=True)
+    return _REAPER
+
+
+_REAPER: subprocess.Popen | None = None
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """(parent pid, start time, state) of `pid` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+def descendants(root: int) -> dict[int, int]:
+    """pid -> start time of every live descendant of `root`."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[2] != "Z":
+                children.setdefault(stat[0], []).append(int(entry))
+                starts[int(entry)] = stat[1]
+    found: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child != os.getpid():
+                found[child] = starts[child]
+                todo.append(child)
+    return found
+
+
+def _gone(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is None or stat[2] == "Z"
+
+
+def reap(snapshot: dict[int, int]) -> None:
+    """SIGKILL every process of `snapshot` that still runs (same pid and start time)."""
+    for pid, started in snapshot.items():
+        stat = _stat(pid)
+        if stat is not None and stat[1] == started and stat[2] != "Z":
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def main(controller: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    snapshot = descendants(controller)
+    while not _gone(controller):
+        readable, _, _ = select.select([sys.stdin], [], [], REFRESH_S)
+        if readable and not os.read(sys.stdin.fileno(), 1024):
+            # EOF: the controller closed its end (it exited, or was killed); it may take a
+            # moment to become a zombie after an orderly exit.
+            time.sleep(0.2)
+            if not _gone(controller):
+                return  # it closed the pipe on purpose and lives on: not ours to clean up
+            break
+        snapshot = descendants(controller) or snapshot
+    reap(snapshot)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
