@@ -124,6 +124,9 @@ class TrainerSection:
     balance_batch: before each call that splits the batch over dp ranks (log-probs,
         values, updates), swap rows between ranks so each gets a near-equal token count;
         every mini-/micro-batch keeps its samples, so results only change by float order.
+    mode: "sync" (every phase waits for the previous one), "one_step_off" or "async"
+        (generation on a separate rollout pool, overlapped with training; settings in
+        async_rl, docs/async.md).
     """
 
     total_steps: int = 30
@@ -139,7 +142,7 @@ class TrainerSection:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
     balance_batch: bool = True
-    mode: Literal["sync", "one_step_off", "async"] = "sync"  # docs/async.md; settings in async_rl
+    mode: Literal["sync", "one_step_off", "async"] = "sync"
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
