@@ -42,7 +42,7 @@ from hybridflow.trainer.run_dir import read_metrics
 
 WORKLOAD = [
     "trainer.console=none", "trainer.test_freq=0", "trainer.save_final_model=false", "trainer.val_before_train=false",
-    "trainer.loggers=[jsonl]", "sft.steps=0", "data.builtin.num_val=8",
+    "trainer.loggers=[jsonl]", "sft.steps=0", "data.builtin.num_val=8", "resources.threads_per_rank=1",
     "model.builtin.max_position_embeddings=192", "rollout.response_length=128", "rollout.ignore_eos=false",
     "rollout.stop_token_ids=[10,11,12]", "data.train_batch_size=8", "rollout.n=4",
     "actor.micro_batch.mini_batch_size=32", "actor.micro_batch.micro_batch_size_per_device=16",

@@ -26,9 +26,8 @@ Method. Every run is its own subprocess (vs_trl_runs.py): TRL's trainer with a c
 or hybridflow's RLTrainer from a run config, as a user would start them. Runs are
 interleaved (TRL, ours per layout, TRL, ours, ...) for `--repeats` rounds. Threads in
 total are equal: TRL gets `--threads` torch threads; hybridflow runs each layout RxT
-(R ranks of T threads, R*T = --threads; the run config has no key for threads per rank,
-so vs_trl_runs.py makes each rank's CPU slot T CPUs, which the rank turns into T torch
-threads). Ray runs its workers at niceness 15 unless --ray-worker-niceness says otherwise
+(R ranks of T threads, R*T = --threads: resources.world_size=R,
+resources.threads_per_rank=T; 1xT is what a run picks by itself on a T-core machine). Ray runs its workers at niceness 15 unless --ray-worker-niceness says otherwise
 (it matters only when other jobs share the cores; the niceness seen is recorded). The allocator is the same for all (glibc malloc,
 or jemalloc through LD_PRELOAD with --allocator jemalloc). While a run lasts, a sampler
 in this process sums RSS and PSS over the run's whole process tree (for hybridflow: the

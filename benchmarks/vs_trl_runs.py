@@ -206,7 +206,7 @@ def hybridflow_config(spec: dict) -> dict:
         "trainer": {"total_steps": spec["steps"], "test_freq": 0, "save_freq": 0, "val_before_train": False,
                     "save_final_model": False, "loggers": ["jsonl"], "console": "none",
                     "output_dir": str(Path(spec["work_dir"]) / "runs")},
-        "resources": {"world_size": ranks, "placement": "colocated"},
+        "resources": {"world_size": ranks, "threads_per_rank": spec["threads_per_rank"], "placement": "colocated"},
         "model": {"path": spec["model_dir"]},
         "data": {"train_files": [spec["prompts_file"]], "train_batch_size": spec["prompts_per_step"],
                  "shuffle": False, "prompt": {"max_prompt_length": spec["max_prompt_length"]}},
@@ -227,24 +227,6 @@ def hybridflow_config(spec: dict) -> dict:
     }
 
 
-def _give_ranks_threads(threads_per_rank: int) -> None:
-    """hybridflow's run config has no key for CPU threads per rank (each rank gets one CPU
-    slot and sets torch to that many threads); wrap the trainer's placement so every slot
-    is `threads_per_rank` CPUs, which WorkerHost.setup turns into torch threads."""
-    import dataclasses
-
-    import hybridflow.trainer.setup as setup_module
-
-    if not hasattr(setup_module, "placement"):
-        raise RuntimeError("hybridflow.trainer.setup.placement is gone; update _give_ranks_threads")
-    original = setup_module.placement
-
-    def placement(*args: Any, **kwargs: Any):
-        return dataclasses.replace(original(*args, **kwargs), cpus_per_slot=float(threads_per_rank))
-
-    setup_module.placement = placement
-
-
 def run_hybridflow(spec: dict) -> dict:
     """spec["steps"] GRPO steps through RLTrainer; per-step records from metrics.jsonl."""
     import yaml
@@ -254,8 +236,6 @@ def run_hybridflow(spec: dict) -> dict:
     from hybridflow.trainer import RLTrainer
 
     import_s = time.perf_counter() - t_import
-    if spec["threads_per_rank"] > 1:
-        _give_ranks_threads(spec["threads_per_rank"])
     path = Path(spec["work_dir"]) / "hybridflow.yaml"
     path.write_text(yaml.safe_dump(hybridflow_config(spec)))
     t_build = time.perf_counter()

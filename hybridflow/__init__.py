@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "DataProto": "hybridflow.protocol",
-    "RLTrainer": "hybridflow.trainer",
+    "RLTrainer": "hybridflow.trainer.entry",  # dispatches: language-model run or environment task
 }
 
 

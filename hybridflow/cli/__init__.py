@@ -9,6 +9,7 @@
     hybridflow eval PATH [--data FILE] [--output J]    score a run / checkpoint / model dir per data source
     hybridflow export PATH --out DIR                   checkpoint -> Hugging Face model directory
     hybridflow plot RUN_DIR                            PNG plots of reward, KL, entropy, length
+    hybridflow plan [--config FILE] [--nodes N ...]    auto-mapping: best placement and parallel sizes
 
 `train` and `sft` read the config tree of hybridflow/config/schema.py: a YAML file plus
 dotted overrides such as `actor.optim.lr=1e-5 rollout.n=4`. The config is validated before
@@ -16,6 +17,11 @@ any worker starts; the resolved config, metrics.jsonl and models go to the run d
 
 Each subcommand lives in its own module here (`add_parser(s)` + a handler) and imports its
 heavy dependencies lazily so `hybridflow --help` stays fast.
+
+Errors: a mistake in what the user gave (config, data, model, reward file, checkpoint: a
+`hybridflow.errors.UserInputError`) ends the command with one or two lines that name the
+problem and the fix, and exit status 2; any other failure with one line and status 1.
+`--debug` (anywhere on the command line) shows the full traceback instead.
 """
 
 from __future__ import annotations
@@ -26,16 +32,24 @@ import sys
 from typing import Callable
 
 from hybridflow.cli import eval as eval_cmd
-from hybridflow.cli import export, plot, preprocess, rm, selfcheck, train
+from hybridflow.cli import export, plan, plot, preprocess, rm, selfcheck, train
+from hybridflow.errors import UserInputError
+
+
+DEBUG_HELP = "show the full Python traceback of an error (default: one or two lines naming the problem)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridflow", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     for add in (train.add_parsers, selfcheck.add_parser, preprocess.add_parser, rm.add_parser,
-                eval_cmd.add_parser, export.add_parser, plot.add_parser):
+                eval_cmd.add_parser, export.add_parser, plot.add_parser, plan.add_parser):
         add(sub)
+    for command in sub.choices.values():
+        # SUPPRESS: an absent subcommand flag must not reset `hybridflow --debug train`.
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
@@ -59,5 +73,25 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    if args.debug:
+        return handler(args)
+    try:
+        return handler(args)
+    except UserInputError as err:
+        print(f"hybridflow {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hybridflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the one place every other failure is reported
+        print(f"hybridflow {args.command}: error: {one_line(err)}\n(run again with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def one_line(err: BaseException) -> str:
+    """`Type: message` of `err`, at most a few hundred characters of its first lines."""
+    text = " ".join(str(err).split("\n")[:3]).strip()
+    text = text if len(text) <= 600 else text[:600] + " ..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 

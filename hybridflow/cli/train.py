@@ -27,6 +27,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from hybridflow.cli.env_train import is_env_run, run_env_train
+
+    if is_env_run(args):  # a config (or resumed run) that names an `env`: PPO / SAC on environments
+        return run_env_train(args)
     if args.resume is not None:
         return resume_train(args)
     cfg = load(args)

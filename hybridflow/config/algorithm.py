@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from hybridflow.algorithms import AdvantageConfig, get_adv_estimator, get_kl_estimator
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
+from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class AlgorithmSpec:
     settings: the section of `algorithm` it reads (dapo, safe_rlhf) or None; a section set in
         a run whose algorithm does not read it is a ConfigError.
     check: its own check of the run config (run by validate_run_config); raises ConfigError.
+    dataflow: the phases its program runs (hybridflow/config/dataflow.py), read by the
+        auto-mapping planner; None: `standard_dataflow(critics, cost)`, the shape of every
+        generate -> score -> log-probs -> values -> update program.
     """
 
     name: str
@@ -88,6 +92,7 @@ class AlgorithmSpec:
     required: tuple[str, ...] = ()
     settings: str | None = None
     check: Callable[[RunConfig], None] | None = None
+    dataflow: tuple[FlowPhase, ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"AlgorithmSpec(name={self.name!r})"
@@ -118,6 +123,11 @@ class AlgorithmSpec:
     def default_estimator(self) -> str:
         """algorithm.adv_estimator when it is null."""
         return self.estimators[0]
+
+    @property
+    def phases(self) -> tuple[FlowPhase, ...]:
+        """The dataflow of its program (`dataflow`, or the standard one of its critics and cost)."""
+        return self.dataflow if self.dataflow is not None else standard_dataflow(self.critics, self.cost)
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
@@ -378,7 +388,8 @@ _PROGRAMS = "hybridflow.trainer.algorithms"  # where the built-in programs live 
 for _spec in (
     AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),
     AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",)),
-    AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax"),
+    AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax", dataflow=standard_dataflow(
+        (), False, extra_scoring=(FlowPhase("greedy_baseline", "actor", "generate", samples_per_prompt=1),))),
     AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2),
     AlgorithmSpec("reinforce_plus_plus", ("reinforce_plus_plus",), f"{_PROGRAMS}:critic_free"),
     AlgorithmSpec("reinforce_plus_plus_baseline", ("reinforce_plus_plus_baseline",), f"{_PROGRAMS}:critic_free",

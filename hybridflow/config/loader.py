@@ -40,7 +40,18 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key part")
     # YAML parsing gives ints, floats, bools, null and lists the way a user types them.
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    try:
+        return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it "
+                          f"(e.g. {key}='\"...\"') or fix the brackets") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """`problem at line L, column C` of a YAML error, without PyYAML's multi-line snippet."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _set_path(tree: dict, path: list[str], value: Any) -> None:
@@ -147,7 +158,11 @@ def user_tree(path: str | Path | None = None, overrides: list[str] = ()) -> dict
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(err)}; fix that line "
+                              "(check indentation, colons and quotes)") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         tree = loaded

@@ -66,6 +66,7 @@ from hybridflow.engines.train.config import (
 )
 from hybridflow.errors import ConfigError
 from hybridflow.rewards.manager import RewardConfig
+from hybridflow.rewards.registry import reward_fn_reference
 from hybridflow.workers.config import RolloutWorkerConfig
 
 # trainer.loggers: where metrics go (hybridflow/trainer/loggers.py).
@@ -127,6 +128,13 @@ class TrainerSection:
     mode: "sync" (every phase waits for the previous one), "one_step_off" or "async"
         (generation on a separate rollout pool, overlapped with training; settings in
         async_rl, docs/async.md).
+    max_restarts: when a worker process or node dies, a call raises in a worker, or a call
+        outlives call_timeout_s, tear every worker group down, start them again, load the
+        newest complete checkpoint (trainer.save_freq; a failure before the first one stops
+        the run) and go on; at most this many times per run (0: stop at the first failure).
+        Each restart is a "restart" record in metrics.jsonl. See docs/resilience.md.
+    call_timeout_s: longest a worker-group call may run (seconds; null: no limit). A rank
+        stuck in a collective its peers never reach is reported (and restarted) after it.
     """
 
     total_steps: int = 30
@@ -142,9 +150,16 @@ class TrainerSection:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
     balance_batch: bool = True
+    max_restarts: int = 2
+    call_timeout_s: float | None = 1800.0
     mode: Literal["sync", "one_step_off", "async"] = "sync"
 
     def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"must be >= 0 (0 = stop at the first worker failure), got {self.max_restarts}",
+                              "max_restarts")
+        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
+            raise ConfigError(f"must be > 0 seconds or null (no limit), got {self.call_timeout_s}", "call_timeout_s")
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
         if unknown or len(set(self.loggers)) != len(self.loggers):
             raise ConfigError(f"must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}", "loggers")
@@ -165,48 +180,125 @@ class TrainerSection:
 class ComputeSection:
     """Ranks and machines (the `resources` of every job; RL runs add the placement below).
 
-    world_size: ranks in total (one per CPU slot or GPU); null = one per local core
-        (or GPU), at most 8, rounded down to a power of two so batch sizes divide.
+    world_size: ranks in total (one per CPU slot or GPU); null = on GPUs one per local GPU,
+        at most 8, rounded down to a power of two so batch sizes divide; on CPU with an
+        embedded Ray 1 rank that gets every core as threads (on one machine, data-parallel
+        ranks only add gloo traffic and model copies: 1 rank x 2 threads ran the GRPO step
+        in half the time of 2 ranks x 1 thread on both the tiny and the SmolLM2 workload,
+        README "GRPO step vs TRL"); on CPU joining a cluster one per local core as on GPUs.
+    threads_per_rank: torch threads of each CPU rank (its Ray CPU share); null = the local
+        cores divided by world_size (at least 1) with an embedded Ray, else 1. GPU ranks
+        reserve 1 CPU.
     use_gpu: one GPU per rank; false runs on CPU (gloo).
     ray_address: join this Ray cluster; null starts an embedded Ray on 127.0.0.1.
+    nodes: machines the ranks are spread over (each its own node of the Ray cluster; more
+        than 1 needs ray_address). Every role is placed on all of them, rank order filling
+        one node after the other (docs/resilience.md, "Multi-node").
+    ranks_per_node: ranks on each node; null = world_size / nodes (world_size null: one
+        per local core or GPU on each node). world_size, when set too, must equal
+        nodes * ranks_per_node.
     """
 
     world_size: int | None = None
+    threads_per_rank: int | None = None
     use_gpu: bool = False
     ray_address: str | None = None
+    nodes: int = 1
+    ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size is not None and self.world_size < 1:
-            raise ConfigError(f"must be >= 1 or null (one per local core), got {self.world_size}", "world_size")
+            raise ConfigError(f"must be >= 1 or null (picked for the machine), got {self.world_size}", "world_size")
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            raise ConfigError(f"must be >= 1 or null (local cores / world_size), got {self.threads_per_rank}",
+                              "threads_per_rank")
+        if self.nodes < 1:
+            raise ConfigError(f"must be >= 1, got {self.nodes}", "nodes")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ConfigError(f"must be >= 1 or null (world_size / nodes), got {self.ranks_per_node}",
+                              "ranks_per_node")
+        if self.ranks_per_node is not None and self.world_size is not None \
+                and self.world_size != self.nodes * self.ranks_per_node:
+            raise ConfigError(f"{self.ranks_per_node} ranks on each of nodes={self.nodes} is "
+                              f"{self.nodes * self.ranks_per_node} ranks, but world_size={self.world_size}; set "
+                              "one of them (or make them agree)", "ranks_per_node")
+        if self.ranks_per_node is None and self.world_size is not None and self.world_size % self.nodes:
+            raise ConfigError(f"world_size={self.world_size} ranks do not split evenly over nodes={self.nodes}; "
+                              "set ranks_per_node", "nodes")
+
+    def process_on_nodes(self) -> list[int]:
+        """Ranks per node, one entry per node (a `ResourcePool`'s process_on_nodes)."""
+        return [self.resolved_world_size() // self.nodes] * self.nodes
 
     def resolved_world_size(self) -> int:
+        if self.ranks_per_node is not None:
+            return self.nodes * self.ranks_per_node
         if self.world_size is not None:
             return self.world_size
+        return self.nodes * self._local_ranks()
+
+    def _local_ranks(self) -> int:
         if self.use_gpu:
             import torch
 
             local = torch.cuda.device_count()
+        elif self.ray_address is None:
+            return 1
         else:
-            local = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            local = local_cores()
         return 2 ** int(math.log2(max(1, min(local, 8))))
+
+    def resolved_threads_per_rank(self, world_size: int) -> int:
+        """Torch threads (= Ray CPUs) of each rank when the job has `world_size` ranks."""
+        if self.threads_per_rank is not None:
+            return self.threads_per_rank
+        if self.use_gpu or self.ray_address is not None:
+            return 1
+        return max(1, local_cores() // world_size)
+
+
+def local_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass
 class ResourceSection(ComputeSection):
     """Processes and where the roles run: ComputeSection's keys and
 
-    placement: "colocated" (every role in the same processes, verl's default) or
-        "split" (actor and critic in separate processes that run at the same time).
+    placement: "colocated" (every role in the same processes, verl's default),
+        "split" (actor and critic in separate processes that run at the same time), or
+        "auto" (the planner picks placement, critic_ranks and the tp sizes; docs/planner.md).
     critic_ranks: with split placement, ranks of the critic; the actor gets the rest.
+    min_world_size / max_world_size: elastic restarts (trainer.max_restarts): when the
+        cluster has fewer (or more) free slots after a failure, e.g. a lost node, the run
+        continues on the largest world size in this range that the cluster holds and the
+        batch sizes divide, loading its checkpoint resharded (null min: no elastic
+        change, the run needs its world size back; null max: world_size).
     """
 
-    placement: Literal["colocated", "split"] = "colocated"
+    placement: Literal["colocated", "split", "auto"] = "colocated"
     critic_ranks: int = 1
+    min_world_size: int | None = None
+    max_world_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.critic_ranks < 1:
             raise ConfigError(f"must be >= 1, got {self.critic_ranks}", "critic_ranks")
+        for key in ("min_world_size", "max_world_size"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"must be >= 1 or null, got {getattr(self, key)}", key)
+        if self.min_world_size is not None and self.max_world_size is not None \
+                and self.min_world_size > self.max_world_size:
+            raise ConfigError(f"{self.min_world_size} is above max_world_size={self.max_world_size}",
+                              "min_world_size")
+
+    def resolved_world_size(self) -> int:
+        world = super().resolved_world_size()
+        if self.world_size is None and self.placement == "split":
+            return max(world, self.critic_ranks + 1)  # the actor keeps at least one rank
+        return world
 
 
 @dataclass
@@ -320,12 +412,39 @@ class RewardSection:
     """Rule-based rewards scored in worker processes (errors and hangs are contained).
 
     custom_fn_path / custom_fn_name: your `compute_score(data_source, solution_str,
-        ground_truth, extra_info)` in a Python file; null uses the built-in scorers.
+        ground_truth, extra_info)` in a Python file or an importable module (dotted name);
+        null uses the built-in scorers. From Python, custom_fn_path may be the function
+        itself: it is recorded by its import path (see `reward_fn_reference`).
     """
 
     manager: RewardConfig = field(default_factory=lambda: RewardConfig(num_workers=1, timeout_s=10.0))
     custom_fn_path: str | None = None
     custom_fn_name: str = "compute_score"
+    # reward templates composed with weights (rewards/templates.py, docs/agents.md); empty:
+    # the data source's scorer (or custom_fn). Entries: {name, weight, level, args}.
+    templates: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from hybridflow.rewards.templates import parse_templates
+
+        parse_templates(self.templates, "templates")
+        if self.templates and self.custom_fn_path is not None:
+            raise ConfigError("give either templates or custom_fn_path; a file function is the template "
+                              "{name: user, args: {path: ..., name: ...}}", "templates")
+
+    def __post_init__(self) -> None:
+        self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
+
+
+def reward_reference(path: Any, name: str) -> tuple[str | None, str]:
+    """(custom_fn_path, custom_fn_name) with a Python function given as the path replaced by
+    its import path (rewards.registry.reward_fn_reference), so the config saves as YAML."""
+    if not callable(path):
+        return path, name
+    try:
+        return reward_fn_reference(path)
+    except ValueError as err:
+        raise ConfigError(str(err), "custom_fn_path") from None
 
 
 @dataclass
@@ -354,6 +473,10 @@ class CostModelSection(ScoreModelSection):
 
     custom_fn_path: str | None = None
     custom_fn_name: str = "compute_score"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
 
 
 @dataclass
@@ -462,11 +585,25 @@ DEMO_PRESETS: tuple[tuple[str, object], ...] = (
 )
 
 
+# The built-in tiny model computes in fp32 wherever it runs. `dtype: auto` picks bf16 on CPUs
+# with AVX512_BF16, but this model's matmuls (hidden 64) are too small for bf16 to be faster,
+# and bf16 rounding costs it learning: measured on an AMD EPYC with AVX512_BF16 (the demo's
+# SFT + 10 GRPO steps, seed 0), greedy held-out accuracy 0.59 -> 0.90 in fp32 and 0.33 -> 0.46
+# with auto (bf16).
+BUILTIN_MODEL_PRESETS: tuple[tuple[str, object], ...] = (
+    ("actor.dtype", "fp32"),
+    ("rollout.dtype", "fp32"),
+    ("critic.dtype", "fp32"),
+)
+
+
 def run_presets(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
-    """The presets of a run: the demo's when it uses the built-in model or task, then its
-    algorithm's (AlgorithmSpec.presets; a later preset of the same key wins)."""
+    """The presets of a run: the demo's when it uses the built-in model or task (and fp32
+    for the built-in model), then its algorithm's (AlgorithmSpec.presets; a later preset of
+    the same key wins)."""
     demo = DEMO_PRESETS if cfg.model.uses_builtin or not cfg.data.train_files else ()
-    return (*demo, *cfg.algorithm.spec.presets)
+    builtin_model = BUILTIN_MODEL_PRESETS if cfg.model.uses_builtin else ()
+    return (*demo, *builtin_model, *cfg.algorithm.spec.presets)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
@@ -503,10 +640,14 @@ def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
 
 
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
-    """A copy with the values that null stands for filled in (resources.world_size,
-    algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len): what a run saves as its config.yaml."""
-    return dataclasses.replace(
-        cfg,
-        resources=dataclasses.replace(cfg.resources, world_size=cfg.resources.resolved_world_size()),
-        algorithm=resolved_algorithm(cfg),
-    )
+    """A copy with the values that null stands for filled in (resources.world_size and
+    threads_per_rank, algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len): what a
+    run saves as its config.yaml."""
+    return dataclasses.replace(cfg, resources=resolved_resources(cfg.resources), algorithm=resolved_algorithm(cfg))
+
+
+def resolved_resources(resources: ResourceSection) -> ResourceSection:
+    """`resources` with world_size and threads_per_rank picked for this machine where null."""
+    world = resources.resolved_world_size()
+    return dataclasses.replace(resources, world_size=world,
+                               threads_per_rank=resources.resolved_threads_per_rank(world))

@@ -28,7 +28,7 @@ from hybridflow.controller.decorator import (
     registered_methods,
 )
 from hybridflow.controller.dispatch import DispatchContext, Split
-from hybridflow.controller.errors import DispatchError, WorkerError
+from hybridflow.controller.errors import CallTimeoutError, DispatchError, WorkerError
 from hybridflow.controller.futures import CallFuture, DataProtoFuture
 from hybridflow.controller.host import RoleSpec
 from hybridflow.controller.ray_runtime import RayRuntime, describe_ray, init_ray
@@ -42,6 +42,7 @@ __all__ = [
     "DataProtoFuture",
     "Dispatch",
     "DispatchContext",
+    "CallTimeoutError",
     "DispatchError",
     "DispatchMode",
     "Execute",

@@ -16,7 +16,8 @@ class WorkerError(RuntimeError):
     """A worker failed while running a call: it raised, or its process died.
 
     Attributes name the failing worker (``role``, ``rank``, ``node``, ``pid``), the call
-    (``method``) and, for exceptions, the worker-side traceback (``remote_traceback``).
+    (``method``) and, for exceptions, the worker-side traceback (``remote_traceback``; for
+    a dead process, what Ray said about it).
     """
 
     def __init__(self, message: str, *, role: str, rank: int, node: str, pid: int | None,
@@ -29,3 +30,16 @@ class WorkerError(RuntimeError):
         self.method = method
         self.died = died
         self.remote_traceback = remote_traceback
+
+
+class CallTimeoutError(WorkerError, TimeoutError):
+    """A call did not finish within its time limit (a hang, e.g. a rank stuck in a
+    collective its peers never reach). ``rank`` is the lowest rank still running;
+    ``late_ranks`` lists all of them. The group's processes may still be running the
+    call: shut the group down (which kills them) before building a new one."""
+
+    def __init__(self, message: str, *, role: str, late_ranks: list[int], node: str, pid: int | None,
+                 method: str, timeout_s: float) -> None:
+        super().__init__(message, role=role, rank=late_ranks[0], node=node, pid=pid, method=method, died=False)
+        self.late_ranks = late_ranks
+        self.timeout_s = timeout_s

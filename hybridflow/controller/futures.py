@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
-from hybridflow.controller.errors import DispatchError, WorkerError
+from hybridflow.controller.errors import CallTimeoutError, DispatchError, WorkerError
 
 if TYPE_CHECKING:
     from hybridflow.controller.decorator import DispatchMode
@@ -59,8 +59,7 @@ def gather(refs: list[ray.ObjectRef], owners: list[RankInfo], method: str,
             failures += _late_failures(pending, position)
             raise _primary_error(failures, owners, method)
         if pending and deadline is not None and time.monotonic() >= deadline:
-            late = sorted(owners[position[r]].rank for r in pending)
-            raise TimeoutError(f"{method}: ranks {late} did not finish within {timeout_s} s")
+            raise _timeout_error([owners[position[r]] for r in pending], method, timeout_s)
     return results
 
 
@@ -105,21 +104,38 @@ def _primary_error(failures: list[tuple[int, RayError]], owners: list[RankInfo],
     return primary
 
 
+def _timeout_error(late: list[RankInfo], method: str, timeout_s: float) -> CallTimeoutError:
+    late = sorted(late, key=lambda owner: owner.rank)
+    where = ", ".join(f"rank {o.rank} (node {o.node}, pid {o.pid})" for o in late)
+    message = (f"{method}: {late[0].role} {where} did not finish within {timeout_s:g} s (a hang, e.g. in a "
+               "collective; raise the call's time limit if the work is only slow)")
+    return CallTimeoutError(message, role=late[0].role, late_ranks=[o.rank for o in late], node=late[0].node,
+                            pid=late[0].pid, method=method, timeout_s=timeout_s)
+
+
 def to_worker_error(err: RayError, owner: RankInfo, method: str) -> WorkerError:
     """Name the worker, the call and the cause (with the worker's traceback)."""
     where = f"{owner.role} rank {owner.rank} (node {owner.node}, pid {owner.pid})"
     if isinstance(err, RayTaskError):
         # str() of Ray's task error is the worker-side traceback (the dual-class instance
-        # that ray.get raises does not keep the traceback_str attribute).
+        # that ray.get raises does not keep the traceback_str attribute). The message leads
+        # with the exception itself, so a one-line report shows the cause.
         remote_tb = str(err)
-        message = f"{where} raised in {method}:\n{remote_tb}"
+        cause = getattr(err, "cause", None)
+        headline = f"{type(cause).__name__}: {cause}" if cause is not None else remote_tb.strip().splitlines()[-1]
+        message = f"{where} raised in {method}: {headline}\n{remote_tb}"
         return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
                            method=method, died=False, remote_traceback=remote_tb)
     if isinstance(err, RayActorError):
-        message = (f"{where} died during {method}: its process exited or was killed. "
-                   f"The group cannot be used any more; shut it down and create a new one.\nRay: {err}")
+        # One paragraph, without Ray's text (its generic out-of-memory hint misleads more
+        # often than not); that text stays in `remote_traceback` for --debug.
+        message = (f"{where} died during {method}: its process exited or was killed from outside (kill -9, "
+                   "the kernel's out-of-memory killer, a crash in native code); nothing in it raised an exception. "
+                   "Check the machine's memory (dmesg, free) and the worker's log (ray logs), then continue "
+                   "from the newest checkpoint with `hybridflow train --resume RUN_DIR`. This worker group "
+                   "cannot be used any more.")
         return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
-                           method=method, died=True)
+                           method=method, died=True, remote_traceback=f"Ray: {err}")
     message = f"{where} failed in {method}: {type(err).__name__}: {err}"
     return WorkerError(message, role=owner.role, rank=owner.rank, node=owner.node, pid=owner.pid,
                        method=method, died=False)
@@ -129,8 +145,10 @@ class CallFuture:
     """A call that may still be running: ``get()`` waits and collects like a blocking call."""
 
     def __init__(self, *, method: str, mode: DispatchMode, ctx: DispatchContext, refs: list[ray.ObjectRef],
-                 owners: list[RankInfo], selected: list[int], pad_size: int | ray.ObjectRef = 0) -> None:
+                 owners: list[RankInfo], selected: list[int], pad_size: int | ray.ObjectRef = 0,
+                 timeout_s: float | None = None) -> None:
         self.method = method
+        self.timeout_s = timeout_s  # the limit `get()` applies when given none
         self._mode = mode
         self._ctx = ctx
         self._refs = refs
@@ -158,7 +176,10 @@ class CallFuture:
         return not pending
 
     def get(self, timeout_s: float | None = None) -> Any:
-        """Wait for all ranks, then collect; a failing rank raises `WorkerError`."""
+        """Wait for all ranks, then collect; a failing rank raises `WorkerError`, and ranks
+        still running after `timeout_s` (default: the group's call_timeout_s) raise
+        `CallTimeoutError`."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         values = gather(self._refs, self._owners, self.method, timeout_s)
         pad = self._pad_size
         if isinstance(pad, ray.ObjectRef):

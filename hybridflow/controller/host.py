@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from hybridflow.controller.faults import FaultInjector
 from hybridflow.controller.worker import MeshCoord, Worker, WorkerContext
 
 
@@ -41,6 +42,7 @@ class WorkerHost:
         self._cpus = cpus
         self._master: tuple[str, int] | None = None
         self._roles: dict[str, Worker] = {}
+        self._faults = FaultInjector(rank)  # off unless HYBRIDFLOW_FAULT is set (faults.py)
 
     def __repr__(self) -> str:
         # Ray prints this in worker log prefixes and task errors.
@@ -77,6 +79,7 @@ class WorkerHost:
 
     def execute(self, role: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
         """Run ``role.method``; ObjectRef arguments were already resolved by Ray."""
+        self._faults.before_call(role, method)
         return getattr(self._roles[role], method)(*args, **kwargs)
 
     def mesh(self, role: str, name: str) -> MeshCoord | None:

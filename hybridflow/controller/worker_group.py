@@ -10,6 +10,12 @@ group's call.
 Actors get ``max_restarts=0``: a worker whose process dies stays dead, and the pending
 call fails with a `WorkerError` naming it instead of waiting for a restart that would
 have lost the rank's state anyway.
+
+``wg.call_timeout_s`` (None: no limit) bounds every call: ranks still running after it
+raise `CallTimeoutError`, which catches a hang in a collective instead of waiting forever.
+
+A fault-injection hook for tests of recovery (controller/faults.py) is read from the
+HYBRIDFLOW_FAULT environment variable of the controller and handed to every worker process.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from hybridflow.controller.decorator import MethodSpec, registered_methods
 from hybridflow.controller.dispatch import DispatchContext, Split, check_mesh
 from hybridflow.controller.errors import DispatchError
+from hybridflow.controller.faults import fault_runtime_env
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, RankInfo, gather
 from hybridflow.controller.host import RoleSpec, WorkerHost
 from hybridflow.controller.resource_pool import ResourcePool
@@ -55,6 +62,7 @@ class HostSet:
         actors = [
             _HostActor.options(
                 num_cpus=options["num_cpus"], num_gpus=options["num_gpus"], max_restarts=0, max_task_retries=0,
+                **fault_runtime_env(),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
             ).remote(rank, len(slots), local[rank][0], local[rank][1], options["num_cpus"])
             for rank, slot in enumerate(slots)
@@ -112,6 +120,7 @@ class WorkerGroup:
         self._hosts = hosts
         self.role = role
         self.worker_cls = worker_cls
+        self.call_timeout_s: float | None = None
         self._meshes: dict[str, tuple[MeshCoord, ...]] = {}
         for name, spec in registered_methods(worker_cls).items():
             if hasattr(type(self), name) or name in self.__dict__:
@@ -181,14 +190,14 @@ class WorkerGroup:
         owners = self._hosts.owners(self.role)
         future_cls = DataProtoFuture if mode.proto_parts else CallFuture
         future = future_cls(method=label, mode=mode, ctx=ctx, refs=refs, owners=[owners[r] for r in targets],
-                            selected=selected, pad_size=split.pad_size)
+                            selected=selected, pad_size=split.pad_size, timeout_s=self.call_timeout_s)
         return future.get() if spec.blocking else future
 
     def _mesh(self, name: str, label: str) -> tuple[MeshCoord, ...]:
         # Coordinates do not change after the workers registered them: ask once per mesh.
         if name not in self._meshes:
             coords = gather([actor.mesh.remote(self.role, name) for actor in self._hosts.actors],
-                            self._hosts.owners(self.role), f"{label} (mesh {name!r} lookup)")
+                            self._hosts.owners(self.role), f"{label} (mesh {name!r} lookup)", self.call_timeout_s)
             self._meshes[name] = check_mesh(label, name, coords)
         return self._meshes[name]
 

@@ -24,6 +24,8 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from hybridflow.errors import UserInputError
+
 # The ids of pad/bos/eos must match `hybridflow.engines.models.make_tiny_config`
 # (pad 0, bos 1, eos 2), so generation stops on the token the tokenizer calls eos.
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -121,8 +123,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         )
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"could not load a tokenizer from {str(path)!r}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - a damaged tokenizer file fails with KeyError, TypeError, ...
+        raise UserInputError(f"could not load a tokenizer from {str(path)!r}: {err}") from err
 
 
 def make_builtin_model_dir(

@@ -14,6 +14,8 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig
 
+from hybridflow.errors import UserInputError
+
 # model_type (as in config.json) -> transformers config class name
 SUPPORTED_FAMILIES: dict[str, str] = {
     "llama": "LlamaConfig",
@@ -23,7 +25,7 @@ SUPPORTED_FAMILIES: dict[str, str] = {
 }
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserInputError):
     """A model directory is missing, malformed, or of an unsupported family."""
 
 

@@ -11,6 +11,7 @@ the exception is caught by the parent instead, which kills the worker (see pool.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import threading
 import time
@@ -72,12 +73,47 @@ def call_with_timeout(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s:
         return "error", f"reward function called exit({err.code})"
 
 
-def init_worker(fn: Callable[..., Any], starts: Any) -> None:
-    """ProcessPoolExecutor initializer: keep the function and the start queue."""
+def init_worker(fn: Callable[..., Any], starts: Any, memory_limit_mb: int | None = None,
+                owner_pid: int | None = None) -> None:
+    """ProcessPoolExecutor initializer: keep the function and the start queue, limit the
+    worker's memory, and make it exit when the controller (`owner_pid`) is gone."""
     global _FN, _STARTS
     _FN, _STARTS = fn, starts
     # A worker must not die on Ctrl-C meant for the controller; the parent shuts it down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if memory_limit_mb is not None:
+        limit = memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if owner_pid is not None:
+        threading.Thread(target=_exit_with_owner, args=(owner_pid, os.getppid()), daemon=True,
+                         name="watch-controller").start()
+
+
+def _exit_with_owner(owner_pid: int, parent_pid: int) -> None:
+    """Exit as soon as the controller or this worker's parent is gone. A worker blocked in
+    the reward function still exits: this thread runs whenever the function releases the
+    GIL (every few milliseconds in Python code)."""
+    while _alive(owner_pid) and os.getppid() == parent_pid:
+        time.sleep(WATCH_INTERVAL_S)
+    os._exit(1)
+
+
+WATCH_INTERVAL_S = 0.5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed process stays a zombie until its parent reaps it; it is gone all the same.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): existence is all we can tell
 
 
 def score_task(task_id: int, kwargs: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.errors import UserInputError
 from hybridflow.protocol import DataProto
 from hybridflow.rewards._worker import call_with_timeout
 from hybridflow.rewards.pool import ScoringPool
 from hybridflow.rewards.registry import DispatchScore
+from hybridflow.rewards.templates import TemplateSpec, score_turns
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +40,18 @@ class RewardConfig:
 
     num_workers: worker processes (0 = score in this process, for debugging).
     timeout_s: per-sample limit; the function is interrupted after it.
-    kill_grace_s: extra time before a worker that ignores the interruption is killed.
+    kill_grace_s: extra time before a worker that ignores the interruption is killed (by
+        the parent, from outside: a function that blocks the alarm cannot escape it).
     error_score: reward of a sample whose function failed or timed out.
     mp_context: "forkserver" (fast worker start) or "spawn".
+    memory_limit_mb: address-space limit of each worker process (RLIMIT_AS); a sample that
+        allocates past it fails with MemoryError instead of exhausting the machine.
+        null: no limit. Not applied in-process (num_workers 0).
+    max_failed_share / max_failed_steps: the run stops with an error naming the first
+        failure after `max_failed_steps` scoring calls in a row (training steps or held-out
+        evaluations) in which more than `max_failed_share` of the samples failed (raised,
+        timed out, killed their worker). A reward function that always fails then stops
+        the run instead of training on error_score. max_failed_steps 0: never stop.
     """
 
     num_workers: int = 2
@@ -48,6 +59,9 @@ class RewardConfig:
     kill_grace_s: float = 2.0
     error_score: float = 0.0
     mp_context: str = "forkserver"
+    memory_limit_mb: int | None = 8192
+    max_failed_share: float = 0.5
+    max_failed_steps: int = 3
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -58,6 +72,17 @@ class RewardConfig:
             raise ValueError(f"kill_grace_s must be >= 0, got {self.kill_grace_s}")
         if self.mp_context not in ("forkserver", "spawn"):
             raise ValueError(f"mp_context must be 'forkserver' or 'spawn', got {self.mp_context!r}")
+        if self.memory_limit_mb is not None and self.memory_limit_mb < 64:
+            raise ValueError(f"memory_limit_mb must be >= 64 (a Python process needs that much) or null, "
+                             f"got {self.memory_limit_mb}")
+        if not 0.0 <= self.max_failed_share < 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1), got {self.max_failed_share}")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"max_failed_steps must be >= 0 (0 = never stop), got {self.max_failed_steps}")
+
+
+class RewardFailureError(UserInputError):
+    """The reward function failed on most samples for max_failed_steps scoring calls in a row."""
 
 
 @dataclasses.dataclass
@@ -128,9 +153,12 @@ class RewardManager:
         tokenizer: Any,
         config: RewardConfig | None = None,
         compute_score: Callable[..., Any] | None = None,
+        turn_templates: list[TemplateSpec] | None = None,
     ) -> None:
-        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers."""
+        """`compute_score` has verl's signature (see registry.py); default: the built-in scorers.
+        `turn_templates`: turn-level reward templates (templates.py), scored on every model turn."""
         self.tokenizer = tokenizer
+        self.turn_templates = [t for t in (turn_templates or []) if t.level == "turn"]
         self.config = config or RewardConfig()
         self.compute_score = compute_score if compute_score is not None else DispatchScore()
         self._pool: ScoringPool | None = None
@@ -141,7 +169,9 @@ class RewardManager:
                 self.config.timeout_s,
                 self.config.kill_grace_s,
                 self.config.mp_context,
+                memory_limit_mb=self.config.memory_limit_mb,
             )
+        self._failing_calls = 0  # scoring calls in a row with more than max_failed_share failures
 
     def close(self) -> None:
         """Stop the worker processes."""
@@ -161,12 +191,18 @@ class RewardManager:
         """Decode each response up to its last valid token, score it, and place the score there."""
         responses, response_mask = self._check_batch(data)
         last = last_valid_positions(response_mask)
+        nt = data.non_tensor_batch
+        # Multi-turn rollouts (envs/agent/loop.py): the scorer reads the final model turn.
+        starts = nt["final_turn_start"] if "final_turn_start" in nt else [0] * len(responses)
         texts = self.tokenizer.batch_decode(
-            [responses[i, : int(last[i]) + 1].tolist() for i in range(len(responses))],
+            [responses[i, int(starts[i]) : int(last[i]) + 1].tolist() for i in range(len(responses))],
             skip_special_tokens=True,
         )
-        nt = data.non_tensor_batch
         extra_infos = nt["extra_info"] if "extra_info" in nt else [None] * len(texts)
+        if "num_turns" in nt:  # what turn / tool-use / length templates read
+            extra_infos = [{**(extra_infos[i] or {}), "num_turns": int(nt["num_turns"][i]),
+                            "num_tool_calls": int(nt["num_tool_calls"][i]),
+                            "num_model_tokens": int(response_mask[i].sum())} for i in range(len(texts))]
         tasks = [
             {
                 "data_source": nt["data_source"][i],
@@ -177,7 +213,25 @@ class RewardManager:
             for i in range(len(texts))
         ]
         outcomes, restarts = self._run(tasks)
-        return self._assemble(outcomes, last, responses.shape, restarts)
+        out = self._assemble(outcomes, last, responses.shape, restarts)
+        if self.turn_templates:
+            add_turn_rewards(out, data, self.tokenizer, self.turn_templates)
+        if "score_override" in nt or "env_rewards" in data.batch:
+            add_environment_rewards(out, data, last)
+        self._count_failures(out.errors, len(outcomes))
+        return out
+
+    def _count_failures(self, errors: list[tuple[int, str]], samples: int) -> None:
+        """Raise RewardFailureError after max_failed_steps calls in a row with too many failures."""
+        config = self.config
+        failing = samples > 0 and len(errors) > config.max_failed_share * samples
+        self._failing_calls = self._failing_calls + 1 if failing else 0
+        if config.max_failed_steps and self._failing_calls >= config.max_failed_steps:
+            raise RewardFailureError(
+                f"the reward function failed on {len(errors)} of {samples} samples, and on more than "
+                f"{config.max_failed_share:.0%} in each of the last {self._failing_calls} steps (first: sample "
+                f"{errors[0][0]}, {errors[0][1]}). Fix the reward function; the limit is "
+                "reward.manager.max_failed_share / max_failed_steps")
 
     def _check_batch(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
         missing = [k for k in ("responses", "response_mask") if k not in data.batch]
@@ -234,3 +288,54 @@ class RewardManager:
             errors=errors,
             metrics=metrics,
         )
+
+
+def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tensor) -> None:
+    """Fold a multi-turn rollout's environment outcome into `out` (envs/agent/loop.py):
+    a failed environment's `score_override` replaces the scorer's score, and the turn
+    rewards in `env_rewards` (on each turn's last token) are added to the token scores."""
+    nt = data.non_tensor_batch
+    if "score_override" in nt:
+        override = torch.tensor([float(v) for v in nt["score_override"]], dtype=torch.float32)
+        rows = torch.nonzero(~torch.isnan(override) & (last >= 0)).squeeze(-1)
+        out.scores[rows] = override[rows]
+        out.token_level_scores[rows, last[rows]] = override[rows]
+        out.metrics["reward/mean"] = float(out.scores.mean()) if len(out.scores) else 0.0
+    if "env_rewards" in data.batch:
+        env = data.batch["env_rewards"].to(torch.float32)
+        out.token_level_scores += env
+        out.metrics["reward/env_mean"] = float(env.sum(-1).mean())
+    for key in ("num_turns", "num_tool_calls"):
+        if key in nt:
+            out.metrics[f"agent/{key}_mean"] = float(np.mean([float(v) for v in nt[key]]))
+    if "num_tool_calls" in nt:
+        out.metrics["agent/tool_call_rate"] = float(np.mean([float(v) > 0 for v in nt["num_tool_calls"]]))
+    if "agent_stop" in nt:
+        for reason in sorted({str(v) for v in nt["agent_stop"]}):
+            out.metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of model tokens (1s) in a response_mask row."""
+    spans, start = [], None
+    for i, m in enumerate(mask_row.tolist() + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def add_turn_rewards(out: RewardOutput, data: DataProto, tokenizer: Any, specs: list[TemplateSpec]) -> None:
+    """Score every model turn with the turn-level templates; each on its turn's last token."""
+    nt, responses = data.non_tensor_batch, data.batch["responses"]
+    total = 0.0
+    for i, mask_row in enumerate(data.batch["response_mask"]):
+        spans = turn_spans(mask_row)
+        texts = tokenizer.batch_decode([responses[i, a:b].tolist() for a, b in spans], skip_special_tokens=True)
+        row = {k: nt[k][i] for k in ("ground_truth", "data_source", "extra_info") if k in nt}
+        for (_, end), reward in zip(spans, score_turns(specs, texts, row)):
+            out.token_level_scores[i, end - 1] += reward
+            total += reward
+    out.metrics["reward/turn_templates_mean"] = total / max(1, len(responses))

@@ -10,7 +10,14 @@ created once and reused across batches. Per sample:
   the pool; the other unfinished samples are re-run on the new pool;
 - a worker that dies on its own (segfault, os._exit) breaks the pool too: the samples that
   were running are re-run one at a time on a new pool, and the one that kills its worker
-  while alone gets ("error", ...); the others are scored normally.
+  while alone gets ("error", ...); the others are scored normally;
+- after MAX_RESTARTS_PER_RUN pool replacements in one batch, the samples not yet scored
+  get ("error", ...): a function that hangs or crashes on every sample costs a bounded
+  time per step, and the manager's failure limit then stops the run.
+
+Each worker runs under an address-space limit (RLIMIT_AS, `memory_limit_mb`) and exits
+within a second of its parent (the forkserver, which exits with the controller), so a
+killed controller leaves no scoring process behind.
 
 The parent learns which process runs which sample from a start message each worker
 sends (task id, pid) before it calls the function. Samples travel in chunks (a few per
@@ -49,6 +56,7 @@ class ScoringPool:
         timeout_s: float,
         kill_grace_s: float = 2.0,
         mp_context: str = "forkserver",
+        memory_limit_mb: int | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 for a pool, got {num_workers} (use in-process mode for 0)")
@@ -64,6 +72,7 @@ class ScoringPool:
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.kill_grace_s = kill_grace_s
+        self.memory_limit_mb = memory_limit_mb
         self._ctx = multiprocessing.get_context(mp_context)
         self._executor: ProcessPoolExecutor | None = None
         self._starts: Any = None
@@ -80,7 +89,7 @@ class ScoringPool:
                 max_workers=self.num_workers,
                 mp_context=self._ctx,
                 initializer=init_worker,
-                initargs=(self.fn, self._starts),
+                initargs=(self.fn, self._starts, self.memory_limit_mb, os.getpid()),
             )
         return self._executor
 
@@ -121,11 +130,14 @@ class ScoringPool:
         pending = set(range(len(tasks)))
         restarts_here = idle_breaks = 0
         while pending:
-            if idle_breaks >= 3:
-                # Safety net: pools that keep breaking without scoring, killing or even
-                # starting a sample must not loop forever.
+            if idle_breaks >= 3 or restarts_here >= MAX_RESTARTS_PER_RUN:
+                # Safety nets: pools that keep breaking without scoring, killing or even
+                # starting a sample must not loop forever; and a function that hangs or
+                # kills its worker on every sample must not cost a pool restart (and a
+                # timeout) per sample: after MAX_RESTARTS_PER_RUN the rest are given up.
                 for i in pending:
-                    results[i] = ("error", "reward worker processes kept dying; sample given up")
+                    results[i] = ("error", f"reward worker processes kept dying or hanging ({restarts_here} "
+                                           "replaced in this batch); sample given up")
                 break
             # A suspect runs alone: if the pool breaks again, it is the culprit, and the
             # innocent samples that happened to share the pool with it are not blamed.
@@ -223,6 +235,7 @@ class ScoringPool:
         suspects.update(running)
 
 
+MAX_RESTARTS_PER_RUN = 8  # pool replacements in one `run` before the remaining samples are given up
 CHUNKS_PER_WORKER = 4  # several per worker, so one slow sample does not hold up a whole share
 
 

@@ -2,6 +2,8 @@
 
     default_compute_score("openai/gsm8k", "... #### 72", "72")     # -> 1.0
     fn = load_reward_fn("my_reward.py", "compute_score")          # verl-style signature
+    fn = load_reward_fn("my_pkg.rewards", "compute_score")        # or an importable module
+    reward_fn_reference(compute_score)                            # -> ("my_pkg.rewards", "compute_score")
 
 A reward function has verl's signature
 
@@ -13,8 +15,10 @@ may hold extra per-sample values that are logged.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -102,10 +106,19 @@ def _import_file(path: Path) -> Any:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # a file that calls exit() at import is a broken file too
         del sys.modules[module_name]
-        raise ImportError(f"importing reward file {str(path)!r} failed: {type(err).__name__}: {err}") from err
+        raise ImportError(f"importing reward file {str(path)!r} failed: {_import_failure(err)}; fix the file "
+                          "(it is imported on the controller and in every reward worker)") from err
     return module
+
+
+def _import_failure(err: BaseException) -> str:
+    if isinstance(err, SystemExit):
+        return f"it called exit({err.code!r}) while being imported"
+    if isinstance(err, SyntaxError):
+        return f"SyntaxError at line {err.lineno}: {err.msg}"
+    return f"{type(err).__name__}: {err}"
 
 
 def _check_signature(fn: Callable, where: str) -> None:
@@ -164,8 +177,53 @@ class FileRewardFn:
         return f"FileRewardFn({str(self.path)!r}, {self.name!r})"
 
 
-def load_reward_fn(path: str | Path, name: str = "compute_score") -> FileRewardFn:
-    """Load `name` from the Python file at `path` (checked now, so mistakes surface at start-up)."""
+def load_reward_fn(path: str | Path, name: str = "compute_score") -> ScoreFn:
+    """Load `name` from `path` (checked now, so mistakes surface at start-up): a Python
+    file (a FileRewardFn, picklable by path), or the dotted import path of a module
+    (`my_pkg.rewards`: the function itself, picklable by reference)."""
+    if is_module_path(path):
+        try:
+            module = importlib.import_module(str(path))
+        except (Exception, SystemExit) as err:
+            raise ImportError(f"importing reward module {str(path)!r} failed: {_import_failure(err)}") from err
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise AttributeError(f"module {str(path)!r} defines no function {name!r}; set the reward function name")
+        _check_signature(fn, f"{name} in {path}")
+        return fn
     fn = FileRewardFn(path, name)
     fn.resolve()
     return fn
+
+
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def is_module_path(path: str | Path) -> bool:
+    """A dotted module name (`my_pkg.rewards`) rather than a file (`rewards.py`, `dir/x`)."""
+    text = str(path)
+    return not text.endswith(".py") and _MODULE_PATH.match(text) is not None and not Path(text).is_file()
+
+
+def reward_fn_reference(fn: Callable[..., Any]) -> tuple[str, str]:
+    """(path, name) that `load_reward_fn` loads `fn` back from, so a config that was given a
+    Python function can be saved and used by `--resume` and `hybridflow eval`: the module's
+    import path, or the file of a script's (`__main__`) function. ValueError for functions
+    that cannot be loaded by name (lambdas, functions defined inside functions)."""
+    name = getattr(fn, "__qualname__", None) or ""
+    module_name = getattr(fn, "__module__", None)
+    if not name or "<" in name or "." in name or module_name is None:
+        raise ValueError(f"the reward function {fn!r} cannot be loaded by name (a lambda, a method or a function "
+                         "defined inside another); define it at module level, in an importable module or a "
+                         "file, and pass that function")
+    module = sys.modules.get(module_name)
+    if getattr(module, name, None) is not fn:
+        raise ValueError(f"the reward function {fn!r} is not reachable as {module_name}.{name}; define it at "
+                         "module level")
+    if module_name == "__main__" or module_name.startswith("hybridflow_user_reward_"):
+        file = getattr(module, "__file__", None)
+        if file is None:
+            raise ValueError(f"the reward function {name!r} was defined interactively; put it in a .py file and "
+                             "give reward.custom_fn_path / custom_fn_name")
+        return str(Path(file).resolve()), name
+    return module_name, name

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import random
 import re
@@ -43,14 +44,18 @@ import yaml
 
 from hybridflow.config import config_to_dict, save_config
 from hybridflow.config.schema import RunConfig
+from hybridflow.errors import UserInputError
 from hybridflow.engines.train.checkpoint import (
     TMP_PREFIX,
     begin_atomic_dir,
     prune_atomic_dirs,
     publish_atomic_dir,
     write_text_atomically,
+    writing_checkpoint,
 )
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run_dir import metrics_lines, read_metrics
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -59,8 +64,33 @@ STATE_VERSION = 1  # of trainer_state.json
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(FileNotFoundError, UserInputError):
     """No complete checkpoint where one was asked for; the message says what was looked at."""
+
+
+class CheckpointDamagedError(UserInputError):
+    """A checkpoint's files are missing, cut short or unreadable; the message names them."""
+
+
+FILES_KEY = "files"  # trainer_state.json: relative path -> size of every file of the checkpoint
+
+
+def checkpoint_files(checkpoint_dir: Path) -> dict[str, int]:
+    """Every file under `checkpoint_dir` (but the trainer state) with its size in bytes."""
+    return {str(p.relative_to(checkpoint_dir)): p.stat().st_size for p in sorted(checkpoint_dir.rglob("*"))
+            if p.is_file() and p.name != TRAINER_STATE_FILE}
+
+
+def damaged_files(checkpoint_dir: str | Path) -> list[str]:
+    """Files the checkpoint recorded that are now missing or of another size (a deleted or
+    truncated shard). Checkpoints written before files were recorded count as intact."""
+    path = Path(checkpoint_dir)
+    recorded = read_trainer_state(path).get(FILES_KEY)
+    if not recorded:
+        return []
+    now = checkpoint_files(path)
+    return [f"{name} ({'missing' if name not in now else f'{now[name]} of {size} bytes'})"
+            for name, size in recorded.items() if now.get(name) != size]
 
 
 def checkpoint_step(checkpoint_dir: str | Path) -> int:
@@ -109,6 +139,11 @@ def find_checkpoint(path: str | Path) -> Path:
             raise CheckpointNotFoundError(
                 f"{str(path)!r} is not a complete checkpoint (no {TRAINER_STATE_FILE}); it was not fully "
                 f"written. Pass its run directory to use the newest complete checkpoint instead")
+        damaged = damaged_files(path)
+        if damaged:
+            raise CheckpointDamagedError(
+                f"checkpoint {str(path)!r} is damaged: {', '.join(damaged[:3])}. Pass its run directory to "
+                "use the newest intact checkpoint instead")
         return path
     root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
     found = complete_checkpoints(root)
@@ -116,7 +151,13 @@ def find_checkpoint(path: str | Path) -> Path:
         raise CheckpointNotFoundError(
             f"no complete checkpoint under {str(root)!r}; a run writes {CHECKPOINTS_DIR}/{STEP_PREFIX}<N> "
             "every trainer.save_freq steps (save_freq=0 writes none)")
-    return found[-1]
+    for checkpoint in reversed(found):
+        damaged = damaged_files(checkpoint)
+        if not damaged:
+            return checkpoint
+        logger.warning("checkpoint %s is damaged (%s); using the one before it", checkpoint, ", ".join(damaged[:3]))
+    raise CheckpointDamagedError(f"every checkpoint under {str(root)!r} is damaged (files missing or cut short); "
+                                 "start a new run, or from an exported model (model.path)")
 
 
 def role_checkpoint_path(checkpoint_dir: str | Path, role: str) -> Path:
@@ -175,7 +216,8 @@ def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -
     """Write the trainer state into `tmp` (every role's files are already there), make the
     checkpoint visible by renaming it to `global_step_<step>`, then keep only `keep_last`
     checkpoints (None: all): this one and the newest others. Returns the checkpoint directory."""
-    write_trainer_state(tmp, state)
+    with writing_checkpoint(tmp):
+        write_trainer_state(tmp, {**state, FILES_KEY: checkpoint_files(tmp)})  # what `damaged_files` checks
     final = publish_atomic_dir(tmp)
     if keep_last is not None:
         prune_atomic_dirs(complete_checkpoints(final.parent), keep_last, keep=final)
@@ -185,7 +227,15 @@ def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -
 def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
     """The trainer state of a complete checkpoint (see `RLTrainer.save_checkpoint`)."""
     path = Path(checkpoint_dir) / TRAINER_STATE_FILE
-    state = json.loads(path.read_text())
+    try:
+        state = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointDamagedError(
+            f"{str(path)!r} is not valid JSON ({err}): this checkpoint is damaged. Resume from an older one "
+            f"(--resume {Path(checkpoint_dir).parent}/{STEP_PREFIX}<M>), or move this one aside and pass the "
+            "run directory") from None
+    if not isinstance(state, dict):
+        raise CheckpointDamagedError(f"{str(path)!r} holds no JSON object: this checkpoint is damaged")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"{str(path)!r} has trainer-state version {state.get('version')!r}; this hybridflow "
                          f"reads version {STATE_VERSION}. Resume with the hybridflow version that wrote it")
@@ -241,8 +291,9 @@ def reopen_run_dir(cfg: RunConfig, checkpoint_dir: Path) -> Path:
         save_config(cfg, config_path)
     metrics_path = run_dir / "metrics.jsonl"
     if metrics_path.is_file():
-        lines = metrics_path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and _keep_record(json.loads(line), step)]
+        text = metrics_path.read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        kept = [line for line, record in metrics_lines(text, str(metrics_path)) if _keep_record(record, step)]
         if len(kept) != len(lines):
             shutil.copy2(metrics_path, _unused(run_dir, f"metrics.before-resume-step{step}", ".jsonl"))
             write_text_atomically(metrics_path, "".join(kept))

@@ -25,6 +25,8 @@ from typing import Any
 
 from hybridflow.config.env_schema import EnvRunConfig, is_env_tree
 from hybridflow.config.loader import user_tree
+from hybridflow.errors import ConfigError
+from hybridflow.config.schema import reward_reference
 from hybridflow.trainer.env_trainer import EnvTrainer, as_env_steps
 from hybridflow.trainer.rl_trainer import RLTrainer as LMTrainer
 from hybridflow.trainer.rl_trainer import TrainResult
@@ -62,7 +64,7 @@ def describes_env_task(config: Any, resume: Any = None) -> bool:
         return is_env_tree(config)
     if isinstance(config, (str, Path)):
         return is_env_tree(user_tree(config))
-    if config is None and resume is not None and not isinstance(resume, bool):
+    if config is None and isinstance(resume, (str, Path)):  # not True / a language-model ResumePoint
         from hybridflow.trainer.checkpointing import find_checkpoint, run_config_path
 
         return is_env_tree(user_tree(run_config_path(find_checkpoint(resume))))
@@ -71,11 +73,19 @@ def describes_env_task(config: Any, resume: Any = None) -> bool:
 
 def dict_overrides(tree: dict[str, Any], prefix: str = "") -> list[str]:
     """A nested dict of run-config keys as dotted `key=value` overrides (values as JSON, which
-    the loader reads as YAML), so a dict goes through the same loader as a YAML file."""
+    the loader reads as YAML), so a dict goes through the same loader as a YAML file. A
+    function given as `custom_fn_path` becomes its import path and `custom_fn_name`."""
     out: list[str] = []
     for key, value in tree.items():
         if isinstance(value, dict) and value:
             out += dict_overrides(value, f"{prefix}{key}.")
+        elif callable(value) and key == "custom_fn_path":
+            # A reward function given as a Python object: its import path and name.
+            try:
+                path, name = reward_reference(value, "compute_score")
+            except ConfigError as err:
+                raise err.within(prefix.rstrip(".")) from None
+            out += [f"{prefix}{key}={json.dumps(path)}", f"{prefix}custom_fn_name={json.dumps(name)}"]
         else:
             out.append(f"{prefix}{key}={json.dumps(value)}")
     return out

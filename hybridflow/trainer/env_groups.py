@@ -19,8 +19,11 @@ the alive nodes (on one node: one entry, since spreading is a preference); stric
 from __future__ import annotations
 
 import functools
+import sys
+import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hybridflow.config.env_schema import EnvRunConfig
@@ -101,6 +104,7 @@ def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: Learn
     from hybridflow.controller import ResourcePool, WorkerGroup, init_ray
 
     init_ray(address=dist.ray_address)
+    ship_by_value(collector_spec.source.factory)
     counts = runner_node_counts(dist.num_workers, dist.placement_strategy, _alive_node_count())
     runner_cpus = dist.cpus_per_worker or _shared_cpus(ray.cluster_resources().get("CPU", 1.0), dist)
     runner_pool = ResourcePool(counts, cpus_per_slot=runner_cpus)
@@ -119,6 +123,25 @@ def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: Learn
             pool.release()
         raise
     return EnvGroups(runners=runners, learner=learner, pools=pools)
+
+
+def ship_by_value(factory: Any) -> None:
+    """Send a user's environment class to the env runners by value when it lives in the
+    user's own module (not hybridflow, not an installed package). Ray pickles classes of
+    importable modules by reference, and the runners may not import that module: a Ray
+    started before the user's folder was on sys.path, a notebook, a remote cluster."""
+    if factory is None:  # a Gymnasium id: the runners make it themselves
+        return
+    module = sys.modules.get(getattr(factory, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] == "hybridflow" or not file:
+        return  # __main__ is pickled by value anyway
+    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib")}
+    if any(Path(file).resolve().is_relative_to(Path(folder).resolve()) for folder in installed):
+        return
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(module)
 
 
 def runner_node_counts(num_workers: int, strategy: str, num_nodes: int) -> list[int]:

@@ -14,6 +14,9 @@ Which checkpoint a resumed run continues from, and with which config (`hybridflo
     point = resume_point("runs/grpo-20260101-120000")   # or a checkpoint dir, or True
     point.checkpoint, point.step, point.cfg
     check_steps_left(point.step, point.cfg.trainer.total_steps)
+
+A checkpoint records the model it trained (`model_record`: the model section and a
+manifest of the model directory); `resume_point` refuses a resume whose model changed.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from hybridflow.trainer.checkpointing import (
     find_checkpoint,
     read_trainer_state,
     run_config_path,
+    run_dir_of,
 )
+from hybridflow.trainer.preflight import manifest_difference, model_manifest
 
 BUILTIN_MODEL_DIR = "model"  # <run>/model: the built-in tiny model (model.path and model.pretrained null)
 SFT_MODEL_DIR = "sft_model"  # <run>/sft_model: the policy after the SFT warm start (sft.steps > 0)
@@ -99,7 +104,8 @@ def _missing_model(path: Path) -> FileNotFoundError:
 RESUMABLE_CHANGES = (
     "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
     "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
-    "reward.manager.mp_context",
+    "reward.manager.mp_context", "reward.manager.memory_limit_mb", "reward.manager.max_failed_share",
+    "reward.manager.max_failed_steps",
 )
 
 
@@ -141,7 +147,37 @@ def resume_point(resume: str | Path | bool, config: RunConfig | str | Path | Non
     else:
         wanted = load_run_config(config if config is not None else run_config_path(checkpoint), list(overrides))
     cfg = resume_config(checkpoint, wanted)
+    check_model_unchanged(checkpoint, cfg)
     return ResumePoint(checkpoint, int(read_trainer_state(checkpoint)["global_step"]), cfg)
+
+
+MODEL_KEY = "model"  # trainer_state.json: the model section and the manifest of the model it trained
+
+
+def model_record(cfg: RunConfig, model_path: str) -> dict[str, Any]:
+    """What a checkpoint records of the model it was trained from (checked on resume)."""
+    return {"section": config_to_dict(cfg.model), "manifest": model_manifest(model_path)}
+
+
+def check_model_unchanged(checkpoint: Path, cfg: RunConfig) -> None:
+    """Refuse to resume when the model differs from the one the checkpoint trained: the
+    config's model section (config.yaml edited) or the model directory's config.json and
+    weight files (model.path replaced). Checkpoints without a record pass."""
+    record = read_trainer_state(checkpoint).get(MODEL_KEY)
+    if record is None:
+        return
+    before, after = _flat(record["section"]), _flat(config_to_dict(cfg.model))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if changed:
+        detail = ", ".join(f"model.{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed[:4])
+        raise ConfigError(f"the config's model differs from the one checkpoint {str(checkpoint)!r} trained "
+                          f"({detail}); resume with the model the run started from (restore its config.yaml)",
+                          "model")
+    path = base_model_path(cfg, run_dir_of(checkpoint), write_builtin=False)
+    difference = manifest_difference(record["manifest"], model_manifest(path))
+    if difference is not None:
+        raise ConfigError(f"the model directory {path!r} changed since checkpoint {str(checkpoint)!r} was "
+                          f"written: {difference}. Resume with the model the run started from", "model.path")
 
 
 def _checkpoint_of_runs(cfg: RunConfig) -> Path:

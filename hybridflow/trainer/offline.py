@@ -6,7 +6,8 @@
     report.metrics["val/accuracy"], report.metrics["val/gsm8k/accuracy"]
     export_source(resolve_source("runs/.../checkpoints/global_step_20"), "exported/")
 
-A source is a run directory (its newest complete checkpoint), a checkpoint directory
+A source is a run directory (its newest complete checkpoint; its final_model/ when it saved
+no checkpoint), a checkpoint directory
 (`<run>/checkpoints/global_step_<N>`), or a Hugging Face model directory. A checkpoint is
 scored with its run's config.yaml (world size, generation and prompt settings, reward
 function, trainer.validation), so `hybridflow eval` on the checkpoint of step N repeats
@@ -25,13 +26,15 @@ from typing import Any
 
 import ray
 
-from hybridflow.config.schema import RunConfig, load_run_config
+from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.checkpointing import (
+    CHECKPOINTS_DIR,
     CheckpointNotFoundError,
+    complete_checkpoints,
     actor_checkpoint_path,
     checkpoint_step,
     find_checkpoint,
@@ -40,15 +43,19 @@ from hybridflow.trainer.checkpointing import (
 )
 from hybridflow.trainer.evaluate import evaluate, sampling_meta
 from hybridflow.trainer.lifecycle import policy_start_path
+from hybridflow.trainer.preflight import check_scorers
 from hybridflow.trainer.setup import (
     actor_config,
     build_groups,
     build_reward_manager,
     first_prompts,
+    rank_cpus,
     start_ray,
     val_prompts,
 )
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
+
+FINAL_MODEL_DIR = "final_model"  # <run>/final_model: the exported policy (run_dir.py)
 
 
 @dataclass
@@ -61,6 +68,7 @@ class ModelSource:
     model_path: str
     checkpoint: Path | None
     step: int | None
+    run_dir: Path | None = None  # the run whose final_model/ this is (held-out prompts from its config)
 
 
 @dataclass
@@ -86,6 +94,12 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
     if (path / "config.json").is_file():  # a Hugging Face model directory
         cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", *overrides])
         return ModelSource(path, _resolved(cfg), str(path), None, None)
+    final_model = path / FINAL_MODEL_DIR
+    if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
+            path / CHECKPOINTS_DIR):
+        # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
+        cfg = load_run_config(path / "config.yaml", list(overrides))
+        return ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path)
     try:
         checkpoint = find_checkpoint(path)
     except CheckpointNotFoundError as err:
@@ -98,8 +112,7 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:
-    return dataclasses.replace(cfg, resources=dataclasses.replace(
-        cfg.resources, world_size=cfg.resources.resolved_world_size()))
+    return dataclasses.replace(cfg, resources=resolved_resources(cfg.resources))
 
 
 def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: int | None,
@@ -113,7 +126,7 @@ def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: in
                                     "columns (prompt, data_source, reward_model.ground_truth)")
         limit = max_samples if max_samples is not None else cfg.data.max_val_samples
         return first_prompts(RLPromptDataset(list(files), tokenizer, cfg.data.prompt), limit), list(files)
-    if source.checkpoint is None and not cfg.data.val_files:
+    if source.checkpoint is None and source.run_dir is None and not cfg.data.val_files:
         raise ValueError("a Hugging Face model directory has no held-out prompts of its own; pass --data FILE")
     if max_samples is not None:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_val_samples=max_samples))
@@ -128,6 +141,8 @@ def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples:
     cfg = source.cfg
     tokenizer = load_tokenizer(source.model_path)
     prompts, data = held_out_or_files(source, files, max_samples, tokenizer)
+    if cfg.reward.custom_fn_path is None:  # the built-in scorers must know every data source
+        check_scorers(prompts.non_tensor_batch["data_source"], "--data" if files else "data.val_files")
     reward = build_reward_manager(cfg, tokenizer)
     try:
         with loaded_actor(source) as (actor, generation_groups):
@@ -173,7 +188,8 @@ def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
     source's model with the checkpoint's weights; everything stopped on exit."""
     cfg = source.cfg
     layout = validate_run_config(cfg)
-    ray_started = start_ray(cfg.resources.ray_address, layout.world_size)
+    ray_started = start_ray(cfg.resources.ray_address, layout.world_size * rank_cpus(cfg.resources, layout),
+                            cfg.resources.nodes)
     groups: dict[str, WorkerGroup] = {}
     try:
         # Only the policy: no reference model, no critic (they do not change its answers).

@@ -79,6 +79,8 @@ class Step:
     more_prompts: Callable[[], DataProto] | None = None
     # trainer.balance_batch: reorder dp-split calls for equal tokens per rank (dp_call).
     balance_dp: bool = True
+    # Told each phase's name as it starts (the trainer's live status: live_status.py).
+    on_phase: Callable[[str], None] | None = None
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -88,6 +90,8 @@ def phase(name: str) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def timed(step: Step, *args: Any, **kwargs: Any) -> Any:
+            if step.on_phase is not None:
+                step.on_phase(name)
             start = time.perf_counter()
             try:
                 return fn(step, *args, **kwargs)
@@ -95,6 +99,7 @@ def phase(name: str) -> Callable[[F], F]:
                 key = f"timing_s/{name}"
                 step.metrics[key] = step.metrics.get(key, 0.0) + time.perf_counter() - start
 
+        timed.phase_name = name  # type: ignore[attr-defined]  # the planner's dataflow test reads it
         return timed  # type: ignore[return-value]
 
     return wrap

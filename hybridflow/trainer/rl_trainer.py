@@ -16,7 +16,10 @@ whole loop state is checkpointed (checkpointing.py), and
     RLTrainer(resume="runs/<run>").train()   # continues that run to trainer.total_steps
 
 continues from the newest complete checkpoint in the same run directory, with the metrics
-an uninterrupted run would have logged.
+an uninterrupted run would have logged. When a worker fails mid-run (its process or node
+dies, it raises, or a call outlives trainer.call_timeout_s), `train` does the same by
+itself, up to trainer.max_restarts times (recovery.py). <run>/status.json tells
+`hybridflow monitor` what the run is doing (live_status.py).
 """
 
 from __future__ import annotations
@@ -26,32 +29,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridflow.config import ConfigError
 from hybridflow.config.schema import RunConfig, load_run_config
-from hybridflow.controller import WorkerGroup
+from hybridflow.controller import WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
 from hybridflow.trainer.algorithms import build_algo_state, step_program
 from hybridflow.trainer.async_trainer import AsyncRunner
 from hybridflow.trainer.checkpointing import STATE_VERSION as CHECKPOINT_STATE_VERSION
 from hybridflow.trainer.checkpointing import (
+    CHECKPOINTS_DIR,
     begin_checkpoint,
     checkpoint_step,
     commit_checkpoint,
+    complete_checkpoints,
     controller_rng_state,
     logged_accuracy,
     read_trainer_state,
     role_checkpoint_path,
     set_controller_rng_state,
 )
+from hybridflow.trainer.elastic import restart_config
 from hybridflow.trainer.evaluate import evaluate
-from hybridflow.trainer.lifecycle import ResumePoint, check_steps_left, policy_start_path, resume_point
+from hybridflow.trainer.lifecycle import (
+    MODEL_KEY,
+    ResumePoint,
+    check_steps_left,
+    model_record,
+    policy_start_path,
+    resume_point,
+)
+from hybridflow.trainer.live_status import LiveStatus
 from hybridflow.trainer.metrics import data_metrics, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
+from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
+from hybridflow.trainer.run_dir import discard_unused_run_dir
 from hybridflow.trainer.setup import (
     RunContext,
     build_cost_manager,
     build_groups,
     endless,
+    rank_cpus,
     rl_roles,
     train_prompts,
 )
@@ -101,6 +119,7 @@ class RLTrainer:
         self.ctx = RunContext.open(config, resume_from=self.resumed_from)
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
         self.run_dir = self.ctx.run_dir
+        self.status = LiveStatus(self.run_dir)
         if self.resumed_from is not None:
             self.ctx.display.message(f"resuming from {self.resumed_from} (step {self.global_step})")
         self.groups: dict[str, WorkerGroup] = {}
@@ -119,6 +138,8 @@ class RLTrainer:
         shutdown_role_groups(self.groups)
         self.groups = {}
         self.ctx.close()
+        if self.resumed_from is None and self.global_step == 0:
+            discard_unused_run_dir(self.run_dir)  # a start that failed leaves no empty run dir
 
     # ------------------------------------------------------------------ setup
 
@@ -129,6 +150,7 @@ class RLTrainer:
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
         policy_path = policy_start_path(cfg, self.run_dir)
         self.groups = build_groups(cfg, ctx.layout, rl_roles(cfg, policy_path))
+        self.status.workers(self.groups)
         if ctx.cost is None:
             ctx.cost = build_cost_manager(cfg, ctx.tokenizer)  # closed with the context
         g = self.groups
@@ -142,8 +164,8 @@ class RLTrainer:
         self.state = build_algo_state(cfg)
         self.flop_model = flop_model(self.groups)  # each rank measures its own device's peak
         if cfg.trainer.mode != "sync":  # a generation-only pool beside the actor (async_trainer.py)
-            self.async_runner, self.groups["rollout"] = AsyncRunner.start(cfg, self.roles, policy_path, self.batches,
-                                                                          self.state)
+            self.async_runner, self.groups["rollout"] = AsyncRunner.start(
+                cfg, self.roles, policy_path, self.batches, self.state, rank_cpus(cfg.resources, ctx.layout))
         ctx.display.message(f"perf/mfu against {self.flop_model.peak_flops / 1e12:.3g} TFLOP/s: the peaks the "
                             "workers measured (or were configured with) on their own devices")
         if self.resumed_from is not None:
@@ -162,17 +184,39 @@ class RLTrainer:
         if self.roles is None:
             self._start()
         before = self._accuracy_before()
+        end = self.global_step + steps
+        try:
+            metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
+                                cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
+        except BaseException:
+            self.status.update(state="failed")
+            raise
+        self.status.update(state="finished", phase=None)
+        after = self._held_out_accuracy()
+        if self.config.trainer.save_final_model:
+            self.roles.actor.export_hf(str(self.run_dir / "final_model"))
+        result = TrainResult(self.run_dir, self.global_step, before, after, metrics)
+        self._plot()
+        self._report(result)
+        return result
+
+    def _run_steps(self, end: int, steps: int) -> dict[str, float]:
+        """RL steps until global step `end` (the last `steps` of them are this train call's);
+        the last step's metrics."""
+        cfg, ctx = self.config, self.ctx
         algorithm = step_program(cfg.algorithm.spec)
         ctx.display.start(cfg.algorithm.name.upper(), steps)
         metrics: dict[str, float] = {}
-        for done in range(1, steps + 1):
+        while self.global_step < end:
             self.global_step += 1
+            done = steps - (end - self.global_step)
+            self.status.update(step=self.global_step)
             start = time.perf_counter()
             if self.async_runner is not None:
                 step = self.async_runner.step(self.global_step)
             else:
                 step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches),
-                            balance_dp=cfg.trainer.balance_batch)
+                            balance_dp=cfg.trainer.balance_batch, on_phase=self.status.phase)
                 algorithm(step, self.roles, cfg, self.state)
             step.metrics["timing_s/step"] = time.perf_counter() - start
             metrics = self._step_metrics(step)
@@ -181,15 +225,49 @@ class RLTrainer:
             ctx.log.write("rl", self.global_step, metrics)
             if self._due(cfg.trainer.save_freq):  # after the log: a checkpoint's steps are all logged
                 self.save_checkpoint()
+            self.status.update(steps_done=self.status.data["steps_done"] + 1)
             ctx.display.step(done, steps, metrics)
         ctx.display.stop()
-        after = self._held_out_accuracy()
-        if cfg.trainer.save_final_model:
-            self.roles.actor.export_hf(str(self.run_dir / "final_model"))
-        result = TrainResult(self.run_dir, self.global_step, before, after, metrics)
-        self._plot()
-        self._report(result)
-        return result
+        return metrics
+
+    def _failure(self, err: WorkerError) -> Failure:
+        return Failure.of(err, self.global_step, self.status.current_phase)
+
+    def _restart(self, failure: Failure, restarts: int) -> None:
+        """Tear every worker group down (hung processes are killed), then continue from the
+        newest complete checkpoint as `--resume` would (recovery.py), on the world size the
+        cluster holds now when the run is elastic (elastic.py)."""
+        lost_node = self._node_of(failure) if failure.cause == "died" else None
+        shutdown_role_groups(self.groups)
+        self.groups, self.roles = {}, None
+        checkpoints = complete_checkpoints(self.run_dir / CHECKPOINTS_DIR)
+        if not checkpoints:
+            raise CannotRestart(f"the run has no complete checkpoint to go back to (trainer.save_freq="
+                                f"{self.config.trainer.save_freq}); set trainer.save_freq to checkpoint every N steps")
+        self.status.update(state="restarting", restarts=restarts)
+        before = self.config.resources
+        try:
+            cfg = restart_config(self.config, lost_node)
+        except ConfigError as err:
+            raise CannotRestart(str(err)) from err
+        self.ctx = self.ctx.reopen(checkpoints[-1], cfg)
+        self.config = self.ctx.cfg
+        self.resumed_from, self.global_step = checkpoints[-1], checkpoint_step(checkpoints[-1])
+        after = self.config.resources
+        resized = "" if after == before else (f"; world size {before.world_size} on {before.nodes} node(s) -> "
+                                              f"{after.world_size} on {after.nodes}")
+        self.ctx.display.message(f"restart {restarts}: resuming from {self.resumed_from} (step {self.global_step})"
+                                 + resized)
+        self._start()
+        self.ctx.log.write(RESTART_PHASE, self.global_step, {
+            **failure.record(restarts, self.global_step), "restart/world_size": after.world_size,
+            "restart/nodes": after.nodes, "restart/previous_world_size": before.world_size,
+            "restart/previous_nodes": before.nodes})
+
+    def _node_of(self, failure: Failure) -> str | None:
+        """The Ray node id of the failed rank (None when its group is unknown)."""
+        group = self.groups.get(failure.role)
+        return group.worker_info[failure.rank]["node_id"] if group is not None else None
 
     def _step_metrics(self, step: Step) -> dict[str, float]:
         cfg = self.config
@@ -236,13 +314,14 @@ class RLTrainer:
         """Checkpoint the current step into <run>/checkpoints/global_step_<N> (every role's
         engine and worker state, the data position, the algorithm state, the controller's
         RNG), atomically, then keep the newest trainer.keep_last_checkpoints."""
+        self.status.phase("save_checkpoint")
         tmp = begin_checkpoint(self.run_dir, self.global_step)
         trained = self._trained_groups()
         for name, group in trained.items():
             group.write_checkpoint(str(tmp / name))
         state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
-                 "rng": controller_rng_state()}
+                 "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
 
     def _load_checkpoint(self, checkpoint: Path) -> None:

@@ -153,9 +153,12 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
             display.message(_stats_line("held-out pairs", val, cfg))
         display.message(f"{len(train)} pairs for training, {len(val)} held out")
         steps = total_steps(cfg, len(train))
-        ray_started = start_ray(cfg.resources.ray_address, world)
+        threads = cfg.resources.resolved_threads_per_rank(world)
+        ray_started = start_ray(cfg.resources.ray_address, world * threads, cfg.resources.nodes)
         role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
-        groups = build_role_groups({"rm": role}, PlacementSpec.colocated([world], use_gpu=cfg.resources.use_gpu))
+        groups = build_role_groups({"rm": role}, PlacementSpec.colocated(cfg.resources.process_on_nodes(),
+                                                                         use_gpu=cfg.resources.use_gpu,
+                                                                         cpus_per_slot=threads))
         group = groups["rm"]
         group.init_model()
         return _train(cfg, group, train, val, steps, run_dir, log, display)

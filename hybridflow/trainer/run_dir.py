@@ -53,6 +53,29 @@ def create_run_dir(cfg: RunConfig) -> Path:
     return path
 
 
+# What a run directory holds before its first step; a start that fails with only these
+# there removes the directory (nothing of value is in it).
+_START_FILES = {"config.yaml", "model", "metrics.jsonl", "tensorboard"}
+
+
+def discard_unused_run_dir(path: Path) -> bool:
+    """Remove a new run directory whose start failed, if it holds only what a start writes
+    (config, built-in model, an empty metrics.jsonl, TensorBoard files): a failed start leaves
+    no empty run directory behind. Anything more (a logged step, a checkpoint) keeps it.
+    Returns whether it was removed."""
+    import shutil
+
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    names = {entry.name for entry in path.iterdir()}
+    metrics = path / "metrics.jsonl"
+    if not names <= _START_FILES or (metrics.is_file() and metrics.stat().st_size > 0):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 class MetricsLog:
     """The "jsonl" logger (loggers.py): appends one JSON line per record to
     <run>/metrics.jsonl (flushed at once, so a crashed run keeps every step it finished).
@@ -79,5 +102,21 @@ def _json_value(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All records of a metrics.jsonl file. A last line cut short (the process was killed
+    while writing it) is left out; a bad line anywhere else is a ValueError naming it."""
+    return [record for _, record in metrics_lines(Path(path).read_text(encoding="utf-8"), str(path))]
+
+
+def metrics_lines(text: str, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) of each complete record in the text of a metrics.jsonl file (see read_metrics)."""
+    lines = [line for line in text.splitlines(keepends=True) if line.strip()]
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError as err:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # torn by a crash mid-write: the step it describes is done again on resume
+            raise ValueError(f"{where}: line {number} is not valid JSON ({err}); the file was edited or "
+                             "damaged: fix or remove that line") from None
+    return out

@@ -1,6 +1,7 @@
 """Everything a run needs before its first step, built from the validated config.
 
-`RunContext.open(cfg)` validates the config, creates the run directory (config.yaml),
+`RunContext.open(cfg)` validates the config, checks the model, data and reward files
+(preflight.py), creates the run directory (config.yaml; removed again when the start fails),
 starts or joins Ray, finds the starting model (lifecycle.py: writes the built-in one when
 model.path and model.pretrained are null), loads the tokenizer, the prompt data sets and
 the reward manager. The worker-config builders turn config sections into the workers'
@@ -20,7 +21,7 @@ import ray
 
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
-from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.config.schema import ComputeSection, RunConfig, resolve_run_config
 from hybridflow.config.validation import Layout, validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
 from hybridflow.data import (
@@ -36,7 +37,8 @@ from hybridflow.trainer.checkpointing import reopen_run_dir
 from hybridflow.trainer.display import RunDisplay
 from hybridflow.trainer.lifecycle import base_model_path
 from hybridflow.trainer.loggers import RunLoggers, build_loggers
-from hybridflow.trainer.run_dir import create_run_dir
+from hybridflow.trainer.preflight import preflight
+from hybridflow.trainer.run_dir import create_run_dir, discard_unused_run_dir
 from hybridflow.workers import (
     ActorRolloutRefConfig,
     ActorRolloutRefWorker,
@@ -71,25 +73,56 @@ class RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
         directory; the run continues in its run directory instead of a new one."""
+        # Rebuilding the reward sections records a reward function assigned to
+        # custom_fn_path after the config was made by its import path (schema.reward_reference).
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),
+                                  cost_model=dataclasses.replace(cfg.cost_model))
         validate_run_config(cfg)  # before anything starts
+        preflight(cfg, new_run=resume_from is None)  # model, data and reward files, before the run dir
+        mapping = None
+        if cfg.resources.placement == "auto":  # the planner's mapping becomes the run's settings
+            from hybridflow.planner.apply import resolve_auto_placement
+
+            cfg, mapping = resolve_auto_placement(cfg)
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
-        # Without the "console" logger nothing is printed (trainer.console picks the style).
-        display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
-        display.message(f"run directory: [bold]{run_dir}[/bold]")
-        model_path = base_model_path(cfg, run_dir, write_builtin=True)
-        tokenizer = load_tokenizer(model_path)
-        val_batch = val_prompts(cfg, tokenizer)
-        reward = build_reward_manager(cfg, tokenizer)
         try:
-            extra = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0  # the rollout pool's
-            ray_started = start_ray(cfg.resources.ray_address, layout.world_size + extra)
+            # Without the "console" logger nothing is printed (trainer.console picks the style).
+            display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
+            display.message(f"run directory: [bold]{run_dir}[/bold]")
+            if mapping is not None:
+                save_plan(run_dir, mapping)
+                display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
+            model_path = base_model_path(cfg, run_dir, write_builtin=True)
+            tokenizer = load_tokenizer(model_path)
+            val_batch = val_prompts(cfg, tokenizer)
+            reward = build_reward_manager(cfg, tokenizer)
+        except BaseException:
+            if resume_from is None:
+                discard_unused_run_dir(run_dir)
+            raise
+        try:
+            cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
+            ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             reward.close()
+            if resume_from is None:
+                discard_unused_run_dir(run_dir)
             raise
         return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_started)
+
+    def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
+        """The context of this run continuing from `checkpoint` with `cfg` (an automatic
+        restart, recovery.py; cfg differs at most in resources.*): as `--resume` opens it
+        (metrics after the checkpoint set aside), on the same Ray, which the new context
+        stops at the end if this one would have."""
+        ray_started, self.ray_started = self.ray_started, False
+        self.close()
+        ctx = RunContext.open(cfg, resume_from=checkpoint)
+        ctx.ray_started = ray_started
+        return ctx
 
     def close(self) -> None:
         self.display.stop()
@@ -101,27 +134,51 @@ class RunContext:
             ray.shutdown()
 
 
-def start_ray(ray_address: str | None, world_size: int) -> bool:
+def save_plan(run_dir: Path, mapping: Any) -> None:
+    """The planner's chosen mapping and its prediction, beside config.yaml (placement auto)."""
+    import json
+
+    path = run_dir / "plan.json"
+    if not path.exists():  # a resumed run keeps the plan it started with
+        path.write_text(json.dumps(mapping.to_dict(), indent=2))
+
+
+def start_ray(ray_address: str | None, cpus: int, nodes: int) -> bool:
     """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
-    with a logical CPU for each of `world_size` ranks at least; reuse one already running.
-    Returns whether this call started it (and the job should stop it)."""
+    with at least the `cpus` logical CPUs the job's ranks reserve (one node: `nodes` > 1
+    needs a cluster); reuse one already running. Returns whether this call started it (and
+    the job should stop it)."""
     if ray.is_initialized():
         return False
+    if ray_address is None and nodes > 1:
+        raise ConfigError(f"{nodes} nodes need a Ray cluster: start one (`ray start --head` on one machine, "
+                          "`ray start --address HEAD:6379` on the others) and set resources.ray_address=HEAD:6379",
+                          "resources.nodes")
     if ray_address is not None:
         init_ray(address=ray_address)
     else:
         # The ranks set their own thread counts; the CPU count only lets every rank be placed.
-        init_ray(num_cpus=max(os.cpu_count() or 1, world_size))
+        init_ray(num_cpus=max(os.cpu_count() or 1, cpus))
     return True
+
+
+def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
+    """Ray CPUs of one rank's slot: its torch threads on CPU (resources.threads_per_rank);
+    the cores are shared with the rollout pool of the asynchronous modes."""
+    return resources.resolved_threads_per_rank(layout.world_size + layout.rollout_pool_ranks)
 
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     from hybridflow.rewards import RewardManager, load_reward_fn
 
-    fn = None
+    from hybridflow.rewards.templates import ComposedScore, parse_templates
+
+    fn, specs = None, parse_templates(cfg.reward.templates)
     if cfg.reward.custom_fn_path is not None:
         fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name)
-    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
+    elif any(s.level == "trajectory" for s in specs):
+        fn = ComposedScore(specs)
+    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn, turn_templates=specs)
 
 
 def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
@@ -213,18 +270,39 @@ def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec
     every other role (reward and cost models too) on the actor's."""
     use_gpu = cfg.resources.use_gpu
     critics = cfg.algorithm.spec.critics
+    nodes = cfg.resources.process_on_nodes()  # ranks per node, nodes in order
     if cfg.resources.placement == "split" and any(role in critics for role in roles):
+        actor_nodes, critic_nodes = split_nodes(nodes, [layout.actor_ranks, layout.critic_ranks])
         return PlacementSpec(
-            pools={"actor_pool": [layout.actor_ranks], "critic_pool": [layout.critic_ranks]},
+            pools={"actor_pool": actor_nodes, "critic_pool": critic_nodes},
             mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
-            use_gpu=use_gpu,
+            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout),
         )
-    return PlacementSpec.colocated([layout.world_size], use_gpu=use_gpu)
+    return PlacementSpec.colocated(nodes, use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout))
+
+
+def split_nodes(nodes: list[int], sizes: list[int]) -> list[list[int]]:
+    """Cut ranks-per-node `nodes` into consecutive parts of `sizes` ranks, each as its own
+    ranks-per-node list: split_nodes([2, 2], [3, 1]) == [[2, 1], [1]]."""
+    parts, node, left = [], 0, nodes[0]
+    for size in sizes:
+        part = []
+        while size:
+            take = min(size, left)
+            part.append(take)
+            size, left = size - take, left - take
+            if left == 0 and node + 1 < len(nodes):
+                node, left = node + 1, nodes[node + 1]
+        parts.append(part)
+    return parts
 
 
 def build_groups(cfg: RunConfig, layout: Layout, roles: dict[str, RoleSpec]) -> dict[str, WorkerGroup]:
-    """Place and initialise the roles (model loading, sharding, generation engine)."""
+    """Place and initialise the roles (model loading, sharding, generation engine); every
+    call of theirs is limited to trainer.call_timeout_s."""
     groups = build_role_groups(roles, placement(cfg, layout, list(roles)))
+    for group in groups.values():
+        group.call_timeout_s = cfg.trainer.call_timeout_s
     try:
         for group in groups.values():
             group.init_model()

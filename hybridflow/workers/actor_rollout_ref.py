@@ -25,6 +25,7 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
 from hybridflow.engines.reshard.cross_pool import TensorMeta, WeightBridge, free_port, full_tensors, manifest_of
 from hybridflow.engines.rollout import SamplingParams
+from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.engines.train import ActorEngine
 from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, update_keys
 from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
@@ -115,7 +116,7 @@ class ActorRolloutRefWorker(Worker):
             stats = self.hybrid.to_generation()
         try:
             with timed(timings, "timing_s/generate"):
-                out = self.hybrid.rollout.generate(prompts, params)
+                out = self._generate(prompts, params)
         finally:
             with timed(timings, "timing_s/reshard_to_training"):
                 self.hybrid.to_training()
@@ -123,6 +124,16 @@ class ActorRolloutRefWorker(Worker):
             self._generate_calls += 1
         out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats)})
         return out
+
+    def _generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        """One-turn generation, or the multi-turn agent loop (rollout.agent.enable; envs/agent/loop.py)."""
+        engine, r = self.hybrid.rollout, self.config.rollout
+        if not r.agent.enable:
+            return engine.generate(prompts, params)
+        if engine.tokenizer is None:
+            raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in {self.config.model_path}")
+        response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
+        return AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
 
     def _sampling_params(self, meta: dict) -> SamplingParams:
         return call_sampling_params(self.config.rollout, meta, self._generate_calls, self.rollout_dp_rank)

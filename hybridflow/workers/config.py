@@ -28,6 +28,7 @@ from hybridflow.engines.reshard.grouping import ReshardMethod
 from hybridflow.engines.rollout.gemm import MATMUL_MODES
 from hybridflow.engines.rollout.registry import check_rollout_backend
 from hybridflow.engines.rollout.sampling import LOG_PROB_MODES, SamplingParams
+from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.engines.train.config import (
     ActorLossConfig,
     CriticLossConfig,
@@ -77,6 +78,7 @@ class RolloutWorkerConfig:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.tensor_model_parallel_size, int) or self.tensor_model_parallel_size < 1:
@@ -103,6 +105,12 @@ class RolloutWorkerConfig:
             raise ConfigError(f"must be >= 0, got {self.seed}", "seed")
         self.stop_token_ids = tuple(self.stop_token_ids)
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if self.agent.enable and (self.name != "native" or self.tensor_model_parallel_size != 1 or self.stop):
+            # Pausing and extending sequences is a native-engine feature (engines/rollout/turns.py);
+            # a turn must end on a stop token, which the chat template renders.
+            raise ConfigError("multi-turn rollouts need name: native, tensor_model_parallel_size: 1 and no stop "
+                              f"strings; got name={self.name!r}, tp={self.tensor_model_parallel_size}, "
+                              f"stop={self.stop}", "agent.enable")
         try:
             SamplingParams(**self.sampling_defaults())
         except ValueError as err:

@@ -27,6 +27,7 @@ from hybridflow.engines.policy.ppo_learner import BATCH_KEYS, PPOLearner, PPOUpd
 from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACLearner, SACUpdateConfig
 from hybridflow.engines.policy.sac_model import SACModel
 from hybridflow.engines.policy.weights import Weights, export_acting
+from hybridflow.engines.train.checkpoint import load_plain
 from hybridflow.protocol import DataProto
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class LearnerWorker(Worker):
         if not path.is_file():
             raise FileNotFoundError(f"no learner state for rank {self.rank} at {str(path)!r}; resume with the "
                                     "distributed.num_learners the checkpoint was written with")
-        self._require().load_state_dict(torch.load(path, weights_only=False))
+        self._require().load_state_dict(load_plain(path))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def parameters_digest(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 from hybridflow.algorithms import AdvantageConfig
 from hybridflow.config import ConfigError, load_config
 from hybridflow.config.rm_schema import load_rm_config
-from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config
+from hybridflow.config.schema import BUILTIN_MODEL_PRESETS, DEMO_PRESETS, RunConfig, load_run_config
 from hybridflow.engines.train.config import (
     ActorLossConfig,
     CriticLossConfig,
@@ -145,7 +145,7 @@ def test_a_run_of_your_own_model_and_data_gets_the_class_defaults():
 
 def test_the_demo_keeps_its_values_from_one_preset_table():
     demo = load_run_config()
-    presets = dict(DEMO_PRESETS)
+    presets = dict(DEMO_PRESETS) | dict(BUILTIN_MODEL_PRESETS)
     assert (demo.rollout.n, demo.rollout.response_length) == (8, 6)
     assert (demo.actor.optim.lr, demo.critic.optim.lr) == (1e-4, 1e-3)
     for key, value in presets.items():
@@ -154,7 +154,17 @@ def test_the_demo_keeps_its_values_from_one_preset_table():
             got = getattr(got, part)
         assert got == value, key
     # What the preset does not set stays the class default.
-    assert dataclasses.replace(demo.rollout, n=8, response_length=6) == RolloutWorkerConfig(n=8, response_length=6)
+    assert (dataclasses.replace(demo.rollout, n=8, response_length=6, dtype="fp32")
+            == RolloutWorkerConfig(n=8, response_length=6, dtype="fp32"))
+
+
+def test_the_builtin_model_computes_in_fp32_and_a_model_directory_keeps_auto(tmp_path):
+    assert (load_run_config().actor.dtype, load_run_config().rollout.dtype) == ("fp32", "fp32")
+    cfg = load_run_config(None, ["actor.dtype=bf16"])  # the user's choice wins over the preset
+    assert cfg.actor.dtype == "bf16" and cfg.rollout.dtype == "fp32"
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    assert load_run_config(None, [f"model.path={model_dir}"]).actor.dtype == "auto"
 
 
 def test_a_preset_yields_to_any_key_the_user_sets_in_a_file(tmp_path):
@@ -168,7 +178,6 @@ def test_a_preset_yields_to_any_key_the_user_sets_in_a_file(tmp_path):
 
 RUN_RULES = [
     # the engine's rules (EngineSettings / TrainEngineSettings), keyed under the role
-    (["actor.tp_size=2", "actor.lora.rank=4"], "actor.lora.rank"),
     (["resources.world_size=2", "actor.tp_size=4"], "actor.tp_size"),
     (["resources.world_size=2", "algorithm.name=ppo", "critic.tp_size=4"], "critic.tp_size"),
     (["resources.world_size=2", "reward_model.path=/rm", "reward_model.tp_size=4"], "reward_model.tp_size"),

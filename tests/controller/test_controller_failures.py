@@ -63,6 +63,10 @@ def test_a_dying_worker_fails_the_pending_call_instead_of_hanging(pool):
         err = caught.value
         assert (err.role, err.rank, err.died, err.pid) == ("Mortal", 1, True, pids[1])
         assert "Mortal rank 1" in str(err) and "died during Mortal.all_reduce_or_die" in str(err)
+        # One paragraph naming the pid and what to do, without Ray's generic out-of-memory hint.
+        first, *rest = str(err).splitlines()  # the paragraph; then the peers that failed after it
+        assert f"pid {pids[1]}" in first and "--resume" in first and all(r.startswith("Also failed") for r in rest)
+        assert "Ray:" not in str(err) and err.remote_traceback.startswith("Ray: ")
         # Later calls fail at once too: the dead rank is not restarted.
         with pytest.raises(WorkerError, match="Mortal rank 1") as again:
             group.ping()

@@ -118,6 +118,8 @@ def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
 def test_every_example_config_validates_and_says_how_to_run_it():
     from pathlib import Path
 
+    from hybridflow.config.env_schema import is_env_tree, load_env_config
+    from hybridflow.config.loader import user_tree
     from hybridflow.config.rm_schema import load_rm_config
 
     examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
@@ -129,5 +131,33 @@ def test_every_example_config_validates_and_says_how_to_run_it():
         assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm --config ...)"
         if commands == ["rm"]:
             load_rm_config(path)
+        elif is_env_tree(user_tree(path)):  # an environment task (PPO/SAC on Gymnasium)
+            load_env_config(path)
         else:
             load_run_config(path)
+
+
+def test_null_layout_on_cpu_is_one_rank_with_every_core():
+    # 1 rank x all cores beat one rank per core on both vs-TRL workloads (README); the
+    # resolved values are what the run saves and what the ranks' CPU slots get.
+    from hybridflow.config.schema import local_cores
+    from hybridflow.trainer.setup import placement
+
+    cfg = resolve_run_config(load_run_config(None, []))
+    assert (cfg.resources.world_size, cfg.resources.threads_per_rank) == (1, local_cores())
+    layout = validate_run_config(cfg)
+    assert placement(cfg, layout, ["actor"]).cpus_per_slot == local_cores()
+    two = resolve_run_config(load_run_config(None, ["resources.world_size=2"])).resources
+    assert two.threads_per_rank == max(1, local_cores() // 2)
+    pinned = resolve_run_config(load_run_config(None, ["resources.threads_per_rank=3"])).resources
+    assert (pinned.world_size, pinned.threads_per_rank) == (1, 3)
+    cluster = load_run_config(None, ["resources.ray_address=10.0.0.1:6379"]).resources
+    assert cluster.resolved_threads_per_rank(cluster.resolved_world_size()) == 1
+    split = load_run_config(None, ["algorithm.name=ppo", "resources.placement=split"]).resources
+    assert split.resolved_world_size() == 2  # the critic's rank + at least one for the actor
+
+
+def test_threads_per_rank_must_be_positive():
+    with pytest.raises(ConfigError, match="must be >= 1") as err:
+        load_run_config(None, ["resources.threads_per_rank=0"])
+    assert err.value.key == "resources.threads_per_rank"

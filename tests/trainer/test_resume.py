@@ -235,3 +235,25 @@ def test_controller_rng_round_trips_through_json():
     want = (random.random(), np.random.rand(), torch.rand(1).item())
     set_controller_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+
+
+# ----------------------------------------------------------------------------- automatic recovery
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_is_restarted_from_the_checkpoint_with_the_uninterrupted_metrics(
+        reference, tiny_config, tmp_path, monkeypatch):
+    """Actor rank 1 is SIGKILLed in its second update (step 2, after the step-1 checkpoint):
+    the run restarts once, resumes step 1's checkpoint and logs the reference's metrics."""
+    _, want = reference
+    monkeypatch.setenv("HYBRIDFLOW_FAULT", f"kill:actor.update_actor:1:2:{tmp_path / 'fired'}")
+    with RLTrainer(tiny_config(*CASE, f"trainer.total_steps={TOTAL}", "trainer.max_restarts=1")) as trainer:
+        result = trainer.train()
+    assert result.steps == TOTAL and (tmp_path / "fired").is_file()
+    assert_same_steps(result.run_dir, want, [1, 2, 3])
+    restarts = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "restart"]
+    assert len(restarts) == 1
+    record = restarts[0]
+    assert record["step"] == 1 and record["restart/count"] == 1 and record["restart/failed_step"] == 2
+    assert (record["restart/role"], record["restart/rank"], record["restart/cause"]) == ("actor", 1, "died")
+    assert record["restart/phase"] == "update_actor" and record["restart/method"] == "actor.update_actor"

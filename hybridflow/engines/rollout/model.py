@@ -177,6 +177,54 @@ class DecoderModel:
             masks[w] = ((dist_ >= 0) & (dist_ < w)) if t > w else None
         return masks
 
+    # ----------------------------------------------------------------- extend
+    @torch.inference_mode()
+    def extend(self, chunks: list[list[int]], starts: list[int], slots: list[int], cache: KVCache) -> torch.Tensor:
+        """Append token chunks to sequences already in the cache; logits of each chunk's last token [U, vocab].
+
+        Chunk j goes to cache slot slots[j] at positions starts[j].. and attends to that
+        slot's cached prefix. One call covers a fresh prompt (start 0), a decode step (one
+        token) and a multi-turn continuation (the last sampled token followed by an
+        environment's observation tokens), for slots in any order (multi-turn sequences keep
+        their slot while they wait, so live slots are not a compact prefix here).
+        """
+        u, width = len(chunks), max(len(c) for c in chunks)
+        total = max(s + len(c) for s, c in zip(starts, chunks))
+        if total > self.max_positions:
+            raise ValueError(f"sequence of {total} tokens exceeds the engine's max_model_len={self.max_positions}")
+        dev, d = self.device, self.spec.head_dim
+        lengths = torch.tensor([len(c) for c in chunks], dtype=torch.long)
+        offsets = torch.cat([torch.arange(n) for n in lengths.tolist()])
+        row_of = torch.repeat_interleave(torch.arange(u), lengths)
+        positions = (torch.tensor(starts, dtype=torch.long)[row_of] + offsets).to(dev)
+        slot_t = torch.tensor(slots, dtype=torch.long, device=dev)
+        token_slot = slot_t[row_of.to(dev)]
+        flat = (row_of * width + offsets).to(dev)  # where each packed token sits in the padded [U*W] layout
+        tokens = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        sin = self.sin.index_select(0, positions).unsqueeze(1)
+        q_pos = torch.tensor(starts, dtype=torch.long, device=dev)[:, None] + torch.arange(width, device=dev)
+        ahead = q_pos[:, :, None] - torch.arange(total, device=dev)[None, None, :]  # [U, W, total]
+        masks = {w: ((ahead >= 0) if w is None else (ahead >= 0) & (ahead < w))[:, None]
+                 for w in set(self.spec.sliding_windows)}
+        qp = torch.zeros(u * width, self.n_q, d, dtype=self.dtype, device=dev)
+        x = self._embed(tokens)
+        for i, lw in enumerate(self.weights.layers):
+            q, k, v = self._qkv(lw, x, cos, sin)
+            cache.k[i][token_slot, :, positions] = k
+            cache.v[i][token_slot, :, positions] = v
+            qp.index_copy_(0, flat, q)
+            attn = F.scaled_dot_product_attention(
+                qp.view(u, width, self.n_q, d).transpose(1, 2),
+                cache.k[i].index_select(0, slot_t)[:, :, :total],
+                cache.v[i].index_select(0, slot_t)[:, :, :total],
+                attn_mask=masks[self.spec.sliding_windows[i]], enable_gqa=True,
+            )
+            attn = attn.transpose(1, 2).reshape(u * width, self.n_q * d).index_select(0, flat)
+            x = self._attn_out_and_mlp(lw, x, attn)
+        last = lengths.cumsum(0).to(dev) - 1
+        return self._logits(x.index_select(0, last))
+
     # ----------------------------------------------------------------- decode
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:

@@ -21,16 +21,23 @@ The directory protocol itself (`begin_atomic_dir`, `publish_atomic_dir`,
 `prune_atomic_dirs`, `write_text_atomically`) is shared with those callers: the RL
 trainer's run checkpoints (trainer/checkpointing.py) write, swap in and prune the same way.
 
+Loading reads only tensors and plain data (`load_plain`: torch.load with weights_only=True;
+DCP shards hold tensors by design), so a checkpoint from elsewhere cannot run code.
+
 DCP stores tensors by name with their global shapes, so a checkpoint can be loaded
 with another dp x tp layout; RNG states are restored only when the world size matches.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -85,17 +92,45 @@ def write_checkpoint(engine: TrainEngine, directory: str | Path, *, extra: dict 
     if rank == 0:
         directory.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    dcp.save(_model_and_optim_state(engine), checkpoint_id=directory)
-    torch.save(_rng_state(engine), directory / f"rng_rank{rank}.pt")
-    if extra is not None:
-        torch.save(extra, directory / f"extra_rank{rank}.pt")
-    if rank == 0:
-        state = {"global_step": engine.global_step, "world_size": dist.get_world_size()}
-        if engine.lr_scheduler is not None:
-            state["lr_scheduler"] = engine.lr_scheduler.state_dict()
-        torch.save(state, directory / "engine_state.pt")
+    with writing_checkpoint(directory):
+        dcp.save(_model_and_optim_state(engine), checkpoint_id=directory)
+        torch.save(_rng_state(engine), directory / f"rng_rank{rank}.pt")
+        if extra is not None:
+            torch.save(extra, directory / f"extra_rank{rank}.pt")
+        if rank == 0:
+            state = {"global_step": engine.global_step, "world_size": dist.get_world_size()}
+            if engine.lr_scheduler is not None:
+                state["lr_scheduler"] = engine.lr_scheduler.state_dict()
+            torch.save(state, directory / "engine_state.pt")
     dist.barrier()  # every rank's files are on disk when any rank returns
     return directory
+
+
+class DiskFullError(OSError):
+    """A checkpoint could not be written: its disk (or the process's file-size limit) is full."""
+
+
+@contextmanager
+def writing_checkpoint(directory: Path) -> Iterator[None]:
+    """Turn a full disk while writing `directory` into a DiskFullError that names the disk,
+    its free space and the checkpoint. torch.save reports it as "unexpected pos ..." from
+    its zip writer, DCP and plain writes as ENOSPC; EFBIG is a file-size limit (ulimit -f)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        text = str(err)
+        full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+        if not (full or "No space left" in text or "unexpected pos" in text or "File too large" in text):
+            raise
+        raise DiskFullError(errno.ENOSPC, f"no space left while writing checkpoint {directory}: {_disk_of(directory)}. "
+                            "The checkpoints before it are intact; free space there (or point "
+                            "trainer.output_dir at a larger disk) and continue with --resume") from err
+
+
+def _disk_of(path: Path) -> str:
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    usage = shutil.disk_usage(existing)
+    return f"the disk holding {existing} has {usage.free / 2**20:.0f} MiB free of {usage.total / 2**20:.0f} MiB"
 
 
 def save_checkpoint(engine: TrainEngine, root: str | Path, *, keep_last: int | None = None,
@@ -149,13 +184,13 @@ def load_checkpoint(engine: TrainEngine, path: str | Path) -> Path:
         set_state_dict(engine.model, [], model_state_dict=state["model"], optim_state_dict={})
     else:
         set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    extra = torch.load(path / "engine_state.pt", weights_only=False)
+    extra = load_plain(path / "engine_state.pt")
     engine.global_step = int(extra["global_step"])
     if engine.lr_scheduler is not None and "lr_scheduler" in extra:
         engine.lr_scheduler.load_state_dict(extra["lr_scheduler"])
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if extra["world_size"] == dist.get_world_size() and rng_file.is_file():
-        rng = torch.load(rng_file, weights_only=False)
+        rng = load_plain(rng_file)
         torch.set_rng_state(rng["torch"])
         engine.shuffle_generator.set_state(rng["shuffle"])
         if "cuda" in rng and torch.cuda.is_available():
@@ -171,8 +206,25 @@ def load_extra(path: str | Path) -> dict | None:
     for rank in (dist.get_rank(), 0):
         file = path / f"extra_rank{rank}.pt"
         if file.is_file():
-            return torch.load(file, weights_only=False)
+            return load_plain(file)
     return None
+
+
+def load_plain(path: str | Path) -> Any:
+    """A `torch.save`d file that may hold only tensors and plain data (dicts, lists,
+    numbers, strings): `weights_only=True`, so a planted pickle payload in a checkpoint is
+    refused instead of run. The error names the file."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointSecurityError(
+            f"{str(path)!r} holds Python objects other than tensors and plain data; it was not written by "
+            f"hybridflow (or was tampered with), and is not loaded: code inside it could run. ({err})"
+        ) from None
+
+
+class CheckpointSecurityError(ValueError):
+    """A checkpoint file holds arbitrary Python objects (refused: loading could run code)."""
 
 
 # ----------------------------------------------------------------------------- atomic directories

@@ -271,14 +271,6 @@ class TrainEngineSettings(EngineSettings):
     lora: LoraConfig = field(default_factory=LoraConfig)
     micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lora.enabled and self.tp_size > 1:
-            raise ConfigError(
-                f"LoRA with tensor parallelism (tp_size={self.tp_size}) is not supported; use tp_size=1 with "
-                "LoRA, or lora.rank=0", "lora.rank",
-            )
-
     def check_parallel(self, world_size: int, has_gpu: bool, *, trainable: bool) -> int:
         _needs_gpu("optimizer_offload", self.optimizer_offload, has_gpu)
         return super().check_parallel(world_size, has_gpu, trainable=trainable)

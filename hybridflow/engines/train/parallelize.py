@@ -13,6 +13,14 @@ share one decoder layout, so one plan covers them:
   (a sum over all heads) is reduced over tp by DTensor instead of silently differing.
 - Embedding: vocabulary-parallel (row-wise). lm_head: column-wise with the logits
   gathered to a replicated tensor, so log-prob code sees full-vocabulary rows.
+- Tied embeddings (SmolLM2...): both plans shard the shared [vocab, hidden] weight on
+  dim 0 into the same row blocks, so after sharding lm_head points at the embedding's
+  DTensor again; one parameter, its gradient the sum of both uses, as in the HF model.
+- LoRA (peft) on a sharded Linear: the plan moves to the wrapped `base_layer`, and the
+  adapter follows the Megatron split of W + B A. Column-wise W: A replicated, B
+  column-wise (B's input-gradient all-reduce makes A's gradient whole on every rank).
+  Row-wise W: A row-wise (its rank-r output all-reduced), B replicated. Adapters on the
+  embedding or lm_head under TP are refused.
 """
 
 from __future__ import annotations
@@ -81,9 +89,38 @@ def check_tp_divisibility(config, tp_size: int) -> None:
         )
 
 
+def _is_lora_layer(module: nn.Module) -> bool:
+    """A peft LoRA wrapper around a Linear (it keeps the original as `base_layer`)."""
+    return hasattr(module, "base_layer") and hasattr(module, "lora_A")
+
+
+def lora_aware_plan(layer: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    """`plan` for one decoder layer, with each LoRA-wrapped entry split into base + adapters."""
+    out: dict[str, ParallelStyle] = {}
+    for path, style in plan.items():
+        module = layer.get_submodule(path)
+        if not _is_lora_layer(module):
+            out[path] = style
+            continue
+        out[f"{path}.base_layer"] = style
+        for adapter in module.lora_A:
+            if isinstance(style, ColwiseParallel):
+                # A: [r, in] replicated (plain); B: [out, r] split on out like W.
+                out[f"{path}.lora_B.{adapter}"] = ColwiseParallel()
+            elif isinstance(style, RowwiseParallel):
+                # A: [r, in] split on in like W, output reduced; B: [out, r] replicated (plain).
+                out[f"{path}.lora_A.{adapter}"] = RowwiseParallel()
+            else:
+                raise ValueError(f"LoRA on {path} ({type(style).__name__} under TP) is not supported")
+    return out
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard `model` in place over `tp_mesh` with the plan in the module docstring."""
+    """Shard `model` (a HF model, TokenScoreModel or peft wrapper) in place over `tp_mesh`
+    with the plan in the module docstring."""
     family = model_family(model)
+    if hasattr(model, "get_base_model"):  # peft: the plan's paths are those of the HF model
+        model = model.get_base_model()
     check_tp_divisibility(model.config, tp_mesh.size())
     layer_plan: dict[str, ParallelStyle] = {
         "self_attn.q_proj": ColwiseParallel(),
@@ -98,20 +135,25 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         layer_plan["self_attn.q_norm"] = HeadShardedNorm()
         layer_plan["self_attn.k_norm"] = HeadShardedNorm()
     for layer in decoder_layers(model):
-        parallelize_module(layer, tp_mesh, layer_plan)
+        parallelize_module(layer, tp_mesh, lora_aware_plan(layer, layer_plan))
 
     top_plan: dict[str, ParallelStyle] = {
         "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
     }
     lm_head = getattr(model, "lm_head", None)
+    tied = lm_head is not None and lm_head.weight is model.model.embed_tokens.weight
     if lm_head is not None:
-        if lm_head.weight is model.model.embed_tokens.weight:
-            raise ValueError(
-                "tensor parallelism with tied input/output embeddings is not supported; "
-                "use tp_size=1 for models with tie_word_embeddings=True"
-            )
         top_plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    for path in top_plan:
+        if _is_lora_layer(model.get_submodule(path)):
+            raise ValueError(
+                f"LoRA on {path} with tensor parallelism is not supported; leave "
+                f"{path.rsplit('.', 1)[-1]} out of lora.target_modules or use tp_size=1"
+            )
     parallelize_module(model, tp_mesh, top_plan)
+    if tied:
+        # Each plan made its own DTensor of the shared weight, with equal Shard(0) blocks.
+        model.lm_head.weight = model.model.embed_tokens.weight
 
 
 def apply_fsdp(

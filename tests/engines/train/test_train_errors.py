@@ -12,7 +12,6 @@ import torch.distributed as dist
 from hybridflow.engines.models import ModelLoadError, load_model, make_tiny_config
 from hybridflow.engines.train import (
     ActorEngine,
-    LoraConfig,
     MicroBatchConfig,
     OptimConfig,
     TrainEngineConfig,
@@ -81,9 +80,6 @@ def test_other_config_errors():
         OptimConfig(lr_schedule="cosine")
     with pytest.raises(ConfigError, match="dtype"):
         TrainEngineConfig(model_path="m", dtype="fp16")
-    with pytest.raises(ConfigError, match="LoRA with tensor parallelism") as err:
-        TrainEngineConfig(model_path="m", tp_size=2, lora=LoraConfig(rank=8))
-    assert _key_of(err) == "lora.rank"
     with pytest.raises(ValueError, match="does not divide"):
         check_tp_divisibility(make_tiny_config("llama", num_attention_heads=4, num_key_value_heads=2), 4)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 from hybridflow.engines.train.distributed import full_tensor
 
+from hybridflow.engines.train.lora import hf_name
 from train_harness import (
     full_parameters,
     make_rl_batch,
     param_update_error,
     reference_actor_update,
     reference_log_probs,
+    reference_model,
     reference_optimizer,
     shard_rows,
 )
@@ -57,20 +59,27 @@ def _batch_with_old_log_probs(model, n: int, seed: int, vocab: int = 256) -> dic
     return batch
 
 
-def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: int, dynamic: bool = False) -> dict:
+def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: int, dynamic: bool = False,
+                            lora_rank: int = 0) -> dict:
     """Log-probs, gradients, losses and parameters of ActorEngine vs a plain model.
 
     dynamic: micro-batches by a token budget, with sequence packing (ranks then cut
     different numbers of micro-batches locally and must agree on one count).
+    lora_rank > 0: LoRA adapters on every attention and MLP projection; the reference is
+    the same peft model built from the same seed (B starts at 0, so A first moves in the
+    second step: use steps >= 2).
     """
     from hybridflow.algorithms import compute_aggregation_scale, torch_all_reduce_sum
-    from hybridflow.engines.models import load_model
     from hybridflow.engines.train import ActorEngine
     from hybridflow.engines.train.forward import causal_lm_log_probs
 
     dp = world // tp
     n, mini, micro, lr = 4 * dp, 2 * dp, 1, 1e-3
     extra = {"pack_sequences": True} if dynamic else {}
+    if lora_rank:
+        from hybridflow.engines.train import LoraConfig
+
+        extra["lora"] = LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank)
     config = _actor_config(path, tp=tp, mini=mini, micro=micro, lr=lr, **extra)
     if dynamic:
         config.micro_batch.use_dynamic_bsz = True
@@ -78,7 +87,7 @@ def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: in
         config.micro_batch.forward_max_tokens_per_device = 20
     engine = ActorEngine(config, _loss_config())
     dp_rank = engine.dp_rank
-    ref = load_model(path)
+    ref = reference_model(path, config)
     ref_opt = reference_optimizer(ref, lr=lr, weight_decay=0.01)
     out: dict = {}
 
@@ -99,14 +108,15 @@ def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: in
     (agg_loss(elp * local["advantages"], local["response_mask"], "token-mean", agg)).backward()
     rlp = reference_log_probs(ref, batch)
     agg_loss(rlp * batch["advantages"], batch["response_mask"], "token-mean").backward()
-    grads = {name: full_tensor(p.grad) for name, p in engine.named_sharded_parameters()}
-    ref_grads = {name: p.grad for name, p in ref.named_parameters()}
+    grads = {name: full_tensor(p.grad) for name, p in engine.named_sharded_parameters() if p.requires_grad}
+    ref_grads = {hf_name(name): p.grad for name, p in ref.named_parameters() if p.requires_grad}
+    assert set(grads) == set(ref_grads), sorted(set(grads) ^ set(ref_grads))
     out["grad"] = max(float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads)
     out["grad_scale"] = max(float(g.abs().max()) for g in ref_grads.values())
     engine.optimizer.zero_grad(set_to_none=True)
     ref_opt.zero_grad(set_to_none=True)
 
-    initial = {k: v.detach().clone() for k, v in ref.named_parameters()}
+    initial = {hf_name(k): v.detach().clone() for k, v in ref.named_parameters()}
     out["loss"], out["param"] = [], []
     for step in range(steps):
         batch = _batch_with_old_log_probs(ref, n, seed=10 + step)
@@ -115,6 +125,16 @@ def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: in
                                             loss_config=engine.loss_config, grad_clip=1.0)
         out["loss"].append((metrics["actor/loss"], sum(ref_losses) / len(ref_losses)))
         out["param"].append(param_update_error(full_parameters(engine), ref, initial))
+    if lora_rank:
+        # What generation receives: W + (alpha / r) B A merged per parameter on the engine's
+        # (dp, tp) layout, vs the single-process peft model merged the plain way.
+        from hybridflow.engines.train.lora import merged_hf_state_dict
+        from hybridflow.workers.generation_weights import generation_named_parameters
+
+        merged = {n: full_tensor(t) for n, t in generation_named_parameters(engine)()}
+        expected = merged_hf_state_dict(ref.state_dict(), config.lora)
+        assert set(merged) == set(expected), sorted(set(merged) ^ set(expected))
+        out["merged"] = max(float((merged[k] - expected[k]).abs().max()) for k in expected)
     return out
 
 
@@ -254,7 +274,7 @@ def critic_and_reward_match_reference(rank: int, world: int, critic_path: str, r
     out = {"values": float((values - ref_values().detach().chunk(dp)[engine.dp_rank])
                            [mask.chunk(dp)[engine.dp_rank]].abs().max())}
     batch["values"] = ref_values().detach() + 0.3 * torch.randn(n, r, generator=torch.Generator().manual_seed(2))
-    initial = {k: v.detach().clone() for k, v in ref.named_parameters()}
+    initial = {hf_name(k): v.detach().clone() for k, v in ref.named_parameters()}
     metrics = engine.update_critic(shard_rows(batch, dp, engine.dp_rank))
     opt = reference_optimizer(ref, lr=1e-3, weight_decay=0.01)
     loss, _ = value_loss(ref_values(), batch["values"], batch["returns"], batch["response_mask"], cliprange_value=0.2)
@@ -271,4 +291,47 @@ def critic_and_reward_match_reference(rank: int, world: int, critic_path: str, r
     last = batch["attention_mask"].shape[1] - 1 - batch["attention_mask"].flip(-1).argmax(-1)
     expected = full.gather(1, last[:, None])[:, 0].chunk(dp)[rm.dp_rank]
     out["scores"] = float((scores - expected).abs().max())
+    return out
+
+
+def tied_tp_checkpoint_across_layouts(rank: int, world: int, path: str, root: str, export_dir: str) -> dict:
+    """A tied-embedding actor at dp 1 x tp 2 takes a step and saves; an engine at dp 2 x tp 1
+    loads that checkpoint (DCP reshards by global name and shape) and both take the same
+    next step. Then the tp 2 engine exports to HF format, where lm_head is tied again."""
+    from hybridflow.engines.train import ActorEngine
+    from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint
+    from hybridflow.engines.train.export import export_hf
+
+    def config(tp: int):
+        return _actor_config(path, tp=tp, mini=4, micro=1, lr=1e-2)  # one mini-batch: same on both layouts
+
+    batches = [make_rl_batch(4, seed=30 + i) for i in range(2)]
+    for b in batches:
+        b["old_log_probs"] = torch.full(b["old_log_probs"].shape, -5.0)
+    tp_engine = ActorEngine(config(2), _loss_config())
+    tp_engine.update_policy(batches[0])  # tp ranks of one dp group see the whole batch
+    save_checkpoint(tp_engine, root)
+    saved = _flat_params(tp_engine)
+    dp_engine = ActorEngine(config(1), _loss_config())
+    load_checkpoint(dp_engine, root)
+    loaded = _flat_params(dp_engine)
+    tp_engine.update_policy(batches[1])
+    dp_engine.update_policy(shard_rows(batches[1], world, rank))
+    after_tp, after_dp = _flat_params(tp_engine), _flat_params(dp_engine)
+    lp, _ = tp_engine.compute_log_prob(batches[0])
+    export_hf(tp_engine, export_dir)
+    out = {
+        "names": sorted(saved),
+        "load_diff": max(float((loaded[k] - saved[k]).abs().max()) for k in saved),
+        "step_diff": max(float((after_tp[k] - after_dp[k]).abs().max()) for k in after_tp),
+        "moved": max(float((after_tp[k] - saved[k]).abs().max()) for k in saved),
+    }
+    if rank == 0:
+        import transformers
+
+        exported = transformers.AutoModelForCausalLM.from_pretrained(export_dir)
+        out["export_tied"] = exported.lm_head.weight is exported.model.embed_tokens.weight
+        with torch.no_grad():
+            ref_lp = reference_log_probs(exported, batches[0])
+        out["export_log_prob"] = float((lp - ref_lp)[batches[0]["response_mask"].bool()].abs().max())
     return out

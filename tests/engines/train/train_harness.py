@@ -79,6 +79,17 @@ def global_mini_batches(batch: dict[str, torch.Tensor], dp: int, per_rank: int) 
     return minis
 
 
+def reference_model(path: str, config: Any) -> torch.nn.Module:
+    """The plain single-process model an engine with `config` starts from: same seed, and
+    the same LoRA adapters (their A matrices drawn from that seed) when config.lora is on."""
+    from hybridflow.engines.models import load_model
+    from hybridflow.engines.train.lora import apply_lora
+
+    torch.manual_seed(config.seed)
+    model = load_model(path)
+    return apply_lora(model, config.lora) if config.lora.enabled else model
+
+
 def reference_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """Plain AdamW with the engine's grouping: no weight decay on 1-D parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -148,7 +159,9 @@ def param_update_error(
     Qwen3's q/k norms) can move by a sizeable fraction of lr from rounding alone, while
     a wrongly sharded or reduced gradient makes the relative error O(1).
     """
-    ref = dict(model.named_parameters())
+    from hybridflow.engines.train.lora import hf_name
+
+    ref = {hf_name(n): p for n, p in model.named_parameters()}
     assert set(ref) == set(engine_params), sorted(set(ref) ^ set(engine_params))
     err_sq, upd_sq, worst, worst_name = 0.0, 0.0, 0.0, ""
     for name, value in engine_params.items():

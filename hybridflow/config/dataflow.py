@@ -1,0 +1,81 @@
+"""The dataflow of an RL step program: which phases it runs, on which role, in which stage.
+
+One description per algorithm lives on its registry row (`AlgorithmSpec.dataflow`); the
+auto-mapping planner (hybridflow/planner) reads it to cost a step, and
+tests/planner/test_dataflow.py runs every built-in program with recording phases to check
+that the description and the program say the same thing.
+
+A `FlowPhase` is named after the phase function's timing key (`timing_s/<name>` in
+hybridflow/trainer/phases.py), so predicted and measured phase times line up by name.
+
+    kind   "generate" (autoregressive sampling on the actor's generation engine),
+           "forward" (a scoring pass: log-probs, values, reward-model scores),
+           "train" (forward + backward + optimizer steps), "controller" (no model: rule-based
+           scores run on the controller's reward processes).
+    role   the model that runs it: actor, reference, critic, cost_critic, reward_model,
+           cost_model, or "controller".
+    when   the run setting it depends on: "always", "reward_model" (reward_model.path set),
+           "cost_model" (cost_model.path set), "reference" (KL needs the reference policy),
+           "old_log_probs" (the update does not compute them itself), "rule_reward" (the
+           rule-based function scores), "rule_cost" (cost_model.custom_fn_path set).
+    samples_per_prompt  responses a generate phase samples per prompt (None: rollout.n).
+    stage  0 generation, 1 scoring passes, 2 updates: a phase reads only what earlier stages
+           wrote, so phases of one stage on different resource pools may run at once (paper
+           section 6: the dataflow's parallelism between models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("generate", "forward", "train", "controller")
+CONDITIONS = ("always", "reward_model", "cost_model", "reference", "old_log_probs", "rule_reward", "rule_cost")
+_STAGE = {"generate": 0, "forward": 1, "controller": 1, "train": 2}
+
+
+@dataclass(frozen=True)
+class FlowPhase:
+    """One phase of the step on one role (module docstring)."""
+
+    name: str
+    role: str
+    kind: str
+    when: str = "always"
+    samples_per_prompt: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"FlowPhase {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.when not in CONDITIONS:
+            raise ValueError(f"FlowPhase {self.name!r}: when must be one of {CONDITIONS}, got {self.when!r}")
+
+    @property
+    def stage(self) -> int:
+        return _STAGE[self.kind]
+
+
+def standard_dataflow(critics: tuple[str, ...], cost: bool,
+                      extra_scoring: tuple[FlowPhase, ...] = ()) -> tuple[FlowPhase, ...]:
+    """The phases of the generate -> score -> log-probs -> values -> update programs, in the
+    order the programs call them: the rule reward and/or reward model, the cost model
+    (`cost`), `extra_scoring` (e.g. ReMax's greedy baseline), old and reference log-probs,
+    one value pass and one update per critic, the actor update."""
+    phases = [
+        FlowPhase("gen", "actor", "generate"),
+        FlowPhase("reward", "controller", "controller", when="rule_reward"),
+        FlowPhase("reward", "reward_model", "forward", when="reward_model"),
+    ]
+    if cost:
+        phases += [FlowPhase("cost", "controller", "controller", when="rule_cost"),
+                   FlowPhase("cost", "cost_model", "forward", when="cost_model")]
+    phases += [*extra_scoring,
+               FlowPhase("old_log_prob", "actor", "forward", when="old_log_probs"),
+               FlowPhase("ref", "reference", "forward", when="reference")]
+    phases += [FlowPhase(_VALUE_PHASE[c], c, "forward") for c in critics]
+    phases += [FlowPhase(f"update_{c}", c, "train") for c in critics]
+    phases.append(FlowPhase("update_actor", "actor", "train"))
+    return tuple(phases)
+
+
+# The value pass of each critic role (phase names of hybridflow/trainer/phases.py).
+_VALUE_PHASE = {"critic": "values", "cost_critic": "cost_values"}

@@ -1,0 +1,106 @@
+"""Fault injection for tests of recovery: make one rank die, hang or raise in a call.
+
+Set on the controller before the worker groups start (it is handed to every worker
+process through Ray's runtime environment; nothing else reads it):
+
+    HYBRIDFLOW_FAULT="ACTION:ROLE.METHOD:RANK:CALL[:ONCE_FILE]"
+
+    ACTION     kill   the rank's process SIGKILLs itself (as `kill -9` would)
+               hang   the rank sleeps instead of running the call, so its peers wait in
+                      the call's collectives: a hang that trainer.call_timeout_s catches
+               raise  the call raises RuntimeError("injected fault ...")
+    ROLE       the role name (actor, critic, ...); METHOD a registered method (update_actor)
+    RANK       the rank that fails
+    CALL       fire on the process's CALL-th call of ROLE.METHOD (1 = the first)
+    ONCE_FILE  optional: fire only if this file does not exist, and create it; the fault
+               then happens once per run even though restarted processes count again
+
+    HYBRIDFLOW_FAULT="kill:actor.update_actor:1:2:/tmp/fired"   # rank 1 dies in step 2, once
+
+This is a real code path (the check runs before every call of a worker process) so that
+tests exercise the same detection, teardown and restart a real fault goes through. It is
+off, and costs one dictionary lookup per call, when the variable is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+ENV_VAR = "HYBRIDFLOW_FAULT"
+ACTIONS = ("kill", "hang", "raise")
+HANG_S = 24 * 3600.0  # "forever" for a test: the controller's call timeout ends it first
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, parsed from HYBRIDFLOW_FAULT."""
+
+    action: str
+    role: str
+    method: str
+    rank: int
+    call: int
+    once_file: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        parts = text.split(":", 4)
+        try:
+            action, target, rank, call = parts[:4]
+            role, method = target.split(".", 1)
+            fault = cls(action, role, method, int(rank), int(call), parts[4] if len(parts) == 5 else None)
+        except ValueError:
+            fault = None
+        if fault is None or fault.action not in ACTIONS or fault.call < 1 or fault.rank < 0:
+            raise ValueError(f"{ENV_VAR}={text!r}: expected ACTION:ROLE.METHOD:RANK:CALL[:ONCE_FILE] with ACTION "
+                             f"one of {list(ACTIONS)}, RANK >= 0 and CALL >= 1, e.g. kill:actor.update_actor:1:2")
+        return fault
+
+
+def fault_runtime_env() -> dict[str, Any]:
+    """Actor options that hand the controller's HYBRIDFLOW_FAULT to a worker process
+    (empty when unset, so worker processes start exactly as without the hook)."""
+    text = os.environ.get(ENV_VAR)
+    if not text:
+        return {}
+    Fault.parse(text)  # a typo fails on the controller, not silently in every worker
+    return {"runtime_env": {"env_vars": {ENV_VAR: text}}}
+
+
+class FaultInjector:
+    """Counts one process's calls and fires the configured fault (WorkerHost owns one)."""
+
+    def __init__(self, rank: int) -> None:
+        text = os.environ.get(ENV_VAR)
+        fault = Fault.parse(text) if text else None
+        self.fault = fault if fault is not None and fault.rank == rank else None
+        self.calls = 0
+
+    def before_call(self, role: str, method: str) -> None:
+        fault = self.fault
+        if fault is None or (role, method) != (fault.role, fault.method):
+            return
+        self.calls += 1
+        if self.calls != fault.call or not _claim(fault.once_file):
+            return
+        if fault.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.action == "hang":
+            time.sleep(HANG_S)
+        raise RuntimeError(f"injected fault ({ENV_VAR}): {role}.{method} call {self.calls} on rank {fault.rank}")
+
+
+def _claim(once_file: str | None) -> bool:
+    """True when the fault may fire: always without a file, else only for the first
+    process that creates it."""
+    if once_file is None:
+        return True
+    try:
+        os.close(os.open(once_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True

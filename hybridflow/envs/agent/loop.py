@@ -1,0 +1,297 @@
+"""The multi-turn rollout: model turns and environment answers, on the native engine's KV cache.
+
+    loop = AgentLoop(engine, tokenizer, AgentConfig(enable=True, default_env="tools"), response_length=256)
+    out = loop.run(prompts, SamplingParams(temperature=1.0, n=4, seed=0))
+
+Every prompt row x sample is a trajectory with its own environment instance (the row's
+`extra_info["env"]`, else `default_env`, else single-turn). A model turn ends at a stop
+token; the environment answers (EnvRunner, guard.py), its observation is rendered with the
+chat template (render.py) and appended, and the sequence continues from its KV cache
+(engines/rollout/turns.py).
+
+Modes: "async" hands a finished turn to its environment and keeps decoding the others;
+an answered trajectory rejoins at the next step. "sync" runs every trajectory to the end
+of its turn, then steps all environments together and waits for all of them. With a
+deterministic environment both give the same trajectories (sampling is per trajectory).
+
+Output: the one-turn engine's layout (engine.py) with the response holding all turns and
+observations: `response_mask` is 1 on model tokens, 0 on observation tokens and padding;
+`rollout_log_probs` 0 on observations; `env_rewards` [N, R] holds each turn's reward on
+the last token of that turn. Non-tensors: `final_turn_start` (response index of the
+last model turn, which the scorer reads), `score_override` (error_score for a failed
+environment, NaN otherwise), `agent_stop` (why it ended: done, max_turns, max_total_tokens,
+max_obs_tokens, turn_length, env_error, env_timeout, env_bad_result, render_error),
+`agent_error`, `num_turns`, `num_tool_calls`. meta_info["metrics"] gets agent/* means.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.engines.rollout.batch_io import stop_ids_for, unpad_prompts
+from hybridflow.engines.rollout.sampling import SamplingParams
+from hybridflow.engines.rollout.turns import TurnEngine, TurnOutput
+from hybridflow.envs.agent.base import AgentEnv, SingleTurn, resolve_agent_env
+from hybridflow.envs.agent.config import AgentConfig
+from hybridflow.envs.agent.guard import EnvFailure, EnvRunner
+from hybridflow.envs.agent.render import ChatRenderer, RenderError, assistant_message
+from hybridflow.protocol import DataProto
+
+STOPS = ("done", "max_turns", "max_total_tokens", "max_obs_tokens", "turn_length", "env_error", "env_timeout",
+         "env_bad_result", "render_error")
+
+
+@dataclass
+class Trajectory:
+    key: int
+    row: int
+    env: AgentEnv
+    prompt: list[int] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (response index, reward)
+    final_turn_start: int = 0
+    num_turns: int = 0
+    num_tool_calls: int = 0
+    stop: str | None = None
+    error: str | None = None
+    last_turn: list[int] = field(default_factory=list)
+
+    @property
+    def single_turn(self) -> bool:
+        return isinstance(self.env, SingleTurn)
+
+
+class AgentLoop:
+    def __init__(self, engine, tokenizer, config: AgentConfig, response_length: int, pad_id: int) -> None:
+        self.engine, self.config, self.response_length, self.pad_id = engine, config, response_length, pad_id
+        self.renderer = ChatRenderer(tokenizer)
+        self.runner: EnvRunner | None = None
+        self.stats: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- public
+    def run(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        self.runner = EnvRunner(self.config.env_timeout_s)
+        self.stats = {"env_wait_s": 0.0}
+        try:
+            trajs = self._start(prompts, params)
+            turns = TurnEngine(self.engine, slots=min(len(trajs), self.engine.config.max_num_seqs))
+            self._stop_ids = stop_ids_for(params, self.engine.spec.eos_token_ids)
+            by_key = {t.key: t for t in trajs}
+            for t in trajs:
+                if t.stop is None:
+                    turn = replace(params, n=1, max_new_tokens=self._turn_budget(t))
+                    turns.open(t.key, t.prompt, turn, row=t.row, sample=t.key)
+            start = time.perf_counter()
+            if self.config.mode == "async":
+                self._run_async(turns, by_key)
+            else:
+                self._run_sync(turns, by_key)
+            self.stats["loop_s"] = time.perf_counter() - start
+            self.stats.update({f"engine_{k}": float(v) for k, v in turns.stats.items()})
+            for t in trajs:
+                self._close_env(t)
+            return self._pack(prompts, trajs)
+        finally:
+            self.runner.close()
+
+    # ----------------------------------------------------------------- set-up
+    def _make_env(self, extra: Any) -> AgentEnv:
+        extra = extra if isinstance(extra, dict) else {}
+        name = extra.get("env") or self.config.default_env
+        if name is None:
+            return SingleTurn()
+        kwargs = extra.get("env_kwargs") if extra.get("env") else self.config.env_kwargs
+        return resolve_agent_env(name, "extra_info.env")(**(kwargs or {}))
+
+    def _start(self, prompts: DataProto, params: SamplingParams) -> list[Trajectory]:
+        ids = unpad_prompts(prompts)
+        nt = prompts.non_tensor_batch
+        trajs, resets = [], []
+        for i in range(len(prompts)):
+            row = {k: nt[k][i] for k in nt}
+            for _ in range(params.n):
+                key = len(trajs)
+                try:
+                    env = self._make_env(row.get("extra_info"))
+                except Exception as err:  # a user env whose constructor fails ends only its trajectory
+                    t = Trajectory(key, i, SingleTurn(), prompt=ids[i], stop="env_error", error=f"init: {err}")
+                    trajs.append(t)
+                    continue
+                t = Trajectory(key, i, env, prompt=ids[i])
+                trajs.append(t)
+                if not t.single_turn:
+                    resets.append((t, self.runner.reset(env, row)))
+        for t, future in resets:
+            result = future.result()
+            if isinstance(result, EnvFailure):
+                self._fail(t, result)
+                continue
+            t.messages = list(result)
+            t.prompt = self.renderer.prompt(t.messages, t.env.tools)
+        too_long = [t for t in trajs if t.stop is None and len(t.prompt) + self.response_length > self.engine.max_len]
+        if too_long:
+            raise ValueError(f"{len(too_long)} prompts + response_length={self.response_length} exceed the engine's "
+                             f"max_model_len={self.engine.max_len}")
+        return trajs
+
+    # ----------------------------------------------------------------- modes
+    def _run_async(self, turns: TurnEngine, by_key: dict[int, Trajectory]) -> None:
+        waiting: dict[concurrent.futures.Future, int] = {}
+        while turns.busy or waiting:
+            for fut in [f for f in waiting if f.done()]:
+                self._answer(turns, by_key[waiting.pop(fut)], fut.result())
+            if turns.busy:
+                for out in turns.step():
+                    future = self._after_turn(turns, by_key[out.key], out)
+                    if future is not None:
+                        waiting[future] = out.key
+            elif waiting:
+                t0 = time.perf_counter()
+                concurrent.futures.wait(waiting, return_when=concurrent.futures.FIRST_COMPLETED)
+                self.stats["env_wait_s"] += time.perf_counter() - t0
+
+    def _run_sync(self, turns: TurnEngine, by_key: dict[int, Trajectory]) -> None:
+        while turns.busy:
+            outs: list[TurnOutput] = []
+            while turns.busy:
+                outs += turns.step()
+            outs.sort(key=lambda o: o.key)
+            futures = [(by_key[o.key], self._after_turn(turns, by_key[o.key], o)) for o in outs]
+            t0 = time.perf_counter()
+            concurrent.futures.wait([f for _, f in futures if f is not None])
+            self.stats["env_wait_s"] += time.perf_counter() - t0
+            for t, future in futures:
+                if future is not None:
+                    self._answer(turns, t, future.result())
+
+    # ----------------------------------------------------------------- one turn
+    def _after_turn(self, turns: TurnEngine, t: Trajectory, out: TurnOutput):
+        """Record the model's turn; return the env's step future, or None when the trajectory ended."""
+        t.final_turn_start = len(t.tokens)
+        t.tokens += out.tokens
+        t.mask += [1] * len(out.tokens)
+        t.log_probs += out.log_probs
+        t.num_turns += 1
+        t.last_turn = out.tokens
+        if out.finish_reason == "length":
+            full = len(t.tokens) >= self.response_length
+            return self._end(turns, t, "max_total_tokens" if full else "turn_length")
+        if t.single_turn:
+            return self._end(turns, t, "done")
+        text = self.renderer.turn_text(out.tokens, self._stop_ids)
+        t.messages.append(assistant_message(text))
+        return self.runner.step(t.env, text)
+
+    def _answer(self, turns: TurnEngine, t: Trajectory, result) -> None:
+        """Apply the environment's answer: end the trajectory, or append the observation and resume."""
+        if isinstance(result, EnvFailure):
+            self._fail(t, result)
+            turns.close(t.key)
+            return
+        if result.reward:
+            t.turn_rewards.append((len(t.tokens) - 1, float(result.reward)))
+        t.num_tool_calls += int(result.info.get("tool_calls", 0))
+        if result.done:
+            return self._end(turns, t, "done")
+        if t.num_turns >= self.config.max_turns:
+            return self._end(turns, t, "max_turns")
+        try:
+            obs = self.renderer.observation(t.messages, t.last_turn, result.observation, t.env.tools)
+        except RenderError as err:
+            t.error = str(err)
+            return self._end(turns, t, "render_error")
+        if len(obs) > self.config.max_obs_tokens:
+            return self._end(turns, t, "max_obs_tokens")
+        if len(t.tokens) + len(obs) >= self.response_length:
+            return self._end(turns, t, "max_total_tokens")
+        t.messages += result.observation
+        t.tokens += obs
+        t.mask += [0] * len(obs)
+        t.log_probs += [0.0] * len(obs)
+        turns.extend(t.key, obs, max_new_tokens=self._turn_budget(t))
+
+    def _turn_budget(self, t: Trajectory) -> int:
+        left = self.response_length - len(t.tokens)
+        return left if self.config.max_turn_tokens is None else min(left, self.config.max_turn_tokens)
+
+    def _end(self, turns: TurnEngine, t: Trajectory, reason: str) -> None:
+        t.stop = reason
+        turns.close(t.key)
+        return None
+
+    def _fail(self, t: Trajectory, failure: EnvFailure) -> None:
+        t.stop, t.error = f"env_{failure.kind}", failure.message
+
+    def _close_env(self, t: Trajectory) -> None:
+        failure = self.runner.close_env(t.env)
+        if failure is not None and t.error is None:
+            t.error = f"close: {failure.message}"
+
+    # ----------------------------------------------------------------- output
+    def _pack(self, prompts: DataProto, trajs: list[Trajectory]) -> DataProto:
+        n, width = len(trajs), self.response_length
+        plen = max(len(t.prompt) for t in trajs)
+        prompt_ids = torch.full((n, plen), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros(n, plen, dtype=torch.long)
+        responses = torch.full((n, width), self.pad_id, dtype=torch.long)
+        response_mask = torch.zeros(n, width, dtype=torch.long)
+        attn = torch.zeros(n, width, dtype=torch.long)
+        log_probs = torch.zeros(n, width, dtype=torch.float32)
+        env_rewards = torch.zeros(n, width, dtype=torch.float32)
+        for i, t in enumerate(trajs):
+            prompt_ids[i, plen - len(t.prompt):] = torch.tensor(t.prompt)
+            prompt_mask[i, plen - len(t.prompt):] = 1
+            k = len(t.tokens)
+            if k:
+                responses[i, :k] = torch.tensor(t.tokens)
+                response_mask[i, :k] = torch.tensor(t.mask)
+                attn[i, :k] = 1
+                log_probs[i, :k] = torch.tensor(t.log_probs)
+            for pos, reward in t.turn_rewards:
+                env_rewards[i, pos] += reward
+        prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        response_pos = prompt_pos[:, -1:] + torch.arange(1, width + 1)
+        rows = np.array([t.row for t in trajs])
+        non_tensors = {k: v[rows] for k, v in prompts.non_tensor_batch.items()}
+        score_override = [self.config.error_score if t.stop in ("env_error", "env_timeout", "env_bad_result")
+                          else math.nan for t in trajs]
+        extra = {"final_turn_start": [t.final_turn_start for t in trajs], "score_override": score_override,
+                 "agent_stop": [t.stop for t in trajs], "agent_error": [t.error for t in trajs],
+                 "num_turns": [t.num_turns for t in trajs], "num_tool_calls": [t.num_tool_calls for t in trajs],
+                 "finish_reason": ["stop" if t.stop == "done" else "length" for t in trajs]}
+        for key, values in extra.items():
+            arr = np.empty(n, dtype=object)
+            arr[:] = values
+            non_tensors[key] = arr
+        meta = dict(prompts.meta_info)
+        meta["metrics"] = {**meta.get("metrics", {}), **self._metrics(trajs)}
+        return DataProto.from_dict(
+            tensors={"prompts": prompt_ids, "responses": responses, "response_mask": response_mask,
+                     "input_ids": torch.cat([prompt_ids, responses], 1),
+                     "attention_mask": torch.cat([prompt_mask, attn], 1),
+                     "position_ids": torch.cat([prompt_pos, response_pos], 1),
+                     "rollout_log_probs": log_probs, "env_rewards": env_rewards},
+            non_tensors=non_tensors, meta_info=meta)
+
+    def _metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+        agents = [t for t in trajs if not t.single_turn] or trajs
+        out = {"agent/turns_mean": float(np.mean([t.num_turns for t in agents])),
+               "agent/tool_calls_mean": float(np.mean([t.num_tool_calls for t in agents])),
+               "agent/tool_call_rate": float(np.mean([t.num_tool_calls > 0 for t in agents])),
+               "agent/env_errors": float(sum(t.error is not None for t in trajs)),
+               "agent/model_tokens_mean": float(np.mean([sum(t.mask) for t in trajs])),
+               "agent/obs_tokens_mean": float(np.mean([len(t.mask) - sum(t.mask) for t in trajs]))}
+        for reason in STOPS:
+            out[f"agent/stop_{reason}"] = float(sum(t.stop == reason for t in trajs))
+        out.update({f"agent/{k}": v for k, v in self.stats.items()})
+        return out

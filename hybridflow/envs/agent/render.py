@@ -1,0 +1,61 @@
+"""Messages -> token ids with the tokenizer's own chat template, one turn at a time.
+
+    r = ChatRenderer(tokenizer)
+    ids = r.prompt(messages, tools)                       # first prompt, generation prompt included
+    ids = r.observation(messages, turn_ids, obs, tools)   # tokens to append after the model's turn
+
+The observation's tokens are the text the template adds after the model's turn when the
+observation messages and a new generation prompt are appended: the conversation is
+rendered with and without them and the difference taken from the end of the model's
+last token (the template may add text after the stop token, e.g. a newline after
+`<|im_end|>`, which the model never generated; it belongs to the observation). The
+sequence the model trains on is therefore exactly prompt + turn + observation + turn ...
+token for token, and it is what the template renders up to tokenization boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridflow.envs.agent.base import Message
+
+
+class RenderError(ValueError):
+    """The chat template cannot render this conversation incrementally."""
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("multi-turn rollouts need a tokenizer with a chat template")
+        self.tokenizer = tokenizer
+
+    def _text(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        return self.encode(self._text(messages, tools, True))
+
+    def turn_text(self, turn_ids: list[int], stop_ids: frozenset[int]) -> str:
+        """The model's turn as the environment reads it: decoded, without its stop token."""
+        body = turn_ids[:-1] if turn_ids and turn_ids[-1] in stop_ids else turn_ids
+        return self.tokenizer.decode(body, skip_special_tokens=False)
+
+    def observation(self, history: list[Message], turn_ids: list[int], observation: list[Message],
+                    tools: list[dict] | None) -> list[int]:
+        """Tokens between the end of the model's turn (its stop token) and the next turn."""
+        before = self._text(history, tools, False)
+        after = self._text(history + observation, tools, True)
+        stop_text = self.tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)
+        end = before.rfind(stop_text) + len(stop_text) if stop_text else -1
+        if not stop_text or end < len(stop_text) or not after.startswith(before[:end]):
+            raise RenderError(f"cannot find the model's stop token {stop_text!r} in the rendered conversation")
+        return self.encode(after[end:])
+
+
+def assistant_message(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text}

@@ -1,0 +1,178 @@
+"""Per-phase time: an analytic roofline times the device's efficiency factors.
+
+For a role on n = dp x tp x pp devices, S sequences of s = prompt + response tokens, a model
+with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e bytes/element:
+
+    train    FLOPs  6 N S s + 12 L d S s^2 (engines/train/flops.py), x4/3 with gradient
+                    checkpointing; / (n peak eff.train); x (1 + (pp-1)/m) pipeline bubble
+                    (m micro-batches per rank)
+             comm   FSDP: per micro-batch an all-gather of the weights for forward and
+                    for backward, 2 e P / (tp pp) (dp-1)/dp bytes, prefetched under the
+                    compute (only what exceeds it counts); per optimizer step a gradient
+                    reduce-scatter, 4 P / (tp pp) (dp-1)/dp; tensor parallel: 4 all-reduces
+                    per layer of b s d e bytes, 2 (tp-1)/tp each
+    forward  a third of the train FLOPs; one (prefetched) all-gather and 2 all-reduces per
+             layer per micro-batch (log-probs, values, reward-model scores)
+    generate per replica of t_g devices (n / t_g replicas, B = S / replicas sequences):
+             prefill 2 N B p + 4 L d B p^2 FLOPs; decode, per step of each wave of at most
+             max_num_seqs sequences, max(FLOPs / (t_g peak eff.prefill),
+             (e P + b c 2 L d_kv e) / t_g / (bw eff.decode_bw)) at mean context c, plus
+             2 all-reduces per layer; reshard: comm bytes of engines/reshard/formulas.py
+    overhead eff.call_s per call, eff.micro_batch_s per micro-batch, eff.decode_step_s per step
+
+A collective runs at intra-node bandwidth when its group fits in one node, else inter-node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hybridflow.config.dataflow import FlowPhase
+from hybridflow.engines.reshard.formulas import Costs, ModelSizes, predicted_costs
+from hybridflow.engines.train.flops import training_flops
+from hybridflow.planner.devices import Efficiency
+from hybridflow.planner.problem import Cluster, RoleLoad, Workload
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A role's parallel sizes; gen_tp (t_g) only for the actor (0 elsewhere)."""
+
+    dp: int
+    tp: int = 1
+    pp: int = 1
+    gen_tp: int = 0
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def label(self) -> str:
+        text = f"dp{self.dp}" + (f"-tp{self.tp}" if self.tp > 1 else "") + (f"-pp{self.pp}" if self.pp > 1 else "")
+        return text + (f" t_g{self.gen_tp}" if self.gen_tp else "")
+
+
+@dataclass
+class PhaseCost:
+    """Seconds of one phase, split into roofline compute, communication and overheads."""
+
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    overhead_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.comm_s + self.overhead_s
+
+
+def link_bw(group: int, span: int, cluster: Cluster) -> float:
+    """Bandwidth of a collective over `group` ranks spread over `span` consecutive devices."""
+    bw = cluster.device.intra_bw if span <= cluster.devices_per_node else cluster.device.inter_bw
+    return bw * cluster.efficiency.comm
+
+
+def ring_bytes(group: int, nbytes: float) -> float:
+    """Bytes each rank sends in a ring all-gather / reduce-scatter of `nbytes` in total."""
+    return 0.0 if group <= 1 else nbytes * (group - 1) / group
+
+
+def _micro_batches(sequences: int, dp: int, per_device: int) -> int:
+    return math.ceil(math.ceil(sequences / dp) / max(1, per_device))
+
+
+def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) -> PhaseCost:
+    dev, eff, shape = cluster.device, cluster.efficiency, load.shape
+    s, S = work.seq_len, work.sequences
+    flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) * load.epochs
+    if load.gradient_checkpointing:
+        flops *= 4 / 3
+    micro = _micro_batches(S, par.dp, load.micro_batch) * load.epochs
+    optimizer_steps = max(1, S // max(1, load.mini_batch)) * load.epochs
+    # The pipeline drains at every optimizer step: its bubble is (pp - 1) / (micro-batches per step).
+    bubble = 1 + (par.pp - 1) / max(1, micro // optimizer_steps)
+    compute = flops / (par.devices * dev.peak_flops * eff.train) * bubble
+    e = load.dtype_bytes
+    shard_group = shape.params / (par.tp * par.pp)
+    dp_bw = link_bw(par.dp, par.devices, cluster)
+    # FSDP prefetches the next layer's all-gather while this one computes: it hides behind
+    # compute up to its own length; gradients are reduce-scattered once per optimizer step.
+    gather = ring_bytes(par.dp, 2 * e * shard_group) * micro / dp_bw
+    reduce = ring_bytes(par.dp, 4 * shard_group) * optimizer_steps / dp_bw
+    act = load.micro_batch * s * shape.hidden * e
+    tp = 4 * shape.layers / par.pp * 2 * ring_bytes(par.tp, act) * micro / link_bw(par.tp, par.tp, cluster)
+    exposed = max(0.0, gather - compute)
+    return PhaseCost(compute, exposed + reduce + tp, eff.call_s + eff.micro_batch_s * micro,
+                     {"fsdp_gather_s": gather, "grad_reduce_s": reduce, "tp_comm_s": tp, "micro_batches": micro})
+
+
+def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) -> PhaseCost:
+    dev, eff, shape = cluster.device, cluster.efficiency, load.shape
+    s, S = work.seq_len, work.sequences
+    flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
+    micro = _micro_batches(S, par.dp, load.forward_micro_batch)
+    compute = flops / (par.devices * dev.peak_flops * eff.forward) * (1 + (par.pp - 1) / micro)
+    e = load.dtype_bytes
+    gather = ring_bytes(par.dp, e * shape.params / (par.tp * par.pp)) * micro / link_bw(par.dp, par.devices, cluster)
+    act = load.forward_micro_batch * s * shape.hidden * e
+    tp = 2 * shape.layers / par.pp * 2 * ring_bytes(par.tp, act) * micro / link_bw(par.tp, par.tp, cluster)
+    return PhaseCost(compute, max(0.0, gather - compute) + tp, eff.call_s + eff.micro_batch_s * micro,
+                     {"fsdp_gather_s": gather, "tp_comm_s": tp, "micro_batches": micro})
+
+
+def reshard_costs(sizes: ModelSizes, par: Parallel, gen_bytes: int, train_bytes: int) -> Costs:
+    """Per-rank costs of the training -> generation transition (hybrid grouping); with
+    pipeline stages, tp x pp stands for the training shard of one layer's group."""
+    n, t_g = par.devices, par.gen_tp
+    train_tp = par.tp * par.pp
+    # formulas.py wants sizes that divide evenly; round up to whole shards (bytes, not accuracy, matter here).
+    unit_s, unit_r = n * t_g, n // train_tp
+    sizes = ModelSizes(-(-sizes.split_numel // unit_s) * unit_s, -(-sizes.replicated_numel // unit_r) * unit_r,
+                       sizes.largest_split_numel, sizes.largest_replicated_numel)
+    return predicted_costs(sizes, "hybrid", world_size=n, train_tp=train_tp, gen_tp=t_g,
+                           gen_bytes=gen_bytes, train_bytes=train_bytes)
+
+
+def generate_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster,
+                  samples_per_prompt: int | None = None) -> PhaseCost:
+    dev, eff, shape = cluster.device, cluster.efficiency, load.shape
+    t_g = par.gen_tp
+    replicas = par.devices // t_g
+    per_prompt = work.samples if samples_per_prompt is None else samples_per_prompt
+    batch = math.ceil(work.prompts * per_prompt / replicas)
+    e, p, r = work.gen_dtype_bytes, work.prompt_len, work.response_len
+    prefill = (2 * shape.matmul_params * batch * p + 4 * shape.layers * shape.hidden * batch * p * p)
+    compute = prefill / (t_g * dev.peak_flops * eff.prefill)
+    waves = math.ceil(batch / work.max_num_seqs)
+    decode = 0.0
+    comm = 0.0
+    for w in range(waves):
+        b = min(work.max_num_seqs, batch - w * work.max_num_seqs)
+        ctx = p + (r + 1) / 2  # mean context over the steps (cost is linear in it)
+        flops = 2 * shape.matmul_params * b + 4 * shape.layers * shape.hidden * b * ctx
+        nbytes = e * shape.params + b * ctx * 2 * shape.layers * shape.kv_dim * e
+        step = max(flops / (t_g * dev.peak_flops * eff.prefill), nbytes / t_g / (dev.mem_bw * eff.decode_bw))
+        decode += r * step
+        comm += r * 2 * shape.layers * 2 * ring_bytes(t_g, b * shape.hidden * e) / link_bw(t_g, t_g, cluster)
+    reshard = reshard_costs(shape.reshard_sizes(), par, e, load.dtype_bytes).comm_bytes
+    # Micro-DP groups are t_g ranks at stride: inside a node when the actor's devices are.
+    reshard_s = reshard / link_bw(par.devices // t_g, par.devices, cluster)
+    return PhaseCost(compute + decode, comm + reshard_s, eff.call_s + eff.decode_step_s * r * waves,
+                     {"prefill_s": compute, "decode_s": decode, "reshard_s": reshard_s})
+
+
+def controller_cost(work: Workload, eff: Efficiency) -> PhaseCost:
+    return PhaseCost(overhead_s=eff.controller_per_seq_s * work.sequences)
+
+
+def phase_cost(phase: FlowPhase, load: RoleLoad | None, par: Parallel | None, work: Workload,
+               cluster: Cluster) -> PhaseCost:
+    """The cost of `phase` run by a role with `load` on `par` (None for controller phases)."""
+    if phase.kind == "controller":
+        return controller_cost(work, cluster.efficiency)
+    if phase.kind == "train":
+        return train_cost(load, par, work, cluster)
+    if phase.kind == "forward":
+        return forward_cost(load, par, work, cluster)
+    return generate_cost(load, par, work, cluster, phase.samples_per_prompt)

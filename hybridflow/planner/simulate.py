@@ -1,0 +1,138 @@
+"""Play one RL step of a mapping: predicted step time, its phase breakdown, peak memory.
+
+Timing rules (hybridflow/config/dataflow.py gives each phase a stage: generation, scoring,
+updates; a stage reads only what earlier stages wrote):
+- phases on one pool run one after another (they share the devices and processes);
+- with `Capabilities.overlap`, the pools of one stage run at the same time, so a stage
+  lasts as long as its busiest pool, and the step is the sum of its stages; without it
+  (this trainer: the controller waits for each call) the step is the sum of all phases.
+Rule-based scoring runs on the controller, a pool of its own.
+
+Memory: a pool's devices hold every resident role state of the pool plus the largest
+addition of one phase (memory.py); a mapping whose peak exceeds USABLE_MEMORY of a device
+is infeasible, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.planner.cost import Parallel, PhaseCost, phase_cost
+from hybridflow.planner.memory import RoleMemory, role_memory
+from hybridflow.planner.problem import Problem
+
+USABLE_MEMORY = 0.9  # of a device's memory: allocator fragmentation, runtime context
+CONTROLLER = "controller"
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Pool:
+    roles: tuple[str, ...]
+    devices: int
+
+
+@dataclass
+class Mapping:
+    """Pools (roles and device counts) and each model role's parallel sizes, with the
+    prediction of `simulate` once it ran."""
+
+    pools: tuple[Pool, ...]
+    parallel: dict[str, Parallel]
+    step_s: float = float("nan")
+    phase_s: dict[str, float] = field(default_factory=dict)
+    stage_s: list[float] = field(default_factory=list)
+    peak_bytes: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+
+    def placement(self) -> str:
+        if len(self.pools) == 1:
+            return "colocated"
+        return " | ".join("+".join(p.roles) for p in self.pools)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"placement": self.placement(),
+                "pools": [{"roles": list(p.roles), "devices": p.devices, "peak_gib": round(b / _GIB, 3)}
+                          for p, b in zip(self.pools, self.peak_bytes)],
+                "parallel": {r: {"dp": q.dp, "tp": q.tp, "pp": q.pp, **({"gen_tp": q.gen_tp} if q.gen_tp else {})}
+                             for r, q in self.parallel.items()},
+                "step_s": self.step_s, "tokens_per_s": self.tokens_per_s,
+                "phase_s": self.phase_s, "stage_s": self.stage_s}
+
+
+class Infeasible(ValueError):
+    """A mapping that does not fit; the message says where and by how much."""
+
+
+def pool_of(mapping: Mapping) -> dict[str, int]:
+    return {role: i for i, pool in enumerate(mapping.pools) for role in pool.roles}
+
+
+def role_phases(problem: Problem, role: str) -> list:
+    return [p for p in problem.phases if p.role == role]
+
+
+def role_profile(problem: Problem, role: str, par: Parallel) -> tuple[dict[str, PhaseCost], RoleMemory]:
+    """Costs of the role's phases and its memory on `par` (what search and simulate share)."""
+    load = problem.roles[role]
+    phases = role_phases(problem, role)
+    costs = {p.name: phase_cost(p, load, par, problem.workload, problem.cluster) for p in phases}
+    return costs, role_memory(load, par, problem.workload, phases)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def memory_reason(pool: Pool, memories: dict[str, RoleMemory], limit: float) -> str | None:
+    """Why the pool does not fit (None: it fits)."""
+    resident = sum(m.resident for m in memories.values())
+    worst_role, worst = max(((r, m.peak_transient) for r, m in memories.items()), key=lambda x: x[1])
+    peak = resident + worst
+    if peak <= limit:
+        return None
+    phase = max(memories[worst_role].transient, key=memories[worst_role].transient.get, default="-")
+    parts = ", ".join(f"{r} resident {fmt_bytes(m.resident)}" for r, m in memories.items())
+    return (f"pool {'+'.join(pool.roles)} on {pool.devices} devices: peak {fmt_bytes(peak)} > "
+            f"{fmt_bytes(limit)} usable at {worst_role}/{phase} (+{fmt_bytes(worst)}; {parts})")
+
+
+def combine(stage_by_pool: list[list[float]], overlap: bool) -> tuple[float, list[float]]:
+    """Step time from per-pool stage times (module docstring rules)."""
+    stages = [max(col) if overlap else sum(col) for col in zip(*stage_by_pool)]
+    return sum(stages), stages
+
+
+def simulate(problem: Problem, mapping: Mapping) -> Mapping:
+    """Fill `mapping`'s prediction; raises Infeasible (with the reason) if it does not fit."""
+    where = pool_of(mapping)
+    limit = problem.cluster.device.memory_bytes * USABLE_MEMORY
+    n_stages = 3
+    stage_by_pool = [[0.0] * n_stages for _ in range(len(mapping.pools) + 1)]  # last: controller
+    phase_s: dict[str, float] = {}
+    memories: list[dict[str, RoleMemory]] = [{} for _ in mapping.pools]
+    for role in problem.roles:
+        costs, mem = role_profile(problem, role, mapping.parallel[role])
+        memories[where[role]][role] = mem
+        for phase in role_phases(problem, role):
+            stage_by_pool[where[role]][phase.stage] += costs[phase.name].seconds
+            phase_s[phase.name] = phase_s.get(phase.name, 0.0) + costs[phase.name].seconds
+    for phase in role_phases(problem, CONTROLLER):
+        cost = phase_cost(phase, None, None, problem.workload, problem.cluster)
+        stage_by_pool[-1][phase.stage] += cost.seconds
+        phase_s[phase.name] = phase_s.get(phase.name, 0.0) + cost.seconds
+    for pool, mems in zip(mapping.pools, memories):
+        reason = memory_reason(pool, mems, limit)
+        if reason:
+            raise Infeasible(reason)
+    mapping.step_s, mapping.stage_s = combine(stage_by_pool, problem.caps.overlap)
+    mapping.phase_s = phase_s
+    mapping.peak_bytes = [sum(m.resident for m in mems.values()) + max(m.peak_transient for m in mems.values())
+                          for mems in memories]
+    work = problem.workload
+    mapping.tokens_per_s = work.sequences * work.seq_len / mapping.step_s
+    return mapping

@@ -1,0 +1,190 @@
+"""Reward templates: named scoring rules, composed with weights in the config.
+
+    reward:
+      templates:
+        - {name: numeric_match, weight: 1.0, args: {rel_tol: 1.0e-6}}
+        - {name: regex, weight: 0.1, args: {pattern: '^\\d+$'}}
+        - {name: tool_penalty, weight: 1.0, args: {per_call: 0.05}}
+        - {name: regex, level: turn, weight: 0.1, args: {pattern: '@calculator\\['}}   # per model turn
+
+A template is `fn(sample: Sample, **args) -> float`, registered with
+`@register_reward_template("name")`. `ComposedScore` (trajectory level) has the reward
+function signature, so the RewardManager runs it in its worker pool like any scorer and
+places the weighted sum on the last model token; each component is logged as
+`reward/<name>`. Turn-level templates score every model turn of a multi-turn response
+and place their weighted sum on that turn's last token (`score_turns`).
+
+Built-ins: `rule` (the data source's built-in scorer: arithmetic, gsm8k, math; these are
+also templates by their own names), `exact_match`, `numeric_match` (last number, absolute /
+relative tolerance), `regex` (1 if the pattern is found), `length_penalty`, `turn_penalty`,
+`tool_penalty`, `user` (a function in a Python file: args path, name). A learned reward
+model's score is added by the trainer (`reward_model.path`, `add_rule_reward: true`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.errors import ConfigError
+from hybridflow.rewards.registry import SCORERS, DispatchScore, FileRewardFn
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What a template reads: the text (final turn, or one turn), the row, and the episode."""
+
+    text: str
+    ground_truth: Any
+    data_source: str
+    extra_info: dict
+    num_turns: int = 1
+    num_tool_calls: int = 0
+    num_tokens: int = 0  # model tokens of the whole response
+
+
+Template = Callable[..., float]
+_TEMPLATES: dict[str, Template] = {}
+
+
+def register_reward_template(name: str) -> Callable[[Template], Template]:
+    def decorate(fn: Template) -> Template:
+        if _TEMPLATES.get(name, fn) is not fn:
+            raise ValueError(f"reward template {name!r} is already registered")
+        _TEMPLATES[name] = fn
+        return fn
+    return decorate
+
+
+def reward_templates() -> list[str]:
+    return sorted(_TEMPLATES)
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?")
+
+
+@register_reward_template("exact_match")
+def exact_match(s: Sample, case_sensitive: bool = True) -> float:
+    a, b = s.text.strip(), str(s.ground_truth).strip()
+    return float(a == b if case_sensitive else a.lower() == b.lower())
+
+
+@register_reward_template("numeric_match")
+def numeric_match(s: Sample, abs_tol: float = 0.0, rel_tol: float = 1e-9) -> float:
+    found = _NUMBER.findall(s.text)
+    if not found:
+        return 0.0
+    try:
+        got, want = float(found[-1].replace(",", "")), float(str(s.ground_truth).replace(",", ""))
+    except ValueError:
+        return 0.0
+    return float(math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol))
+
+
+@register_reward_template("regex")
+def regex(s: Sample, pattern: str, fullmatch: bool = False) -> float:
+    return float(bool(re.fullmatch(pattern, s.text.strip()) if fullmatch else re.search(pattern, s.text)))
+
+
+@register_reward_template("length_penalty")
+def length_penalty(s: Sample, target: int, per_token: float) -> float:
+    """-per_token for every model token beyond `target`."""
+    return -per_token * max(0, s.num_tokens - target)
+
+
+@register_reward_template("turn_penalty")
+def turn_penalty(s: Sample, per_turn: float, free_turns: int = 1) -> float:
+    return -per_turn * max(0, s.num_turns - free_turns)
+
+
+@register_reward_template("tool_penalty")
+def tool_penalty(s: Sample, per_call: float, free_calls: int = 0) -> float:
+    return -per_call * max(0, s.num_tool_calls - free_calls)
+
+
+@register_reward_template("rule")
+def rule(s: Sample) -> float:
+    """The built-in scorer of the sample's data_source (registry.py)."""
+    return _as_float(DispatchScore()(s.data_source, s.text, s.ground_truth, s.extra_info))
+
+
+@register_reward_template("user")
+def user(s: Sample, path: str, name: str = "compute_score") -> float:
+    return _as_float(FileRewardFn(path, name)(data_source=s.data_source, solution_str=s.text,
+                                              ground_truth=s.ground_truth, extra_info=s.extra_info))
+
+
+def _scorer_template(scorer: Callable) -> Template:
+    def template(s: Sample) -> float:
+        return _as_float(scorer(s.text, s.ground_truth, s.extra_info))
+    return template
+
+
+for _source in ("arithmetic", "gsm8k", "math"):  # the rule scorers, as templates of this engine
+    register_reward_template(_source)(_scorer_template(SCORERS[_source]))
+
+
+def _as_float(value: Any) -> float:
+    return float(value["score"] if isinstance(value, dict) else value)
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    name: str
+    weight: float = 1.0
+    level: str = "trajectory"  # or "turn"
+    args: dict = field(default_factory=dict)
+
+
+def parse_templates(items: list[dict], key: str = "reward.templates") -> list[TemplateSpec]:
+    """Config entries -> specs, with ConfigErrors keyed by the entry."""
+    specs = []
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]"
+        if not isinstance(item, dict) or "name" not in item:
+            raise ConfigError(f"each template is a mapping with a name, got {item!r}", where)
+        unknown = set(item) - {"name", "weight", "level", "args"}
+        if unknown:
+            raise ConfigError(f"unknown keys {sorted(unknown)}; a template takes name, weight, level, args", where)
+        if item["name"] not in _TEMPLATES:
+            raise ConfigError(f"unknown reward template {item['name']!r}; known: {reward_templates()}", where + ".name")
+        spec = TemplateSpec(item["name"], float(item.get("weight", 1.0)), item.get("level", "trajectory"),
+                            dict(item.get("args") or {}))
+        if spec.level not in ("trajectory", "turn"):
+            raise ConfigError(f"must be 'trajectory' or 'turn', got {spec.level!r}", where + ".level")
+        try:  # arguments checked now, on a blank sample, so a typo fails at start-up
+            _TEMPLATES[spec.name](Sample("", "0", "arithmetic", {}), **spec.args)
+        except TypeError as err:
+            raise ConfigError(f"bad args for template {spec.name!r}: {err}", where + ".args") from None
+        except Exception:
+            pass  # a template may legitimately fail on the blank sample (e.g. a rule scorer's parsing)
+        specs.append(spec)
+    return specs
+
+
+class ComposedScore:
+    """The weighted sum of trajectory-level templates, with reward-function signature."""
+
+    def __init__(self, specs: list[TemplateSpec]) -> None:
+        self.specs = [s for s in specs if s.level == "trajectory"]
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
+        info = dict(extra_info or {})
+        sample = Sample(solution_str, ground_truth, data_source, info, int(info.get("num_turns", 1)),
+                        int(info.get("num_tool_calls", 0)), int(info.get("num_model_tokens", 0)))
+        parts = {s.name: s.weight * _TEMPLATES[s.name](sample, **s.args) for s in self.specs}
+        return {"score": sum(parts.values()), **{f"template/{k}": v for k, v in parts.items()}}
+
+
+def score_turns(specs: list[TemplateSpec], turn_texts: list[str], row: dict) -> list[float]:
+    """Weighted sum of the turn-level templates for each turn's text."""
+    turn_specs = [s for s in specs if s.level == "turn"]
+    out = []
+    for i, text in enumerate(turn_texts):
+        sample = Sample(text, row.get("ground_truth"), str(row.get("data_source")), dict(row.get("extra_info") or {}),
+                        num_turns=i + 1)
+        out.append(sum(s.weight * _TEMPLATES[s.name](sample, **s.args) for s in turn_specs))
+    return out

@@ -1,0 +1,73 @@
+"""<run>/status.json: what a running job is doing now, for `hybridflow monitor` and for
+failure reports.
+
+The trainer updates it as each phase of a step starts (phases.py calls `LiveStatus.phase`)
+and when its worker groups change; every write replaces the file atomically (a reader sees
+the old or the new one). Contents:
+
+    {"pid": controller pid, "state": "starting" | "training" | "restarting" | "finished" | "failed",
+     "step": global step in flight, "phase": current phase, "phase_start": unix time,
+     "started": unix time of the run, "steps_done": steps finished by this process, "restarts": n,
+     "workers": [{"role": "actor", "rank": 0, "pid": 1234, "node": "10.0.0.1", "node_id": "..."}, ...]}
+
+One write per phase (about ten per step) is a few hundred bytes: nothing next to a step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hybridflow.controller import WorkerGroup
+
+STATUS_FILE = "status.json"
+
+
+class LiveStatus:
+    """The run's live status, written to <run>/status.json on every change."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / STATUS_FILE
+        self.data: dict[str, Any] = {"pid": os.getpid(), "state": "starting", "step": 0, "phase": None,
+                                     "phase_start": time.time(), "started": time.time(), "steps_done": 0,
+                                     "restarts": 0, "workers": []}
+        self._write()
+
+    @property
+    def current_phase(self) -> str | None:
+        return self.data["phase"]
+
+    def workers(self, groups: dict[str, WorkerGroup]) -> None:
+        """Record every role's processes (pid and node per rank)."""
+        self.data["workers"] = [{"role": role, "rank": info["rank"], "pid": info["pid"], "node": info["ip"],
+                                 "node_id": info["node_id"]}
+                                for role, group in groups.items() for info in group.worker_info]
+        self._write()
+
+    def phase(self, name: str, step: int | None = None) -> None:
+        """A phase starts (of step `step`, default the current one)."""
+        if step is not None:
+            self.data["step"] = step
+        self.data.update(phase=name, phase_start=time.time(), state="training")
+        self._write()
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+        self._write()
+
+    def _write(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    """The status a running (or finished) trainer wrote; None when it never wrote one."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,75 @@
+"""The planner's dataflow (AlgorithmSpec.phases) says what the step programs do: every
+built-in program runs here with recording phase functions (no workers), and the phases it
+calls with a model, in order, are the spec's active phases."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config.algorithm import algorithm_spec
+from hybridflow.config.schema import load_run_config
+from hybridflow.planner.problem import active_phases, run_settings
+from hybridflow.trainer import phases as P
+from hybridflow.trainer.algorithms import build_algo_state, step_program
+from hybridflow.trainer.phases import Roles, Step
+
+ROLE_NAMES = ("actor", "critic", "cost_critic", "reward_model", "cost_model", "controller")
+
+
+def _record(monkeypatch) -> list[tuple[str, str]]:
+    calls: list[tuple[str, str]] = []
+    for attr in dir(P):
+        fn = getattr(P, attr)
+        if not callable(fn) or isinstance(fn, type) or getattr(fn, "__module__", None) != P.__name__ or attr == "phase":
+            continue
+        name = getattr(fn, "phase_name", None)  # None: controller-side math, recorded as nothing
+        if name == "dynamic_sampling":  # a loop around generate + reward: run one round of it
+            monkeypatch.setattr(P, attr, lambda step, sample_round, *a, **k: sample_round(step, 0))
+            continue
+
+        def recorder(*args, _name=name, **kwargs):
+            for arg in (*args, *kwargs.values()):
+                if isinstance(arg, str) and arg in ROLE_NAMES:
+                    calls.append((_name, arg))
+
+        monkeypatch.setattr(P, attr, recorder)
+    return calls
+
+
+def _roles(cfg) -> Roles:
+    return Roles(actor="actor", critic="critic" if cfg.use_critic else None,
+                 reward="controller", reward_model="reward_model" if cfg.reward_model.path else None,
+                 cost_critic="cost_critic" if "cost_critic" in cfg.algorithm.spec.critics else None,
+                 cost_model="cost_model" if cfg.cost_model.path else None,
+                 cost_fn="controller" if cfg.cost_model.custom_fn_path else None)
+
+
+CASES = [(name, extra) for name in ("grpo", "ppo", "remax", "dapo", "drgrpo", "rloo", "safe_rlhf")
+         for extra in ([], ["actor.loss.use_kl_loss=true"], ["actor.old_log_probs=recompute"],
+                       ["reward_model.add_rule_reward=true"])]
+
+
+@pytest.mark.parametrize("name, extra", CASES)
+def test_program_calls_the_phases_its_spec_lists(name, extra, monkeypatch, tmp_path, tiny_reward_dir):
+    overrides = [f"algorithm.name={name}", *extra]
+    if "reward_model.add_rule_reward=true" in extra:
+        overrides.append(f"reward_model.path={tiny_reward_dir}")
+    if algorithm_spec(name).cost:  # a cost model, plus the rule-based cost function in two of the cases
+        overrides.append(f"cost_model.path={tiny_reward_dir}")
+        if extra and extra[0] != "actor.loss.use_kl_loss=true":
+            overrides.append(f"cost_model.custom_fn_path={tmp_path / 'cost.py'}")
+    cfg = load_run_config(None, overrides)
+    calls = _record(monkeypatch)
+    step_program(cfg.algorithm.spec)(Step(0, batch=None), _roles(cfg), cfg, build_algo_state(cfg))
+    owner = {"reference": "actor"}  # the reference policy runs in the actor's worker
+    expected = [(p.name, owner.get(p.role, p.role)) for p in active_phases(cfg.algorithm.spec.phases, run_settings(cfg))]
+    assert calls == expected
+
+
+def test_a_spec_that_misses_a_phase_is_caught(monkeypatch):
+    """The check above can fail: ReMax's program run against the standard (grpo) dataflow."""
+    cfg = load_run_config(None, ["algorithm.name=remax"])
+    calls = _record(monkeypatch)
+    step_program(cfg.algorithm.spec)(Step(0, batch=None), _roles(cfg), cfg, build_algo_state(cfg))
+    standard = [(p.name, p.role) for p in active_phases(algorithm_spec("grpo").phases, run_settings(cfg))]
+    assert ("greedy_baseline", "actor") in calls and calls != standard

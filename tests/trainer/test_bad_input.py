@@ -1,0 +1,192 @@
+"""Bad input to `hybridflow train` ends in a short message and exit status 2, before a run
+directory exists and before Ray starts (trainer/preflight.py, cli/__init__.py): YAML
+syntax errors, an existing run_dir, broken reward files, broken model directories, broken
+or too small data files, and data sources no scorer knows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hybridflow.cli import main
+from hybridflow.data.records import write_records
+
+ROWS = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": f"{i}+1="}],
+         "reward_model": {"ground_truth": str(i + 1)}} for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> dict[str, Path]:
+    """A complete tiny model directory (char tokenizer) and an 8-row prompt file."""
+    from hybridflow.data import make_builtin_model_dir
+
+    root = tmp_path_factory.mktemp("good")
+    model = make_builtin_model_dir(root / "model")
+    data = write_records(ROWS, root / "train.jsonl")
+    return {"model": model, "data": data}
+
+
+def argv(out: Path, model: Path, data: Path | str, *extra: str) -> list[str]:
+    return ["train", f"trainer.output_dir={out}", f"model.path={model}", f"data.train_files=[{data}]",
+            "data.train_batch_size=4", "rollout.n=2", "sft.steps=0", *extra]
+
+
+def refused(args: list[str], out: Path, capsys) -> str:
+    """Run the command; assert exit 2, a short message and no run directory; the message."""
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+    assert not out.exists() or not any(out.iterdir())
+    return err
+
+
+def test_good_inputs_pass_the_checks(good, tmp_path):
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer.preflight import preflight
+
+    cfg = load_run_config(None, argv(tmp_path, good["model"], good["data"])[1:])
+    preflight(cfg)  # no error: the negative cases below differ from this in one thing each
+
+
+def test_yaml_syntax_errors_in_the_file_and_an_override(good, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  total_steps: 3\n bad: [1\n")
+    out = tmp_path / "runs"
+    err = refused(["train", "--config", str(bad), f"trainer.output_dir={out}"], out, capsys)
+    assert "bad.yaml" in err and "not valid YAML" in err and "line 3" in err
+    err = refused(argv(out, good["model"], good["data"], "trainer.total_steps=[1,"), out, capsys)
+    assert "trainer.total_steps=[1," in err and "quote it" in err
+
+
+def test_an_existing_run_dir_is_refused_and_kept(good, tmp_path, capsys):
+    run_dir = tmp_path / "mine"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("keep me")
+    err = refused(argv(tmp_path / "runs", good["model"], good["data"], f"trainer.run_dir={run_dir}"),
+                  tmp_path / "runs", capsys)
+    assert "trainer.run_dir" in err and "already exists" in err
+    assert (run_dir / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("source, message", [
+    (None, "does not exist"),
+    ("def compute_score(data_source, solution_str, ground_truth, extra_info=None)\n    return 1.0\n",
+     "SyntaxError at line 1"),
+    ("def compute_score(solution_str, ground_truth):\n    return 1.0\n", "no parameter(s) ['data_source'"),
+    ("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n",
+     "defines no 'compute_score'; functions there: ['score']"),
+    ("import sys\nsys.exit(3)\n", "called exit(3) while being imported"),
+])
+def test_reward_file_problems_name_the_file(good, tmp_path, capsys, source, message):
+    reward = tmp_path / "my_reward.py"
+    if source is not None:
+        reward.write_text(source)
+    out = tmp_path / "runs"
+    err = refused(argv(out, good["model"], good["data"], f"reward.custom_fn_path={reward}"), out, capsys)
+    assert "reward.custom_fn_path" in err and "my_reward.py" in err and message in err
+
+
+def _broken_model(good: dict, tmp_path: Path, how: str) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(good["model"], model)
+    weights = model / "model.safetensors"
+    if how == "corrupt_config":
+        (model / "config.json").write_text('{"model_type": "llama", ')
+    elif how == "truncated":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) - 100])
+    elif how == "no_weights":
+        weights.unlink()
+    elif how == "sizes":
+        config = json.loads((model / "config.json").read_text())
+        config["num_hidden_layers"] += 2
+        (model / "config.json").write_text(json.dumps(config))
+    elif how == "hidden":
+        config = json.loads((model / "config.json").read_text())
+        config["hidden_size"] *= 2
+        (model / "config.json").write_text(json.dumps(config))
+    elif how == "no_tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (model / name).unlink()
+    return model
+
+
+@pytest.mark.parametrize("how, message", [
+    ("missing", "is not a directory"),
+    ("corrupt_config", "config.json is not valid JSON"),
+    ("truncated", "model.safetensors is truncated"),
+    ("no_weights", "no weights"),
+    ("sizes", "decoder layers but config.json says num_hidden_layers"),
+    ("hidden", "config.json and the weights come from different models"),
+    ("no_tokenizer", "has no tokenizer"),
+])
+def test_model_directory_problems(good, tmp_path, capsys, how, message):
+    model = tmp_path / "absent" if how == "missing" else _broken_model(good, tmp_path, how)
+    out = tmp_path / "runs"
+    err = refused(argv(out, model, good["data"]), out, capsys)
+    assert "model.path" in err and message in err
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("absent.jsonl", None, "does not exist"),
+    ("empty.jsonl", "", "hold no rows"),
+    ("fake.parquet", "not parquet at all", "not a parquet file"),
+    ("torn.jsonl", json.dumps(ROWS[0]) + '\n{"prompt": "1+1=", "data_s\n', "torn.jsonl:2: not valid JSON"),
+    ("noprompt.jsonl", "".join(json.dumps({"question": "1+1=", "data_source": "arithmetic"}) + "\n"
+                               for _ in range(8)), "has no 'prompt' column (columns: ['data_source', 'question'])"),
+    ("ints.jsonl", "".join(json.dumps({"prompt": i, "data_source": "arithmetic"}) + "\n" for i in range(8)),
+     "'prompt' must be a string or a list of chat messages, got int"),
+    ("few.jsonl", "".join(json.dumps(row) + "\n" for row in ROWS[:3]),
+     "3 usable prompt rows, fewer than one batch (data.train_batch_size=4); set data.train_batch_size to at most 3"),
+    ("unknown.jsonl", "".join(json.dumps({**row, "data_source": "my_task"}) + "\n" for row in ROWS),
+     "no scorer for data_source 'my_task' (8 rows)"),
+])
+def test_data_file_problems(good, tmp_path, capsys, name, content, message):
+    data = tmp_path / name
+    if content is not None:
+        data.write_text(content)
+    out = tmp_path / "runs"
+    err = refused(argv(out, good["model"], data), out, capsys)
+    assert "data.train" in err and message in err
+
+
+def test_debug_shows_the_traceback(good, tmp_path):
+    from hybridflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        main(argv(tmp_path / "runs", good["model"], tmp_path / "absent.jsonl", "--debug"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        main(["--debug", *argv(tmp_path / "runs", good["model"], tmp_path / "absent.jsonl")])
+
+
+def test_a_start_that_fails_after_the_run_dir_was_made_removes_it(good, tmp_path, capsys):
+    # A tokenizer.json that passes the file checks but does not load fails inside the start.
+    model = tmp_path / "model"
+    shutil.copytree(good["model"], model)
+    (model / "tokenizer.json").write_text("{}")
+    out = tmp_path / "runs"
+    err = refused(argv(out, model, good["data"]), out, capsys)
+    assert "could not load a tokenizer" in err
+
+
+def test_eval_refuses_data_sources_no_scorer_knows(good, tmp_path, capsys):
+    data = write_records([{**row, "data_source": "my_task"} for row in ROWS], tmp_path / "test.jsonl")
+    assert main(["eval", str(good["model"]), "--data", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "no scorer for data_source 'my_task' (8 rows)" in err and "--data" in err
+
+
+def test_eval_of_a_run_without_checkpoints_uses_its_final_model(good, tmp_path):
+    from hybridflow.config import save_config
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer.offline import resolve_source
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(good["model"], run_dir / "final_model")
+    save_config(load_run_config(None, ["trainer.save_freq=0"]), run_dir / "config.yaml")
+    source = resolve_source(run_dir, ["trainer.validation.n=2"])
+    assert source.model_path == str(run_dir / "final_model") and source.checkpoint is None
+    assert source.run_dir == run_dir and source.cfg.trainer.validation.n == 2

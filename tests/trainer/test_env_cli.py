@@ -1,0 +1,43 @@
+"""`hybridflow train` on environment tasks, in-process through the CLI's main():
+`--config examples/ppo_cartpole.yaml` with overrides writes the run directory (config,
+metrics.jsonl, TensorBoard events, plots, checkpoints), `--resume <run dir>` trains on to
+a larger trainer.total_env_steps, and a bad key is a config error (exit code 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybridflow.cli import main
+from hybridflow.trainer.run_dir import read_metrics
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run_dir(output: Path) -> Path:
+    (run_dir,) = [p for p in output.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def test_train_and_resume_from_the_command_line(tmp_path, capsys):
+    common = [f"trainer.output_dir={tmp_path}", "trainer.console=plain", "trainer.target_return=null",
+              "trainer.log_freq=256", "trainer.save_freq=256", "trainer.loggers=[jsonl,tensorboard]",
+              "ppo.epochs=2"]
+    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), "trainer.total_env_steps=512",
+                 *common]) == 0
+    run_dir = _run_dir(tmp_path)
+    assert run_dir.name.startswith("CartPole-v1-ppo-")
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "episode_return.png").is_file()
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["global_step_1", "global_step_2"]
+
+    assert main(["train", "--resume", str(run_dir), "trainer.total_env_steps=1024"]) == 0
+    steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    assert steps == [256, 512, 768, 1024]  # the resumed run appends to the same metrics
+    assert "run saved to" in capsys.readouterr().out
+
+
+def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):
+    code = main(["train", "--config", str(EXAMPLES / "sac_pendulum.yaml"), "sac.batch_sise=64",
+                 f"trainer.output_dir={tmp_path}"])
+    assert code == 2 and "did you mean 'batch_size'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing was created

@@ -1,0 +1,176 @@
+"""Automatic recovery (trainer/recovery.py, controller/faults.py): the supervisor's rules
+without Ray, and real failures injected into 2-rank GRPO runs: a repeating worker error
+stops after trainer.max_restarts with the last error; a rank hanging in a collective is
+caught by trainer.call_timeout_s and its process killed. (A kill -9 mid-run that recovers
+with the uninterrupted metrics is in test_resume.py, next to its reference run.)
+
+    .venv/bin/python -m pytest -q tests/trainer/test_recovery.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from hybridflow import RLTrainer
+from hybridflow.controller import CallTimeoutError, WorkerError
+from hybridflow.controller.faults import Fault, FaultInjector, fault_runtime_env
+from hybridflow.trainer.live_status import read_status
+from hybridflow.trainer.recovery import CannotRestart, Failure, supervise
+from hybridflow.trainer.run_dir import read_metrics
+from trainer_helpers import rl_records
+
+GRPO = ("algorithm.name=grpo", "trainer.val_before_train=false", "trainer.save_freq=1")
+
+
+def worker_error(died: bool = True, rank: int = 1) -> WorkerError:
+    return WorkerError("boom", role="actor", rank=rank, node="10.0.0.2", pid=42, method="actor.update_actor",
+                       died=died)
+
+
+class Loop:
+    """A fake trainer loop that fails `failures` times, then returns "done"."""
+
+    def __init__(self, failures: int, restartable: bool = True) -> None:
+        self.failures, self.restartable = failures, restartable
+        self.runs, self.restarts, self.reports = 0, [], []
+
+    def run(self) -> str:
+        self.runs += 1
+        if self.runs <= self.failures:
+            raise worker_error()
+        return "done"
+
+    def restart(self, failure: Failure, n: int) -> None:
+        if not self.restartable:
+            raise CannotRestart("no checkpoint")
+        self.restarts.append((failure.step, n))
+
+    def supervise(self, max_restarts: int) -> str:
+        return supervise(self.run, self.restart, lambda err: Failure.of(err, 7, "update_actor"), max_restarts,
+                         self.reports.append)
+
+
+def test_supervise_restarts_up_to_the_limit_then_raises_the_last_error():
+    loop = Loop(failures=2)
+    assert loop.supervise(max_restarts=2) == "done" and loop.restarts == [(7, 1), (7, 2)]
+    assert "actor rank 1 (node 10.0.0.2, pid 42) died" in loop.reports[0]
+
+    loop = Loop(failures=3)
+    with pytest.raises(WorkerError) as info:
+        loop.supervise(max_restarts=2)
+    assert loop.runs == 3 and len(loop.restarts) == 2
+    assert "stopped after 2 restart(s) (trainer.max_restarts=2)" in "".join(info.value.__notes__)
+
+    loop = Loop(failures=1)
+    with pytest.raises(WorkerError):  # 0: today's behaviour, the first failure stops the run
+        loop.supervise(max_restarts=0)
+    assert loop.restarts == []
+
+
+def test_supervise_without_a_checkpoint_raises_the_worker_error_saying_why():
+    loop = Loop(failures=1, restartable=False)
+    with pytest.raises(WorkerError) as info:
+        loop.supervise(max_restarts=2)
+    assert "not restarted: no checkpoint" in "".join(info.value.__notes__)
+
+
+def test_supervise_never_retries_the_controllers_own_errors():
+    calls = []
+
+    def run() -> None:
+        calls.append(1)
+        raise ValueError("a bug in the loop")
+
+    with pytest.raises(ValueError):
+        supervise(run, lambda f, n: None, lambda e: Failure.of(e, 0, None), 5, print)
+    assert len(calls) == 1
+
+
+def test_failure_names_the_cause():
+    assert Failure.of(worker_error(died=True), 3, "gen").cause == "died"
+    raised = WorkerError("x", role="critic", rank=0, node="n", pid=1, method="critic.update_critic", died=False,
+                         remote_traceback="Traceback ...\n  File x\nRuntimeError: CUDA out of memory\n")
+    failure = Failure.of(raised, 3, "update_critic")
+    assert (failure.cause, failure.error) == ("raised", "RuntimeError: CUDA out of memory")
+    hung = CallTimeoutError("actor.gen: ranks 0, 1 did not finish", role="actor", late_ranks=[0, 1], node="n",
+                            pid=1, method="actor.generate_sequences", timeout_s=5)
+    assert Failure.of(hung, 3, "gen").cause == "timeout" and isinstance(hung, TimeoutError)
+    record = failure.record(restarts=1, resumed_step=2)
+    assert record["restart/failed_step"] == 3 and record["restart/resumed_step"] == 2
+    json.dumps(record)  # a metrics.jsonl line
+
+
+def test_fault_spec_parses_and_fires_once(tmp_path, monkeypatch):
+    assert Fault.parse("hang:actor.update_actor:1:2") == Fault("hang", "actor", "update_actor", 1, 2)
+    for bad in ("explode:actor.update_actor:1:2", "kill:actor:1:2", "kill:actor.x:one:2", "kill:actor.x:1:0"):
+        with pytest.raises(ValueError, match="ACTION:ROLE.METHOD:RANK:CALL"):
+            Fault.parse(bad)
+    monkeypatch.delenv("HYBRIDFLOW_FAULT", raising=False)
+    assert fault_runtime_env() == {}
+    monkeypatch.setenv("HYBRIDFLOW_FAULT", f"raise:actor.update_actor:0:2:{tmp_path / 'once'}")
+    assert fault_runtime_env() == {"runtime_env": {"env_vars": {"HYBRIDFLOW_FAULT": os.environ["HYBRIDFLOW_FAULT"]}}}
+    other_rank = FaultInjector(rank=1)
+    for _ in range(3):
+        other_rank.before_call("actor", "update_actor")  # not its rank: never fires
+    injector = FaultInjector(rank=0)
+    injector.before_call("actor", "update_actor")
+    injector.before_call("actor", "generate_sequences")  # other methods do not count
+    with pytest.raises(RuntimeError, match="injected fault"):
+        injector.before_call("actor", "update_actor")
+    again = FaultInjector(rank=0)  # a restarted process counts again, but the file says it fired
+    again.before_call("actor", "update_actor")
+    again.before_call("actor", "update_actor")
+
+
+# Each starts 2-rank GRPO workers twice (or waits for the call timeout): slow.
+@pytest.mark.slow
+def test_a_repeating_worker_error_stops_after_max_restarts_with_the_last_error(ray_local, tiny_config,
+                                                                                monkeypatch):
+    # Every actor process raises in its 2nd update: step 2 fails, the restart from step 1's
+    # checkpoint does step 2 (its 1st update), then fails again in step 3. Out of restarts.
+    monkeypatch.setenv("HYBRIDFLOW_FAULT", "raise:actor.update_actor:0:2")
+    trainer = RLTrainer(tiny_config(*GRPO, "trainer.total_steps=4", "trainer.max_restarts=1"))
+    with trainer, pytest.raises(WorkerError) as info:
+        trainer.train()
+    err = info.value
+    assert "injected fault" in str(err) and (err.role, err.rank, err.died) == ("actor", 0, False)
+    assert "stopped after 1 restart(s) (trainer.max_restarts=1)" in "".join(err.__notes__)
+    assert "worker failure at step 3, phase update_actor" in "".join(err.__notes__)
+    run_dir = trainer.run_dir
+    assert [r["step"] for r in rl_records(run_dir)] == [1, 2]
+    restarts = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "restart"]
+    assert [(r["step"], r["restart/failed_step"], r["restart/cause"]) for r in restarts] == [(1, 2, "raised")]
+    assert read_status(run_dir)["state"] == "failed" and read_status(run_dir)["restarts"] == 1
+
+
+@pytest.mark.slow
+def test_a_rank_hanging_in_a_collective_is_caught_by_the_call_timeout(ray_local, tiny_config, monkeypatch):
+    # Actor rank 1 sleeps instead of its first update; rank 0 waits for it inside the
+    # update's collectives. The timeout is far above a tiny model's calls on a loaded machine.
+    monkeypatch.setenv("HYBRIDFLOW_FAULT", "hang:actor.update_actor:1:1")
+    trainer = RLTrainer(tiny_config(*GRPO, "trainer.max_restarts=0", "trainer.call_timeout_s=60"))
+    with trainer, pytest.raises(CallTimeoutError) as info:
+        trainer.train()
+    err = info.value
+    assert err.method == "actor.update_actor" and 1 in err.late_ranks and err.timeout_s == 60
+    assert "worker failure at step 1, phase update_actor" in "".join(err.__notes__)
+    hung = [w["pid"] for w in read_status(trainer.run_dir)["workers"] if w["role"] == "actor"]
+    assert len(hung) == 2
+    # Shutting the run down killed the hung processes (ray.kill); give the OS a moment to reap them.
+    for _ in range(100):
+        if not any(_alive(pid) for pid in hung):
+            break
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in hung)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
