@@ -49,7 +49,8 @@ def main() -> None:
                 cfg = load_run_config(None, [f"trainer.output_dir={tmp}", "trainer.console=none",
                                              "trainer.save_final_model=false", "trainer.loggers=[jsonl]",
                                              f"seed={seed}", f"trainer.total_steps={args.steps}",
-                                             "trainer.test_freq=0", "data.builtin.num_val=100", *VARIANTS[name]])
+                                             "trainer.test_freq=0", "data.builtin.num_val=100", "resources.threads_per_rank=1",
+                                             *VARIANTS[name]])
                 with RLTrainer(cfg) as trainer:
                     result = trainer.train()
                 runs.append({"variant": name, "seed": seed, "steps": args.steps,

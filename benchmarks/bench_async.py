@@ -7,7 +7,9 @@ Run from the repository root (about 5 minutes on 2 cores):
 
 Same model (the built-in tiny Llama, random init, no warm start), same total ranks (two:
 sync runs actor+generation colocated on 2 ranks; the other modes run 1 training rank + 1
-rollout rank), same trained samples (steps x data.train_batch_size x rollout.n). The
+rollout rank), same trained samples (steps x data.train_batch_size x rollout.n); sync_1rank (sync on one
+rank, the other core idle) is a reference that separates the gain of overlapping from the
+cost of running FSDP over two ranks of a 2-core machine. The
 workload is long-tailed like DAPO's budgets: sampling stops at any of a few token ids
 (about 4% of the vocabulary), so lengths are roughly geometric with mean ~25 and a tail
 that runs into the 128-token budget. Modes run one after another in this one process
@@ -40,7 +42,7 @@ from hybridflow.trainer.run_dir import read_metrics
 
 WORKLOAD = [
     "trainer.console=none", "trainer.test_freq=0", "trainer.save_final_model=false", "trainer.val_before_train=false",
-    "trainer.loggers=[jsonl]", "sft.steps=0", "data.builtin.num_val=8",
+    "trainer.loggers=[jsonl]", "sft.steps=0", "data.builtin.num_val=8", "resources.threads_per_rank=1",
     "model.builtin.max_position_embeddings=192", "rollout.response_length=128", "rollout.ignore_eos=false",
     "rollout.stop_token_ids=[10,11,12]", "data.train_batch_size=8", "rollout.n=4",
     "actor.micro_batch.mini_batch_size=32", "actor.micro_batch.micro_batch_size_per_device=16",
@@ -48,6 +50,8 @@ WORKLOAD = [
 ]
 MODES: dict[str, list[str]] = {
     "sync": ["resources.world_size=2"],
+    # a reference, not a contender: sync on one of the two cores (no FSDP traffic, the other core idle)
+    "sync_1rank": ["resources.world_size=1"],
     "one_step_off": ["resources.world_size=1", "trainer.mode=one_step_off", "async_rl.rollout_ranks=1"],
     "async": ["resources.world_size=1", "trainer.mode=async", "async_rl.rollout_ranks=1", "async_rl.max_staleness=2",
               "async_rl.chunk_prompts=2", "async_rl.steps_per_call=8", "async_rl.buffer_size=32"],
@@ -103,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--modes", default="sync,one_step_off,async")
+    parser.add_argument("--modes", default="sync,sync_1rank,one_step_off,async")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async.json")
     args = parser.parse_args()
     modes = args.modes.split(",")

@@ -73,6 +73,9 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"{mode} supports the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
                           f"reinforce_plus_plus_baseline, drgrpo); algorithm.name={cfg.algorithm.name} runs "
                           f"{cfg.algorithm.spec.program}: use trainer.mode=sync", "trainer.mode")
+    if cfg.rollout.agent.enable:
+        raise ConfigError(f"{mode} generates single-turn responses on its rollout pool; multi-turn agent rollouts "
+                          "(rollout.agent.enable) run with trainer.mode=sync", "trainer.mode")
     if cfg.rollout.name != "native":
         raise ConfigError(f"{mode} needs the native engine (partial rollouts); got {cfg.rollout.name!r}", "rollout.name")
     tp = cfg.rollout.tensor_model_parallel_size

@@ -125,6 +125,9 @@ class TrainerSection:
     balance_batch: before each call that splits the batch over dp ranks (log-probs,
         values, updates), swap rows between ranks so each gets a near-equal token count;
         every mini-/micro-batch keeps its samples, so results only change by float order.
+    mode: "sync" (every phase waits for the previous one), "one_step_off" or "async"
+        (generation on a separate rollout pool, overlapped with training; settings in
+        async_rl, docs/async.md).
     max_restarts: when a worker process or node dies, a call raises in a worker, or a call
         outlives call_timeout_s, tear every worker group down, start them again, load the
         newest complete checkpoint (trainer.save_freq; a failure before the first one stops
@@ -149,7 +152,7 @@ class TrainerSection:
     balance_batch: bool = True
     max_restarts: int = 2
     call_timeout_s: float | None = 1800.0
-    mode: Literal["sync", "one_step_off", "async"] = "sync"  # docs/async.md; settings in async_rl
+    mode: Literal["sync", "one_step_off", "async"] = "sync"
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:

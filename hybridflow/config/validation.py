@@ -38,6 +38,7 @@ class Layout:
     critic_dp: int
     rollout_groups: int
     sequences_per_step: int
+    rollout_pool_ranks: int = 0  # the generation-only pool of trainer.mode one_step_off / async
 
 
 def validate_run_config(cfg: RunConfig) -> Layout:
@@ -91,7 +92,9 @@ def validate_run_config(cfg: RunConfig) -> Layout:
             f"{cfg.model.builtin.max_position_embeddings}", "rollout.response_length",
         )
     check_async_settings(cfg)
-    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences)
+    pool = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
+    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences,
+                  pool)
 
 
 def _role_dp(cfg: RunConfig, role: str, ranks: int, *, trainable: bool) -> int:

@@ -123,9 +123,11 @@ class AsyncRunner:
 
     @classmethod
     def start(cls, cfg: RunConfig, roles: Roles, policy_path: str, prompts: Iterator[DataProto],
-              state: AlgoState) -> tuple[AsyncRunner, WorkerGroup]:
-        """Build the rollout pool, connect it to the actor and give it version 0."""
-        spec = PlacementSpec(pools={"rollout_pool": [cfg.async_rl.rollout_ranks]}, use_gpu=cfg.resources.use_gpu)
+              state: AlgoState, cpus_per_slot: float) -> tuple[AsyncRunner, WorkerGroup]:
+        """Build the rollout pool (`cpus_per_slot`: each rank's CPUs, as the actor's ranks get),
+        connect it to the actor and give it version 0."""
+        spec = PlacementSpec(pools={"rollout_pool": [cfg.async_rl.rollout_ranks]}, use_gpu=cfg.resources.use_gpu,
+                             cpus_per_slot=cpus_per_slot)
         groups = build_role_groups({"rollout": RoleSpec(RolloutWorker, (actor_config(cfg, policy_path),))}, spec)
         rollout = groups["rollout"]
         try:

@@ -69,6 +69,7 @@ from hybridflow.trainer.setup import (
     build_cost_manager,
     build_groups,
     endless,
+    rank_cpus,
     rl_roles,
     train_prompts,
 )
@@ -163,8 +164,8 @@ class RLTrainer:
         self.state = build_algo_state(cfg)
         self.flop_model = flop_model(self.groups)  # each rank measures its own device's peak
         if cfg.trainer.mode != "sync":  # a generation-only pool beside the actor (async_trainer.py)
-            self.async_runner, self.groups["rollout"] = AsyncRunner.start(cfg, self.roles, policy_path, self.batches,
-                                                                          self.state)
+            self.async_runner, self.groups["rollout"] = AsyncRunner.start(
+                cfg, self.roles, policy_path, self.batches, self.state, rank_cpus(cfg.resources, ctx.layout))
         ctx.display.message(f"perf/mfu against {self.flop_model.peak_flops / 1e12:.3g} TFLOP/s: the peaks the "
                             "workers measured (or were configured with) on their own devices")
         if self.resumed_from is not None:

@@ -103,8 +103,7 @@ class RunContext:
                 discard_unused_run_dir(run_dir)
             raise
         try:
-            extra = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0  # the rollout pool's
-            cpus = (layout.world_size + extra) * rank_cpus(cfg.resources, layout)
+            cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
             ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
@@ -164,8 +163,9 @@ def start_ray(ray_address: str | None, cpus: int, nodes: int) -> bool:
 
 
 def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
-    """Ray CPUs of one rank's slot: its torch threads on CPU (resources.threads_per_rank)."""
-    return resources.resolved_threads_per_rank(layout.world_size)
+    """Ray CPUs of one rank's slot: its torch threads on CPU (resources.threads_per_rank);
+    the cores are shared with the rollout pool of the asynchronous modes."""
+    return resources.resolved_threads_per_rank(layout.world_size + layout.rollout_pool_ranks)
 
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:

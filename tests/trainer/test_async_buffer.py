@@ -62,3 +62,20 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
     with pytest.raises(RuntimeError, match="overflow"):
         buf.put(_group("c", 5))
     assert [g.data.non_tensor_batch["uid"][0] for g in buf.take(1, version=5)] == ["b"] and buf.dropped == 1
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["trainer.mode=async", "algorithm.name=ppo"], "trainer.mode"),
+    (["trainer.mode=async", "rollout.agent.enable=true"], "trainer.mode"),
+    (["trainer.mode=async", "trainer.save_freq=2"], "trainer.save_freq"),
+    (["trainer.mode=async", "async_rl.buffer_size=2"], "async_rl.buffer_size"),
+    (["trainer.mode=async", "async_rl.rollout_ranks=2", "async_rl.chunk_prompts=3"], "async_rl.chunk_prompts"),
+    (["trainer.mode=one_step_off", "async_rl.max_staleness=-1"], "async_rl.max_staleness"),
+])
+def test_async_config_errors_name_the_key(overrides, key):
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, ["resources.world_size=1", *overrides])
+    assert str(err.value).startswith(key), str(err.value)
