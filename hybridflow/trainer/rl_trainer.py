@@ -145,11 +145,25 @@ class RLTrainer:
 
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
+        sft_actor = None
         if cfg.sft.steps > 0 and self.resumed_from is None:  # a resumed run warm-started before its checkpoint
-            self.sft_result = run_sft(ctx)
+            self.sft_result = run_sft(ctx, keep_actor=True)
+            sft_actor, self.sft_result.actor = self.sft_result.actor, None
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
-        policy_path = policy_start_path(cfg, self.run_dir)
-        self.groups = build_groups(cfg, ctx.layout, rl_roles(cfg, policy_path))
+        try:
+            roles = rl_roles(cfg, policy_start_path(cfg, self.run_dir))
+        except BaseException:
+            if sft_actor is not None:
+                shutdown_role_groups({"actor": sft_actor})
+            raise
+        if sft_actor is not None and list(roles) == ["actor"]:
+            # The actor alone: built again in the SFT actor's processes (no new workers).
+            self.groups = {"actor": sft_actor}  # closed with self.groups from here on
+            sft_actor.rebuild(*roles["actor"].args)
+        else:
+            if sft_actor is not None:
+                shutdown_role_groups({"actor": sft_actor})
+            self.groups = build_groups(cfg, ctx.layout, roles)
         self.status.workers(self.groups)
         if ctx.cost is None:
             ctx.cost = build_cost_manager(cfg, ctx.tokenizer)  # closed with the context

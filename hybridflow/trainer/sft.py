@@ -36,6 +36,7 @@ class SFTResult:
     accuracy_before: float | None
     accuracy_after: float | None
     final_loss: float
+    actor: WorkerGroup | None = None  # the SFT actor's group when run_sft(keep_actor=True)
 
 
 def sft_pairs(ctx: RunContext) -> SFTDataset:
@@ -58,8 +59,12 @@ def as_sft_update(batch: DataProto) -> DataProto:
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
 
 
-def run_sft(ctx: RunContext) -> SFTResult:
-    """ctx.cfg.sft.steps optimizer steps from ctx.model_path; exports <run>/sft_model."""
+def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
+    """ctx.cfg.sft.steps optimizer steps from ctx.model_path; exports <run>/sft_model.
+
+    `keep_actor`: leave the actor's workers running and return their group (the RL warm
+    start rebuilds the RL actor in them instead of starting new processes); the caller
+    then shuts it down."""
     cfg = ctx.cfg
     if cfg.sft.steps < 1:
         raise ValueError("sft.steps must be >= 1 to run supervised fine-tuning")
@@ -86,9 +91,12 @@ def run_sft(ctx: RunContext) -> SFTResult:
         ctx.display.stop()
         after = _held_out_accuracy(ctx, actor, cfg.sft.steps)
         model_dir = Path(actor.export_hf(str(ctx.run_dir / SFT_MODEL_DIR))[0])
-    finally:
+    except BaseException:
         shutdown_role_groups(groups)
-    return SFTResult(model_dir, before, after, record["sft/loss"])
+        raise
+    if not keep_actor:
+        shutdown_role_groups(groups)
+    return SFTResult(model_dir, before, after, record["sft/loss"], actor if keep_actor else None)
 
 
 def _held_out_accuracy(ctx: RunContext, actor: WorkerGroup, step: int, log: bool = True) -> float | None:

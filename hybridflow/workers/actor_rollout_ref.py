@@ -18,6 +18,7 @@ Two dispatch meshes: "actor" (training dp rank, collected from tp rank 0) and "r
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from hybridflow.controller import Dispatch, Worker, register
@@ -95,6 +96,23 @@ class ActorRolloutRefWorker(Worker):
         self.register_dispatch_mesh(ROLLOUT_MESH, dp_rank=self.rollout_dp_rank, dp_size=len(groups),
                                     is_collect=self.hybrid.rollout.tp_rank == 0)
 
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def rebuild(self, config: ActorRolloutRefConfig) -> None:
+        """Build the role again from `config` in the same processes (the RL actor after
+        the SFT warm start): no new Ray actors, imports or rendezvous. The dispatch meshes
+        must come out the same, since the controller has them cached (same ranks and
+        rollout.tensor_model_parallel_size)."""
+        if not isinstance(config, ActorRolloutRefConfig):
+            raise TypeError(f"rebuild needs an ActorRolloutRefConfig, got {type(config).__name__}")
+        meshes = {name: self.dispatch_mesh(name) for name in (ACTOR_MESH, ROLLOUT_MESH)}
+        self.config = config
+        self.actor = self.ref = self.hybrid = None  # freed before the new engines are built
+        self._generate_calls = 0  # sampling seeds as in a new group
+        gc.collect()
+        self.init_model()
+        now = {name: self.dispatch_mesh(name) for name in meshes}
+        if now != meshes:
+            raise RuntimeError(f"rebuild changed the dispatch meshes {meshes} -> {now}; build a new group instead")
 
     # ------------------------------------------------------------------ generation
 

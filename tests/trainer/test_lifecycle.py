@@ -146,3 +146,35 @@ def test_the_trainer_takes_the_cli_resume_point_and_refuses_a_second_config(tiny
     checkpoint = _run_with_checkpoint(tiny_config(), tmp_path / "run", 1)
     with pytest.raises(ValueError, match="carries its config"):
         RLTrainer(tiny_config(), resume=resume_point(checkpoint))
+
+
+def test_sft_warm_start_builds_the_rl_actor_in_its_workers_and_equals_a_fresh_start(ray_local, tiny_config,
+                                                                                     monkeypatch):
+    # The RL actor is rebuilt in the SFT actor's processes (no second start of Ray
+    # actors, imports and rendezvous); its RL steps must equal those of a run that starts
+    # new workers from the same <run>/sft_model. Same computations in the same order, so
+    # the tolerance is float round-off only (1e-6 relative).
+    import hybridflow.trainer.sft as sft_module
+
+    sft_pids: list[int] = []
+    build = sft_module.build_groups
+
+    def recording_build(*args, **kwargs):
+        groups = build(*args, **kwargs)
+        sft_pids.extend(info["pid"] for info in groups["actor"].worker_info)
+        return groups
+
+    monkeypatch.setattr(sft_module, "build_groups", recording_build)
+    with RLTrainer(tiny_config("sft.steps=2", "sft.test_freq=0")) as warm:
+        warm.train()
+        assert [info["pid"] for info in warm.groups["actor"].worker_info] == sft_pids and len(sft_pids) == 2
+    with RLTrainer(tiny_config(f"model.path={warm.run_dir / 'sft_model'}")) as fresh:
+        fresh.train()
+        assert not set(info["pid"] for info in fresh.groups["actor"].worker_info) & set(sft_pids)
+    rl = [[r for r in read_metrics(run / "metrics.jsonl") if r["phase"] in ("rl", "eval")]
+          for run in (warm.run_dir, fresh.run_dir)]
+    assert [r["step"] for r in rl[0]] == [r["step"] for r in rl[1]] == [0, 1, 2, 2]
+    for a, b in zip(*rl):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "val/score"):
+            if key in a or key in b:
+                assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-7), (key, a["step"])
