@@ -112,3 +112,21 @@ def test_prompt_and_observation_rendered_with_tools():
     text = tok.decode(r.observation(history, turn_ids, obs, env.tools))
     # the newline the template writes after <|im_end|> belongs to the observation
     assert text == "\n<|im_start|>user\n<tool_response>\n36\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_calculator_task_rows_and_teacher():
+    from hybridflow.envs.agent.calculator_task import rl_rows, sft_rows
+
+    rows = rl_rows("test", 20)
+    assert rows[0]["extra_info"]["env"] == "tools" and rows[0]["extra_info"]["env_kwargs"]["tool_format"] == "compact"
+    a, b = map(int, rows[0]["prompt"][0]["content"].rstrip("=").split("*"))
+    assert rows[0]["reward_model"]["ground_truth"] == str(a * b) and 100 <= a <= 999 or a < 100
+    pairs = sft_rows(2000, direct_rate=0.2, wrong_op_rate=0.45)
+    kinds = [("*" in p["response"]) * 2 + ("+" in p["response"]) for p in pairs]
+    shares = [kinds.count(k) / len(kinds) for k in (0, 1, 2)]  # direct, wrong op, correct
+    assert shares == pytest.approx([0.2, 0.45, 0.35], abs=0.04)
+    env = ToolEnv(["calculator"], tool_format="compact")
+    correct = next(p for p in pairs if "*" in p["response"])["response"]
+    call = correct.split("</s>")[0]
+    answer = correct.rsplit("|>", 1)[1]
+    assert env.step(call).observation[0]["content"] == answer
