@@ -130,3 +130,16 @@ def test_calculator_task_rows_and_teacher():
     call = correct.split("</s>")[0]
     answer = correct.rsplit("|>", 1)[1]
     assert env.step(call).observation[0]["content"] == answer
+
+
+def test_tools_described_in_a_system_message_when_the_template_ignores_them():
+    tok = build_char_tokenizer()  # its template has no tools support
+    r = ChatRenderer(tok)
+    env = ToolEnv(["calculator"])
+    messages = r.with_tools(env.reset({"raw_prompt": "12*3?"}), env.tools)
+    assert messages[0]["role"] == "system" and '"name": "calculator"' in messages[0]["content"]
+    assert "<tool_call>" in messages[0]["content"] and messages[1] == {"role": "user", "content": "12*3?"}
+    assert r.with_tools(messages[1:], None) == messages[1:]
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = HERMES_TEMPLATE  # renders tools itself: nothing added
+    assert ChatRenderer(tok).with_tools(messages[1:], env.tools) == messages[1:]
