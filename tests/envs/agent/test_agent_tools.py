@@ -60,6 +60,7 @@ def test_tool_env_answers_calls_and_errors_as_observations():
     assert out.info == {"tool_calls": 3, "tool_errors": 2}
     final = env.step("The answer is 36.")
     assert final.done and final.info["tool_calls"] == 0
+    assert ToolEnv(["calculator"], tool_format="compact").tools == []  # the compact form is not rendered
     compact = ToolEnv(["calculator"], tool_format="compact").step("@calculator[2*21]@calculator[1/0]")
     assert compact.observation == [{"role": "user", "content": "42;error: ZeroDivisionError: division by zero"}]
 
