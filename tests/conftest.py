@@ -22,22 +22,10 @@ def tiny_llama_dir(tiny_model_dirs):
 
 @pytest.fixture(scope="session")
 def turn_model_dir(tmp_path_factory):
-    """The built-in character model (tiny sizes) whose eos row of lm_head is raised so that
-    model turns end after a few tokens: a random model almost never ends a turn, and the
-    multi-turn tests need turns that end."""
-    import torch
-    import transformers
+    """A tiny built-in character model whose turns end after a few tokens (envs/agent/demo.py)."""
+    from hybridflow.envs.agent.demo import make_turn_model_dir
 
-    from hybridflow.data.tokenizer import make_builtin_model_dir
-
-    path = make_builtin_model_dir(tmp_path_factory.mktemp("turn_model") / "m", hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():
-        w = model.lm_head.weight
-        w[2] = 5.0 * w[10:40].mean(0) * 30 ** 0.5
-    model.save_pretrained(path)
-    return path
+    return make_turn_model_dir(tmp_path_factory.mktemp("turn_model") / "m")
 
 
 # Logical CPUs of the session's Ray: more than this machine's cores on purpose, so that a

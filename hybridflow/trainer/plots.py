@@ -23,6 +23,10 @@ PLOTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("entropy", "Policy entropy", "entropy (nats / token)", ("actor/entropy",)),
     ("response_length", "Response length", "tokens", ("response_length/mean",)),
     ("val_accuracy", "Held-out accuracy", "accuracy", ("val/accuracy",)),
+    # multi-turn rollouts (rollout.agent): drawn only when logged
+    ("agent_tool_use", "Tool use", "share of episodes / calls per episode",
+     ("agent/tool_call_rate", "agent/num_tool_calls_mean")),
+    ("agent_turns", "Turns per episode", "model turns", ("agent/num_turns_mean",)),
 )
 # Phases on the RL step axis: per-step records, and the evaluations before and after.
 RL_PHASES = ("rl", "eval")

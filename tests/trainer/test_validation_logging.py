@@ -120,7 +120,7 @@ def test_plots_draw_only_logged_metrics(tmp_path):
     written = plot_records(records, tmp_path / "plots")
     assert [p.name for p in written] == ["reward.png"]  # kl/penalty only non-finite: no KL plot
     _assert_png(written[0])
-    assert len(PLOTS) == len(PLOT_FILES)
+    assert len(PLOTS) == len(PLOT_FILES) + 2  # + agent_tool_use, agent_turns: multi-turn runs only
 
 
 def test_validation_is_greedy_and_runs_before_training_by_default():

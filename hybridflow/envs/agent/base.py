@@ -124,3 +124,4 @@ def resolve_agent_env(name: str, key: str = "agent.env") -> EnvFactory:
 
 def _load_builtins() -> None:
     importlib.import_module("hybridflow.envs.agent.builtin")
+    importlib.import_module("hybridflow.envs.agent.demo")

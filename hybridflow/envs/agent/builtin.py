@@ -38,7 +38,9 @@ class ToolEnv(AgentEnv):
                  python_time_s: float = 5.0, python_memory_mb: int = 1024) -> None:
         limits = SandboxLimits(time_s=python_time_s, memory_bytes=python_memory_mb << 20)
         self._tools: dict[str, Tool] = builtin_tools(list(tools), limits)
-        self.tools = [t.schema for t in self._tools.values()]
+        # Schemas go into the prompt (chat template, or a system message) for the Hermes
+        # form; the compact form is the character model's own, learned from data, not shown.
+        self.tools = [t.schema for t in self._tools.values()] if tool_format == "hermes" else []
         self.format = tool_format
         self.max_calls = max_calls_per_turn
 

@@ -136,7 +136,7 @@ class AgentLoop:
             if isinstance(result, EnvFailure):
                 self._fail(t, result)
                 continue
-            t.messages = list(result)
+            t.messages = self.renderer.with_tools(list(result), t.env.tools)
             t.prompt = self.renderer.prompt(t.messages, t.env.tools)
         too_long = [t for t in trajs if t.stop is None and len(t.prompt) + self.response_length > self.engine.max_len]
         if too_long:

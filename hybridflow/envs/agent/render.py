@@ -15,6 +15,7 @@ token for token, and it is what the template renders up to tokenization boundari
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hybridflow.envs.agent.base import Message
@@ -38,7 +39,21 @@ class ChatRenderer:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        """Token ids of the first prompt (pass messages through `with_tools` first)."""
         return self.encode(self._text(messages, tools, True))
+
+    def with_tools(self, messages: list[Message], tools: list[dict] | None) -> list[Message]:
+        """`messages`, plus a system message describing `tools` in the Hermes form when the
+        chat template ignores `tools=` (SmolLM2's, for one), so the model still sees them."""
+        if not tools or self._text(messages, tools, True) != self._text(messages, None, True):
+            return messages
+        listing = "\n".join(json.dumps(t, sort_keys=True) for t in tools)
+        note = (f"You can call these tools:\n<tools>\n{listing}\n</tools>\nTo call one, write "
+                '<tool_call>{"name": <name>, "arguments": {<args>}}</tool_call>; its answer comes back '
+                "in the next message. Then give the final answer.")
+        if messages and messages[0]["role"] == "system":
+            return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
+        return [{"role": "system", "content": note}, *messages]
 
     def turn_text(self, turn_ids: list[int], stop_ids: frozenset[int]) -> str:
         """The model's turn as the environment reads it: decoded, without its stop token."""

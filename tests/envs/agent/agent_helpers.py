@@ -70,3 +70,16 @@ def tokenizer_of(path: Path):
 
 def as_list(x) -> list:
     return list(np.asarray(x).tolist())
+
+
+class AsyncCountEnv(CountEnv):
+    """CountEnv whose answers come from a coroutine (an I/O-bound environment)."""
+
+    async def astep(self, turn):
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return CountEnv.step(self, turn)
+
+    def step(self, turn):
+        raise AssertionError("the loop must call astep")

@@ -140,3 +140,11 @@ def test_renderer_observation_tokens_follow_the_template(setup):
     turn = tok("@calculator[1+1]</s>", add_special_tokens=False)["input_ids"]
     obs = r.observation(history, turn, [{"role": "user", "content": "2"}], None)
     assert tok.decode(obs) == "<|user|>2<|assistant|>"
+
+
+def test_async_step_environment(setup):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=48)
+    coro = _run(setup, [{"env": "agent_helpers:AsyncCountEnv", "env_kwargs": {"turns": 3}}] * 2, greedy)
+    plain = _run(setup, [_count_env(turns=3)] * 2, greedy)
+    assert list(coro.non_tensor_batch["agent_stop"]) == ["done", "done"]
+    assert torch.equal(coro.batch["responses"], plain.batch["responses"])

@@ -60,6 +60,7 @@ def test_tool_env_answers_calls_and_errors_as_observations():
     assert out.info == {"tool_calls": 3, "tool_errors": 2}
     final = env.step("The answer is 36.")
     assert final.done and final.info["tool_calls"] == 0
+    assert ToolEnv(["calculator"], tool_format="compact").tools == []  # the compact form is not rendered
     compact = ToolEnv(["calculator"], tool_format="compact").step("@calculator[2*21]@calculator[1/0]")
     assert compact.observation == [{"role": "user", "content": "42;error: ZeroDivisionError: division by zero"}]
 
@@ -112,3 +113,34 @@ def test_prompt_and_observation_rendered_with_tools():
     text = tok.decode(r.observation(history, turn_ids, obs, env.tools))
     # the newline the template writes after <|im_end|> belongs to the observation
     assert text == "\n<|im_start|>user\n<tool_response>\n36\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_calculator_task_rows_and_teacher():
+    from hybridflow.envs.agent.calculator_task import rl_rows, sft_rows
+
+    rows = rl_rows("test", 20)
+    assert rows[0]["extra_info"]["env"] == "tools" and rows[0]["extra_info"]["env_kwargs"]["tool_format"] == "compact"
+    a, b = map(int, rows[0]["prompt"][0]["content"].rstrip("=").split("*"))
+    assert rows[0]["reward_model"]["ground_truth"] == str(a * b) and 100 <= a <= 999 or a < 100
+    pairs = sft_rows(2000, direct_rate=0.2, wrong_op_rate=0.45)
+    kinds = [("*" in p["response"]) * 2 + ("+" in p["response"]) for p in pairs]
+    shares = [kinds.count(k) / len(kinds) for k in (0, 1, 2)]  # direct, wrong op, correct
+    assert shares == pytest.approx([0.2, 0.45, 0.35], abs=0.04)
+    env = ToolEnv(["calculator"], tool_format="compact")
+    correct = next(p for p in pairs if "*" in p["response"])["response"]
+    call = correct.split("</s>")[0]
+    answer = correct.rsplit("|>", 1)[1]
+    assert env.step(call).observation[0]["content"] == answer
+
+
+def test_tools_described_in_a_system_message_when_the_template_ignores_them():
+    tok = build_char_tokenizer()  # its template has no tools support
+    r = ChatRenderer(tok)
+    env = ToolEnv(["calculator"])
+    messages = r.with_tools(env.reset({"raw_prompt": "12*3?"}), env.tools)
+    assert messages[0]["role"] == "system" and '"name": "calculator"' in messages[0]["content"]
+    assert "<tool_call>" in messages[0]["content"] and messages[1] == {"role": "user", "content": "12*3?"}
+    assert r.with_tools(messages[1:], None) == messages[1:]
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = HERMES_TEMPLATE  # renders tools itself: nothing added
+    assert ChatRenderer(tok).with_tools(messages[1:], env.tools) == messages[1:]
