@@ -9,6 +9,7 @@
     hybridflow eval PATH [--data FILE] [--output J]    score a run / checkpoint / model dir per data source
     hybridflow export PATH --out DIR                   checkpoint -> Hugging Face model directory
     hybridflow plot RUN_DIR                            PNG plots of reward, KL, entropy, length
+    hybridflow monitor RUN_DIR [--profile cpu|gpu]     live per-worker CPU / memory / phase; profile report
 
 `train` and `sft` read the config tree of hybridflow/config/schema.py: a YAML file plus
 dotted overrides such as `actor.optim.lr=1e-5 rollout.n=4`. The config is validated before
@@ -26,7 +27,7 @@ import sys
 from typing import Callable
 
 from hybridflow.cli import eval as eval_cmd
-from hybridflow.cli import export, plot, preprocess, rm, selfcheck, train
+from hybridflow.cli import export, monitor, plot, preprocess, rm, selfcheck, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     for add in (train.add_parsers, selfcheck.add_parser, preprocess.add_parser, rm.add_parser,
-                eval_cmd.add_parser, export.add_parser, plot.add_parser):
+                eval_cmd.add_parser, export.add_parser, plot.add_parser, monitor.add_parser):
         add(sub)
     return parser
 

@@ -10,7 +10,11 @@ the old or the new one). Contents:
      "started": unix time of the run, "steps_done": steps finished by this process, "restarts": n,
      "workers": [{"role": "actor", "rank": 0, "pid": 1234, "node": "10.0.0.1", "node_id": "..."}, ...]}
 
-One write per phase (about ten per step) is a few hundred bytes: nothing next to a step.
+Each phase start (and each change of state) is also appended to <run>/timeline.jsonl as
+{"t": unix time, "step": n, "phase": name or null, "state": ...}: the exact phase timeline
+`hybridflow monitor --profile` reports on. One write and one appended line per phase
+(about ten per step, a few hundred bytes): nothing next to a step (measured in
+benchmarks/bench_monitor.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from hybridflow.controller import WorkerGroup
 
 STATUS_FILE = "status.json"
+TIMELINE_FILE = "timeline.jsonl"
 
 
 class LiveStatus:
@@ -31,6 +36,7 @@ class LiveStatus:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / STATUS_FILE
+        self.timeline = run_dir / TIMELINE_FILE
         self.data: dict[str, Any] = {"pid": os.getpid(), "state": "starting", "step": 0, "phase": None,
                                      "phase_start": time.time(), "started": time.time(), "steps_done": 0,
                                      "restarts": 0, "workers": []}
@@ -53,15 +59,41 @@ class LiveStatus:
             self.data["step"] = step
         self.data.update(phase=name, phase_start=time.time(), state="training")
         self._write()
+        self._mark()
 
     def update(self, **fields: Any) -> None:
+        state_changed = "state" in fields and fields["state"] != self.data["state"]
         self.data.update(fields)
+        if state_changed:
+            self.data.update(phase=None, phase_start=time.time())
         self._write()
+        if state_changed:
+            self._mark()
+
+    def _mark(self) -> None:
+        event = {"t": self.data["phase_start"], "step": self.data["step"], "phase": self.data["phase"],
+                 "state": self.data["state"]}
+        with open(self.timeline, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event) + "\n")
 
     def _write(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.data), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def read_timeline(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The phase events of <run>/timeline.jsonl, oldest first (a line torn by a crash is skipped)."""
+    path = Path(run_dir) / TIMELINE_FILE
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
