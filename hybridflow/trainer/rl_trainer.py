@@ -126,6 +126,7 @@ class RLTrainer:
         """Stop the workers, the reward processes and (if this run started it) Ray."""
         shutdown_role_groups(self.groups)
         self.groups = {}
+        self.status.close()
         self.ctx.close()
 
     # ------------------------------------------------------------------ setup
