@@ -7,7 +7,8 @@
 
 `attach` reads the run directory the trainer keeps current (state, step, phase, worker
 pids per role/rank/node), or, given a Ray address instead, lists the job's WorkerHost
-actors through Ray's state API. Samples of a worker come from psutil when its process is
+actors from Ray's actor table (their names carry role and rank; phase and step live in
+the run directory). Samples of a worker come from psutil when its process is
 on this machine, else from a zero-CPU Ray task pinned to its node. GPUs (when CUDA is
 present) are sampled per device: utilisation and memory in use.
 
@@ -80,18 +81,20 @@ def attach(run_dir: str | Path | None = None, address: str | None = None) -> lis
 
 
 def _ray_workers(address: str) -> list[WatchedWorker]:
-    import ray
-    from ray.util.state import list_actors
+    from ray._private.state import actors as actor_table  # the GCS's table: works without a dashboard
 
-    if not ray.is_initialized():
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    actors = list_actors(filters=[("class_name", "=", "WorkerHost"), ("state", "=", "ALIVE")], limit=10_000)
+    from hybridflow.controller import init_ray
+
+    init_ray(address=address)
     workers = []
-    for actor in actors:
-        found = re.search(r"rank (\d+)/\d+, roles \[([^\]]*)\]", actor.repr_name or "")
-        rank = int(found.group(1)) if found else len(workers)
-        roles = found.group(2).replace("'", "") if found and found.group(2) else "worker"
-        workers.append(WatchedWorker(roles, rank, actor.pid, actor.node_id, actor.node_id))
+    for actor in actor_table().values():
+        if actor.get("ActorClassName") != "WorkerHost" or actor.get("State") != "ALIVE":
+            continue
+        # Hosts are named hybridflow:<roles>:<rank>:<group> (controller/worker_group.py).
+        found = re.fullmatch(r"hybridflow:([^:]+):(\d+):\w+", actor.get("Name") or "")
+        role, rank = (found.group(1), int(found.group(2))) if found else ("worker", len(workers))
+        node_id = actor["Address"]["NodeID"]
+        workers.append(WatchedWorker(role, rank, actor["Pid"], actor["Address"]["IPAddress"], node_id))
     if not workers:
         raise RuntimeError(f"no running hybridflow workers (WorkerHost actors) on the Ray cluster at {address}")
     return sorted(workers, key=lambda w: (w.role, w.rank))

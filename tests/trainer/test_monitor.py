@@ -19,7 +19,7 @@ from hybridflow import RLTrainer
 from hybridflow.cli import main
 from hybridflow.cli.monitor import main as monitor_main
 from hybridflow.trainer.live_status import read_status, read_timeline
-from hybridflow.trainer.monitor import Sample, phase_intervals, summarize
+from hybridflow.trainer.monitor import Sample, attach, phase_intervals, summarize
 
 GRPO_PHASES = {"gen", "reward", "old_log_prob", "adv", "update_actor", "save_checkpoint"}
 
@@ -54,6 +54,8 @@ def test_monitor_profiles_a_live_two_rank_run(ray_local, tiny_config, tmp_path):
     def watch() -> None:
         while not (read_status(run_dir) or {}).get("phase"):  # the workers exist and a step is under way
             time.sleep(0.1)
+        # --address: the same workers, found in Ray's actor table (this process is the driver).
+        result["by_address"] = {(w.role, w.rank, w.pid) for w in attach(address=ray_local.address)}
         result["rc"] = monitor_main([str(run_dir), "--profile", "cpu", "--duration", "6", "--interval", "0.2",
                                      "--out", str(out)])
 
@@ -63,6 +65,8 @@ def test_monitor_profiles_a_live_two_rank_run(ray_local, tiny_config, tmp_path):
         trainer.train()
     watcher.join(timeout=120)
     assert result.get("rc") == 0
+    status_workers = {(w["role"], w["rank"], w["pid"]) for w in read_status(run_dir)["workers"]}
+    assert status_workers <= result["by_address"]
     report = json.loads((out / "report.json").read_text())
     assert sorted(report["workers"]) == ["actor/0", "actor/1"]
     for worker in report["workers"].values():
