@@ -10,6 +10,7 @@
     hybridflow export PATH --out DIR                   checkpoint -> Hugging Face model directory
     hybridflow plot RUN_DIR                            PNG plots of reward, KL, entropy, length
     hybridflow plan [--config FILE] [--nodes N ...]    auto-mapping: best placement and parallel sizes
+    hybridflow monitor RUN_DIR [--profile cpu|gpu]     live per-worker CPU / memory / phase; profile report
 
 `train` and `sft` read the config tree of hybridflow/config/schema.py: a YAML file plus
 dotted overrides such as `actor.optim.lr=1e-5 rollout.n=4`. The config is validated before
@@ -32,7 +33,7 @@ import sys
 from typing import Callable
 
 from hybridflow.cli import eval as eval_cmd
-from hybridflow.cli import export, plan, plot, preprocess, rm, selfcheck, train
+from hybridflow.cli import export, monitor, plan, plot, preprocess, rm, selfcheck, train
 from hybridflow.errors import UserInputError
 
 
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     for add in (train.add_parsers, selfcheck.add_parser, preprocess.add_parser, rm.add_parser,
-                eval_cmd.add_parser, export.add_parser, plot.add_parser, plan.add_parser):
+                eval_cmd.add_parser, export.add_parser, plot.add_parser, plan.add_parser, monitor.add_parser):
         add(sub)
     for command in sub.choices.values():
         # SUPPRESS: an absent subcommand flag must not reset `hybridflow --debug train`.

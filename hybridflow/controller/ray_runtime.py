@@ -49,6 +49,12 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
         )
     if ray.is_initialized():
         return describe_ray()
+    if address and address.startswith(LOOPBACK + ":"):
+        # An embedded instance of another process on this machine (e.g. `hybridflow monitor`
+        # joining a local run): stay on loopback, as it does.
+        with _loopback_node_ip():
+            ray.init(address=address, _node_ip_address=LOOPBACK)
+        return describe_ray()
     if address:
         ray.init(address=address)
         return describe_ray()

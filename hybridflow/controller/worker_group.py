@@ -21,6 +21,7 @@ HYBRIDFLOW_FAULT environment variable of the controller and handed to every work
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -59,10 +60,11 @@ class HostSet:
         slots = pool.claim()
         local = _local_ranks([s.node_id for s in slots])
         options = pool.actor_options()
+        group = uuid.uuid4().hex[:12]
         actors = [
             _HostActor.options(
                 num_cpus=options["num_cpus"], num_gpus=options["num_gpus"], max_restarts=0, max_task_retries=0,
-                **fault_runtime_env(),
+                name=host_name("+".join(roles), rank, group), **fault_runtime_env(),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
             ).remote(rank, len(slots), local[rank][0], local[rank][1], options["num_cpus"])
             for rank, slot in enumerate(slots)
@@ -90,6 +92,15 @@ class HostSet:
         if self.alive:
             self.pool.unclaim()
         self.alive = False
+
+
+# Ray actor names of the hosts: what `hybridflow monitor --address` reads roles and ranks from.
+HOST_NAME_PREFIX = "hybridflow"
+
+
+def host_name(roles: str, rank: int, group: str) -> str:
+    """The Ray actor name of a group's rank: hybridflow:<roles joined by +>:<rank>:<group id>."""
+    return f"{HOST_NAME_PREFIX}:{roles}:{rank}:{group}"
 
 
 def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:

@@ -137,6 +137,7 @@ class RLTrainer:
         """Stop the workers, the reward processes and (if this run started it) Ray."""
         shutdown_role_groups(self.groups)
         self.groups = {}
+        self.status.close()
         self.ctx.close()
         if self.resumed_from is None and self.global_step == 0:
             discard_unused_run_dir(self.run_dir)  # a start that failed leaves no empty run dir

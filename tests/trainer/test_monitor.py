@@ -1,0 +1,85 @@
+"""`hybridflow monitor` (cli/monitor.py, trainer/monitor.py) against a live 2-rank GRPO run:
+the profile finds both actor ranks by the run's status.json, samples them while the run
+trains, and writes report.md / report.json with the time per phase and a PNG timeline.
+No timing is asserted, only that what was measured is there and consistent.
+
+    .venv/bin/python -m pytest -q tests/trainer/test_monitor.py
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import matplotlib.image
+import pytest
+
+from hybridflow import RLTrainer
+from hybridflow.cli import main
+from hybridflow.cli.monitor import main as monitor_main
+from hybridflow.trainer.live_status import read_status, read_timeline
+from hybridflow.trainer.monitor import Sample, attach, phase_intervals, summarize
+
+GRPO_PHASES = {"gen", "reward", "old_log_prob", "adv", "update_actor", "save_checkpoint"}
+
+
+def test_monitor_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["monitor"]) == 2
+    assert "give a run directory or --address" in capsys.readouterr().err
+    assert main(["monitor", str(tmp_path)]) == 2  # no status.json: not a run (yet)
+    assert "has no status.json" in capsys.readouterr().err
+
+
+def test_summary_splits_time_by_phase_and_idle_samples():
+    events = [{"t": 0.0, "step": 1, "phase": "gen"}, {"t": 2.0, "step": 1, "phase": "update_actor"},
+              {"t": 3.0, "step": 1, "phase": None, "state": "finished"}]
+    assert phase_intervals(events, 1.0, 4.0) == [(1.0, 2.0, "gen"), (2.0, 3.0, "update_actor")]
+    samples = [Sample(1.5, "actor/0", 90.0, 100.0), Sample(2.5, "actor/0", 2.0, 120.0),
+               Sample(1.5, "critic/0", 1.0, 50.0)]
+    report = summarize(samples, [], events, {"actor/0": "actor", "critic/0": "critic"}, 1.0, 4.0, 1.0)
+    assert report.phases == {"gen": 1.0, "update_actor": 1.0} and report.steps == 1
+    assert report.role_cpu["gen"] == {"actor": 90.0, "critic": 1.0}
+    assert report.workers["actor/0"] == {"busy_s": 1.0, "idle_s": 1.0, "mean_cpu_percent": 46.0, "peak_rss_mb": 120.0}
+
+
+# Starts 2-rank GRPO workers once and trains while the monitor samples (~40-60 s here).
+@pytest.mark.slow
+def test_monitor_profiles_a_live_two_rank_run(ray_local, tiny_config, tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "profile"
+    trainer = RLTrainer(tiny_config("algorithm.name=grpo", "trainer.val_before_train=false",
+                                    "trainer.total_steps=10", f"trainer.run_dir={run_dir}"))
+    result: dict = {}
+
+    def watch() -> None:
+        while not (read_status(run_dir) or {}).get("phase"):  # the workers exist and a step is under way
+            time.sleep(0.1)
+        # --address: the same workers, found in Ray's actor table (this process is the driver).
+        result["by_address"] = {(w.role, w.rank, w.pid) for w in attach(address=ray_local.address)}
+        result["rc"] = monitor_main([str(run_dir), "--profile", "cpu", "--duration", "6", "--interval", "0.2",
+                                     "--out", str(out)])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with trainer:
+        watcher.start()
+        trainer.train()
+    watcher.join(timeout=120)
+    assert result.get("rc") == 0
+    status_workers = {(w["role"], w["rank"], w["pid"]) for w in read_status(run_dir)["workers"]}
+    assert status_workers <= result["by_address"]
+    report = json.loads((out / "report.json").read_text())
+    assert sorted(report["workers"]) == ["actor/0", "actor/1"]
+    for worker in report["workers"].values():
+        assert worker["busy_s"] + worker["idle_s"] > 0 and worker["peak_rss_mb"] > 0
+    # Which phases the window saw depends on the machine's speed; each is one of GRPO's.
+    assert report["phases"] and set(report["phases"]) <= GRPO_PHASES and report["steps"] >= 1
+    assert sum(report["phases"].values()) <= report["end"] - report["start"] + 1e-6
+    assert report["role_cpu"] and report["overhead"]["monitor_cpu_s"] >= 0
+    text = (out / "report.md").read_text()
+    assert all(f"| {name} |" in text for name in report["phases"]) and "| actor/1 |" in text
+    image = matplotlib.image.imread(out / "timeline.png")
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    # The trainer's timeline covers every step it ran, each ending with the run's state.
+    events = read_timeline(run_dir)
+    assert {e["step"] for e in events if e["phase"] == "update_actor"} == set(range(1, 11))
+    assert events[-1]["state"] == "finished"
