@@ -118,7 +118,8 @@ def plot(runs: list[dict[str, Any]], out: Path) -> list[str]:
         name = f"{out.stem}.png" if len(tasks) == 1 else f"{out.stem}_{task}.png"
         path = plot_return_curves(curves, out.parent / name, f"{TASKS[task]['env']}: hybridflow vs SB3",
                                   threshold=TASKS[task]["threshold"])
-        written.append(str(path.relative_to(HERE.parent)))
+        path = path.resolve()
+        written.append(str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path))
     return written
 
 

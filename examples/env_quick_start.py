@@ -2,8 +2,8 @@
 and the number of environment steps from the command line:
 
     python examples/env_quick_start.py CartPole-v1 PPO 2e4
-    python examples/env_quick_start.py CustomEnv PPO 2e4      # the user-defined class below
-    python examples/env_quick_start.py Pendulum-v1 SAC 5e3
+    python examples/env_quick_start.py CustomEnv PPO 5e3      # the user-defined class below
+    python examples/env_quick_start.py Pendulum-v1 SAC 2e3
 
 8 env-runner workers (Ray actors) spread over the cluster's nodes (one node here), a
 [1024, 512] GELU policy; the run directory is printed at the end.
@@ -50,8 +50,10 @@ def main(env: str, algorithm: str, steps: float) -> None:
     trainer = RLTrainer(config)
     result = trainer.train(steps=steps)
     trainer.close()
+    window = result.return_mean_window  # None until trainer.return_window (20) episodes finished
+    shown = "fewer than 20 episodes so far" if window is None else f"{window:.1f}"
     print(f"{env} {algorithm}: {result.env_steps} environment steps in {result.wall_s:.0f} s, mean return of the "
-          f"last episodes {result.return_mean_window:.1f}; run directory {result.run_dir}")
+          f"last 20 episodes: {shown}; run directory {result.run_dir}")
 
 
 if __name__ == "__main__":
