@@ -40,12 +40,12 @@ def test_the_documented_environment_trains_on_two_env_runners(ray_local, my_envs
     scope: dict = {}
     exec(compile(my_envs, "docs/extending.md", "exec"), scope)  # noqa: S102 - the doc's own example
     result = scope["result"]
-    assert result.env_steps == 4000 and result.run_dir.parent == Path("runs") and (tmp_path / result.run_dir).is_dir()
+    assert result.env_steps == 2000 and result.run_dir.parent == Path("runs") and (tmp_path / result.run_dir).is_dir()
     windows = [r["episode/return_mean_window"] for r in read_metrics(result.run_dir / "metrics.jsonl")
                if r["phase"] == "rl"]
     # Random play averages about -36 over 20 steps (start_range 3); walking straight to 0
-    # scores about -5. The first record (after 1000 steps) is already learning.
-    assert len(windows) == 4 and windows[-1] > -15, windows
+    # scores about -5. The first record comes after 1000 steps.
+    assert len(windows) == 2 and windows[-1] > -15, windows
 
 
 def test_the_import_path_and_any_case_of_the_name_find_the_class(my_envs):

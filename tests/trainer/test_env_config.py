@@ -86,3 +86,20 @@ def test_placement_strategies_map_onto_nodes():
     assert runner_node_counts(2, "strict_spread", 2) == [1, 1]
     with pytest.raises(ConfigError, match="strict_spread puts each of the 8 env runners on its own node"):
         runner_node_counts(8, "strict_spread", 1)
+
+
+def test_rl_trainer_dispatches_dicts_to_the_language_model_or_the_environment_trainer(tmp_path):
+    # The language-model side of a dict is the loader's tree (constructing that trainer is
+    # covered by the LM tests, which all go through hybridflow.RLTrainer).
+    import hybridflow
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer.env_trainer import EnvTrainer
+
+    lm = {"trainer": {"output_dir": str(tmp_path / "lm"), "total_steps": 1}, "algorithm": {"name": "rloo"}}
+    assert not describes_env_task(lm)
+    cfg = load_run_config(None, dict_overrides(lm))
+    assert (cfg.trainer.total_steps, cfg.algorithm.name) == (1, "rloo")
+    with hybridflow.RLTrainer({"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "env")}) as env:
+        assert isinstance(env, EnvTrainer) and isinstance(env, hybridflow.RLTrainer)
+    with pytest.raises(ConfigError, match="did you mean 'trainer'"):
+        hybridflow.RLTrainer({"trainr": {"total_steps": 1}})

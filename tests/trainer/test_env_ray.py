@@ -1,36 +1,35 @@
-"""Environment tasks on Ray: the documented quick-start dict with a user-defined CustomEnv on 2
-env-runner actors (spread placement, async sampling with bounded lag), and runs on Ray that
-equal the in-process run (one env runner, two data-parallel learner ranks)."""
+"""Environment tasks on Ray: the documented quick-start dict with the user-defined CustomEnv of
+examples/env_quick_start.py on 2 env-runner actors (spread placement, async sampling with
+bounded lag), and runs on Ray that equal the in-process run (one env runner, two
+data-parallel learner ranks)."""
 
 from __future__ import annotations
 
-import gymnasium as gym
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 
-from hybridflow.envs import register_env
 from hybridflow.trainer.entry import RLTrainer
 from hybridflow.trainer.env_trainer import EnvTrainer
 from hybridflow.trainer.run_dir import read_metrics
 
 
-@register_env
-class CustomEnv(gym.Env):
-    """Steer a point on a line towards 0: reward -|x| per step, 30 steps per episode."""
+def _load_example() -> ModuleType:
+    """examples/env_quick_start.py as a module: importing it registers its CustomEnv (30-step
+    episodes), the user-defined class of the documented quick start."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "env_quick_start.py"
+    if "env_quick_start" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("env_quick_start", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["env_quick_start"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["env_quick_start"]
 
-    def __init__(self) -> None:
-        self.observation_space = gym.spaces.Box(-10.0, 10.0, shape=(1,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(3)  # left, stay, right
-        self.x, self.t = 0.0, 0
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.x, self.t = float(self.np_random.uniform(-5, 5)), 0
-        return np.array([self.x], dtype=np.float32), {}
-
-    def step(self, action):
-        self.x = float(np.clip(self.x + (int(action) - 1) * 0.5, -10, 10))
-        self.t += 1
-        return np.array([self.x], dtype=np.float32), -abs(self.x), False, self.t >= 30, {}
+_load_example()
 
 
 def test_quick_start_dict_with_a_custom_env_on_two_spread_actors(ray_local, tmp_path):

@@ -1,0 +1,167 @@
+"""hybridflow vs Stable-Baselines3 on environment tasks, side by side in one run (issue 15).
+
+Run (CartPole ~10-20 s per run, Pendulum ~1-3 min per run on 2 cores):
+
+    .venv/bin/pip install -e '.[bench-envs]'      # stable-baselines3, pinned; never a runtime dependency
+    .venv/bin/python benchmarks/bench_vs_sb3.py                                  # both tasks, seeds 0 1 2
+    .venv/bin/python benchmarks/bench_vs_sb3.py --tasks ppo_cartpole --seeds 0 --workers 0,2
+
+Tasks and hyper-parameters: vs_sb3_runs.TASKS (rl-baselines3-zoo's PPO CartPole-v1 and SAC
+Pendulum-v1 entries), the same for both systems. Every run is its own process
+(vs_sb3_runs.py); for each task and seed the runs go SB3, hybridflow with 0 (in-process),
+1, 2 env-runner workers, so load on the shared machine hits all alike. A run stops when the
+mean return of its last 20 training episodes reaches the threshold (475 CartPole, -200
+Pendulum) or at the step budget. Reported per system: runs that reached the threshold,
+median environment steps and seconds to it (training time, workers already started;
+start-up is reported apart), median environment steps per second over the run, and the
+ratio of each to SB3's; CPU seconds of the process tree (per 1000 steps, and to the
+threshold), since the machine is shared and wall time follows its load. Writes benchmarks/results/vs_sb3.json (with the machine
+description and load averages) and one learning-curve PNG per task beside it
+(benchmarks/results/vs_sb3_<task>.png; --out names both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_controller import machine  # noqa: E402
+from vs_sb3_runs import TASKS  # noqa: E402
+
+
+def run_one(system: str, task: str, seed: int, workers: int, tmp: Path) -> dict[str, Any]:
+    """One run in its own process; a run whose JSON is already in the work dir is reused."""
+    out = tmp / f"{system}-{task}-{seed}-{workers}.json"
+    if out.is_file():
+        return json.loads(out.read_text())
+    cmd = [sys.executable, str(HERE / "vs_sb3_runs.py"), "--system", system, "--task", task, "--seed", str(seed),
+           "--workers", str(workers), "--run-dir", str(tmp / "runs"), "--out", str(out)]
+    load_before = os.getloadavg()[0]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = json.loads(out.read_text())
+    result["load_avg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    out.write_text(json.dumps(result))
+    return result
+
+
+def label(run: dict[str, Any]) -> str:
+    return "sb3" if run["system"] == "sb3" else f"hybridflow workers={run['workers']}"
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task and system: reached count, medians, and ratios to SB3."""
+    table: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        table.setdefault(run["task"], {}).setdefault(label(run), []).append(run)
+    summary: dict[str, dict[str, Any]] = {}
+    for task, systems in table.items():
+        rows = {}
+        for name, group in systems.items():
+            reached = [r for r in group if r["reached_at_steps"] is not None]
+            rows[name] = {
+                "runs": len(group), "reached": len(reached),
+                "median_steps_to_target": statistics.median(r["reached_at_steps"] for r in reached) if reached else None,
+                "median_seconds_to_target": statistics.median(r["time_to_target_s"] for r in reached) if reached else None,
+                "max_seconds_to_target": max(r["time_to_target_s"] for r in reached) if reached else None,
+                "median_steps_per_s": statistics.median(r["steps_per_s"] for r in group),
+                "median_cpu_s_per_1k_steps": statistics.median(1000 * r["cpu_s"] / r["env_steps"] for r in group),
+                "median_cpu_s_to_target": statistics.median(r["cpu_s"] for r in reached) if reached else None,
+                "median_setup_s": statistics.median(r["setup_s"] for r in group),
+            }
+        base = rows.get("sb3")
+        for row in rows.values():
+            if base and base["median_steps_per_s"]:
+                row["steps_per_s_vs_sb3"] = row["median_steps_per_s"] / base["median_steps_per_s"]
+            if base and base["median_seconds_to_target"] and row["median_seconds_to_target"]:
+                row["time_to_target_vs_sb3"] = row["median_seconds_to_target"] / base["median_seconds_to_target"]
+            if base and base["median_cpu_s_to_target"] and row["median_cpu_s_to_target"]:
+                row["cpu_to_target_vs_sb3"] = row["median_cpu_s_to_target"] / base["median_cpu_s_to_target"]
+        summary[task] = rows
+    return summary
+
+
+def print_table(summary: dict[str, dict[str, Any]]) -> None:
+    print(f"{'task':14} {'system':24} {'reached':>7} {'steps to target':>15} {'s to target':>11} "
+          f"{'steps/s':>8} {'x SB3 steps/s':>13} {'x SB3 time':>10} {'cpu s/1k':>8} {'x SB3 cpu':>9} {'setup s':>7}")
+    for task, rows in summary.items():
+        for name, row in rows.items():
+            def fmt(key: str, spec: str) -> str:
+                return format(row[key], spec) if row.get(key) is not None else "-"
+
+            print(f"{task:14} {name:24} {row['reached']:>3}/{row['runs']:<3} {fmt('median_steps_to_target', ',.0f'):>15} "
+                  f"{fmt('median_seconds_to_target', '.1f'):>11} {fmt('median_steps_per_s', ',.0f'):>8} "
+                  f"{fmt('steps_per_s_vs_sb3', '.2f'):>13} {fmt('time_to_target_vs_sb3', '.2f'):>10} "
+                  f"{fmt('median_cpu_s_per_1k_steps', '.2f'):>8} {fmt('cpu_to_target_vs_sb3', '.2f'):>9} "
+                  f"{fmt('median_setup_s', '.1f'):>7}")
+
+
+def plot(runs: list[dict[str, Any]], out: Path) -> list[str]:
+    """One learning-curve PNG per task beside the JSON: <json stem>[_<task>].png."""
+    from hybridflow.trainer.env_plots import plot_return_curves
+
+    written = []
+    tasks = sorted({r["task"] for r in runs})
+    for task in tasks:
+        curves = {f"{label(r)} seed {r['seed']}": r["curve"] for r in runs if r["task"] == task}
+        name = f"{out.stem}.png" if len(tasks) == 1 else f"{out.stem}_{task}.png"
+        path = plot_return_curves(curves, out.parent / name, f"{TASKS[task]['env']}: hybridflow vs SB3",
+                                  threshold=TASKS[task]["threshold"])
+        path = path.resolve()
+        written.append(str(path.relative_to(HERE.parent)) if path.is_relative_to(HERE.parent) else str(path))
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="ppo_cartpole,sac_pendulum")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--workers", default="0,1,2", help="hybridflow env-runner counts (0: in-process)")
+    parser.add_argument("--out", default=str(HERE / "results" / "vs_sb3.json"))
+    parser.add_argument("--work-dir", default=None, help="keep each run's JSON here; runs already there are reused")
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNGs of an existing --out JSON")
+    args = parser.parse_args()
+    if args.replot:
+        print(plot(json.loads(Path(args.out).read_text())["runs"], Path(args.out)))
+        return
+    tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
+    started = time.time()
+    runs: list[dict[str, Any]] = []
+    out = Path(args.out)
+    with contextlib.ExitStack() as stack:
+        work = Path(args.work_dir) if args.work_dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work.mkdir(parents=True, exist_ok=True)
+        for task in tasks:
+            for seed in seeds:
+                for system, count in [("sb3", 0)] + [("hybridflow", w) for w in workers]:
+                    run = run_one(system, task, seed, count, work)
+                    runs.append(run)
+                    print(f"{task} seed {seed} {label(run)}: reached at {run['reached_at_steps']} steps, "
+                          f"{run['time_to_target_s']} s, {run['steps_per_s']:.0f} steps/s, cpu {run['cpu_s']:.1f} s, "
+                          f"load {run['load_avg_1min']}", flush=True)
+                    write(out, runs, {t: TASKS[t] for t in tasks}, time.time() - started)  # kept if cut off
+    print_table(summarize(runs))
+    print(f"wrote {out}")
+
+
+def write(out: Path, runs: list[dict[str, Any]], tasks: dict[str, Any], wall_s: float) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plots = plot(runs, out)
+    out.write_text(json.dumps({"machine": machine(), "wall_s": round(wall_s, 1), "tasks": tasks,
+                               "summary": summarize(runs), "plots": plots, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""One training run for bench_vs_sb3.py, in its own process: hybridflow or Stable-Baselines3.
+
+    .venv/bin/python benchmarks/vs_sb3_runs.py --system sb3 --task ppo_cartpole --seed 0 --out run.json
+    .venv/bin/python benchmarks/vs_sb3_runs.py --system hybridflow --workers 2 --task sac_pendulum --seed 1 --out r.json
+
+Both systems get the hyper-parameters of TASKS (the rl-baselines3-zoo entries: PPO
+CartPole-v1, SAC Pendulum-v1), one torch thread in the training process, and the same stop
+rule: the mean return of the last `window` finished training episodes reaches `threshold`,
+or `max_steps` environment steps. Written JSON: steps and seconds to the threshold, steps/s,
+setup seconds (building the model / starting the workers, not counted in the training
+time), CPU seconds of the training (this process and all its descendants: Ray's runner
+and learner processes included; on a loaded machine wall time is distorted, CPU time much
+less) and the curve (environment steps, rolling mean) for the plots.
+
+hybridflow --workers 0 runs in-process; 1 = one Ray env runner (sync sampling); N > 1 =
+N Ray env runners with async sampling (policy lag <= 1), the environment copies split
+between them (PPO: 8 in total as for SB3; SAC: one per runner, gradient_steps -1 keeps
+one update per environment step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import deque
+from typing import Any
+
+import psutil
+
+TASKS: dict[str, dict[str, Any]] = {
+    "ppo_cartpole": {"env": "CartPole-v1", "threshold": 475.0, "window": 20, "max_steps": 150_000, "n_envs": 8,
+                     "n_steps": 32, "batch_size": 256, "n_epochs": 20, "lr": 1e-3, "gamma": 0.98, "gae_lambda": 0.8,
+                     "clip": 0.2, "ent_coef": 0.0, "vf_coef_sb3": 0.5, "max_grad_norm": 0.5, "net": [64, 64]},
+    "sac_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "window": 20, "max_steps": 20_000, "lr": 1e-3,
+                     "buffer_size": 1_000_000, "learning_starts": 100, "batch_size": 256, "tau": 0.005,
+                     "gamma": 0.99, "net": [256, 256]},
+}
+# The same SAC with 64x64 networks: ~5x less CPU per update, for a machine too loaded to
+# run the zoo's 256x256 three seeds over per system (both systems get it alike).
+TASKS["sac_pendulum_64"] = {**TASKS["sac_pendulum"], "net": [64, 64]}
+
+
+def tree_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of this process and every descendant, by pid."""
+    out = {}
+    for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            out[proc.pid] = times.user + times.system
+        except psutil.Error:  # exited meanwhile
+            pass
+    return out
+
+
+def cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the process tree used since `before` (processes started since count from 0)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in tree_cpu().items())
+
+
+def run_sb3(task: str, seed: int) -> dict[str, Any]:
+    import torch
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    t = TASKS[task]
+    start = time.perf_counter()
+    if t["env"] == "CartPole-v1":
+        env = make_vec_env(t["env"], n_envs=t["n_envs"], seed=seed)
+        model = PPO("MlpPolicy", env, n_steps=t["n_steps"], batch_size=t["batch_size"], n_epochs=t["n_epochs"],
+                    learning_rate=lambda remaining: t["lr"] * remaining, gamma=t["gamma"], gae_lambda=t["gae_lambda"],
+                    clip_range=t["clip"], ent_coef=t["ent_coef"], vf_coef=t["vf_coef_sb3"],
+                    max_grad_norm=t["max_grad_norm"], policy_kwargs={"net_arch": t["net"], "activation_fn": torch.nn.Tanh},
+                    seed=seed, device="cpu")
+    else:
+        env = make_vec_env(t["env"], n_envs=1, seed=seed)
+        model = SAC("MlpPolicy", env, learning_rate=t["lr"], buffer_size=t["buffer_size"],
+                    learning_starts=t["learning_starts"], batch_size=t["batch_size"], tau=t["tau"], gamma=t["gamma"],
+                    policy_kwargs={"net_arch": t["net"]}, seed=seed, device="cpu")
+    setup = time.perf_counter() - start
+    window: deque[float] = deque(maxlen=t["window"])
+    curve: list[tuple[int, float]] = []
+    reached: dict[str, float] = {}
+
+    class StopAtThreshold(BaseCallback):
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:  # the Monitor wrapper's record of a finished episode
+                    window.append(float(info["episode"]["r"]))
+                    curve.append((self.num_timesteps, sum(window) / len(window)))
+            if len(window) == window.maxlen and sum(window) / len(window) >= t["threshold"]:
+                reached.update(steps=self.num_timesteps, seconds=time.perf_counter() - began)
+                return False
+            return True
+
+    cpu_before = tree_cpu()
+    began = time.perf_counter()
+    model.learn(total_timesteps=t["max_steps"], callback=StopAtThreshold())
+    wall = time.perf_counter() - began
+    cpu = cpu_since(cpu_before)
+    steps = int(model.num_timesteps)
+    return {"setup_s": setup, "wall_s": wall, "cpu_s": cpu, "env_steps": steps, "steps_per_s": steps / wall,
+            "reached_at_steps": reached.get("steps"), "time_to_target_s": reached.get("seconds"), "curve": curve}
+
+
+def run_hybridflow(task: str, seed: int, workers: int, out_dir: str) -> dict[str, Any]:
+    from hybridflow.trainer.env_trainer import EnvTrainer
+    from hybridflow.trainer.run_dir import read_metrics
+
+    t = TASKS[task]
+    distributed: dict[str, Any] = {"num_workers": workers}
+    if workers > 1:
+        distributed["sampling"] = "async"
+    common = {"env": t["env"], "seed": seed, "distributed": distributed,
+              "trainer": {"total_env_steps": t["max_steps"], "target_return": t["threshold"],
+                          "return_window": t["window"], "console": "none", "output_dir": out_dir, "log_freq": 256,
+                          "loggers": ["jsonl"]}}
+    if t["env"] == "CartPole-v1":
+        config = {**common, "algorithm": "ppo", "env.num_envs": t["n_envs"] // max(workers, 1),
+                  "policy": {"hidden_size": t["net"], "activation": "tanh"},
+                  "ppo": {"rollout_steps": t["n_steps"], "minibatch_size": t["batch_size"], "epochs": t["n_epochs"],
+                          "lr": t["lr"], "lr_schedule": "linear", "gamma": t["gamma"], "gae_lambda": t["gae_lambda"],
+                          "clip_ratio": t["clip"], "ent_coef": t["ent_coef"], "vf_coef": 2 * t["vf_coef_sb3"],
+                          "max_grad_norm": t["max_grad_norm"]}}
+    else:
+        config = {**common, "algorithm": "sac", "env.num_envs": 1,
+                  "policy": {"hidden_size": t["net"], "activation": "relu"},
+                  "sac": {"lr": t["lr"], "buffer_size": t["buffer_size"], "learning_starts": t["learning_starts"],
+                          "batch_size": t["batch_size"], "tau": t["tau"], "gamma": t["gamma"],
+                          "gradient_steps": -1 if workers > 1 else 1}}
+    start = time.perf_counter()
+    with EnvTrainer(config) as trainer:
+        trainer._start()  # workers up before the clock starts (train() does this itself otherwise)
+        cpu_before = tree_cpu()
+        result = trainer.train()
+        cpu = cpu_since(cpu_before)  # before close(): the Ray workers are still there to ask
+    total = time.perf_counter() - start
+    records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    curve = [(int(r["env/steps"]), r["episode/return_mean_window"]) for r in records
+             if r.get("episode/return_mean_window") is not None]
+    return {"setup_s": total - result.wall_s, "wall_s": result.wall_s, "cpu_s": cpu, "env_steps": result.env_steps,
+            "steps_per_s": result.env_steps / result.wall_s, "reached_at_steps": result.reached_target_at,
+            "time_to_target_s": result.wall_s if result.reached_target_at is not None else None, "curve": curve}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", choices=["hybridflow", "sb3"], required=True)
+    parser.add_argument("--task", choices=sorted(TASKS), required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="hybridflow env runners (0: in-process)")
+    parser.add_argument("--run-dir", default="/tmp/vs_sb3_runs")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # both systems: one thread in the training process
+    if args.system == "sb3":
+        result = run_sb3(args.task, args.seed)
+    else:
+        result = run_hybridflow(args.task, args.seed, args.workers, args.run_dir)
+    result.update(system=args.system, task=args.task, seed=args.seed,
+                  workers=args.workers if args.system == "hybridflow" else None)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
