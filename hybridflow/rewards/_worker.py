@@ -81,12 +81,15 @@ def init_worker(fn: Callable[..., Any], starts: Any, memory_limit_mb: int | None
     _FN, _STARTS = fn, starts
     # A worker must not die on Ctrl-C meant for the controller; the parent shuts it down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if memory_limit_mb is not None:
-        limit = memory_limit_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # The watcher thread starts before the memory limit: a thread's stack is address space,
+    # and under a tight RLIMIT_AS (a worker forked from a server that preloaded torch is
+    # already near it) starting it afterwards can block forever in Thread.start.
     if owner_pid is not None:
         threading.Thread(target=_exit_with_owner, args=(owner_pid, os.getppid()), daemon=True,
                          name="watch-controller").start()
+    if memory_limit_mb is not None:
+        limit = memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _exit_with_owner(owner_pid: int, parent_pid: int) -> None:

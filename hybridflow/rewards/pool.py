@@ -99,7 +99,10 @@ class ScoringPool:
         if executor is None:
             return
         if kill:
-            for pid in self._pids:
+            # The pids the workers announced, and every process the executor started: a
+            # worker stuck before it announced itself (in its initializer) would otherwise
+            # keep shutdown() waiting forever. `_processes` is CPython's pid -> Process map.
+            for pid in self._pids | set(getattr(executor, "_processes", None) or {}):
                 _kill(pid)
         self._pids.clear()
         executor.shutdown(wait=True, cancel_futures=True)
