@@ -96,9 +96,9 @@ def supervise(run: Callable[[], T], restart: Callable[[Failure, int], None],
             if last is not None and failure.step > last[1].step:
                 repeats = 0  # the restart got further than the last failure: a fresh budget
             if repeats >= max_restarts:
-                err.add_note(f"hybridflow: stopped after {repeats} restart(s) at step {failure.step} "
-                             f"(trainer.max_restarts={max_restarts}: a failure that does not get past the step of "
-                             f"the previous one counts toward it); the last failure: {failure.summary()}")
+                err.add_note(f"hybridflow: the failure was in step {failure.step}, phase {failure.phase or '-'}; "
+                             f"stopped after {repeats} restart(s) at that step (trainer.max_restarts={max_restarts}: "
+                             "a failure that does not get past the step of the previous one counts toward it)")
                 raise
             restarts += 1
             repeats += 1

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +27,9 @@ from hybridflow.trainer.lifecycle import resume_point
 from hybridflow.trainer.live_status import read_status
 from hybridflow.trainer.recovery import CannotRestart, Failure, supervise
 from hybridflow.trainer.run_dir import read_metrics
-from trainer_helpers import rl_records
+from trainer_helpers import TINY, rl_records
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GRPO = ("algorithm.name=grpo", "trainer.val_before_train=false", "trainer.save_freq=1")
 
@@ -67,7 +73,7 @@ def test_supervise_restarts_up_to_the_limit_then_raises_the_last_error():
     with pytest.raises(WorkerError) as info:
         loop.supervise(max_restarts=2)
     assert loop.runs == 3 and len(loop.restarts) == 2
-    assert "stopped after 2 restart(s) at step 7 (trainer.max_restarts=2" in "".join(info.value.__notes__)
+    assert "step 7, phase update_actor; stopped after 2 restart(s) at that step (trainer.max_restarts=2" in "".join(info.value.__notes__)
 
     loop = Loop(failures=1)
     with pytest.raises(WorkerError):  # 0: today's behaviour, the first failure stops the run
@@ -81,7 +87,7 @@ def test_a_failure_at_the_same_step_counts_toward_the_limit_and_stops_with_the_l
         loop.supervise(max_restarts=2)
     notes = "".join(info.value.__notes__)
     assert loop.restarts == [(5, 1), (5, 2)]
-    assert "stopped after 2 restart(s) at step 5" in notes and "the last failure: worker failure at step 5" in notes
+    assert "the failure was in step 5, phase update_actor; stopped after 2 restart(s) at that step" in notes
 
     loop = Loop(steps=[6, 4, 4])  # an earlier step (the restart went back further) did not get past step 6
     with pytest.raises(WorkerError):
@@ -99,7 +105,7 @@ def test_a_failure_at_a_later_step_gets_a_fresh_budget():
     loop = Loop(steps=[3, 4, 4])  # ... but step 4's budget is spent by its own repeat
     with pytest.raises(WorkerError) as info:
         loop.supervise(max_restarts=1)
-    assert loop.restarts == [(3, 1), (4, 2)] and "stopped after 1 restart(s) at step 4" in "".join(info.value.__notes__)
+    assert loop.restarts == [(3, 1), (4, 2)] and "in step 4, phase update_actor; stopped after 1 restart(s)" in "".join(info.value.__notes__)
 
 
 def test_supervise_without_a_checkpoint_raises_the_worker_error_saying_why():
@@ -141,6 +147,7 @@ def test_fault_spec_parses_and_fires_once(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="ACTION:ROLE.METHOD:RANK:CALL"):
             Fault.parse(bad)
     monkeypatch.delenv("HYBRIDFLOW_FAULT", raising=False)
+    monkeypatch.delenv("HYBRIDFLOW_TRACE_REQUEST", raising=False)  # set by any run of this process
     assert fault_runtime_env() == {}
     monkeypatch.setenv("HYBRIDFLOW_FAULT", f"raise:actor.update_actor:0:2:{tmp_path / 'once'}")
     assert fault_runtime_env() == {"runtime_env": {"env_vars": {"HYBRIDFLOW_FAULT": os.environ["HYBRIDFLOW_FAULT"]}}}
@@ -176,8 +183,7 @@ def test_a_worker_error_repeating_at_the_same_step_stops_after_max_restarts_with
     err = info.value
     notes = "".join(err.__notes__)
     assert "injected fault" in str(err) and (err.role, err.rank, err.died) == ("actor", 0, False)
-    assert "stopped after 1 restart(s) at step 2 (trainer.max_restarts=1" in notes
-    assert "the last failure: worker failure at step 2, phase update_actor" in notes
+    assert "in step 2, phase update_actor; stopped after 1 restart(s) at that step (trainer.max_restarts=1" in notes
     assert [r["step"] for r in rl_records(run_dir)] == [1]
     restarts = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "restart"]
     assert [(r["step"], r["restart/failed_step"], r["restart/cause"]) for r in restarts] == [(1, 2, "raised")]
@@ -194,7 +200,7 @@ def test_a_rank_hanging_in_a_collective_is_caught_by_the_call_timeout(ray_local,
         trainer.train()
     err = info.value
     assert err.method == "actor.update_actor" and 1 in err.late_ranks and err.timeout_s == 60
-    assert "worker failure at step 1, phase update_actor" in "".join(err.__notes__)
+    assert "the failure was in step 1, phase update_actor" in "".join(err.__notes__)
     hung = [w["pid"] for w in read_status(trainer.run_dir)["workers"] if w["role"] == "actor"]
     assert len(hung) == 2
     # Shutting the run down killed the hung processes (ray.kill); give the OS a moment to reap them.
@@ -211,3 +217,29 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.slow
+def test_hybridflow_train_reports_a_killed_worker_in_one_paragraph(tmp_path):
+    # The CLI end to end (its own embedded Ray): actor rank 1 is killed (SIGKILL) in its
+    # first update, max_restarts=0. The user sees the controller's paragraph and the step,
+    # phase and run directory; not a traceback, not Ray's out-of-memory guess.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HYBRIDFLOW_FAULT": "kill:actor.update_actor:1:1"}
+    cmd = [sys.executable, "-m", "hybridflow.cli", "train", *TINY, *GRPO, f"trainer.output_dir={tmp_path / 'runs'}",
+           "trainer.max_restarts=0"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    report = [line for line in proc.stderr.splitlines() if not re.match(r"\d{4}-\d\d-\d\d ", line)]  # Ray's log lines
+    assert re.fullmatch(r"hybridflow train: actor rank 1 \(node 127\.0\.0\.1, pid \d+\) died during "
+                        r"actor\.update_actor: its process exited or was killed from outside .* `hybridflow train "
+                        r"--resume RUN_DIR`\..*", report[0])
+    assert report[1] == "the failure was in step 1, phase update_actor; stopped after 0 restart(s) at that step " \
+                        "(trainer.max_restarts=0: a failure that does not get past the step of the previous one " \
+                        "counts toward it)"
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert report[2] == f"the run directory: {run_dir}"
+    assert report[3:] == ["(run again with --debug for the traceback)"]
+    everything = proc.stdout + proc.stderr
+    assert "Traceback" not in everything and "A worker died or was killed" not in everything
+    assert "OOM killer due to high memory usage" not in everything
