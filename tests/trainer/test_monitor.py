@@ -30,6 +30,8 @@ def test_monitor_usage_errors_exit_2(tmp_path, capsys):
     assert "give a run directory or --address" in capsys.readouterr().err
     assert main(["monitor", str(tmp_path)]) == 2  # no status.json: not a run (yet)
     assert "has no status.json" in capsys.readouterr().err
+    assert main(["monitor", str(tmp_path), "--trace"]) == 2  # a trace is part of a profile
+    assert "--trace goes with --profile" in capsys.readouterr().err
 
 
 def test_summary_splits_time_by_phase_and_idle_samples():
