@@ -1,6 +1,6 @@
 """What watching a run costs the run: `hybridflow monitor` overhead, measured side by side.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_monitor.py [--steps 8] [--pairs 2]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_monitor.py [--steps 8] [--pairs 2] [--trace]
 
 1. The trainer's own cost of being watchable: LiveStatus.phase per phase (a timeline.jsonl
    line; status.json at most once a second), timed over 2000 calls, and one forced
@@ -11,7 +11,11 @@
    ratio, and the monitor's own CPU use (its report). The machine's load average is
    recorded before and after: on a shared machine the step-time ratio is noise-bound.
 
-Writes benchmarks/results/bench_monitor.json with the machine description.
+With --trace the watching monitor also has every worker record a torch profiler trace of
+the whole run (`--trace`, controller/tracing.py): the cost of tracing.
+
+Writes benchmarks/results/bench_monitor.json (bench_monitor_trace.json with --trace) with
+the machine description.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def status_write_cost(calls: int = 2000) -> tuple[float, float]:
         return per_phase, forced
 
 
-def one_run(root: Path, steps: int, watched: bool) -> dict:
+def one_run(root: Path, steps: int, watched: bool, trace: bool = False) -> dict:
     run_dir = root / f"run-{time.monotonic_ns()}"
     cfg = load_run_config(None, [f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}", *TINY])
     monitor: dict = {}
@@ -67,7 +71,8 @@ def one_run(root: Path, steps: int, watched: bool) -> dict:
             time.sleep(0.05)
         out = run_dir / "profile"
         done = subprocess.run([sys.executable, "-m", "hybridflow.cli", "monitor", str(run_dir), "--profile", "cpu",
-                               "--interval", "0.5", "--duration", "3600", "--out", str(out)],
+                               "--interval", "0.5", "--duration", "3600", "--out", str(out),
+                               *(["--trace"] if trace else [])],
                               capture_output=True, text=True, timeout=3600, check=False)
         monitor["rc"] = done.returncode
 
@@ -78,7 +83,8 @@ def one_run(root: Path, steps: int, watched: bool) -> dict:
         trainer.train()
     if watched:
         thread.join(timeout=120)
-        monitor.update(json.loads((run_dir / "profile" / "report.json").read_text())["overhead"])
+        report = json.loads((run_dir / "profile" / "report.json").read_text())
+        monitor.update(report["overhead"], traces=len(report["traces"]))
     step_s = [r["timing_s/step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     return {"watched": watched, "median_step_s": statistics.median(step_s[1:]), "steps": len(step_s),
             "monitor": monitor}
@@ -88,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--trace", action="store_true", help="the monitor also records torch profiler traces")
     args = parser.parse_args()
     load_before = machine()["load_avg_1_5_15"]
     write_s, forced_s = status_write_cost()
@@ -95,10 +102,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.pairs):
             for watched in (False, True):
-                runs.append(one_run(Path(tmp), args.steps, watched))
+                runs.append(one_run(Path(tmp), args.steps, watched, args.trace))
     off = statistics.median(r["median_step_s"] for r in runs if not r["watched"])
     on = statistics.median(r["median_step_s"] for r in runs if r["watched"])
-    result = {"machine": machine(), "load_avg_before": load_before, "phase_mark_us": write_s * 1e6,
+    result = {"machine": machine(), "load_avg_before": load_before, "trace": args.trace, "phase_mark_us": write_s * 1e6,
               "forced_status_write_us": forced_s * 1e6,
               "phases_per_grpo_step": 5, "status_share_of_step": 5 * write_s / off, "runs": runs,
               "median_step_s_unwatched": off, "median_step_s_watched": on, "watched_over_unwatched": on / off}
@@ -106,7 +113,7 @@ def main() -> None:
           f"phases); a forced status.json replace: {forced_s * 1e6:.0f} us")
     print(f"median s/step: unwatched {off:.3f}, watched {on:.3f}, ratio {on / off:.3f} "
           f"(load avg before {load_before}, after {result['machine']['load_avg_1_5_15']})")
-    out = Path(__file__).with_name("results") / "bench_monitor.json"
+    out = Path(__file__).with_name("results") / ("bench_monitor_trace.json" if args.trace else "bench_monitor.json")
     out.write_text(json.dumps(result, indent=1))
     print(f"written {out}")
 

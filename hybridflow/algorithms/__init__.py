@@ -10,61 +10,63 @@ own. See docs/algorithms.md for every name, its formula and its config key.
 
 from __future__ import annotations
 
-from hybridflow.algorithms import group_advantages as _group_advantages  # noqa: F401  (registers)
-from hybridflow.algorithms.advantages import (
-    AdvantageConfig,
-    adv_estimators,
-    compute_advantage,
-    compute_gae,
-    compute_reinforce_plus_plus,
-    compute_remax,
-    get_adv_estimator,
-    register_adv_estimator,
-)
-from hybridflow.algorithms.aggregation import (
-    AggregationScale,
-    agg_loss,
-    compute_aggregation_scale,
-    get_loss_agg_mode,
-    loss_agg_modes,
-    register_loss_agg_mode,
-    torch_all_reduce_sum,
-)
-from hybridflow.algorithms.controllers import AdaptiveKLController, FixedKLController, build_kl_controller
-from hybridflow.algorithms.dapo import dynamic_sampling_filter, overlong_reward_penalty
-from hybridflow.algorithms.group_advantages import (
-    compute_gpg,
-    compute_grpo,
-    compute_grpo_passk,
-    compute_opo,
-    compute_reinforce_plus_plus_baseline,
-    compute_rloo,
-)
-from hybridflow.algorithms.kl import (
-    apply_kl_in_reward,
-    get_kl_estimator,
-    kl_estimators,
-    kl_loss,
-    kl_penalty,
-    register_kl_estimator,
-)
-from hybridflow.algorithms.logprob import entropy_from_logits, logprobs_from_logits
-from hybridflow.algorithms.policy_loss import (
-    PolicyLossConfig,
-    compute_policy_loss,
-    get_policy_loss,
-    policy_losses,
-    register_policy_loss,
-)
-from hybridflow.algorithms.registry import Registry
-from hybridflow.algorithms.reward_loss import bradley_terry_loss, pairwise_accuracy
-from hybridflow.algorithms.safe_rlhf import (
-    LagrangeMultiplier,
-    combine_reward_cost_advantages,
-    compute_cost_advantages,
-)
-from hybridflow.algorithms.stats import masked_mean, masked_sum, masked_var, masked_whiten
-from hybridflow.algorithms.value import value_loss
+from hybridflow.lazy import lazy_exports
+
+# name -> the module that defines it; imported on first use (hybridflow/lazy.py), so
+# importing a torch-free module of this package (config classes) stays torch-free.
+_EXPORTS = {
+    "AdvantageConfig": "settings",
+    "adv_estimators": "advantages",
+    "compute_advantage": "advantages",
+    "compute_gae": "advantages",
+    "compute_reinforce_plus_plus": "advantages",
+    "compute_remax": "advantages",
+    "get_adv_estimator": "advantages",
+    "register_adv_estimator": "advantages",
+    "AggregationScale": "aggregation",
+    "agg_loss": "aggregation",
+    "compute_aggregation_scale": "aggregation",
+    "get_loss_agg_mode": "aggregation",
+    "loss_agg_modes": "aggregation",
+    "register_loss_agg_mode": "aggregation",
+    "torch_all_reduce_sum": "aggregation",
+    "AdaptiveKLController": "controllers",
+    "FixedKLController": "controllers",
+    "build_kl_controller": "controllers",
+    "dynamic_sampling_filter": "dapo",
+    "overlong_reward_penalty": "dapo",
+    "compute_gpg": "group_advantages",
+    "compute_grpo": "group_advantages",
+    "compute_grpo_passk": "group_advantages",
+    "compute_opo": "group_advantages",
+    "compute_reinforce_plus_plus_baseline": "group_advantages",
+    "compute_rloo": "group_advantages",
+    "apply_kl_in_reward": "kl",
+    "get_kl_estimator": "kl",
+    "kl_estimators": "kl",
+    "kl_loss": "kl",
+    "kl_penalty": "kl",
+    "register_kl_estimator": "kl",
+    "entropy_from_logits": "logprob",
+    "logprobs_from_logits": "logprob",
+    "PolicyLossConfig": "settings",
+    "compute_policy_loss": "policy_loss",
+    "get_policy_loss": "policy_loss",
+    "policy_losses": "policy_loss",
+    "register_policy_loss": "policy_loss",
+    "Registry": "registry",
+    "bradley_terry_loss": "reward_loss",
+    "pairwise_accuracy": "reward_loss",
+    "LagrangeMultiplier": "controllers",
+    "combine_reward_cost_advantages": "safe_rlhf",
+    "compute_cost_advantages": "safe_rlhf",
+    "masked_mean": "stats",
+    "masked_sum": "stats",
+    "masked_var": "stats",
+    "masked_whiten": "stats",
+    "value_loss": "value",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "AdaptiveKLController",

@@ -15,45 +15,16 @@ Group-baseline estimators (grpo, rloo, ...) live in `group_advantages.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
 import torch
 
 from hybridflow.algorithms.registry import Registry
+from hybridflow.algorithms.settings import ADV_ESTIMATORS, AdvantageConfig
 from hybridflow.algorithms.stats import as_bool_mask, masked_whiten
-from hybridflow.errors import ConfigError
 
 Tensor = torch.Tensor
-
-
-@dataclass
-class AdvantageConfig:
-    """Hyper-parameters of the advantage estimators (the `algorithm.*` config keys: the run
-    config's AlgorithmSection subclasses this class, so a field added here is a YAML key).
-
-    gamma, lam: discount and GAE lambda (`gae`, `reinforce_plus_plus`).
-    norm_adv_by_std_in_grpo: divide group-centred rewards by the group std (`grpo`,
-        `grpo_passk`); False gives Dr.GRPO.
-    epsilon: added to the std before dividing, so all-equal groups give 0, not NaN.
-    whiten_gae_advantages: whiten `gae` advantages over the batch (returns stay unwhitened).
-    gpg_norm_by_std: GPG's F_norm: the group std (True) or 1 (False, the paper's default).
-    """
-
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    epsilon: float = 1e-6
-    whiten_gae_advantages: bool = True
-    gpg_norm_by_std: bool = False
-
-    def __post_init__(self) -> None:
-        for key in ("gamma", "lam"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                raise ConfigError(f"must be in [0, 1], got {getattr(self, key)}", key)
-        if not self.epsilon > 0.0:
-            raise ConfigError(f"must be > 0, got {self.epsilon}", "epsilon")
 
 
 class AdvantageEstimator(Protocol):
@@ -69,7 +40,7 @@ class AdvantageEstimator(Protocol):
     ) -> tuple[Tensor, Tensor]: ...
 
 
-_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", "algorithm.adv_estimator")
+_ESTIMATORS: Registry[AdvantageEstimator] = ADV_ESTIMATORS
 
 
 def register_adv_estimator(

@@ -26,6 +26,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from hybridflow.algorithms.registry import Registry
+from hybridflow.algorithms.settings import LOSS_AGG_MODES
 from hybridflow.algorithms.stats import as_bool_mask, masked_count
 
 Tensor = torch.Tensor
@@ -67,7 +68,7 @@ class AggFn(Protocol):
     def __call__(self, loss_mat: Tensor, mask: Tensor, agg: AggregationScale | None) -> Tensor: ...
 
 
-_AGG_MODES: Registry[AggFn] = Registry("loss aggregation mode", "actor.loss_agg_mode")
+_AGG_MODES: Registry[AggFn] = LOSS_AGG_MODES
 
 
 def register_loss_agg_mode(name: str, *, override: bool = False) -> Callable[[AggFn], AggFn]:

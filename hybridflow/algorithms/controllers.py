@@ -6,7 +6,9 @@
   e = clip(KL / KL_target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon),
   kept >= a floor of init_kl_coef / 1000 so that beta can always grow again.
 
-Both expose `.value`, `.update(current_kl, n_steps)` and `state_dict()` /
+- `LagrangeMultiplier(init, lr, cost_limit, max)`: Safe-RLHF's lambda (safe_rlhf.py).
+
+All expose `.value`, `.update(current_kl, n_steps)` and `state_dict()` /
 `load_state_dict()` so a resumed run continues with the same beta.
 """
 
@@ -125,3 +127,46 @@ def build_kl_controller(
             raise ValueError("adaptive KL controller needs algorithm.kl_ctrl.target_kl and .horizon")
         return AdaptiveKLController(kl_coef, target_kl, horizon)
     raise ValueError(f"unknown algorithm.kl_ctrl.type {kind!r}; known: adaptive, fixed")
+
+
+# Bounds on ln(lambda): without them a long run of violations overflows exp to inf, or a
+# long run of slack drives lambda to 0.0 exactly, from which the update can never recover.
+_LOG_LAMBDA_MIN, _LOG_LAMBDA_MAX = -30.0, 30.0
+
+
+class LagrangeMultiplier:
+    """The Safe-RLHF Lagrange multiplier lambda >= 0, updated once per step from the batch cost."""
+
+    def __init__(self, init: float, lr: float, cost_limit: float, max: float | None = None) -> None:
+        if not (math.isfinite(init) and init > 0):
+            raise ValueError(f"LagrangeMultiplier init must be > 0 (it is updated in log space), got {init}")
+        if not lr >= 0:
+            raise ValueError(f"LagrangeMultiplier lr must be >= 0, got {lr}")
+        if max is not None and not max >= init:
+            raise ValueError(f"LagrangeMultiplier max ({max}) must be >= init ({init})")
+        self.lr = float(lr)
+        self.cost_limit = float(cost_limit)
+        self.max = None if max is None else float(max)
+        self._log_value = math.log(init)
+
+    @property
+    def value(self) -> float:
+        return math.exp(self._log_value)
+
+    def update(self, mean_episode_cost: float) -> float:
+        """ln lambda += lr * lambda * (mean_episode_cost - cost_limit); returns the new lambda."""
+        if not math.isfinite(mean_episode_cost):
+            raise ValueError(f"mean_episode_cost must be finite, got {mean_episode_cost}")
+        step = self.lr * self.value * (mean_episode_cost - self.cost_limit)
+        upper = _LOG_LAMBDA_MAX if self.max is None else min(_LOG_LAMBDA_MAX, math.log(self.max))
+        self._log_value = min(max(self._log_value + step, _LOG_LAMBDA_MIN), upper)
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"log_value": self._log_value, "lr": self.lr, "cost_limit": self.cost_limit, "max": self.max}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._log_value = float(state["log_value"])
+        self.lr = float(state["lr"])
+        self.cost_limit = float(state["cost_limit"])
+        self.max = None if state["max"] is None else float(state["max"])

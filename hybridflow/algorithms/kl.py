@@ -27,6 +27,7 @@ import torch
 
 from hybridflow.algorithms.aggregation import AggregationScale, agg_loss
 from hybridflow.algorithms.registry import Registry
+from hybridflow.algorithms.settings import KL_ESTIMATORS
 from hybridflow.algorithms.stats import as_bool_mask, float_dtype, masked_mean
 
 Tensor = torch.Tensor
@@ -40,7 +41,7 @@ class KLEstimator(Protocol):
     def __call__(self, log_prob: Tensor, ref_log_prob: Tensor) -> Tensor: ...
 
 
-_KL: Registry[KLEstimator] = Registry("KL estimator", "algorithm.kl_penalty / actor.kl_loss_type")
+_KL: Registry[KLEstimator] = KL_ESTIMATORS
 
 
 def register_kl_estimator(name: str, *, override: bool = False) -> Callable[[KLEstimator], KLEstimator]:

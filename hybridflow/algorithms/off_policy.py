@@ -36,41 +36,13 @@ histogram of how many policy versions the trained tokens lag behind.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from hybridflow.algorithms.settings import ISLevel, OffPolicyConfig
 from hybridflow.algorithms.stats import as_bool_mask, masked_count, masked_mean, masked_sum
 
 Tensor = torch.Tensor
-ISLevel = Literal["none", "token", "sequence"]
-IS_LEVELS: tuple[str, ...] = ("none", "token", "sequence")
-
-
-@dataclass(frozen=True)
-class OffPolicyConfig:
-    """Behaviour-policy correction of the actor loss (config `actor.loss.off_policy`).
-
-    is_level: "none" (the loss ignores rollout_log_probs, as before), "token" or "sequence"
-        truncated importance weights pi_prox / mu (see the module docstring).
-    is_cap: C, the truncation of the weight (>= 1; 2.0 is the value Yao et al. report).
-    """
-
-    is_level: ISLevel = "none"
-    is_cap: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.is_level not in IS_LEVELS:
-            raise ValueError(f"is_level must be one of {IS_LEVELS}, got {self.is_level!r}")
-        if not self.is_cap >= 1.0:
-            raise ValueError(f"is_cap must be >= 1 (weights are truncated at it), got {self.is_cap}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.is_level != "none"
-
-
 def truncated_is_weights(prox_log_prob: Tensor, behaviour_log_prob: Tensor, response_mask: Tensor, *,
                          level: ISLevel, cap: float) -> tuple[Tensor, dict[str, Tensor]]:
     """Detached weights w [B, T] (0 at masked positions) and their metrics.

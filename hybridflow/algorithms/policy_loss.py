@@ -16,52 +16,16 @@ the loss, the metrics or the gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 
-from hybridflow.algorithms.aggregation import AggregationScale, agg_loss, get_loss_agg_mode
+from hybridflow.algorithms.aggregation import AggregationScale, agg_loss
 from hybridflow.algorithms.registry import Registry
+from hybridflow.algorithms.settings import POLICY_LOSSES, PolicyLossConfig
 from hybridflow.algorithms.stats import as_bool_mask, float_dtype, masked_mean
 
 Tensor = torch.Tensor
-
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """Hyper-parameters of the policy losses (the `actor.*` config keys).
-
-    clip_ratio_low / clip_ratio_high: the ratio is clipped to [1 - low, 1 + high]
-        (DAPO clip-higher: high > low). For `gspo` use small values (e.g. 3e-4 / 4e-4).
-    clip_ratio_c: dual-clip bound for negative advantages (must be > 1).
-    loss_agg_mode: aggregation mode name (`actor.loss_agg_mode`).
-    log_ratio_clamp: |log pi - log pi_old| is clamped to this before exp.
-    """
-
-    loss_mode: str = "vanilla"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    log_ratio_clamp: float = 20.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.clip_ratio_low < 1.0:
-            raise ValueError(
-                f"clip_ratio_low must be in [0, 1) so the lower bound 1 - clip_ratio_low stays "
-                f"positive, got {self.clip_ratio_low}"
-            )
-        if not self.clip_ratio_high >= 0.0:
-            raise ValueError(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(
-                f"clip_ratio_c (dual-clip bound for negative advantages) must be > 1, got {self.clip_ratio_c}"
-            )
-        if not self.log_ratio_clamp > 0.0:
-            raise ValueError(f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp}")
-        get_loss_agg_mode(self.loss_agg_mode)  # fail at config time on a typo
-        get_policy_loss(self.loss_mode)
 
 
 class PolicyLossFn(Protocol):
@@ -77,7 +41,7 @@ class PolicyLossFn(Protocol):
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
-_POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "actor.policy_loss.loss_mode")
+_POLICY_LOSSES: Registry[PolicyLossFn] = POLICY_LOSSES
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:

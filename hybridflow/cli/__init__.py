@@ -85,9 +85,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hybridflow {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - the one place every other failure is reported
-        print(f"hybridflow {args.command}: error: {one_line(err)}\n(run again with --debug for the traceback)",
-              file=sys.stderr)
+        text = worker_failure(err) or f"error: {one_line(err)}"
+        print(f"hybridflow {args.command}: {text}\n(run again with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def worker_failure(err: BaseException) -> str | None:
+    """The report of a worker failure (controller/errors.py `WorkerError`), None for other
+    errors: its first paragraph (role, rank, node, pid, the call, what happened, what to
+    do; a worker's exception without its traceback) and hybridflow's notes on it (the step
+    and phase, why the run was not restarted, the run directory)."""
+    errors = sys.modules.get("hybridflow.controller.errors")  # loaded wherever a WorkerError exists
+    if errors is None or not isinstance(err, errors.WorkerError):
+        return None
+    notes = [note.removeprefix("hybridflow: ") for note in getattr(err, "__notes__", ())
+             if note.startswith("hybridflow: ")]
+    return "\n".join([str(err).split("\n")[0], *notes])
 
 
 def one_line(err: BaseException) -> str:

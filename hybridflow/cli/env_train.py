@@ -17,8 +17,7 @@ from pathlib import Path
 
 def is_env_run(args: argparse.Namespace) -> bool:
     """Does the command name an environment task (its --config, or the run it resumes)?"""
-    from hybridflow.config import ConfigError
-    from hybridflow.trainer.checkpointing import CheckpointNotFoundError
+    from hybridflow.errors import UserInputError  # ConfigError, CheckpointNotFoundError
 
     try:
         if args.config is not None:
@@ -31,7 +30,7 @@ def is_env_run(args: argparse.Namespace) -> bool:
             from hybridflow.trainer.entry import describes_env_task
 
             return describes_env_task(None, resume)
-    except (ConfigError, CheckpointNotFoundError):
+    except UserInputError:
         return False  # the language-model path reports the problem in its own words
     return False
 

@@ -6,7 +6,8 @@ end of the run, or Ctrl-C: per worker its role, rank, node, pid, CPU % (of one c
 state, step, current phase and its elapsed time, and the step rate. With --profile:
 samples for --duration seconds (at most until the run ends) and writes a report into --out (default RUN_DIR/profile):
 report.md / report.json (time per phase and each role's CPU use in it, busy and idle time
-per worker and GPU) and timeline.png (phases per worker, grey where it sat idle).
+per worker and GPU) and timeline.png (phases per worker, grey where it sat idle); with
+--trace also a torch profiler trace per worker process (controller/tracing.py).
 The watched job pays nothing but the status file it always writes; the monitor's own CPU
 use is in the report (docs/resilience.md, "Monitoring").
 """
@@ -36,6 +37,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                                                       "60 with --profile)")
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between samples (default 0.5)")
     parser.add_argument("--out", default=None, help="where --profile writes its report (default RUN_DIR/profile)")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --profile and RUN_DIR: the run's worker processes also record torch profiler "
+                             "traces for the duration (OUT/traces/*.pt.trace.json; the run pays what torch.profiler "
+                             "costs while recording)")
 
 
 def run_monitor(args: argparse.Namespace) -> int:
@@ -53,7 +58,7 @@ def run_monitor(args: argparse.Namespace) -> int:
     if args.profile is not None:
         out = Path(args.out) if args.out else Path(args.run_dir or ".") / "profile"
         report = profile(args.run_dir, args.duration or 60.0, args.interval, out, gpu=args.profile == "gpu",
-                         workers=workers)
+                         workers=workers, trace=args.trace)
         print(f"profile of {report.end - report.start:.0f} s ({report.steps} steps) written to {out}: report.md, "
               f"report.json, timeline.png; the monitor used {report.overhead['monitor_cpu_share_of_one_core']:.1%} "
               "of one core")
@@ -67,6 +72,8 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return "give a run directory or --address ADDR (one of them)"
     if args.run_dir is not None and not Path(args.run_dir).is_dir():
         return f"{args.run_dir!r} is not a directory"
+    if args.trace and (args.profile is None or args.run_dir is None):
+        return "--trace goes with --profile and a run directory (the request reaches the workers through it)"
     if not args.interval > 0 or (args.duration is not None and not args.duration > 0):
         return "--interval and --duration must be > 0 seconds"
     return None

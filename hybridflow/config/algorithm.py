@@ -38,7 +38,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
-from hybridflow.algorithms import AdvantageConfig, get_adv_estimator, get_kl_estimator
+from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageConfig
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
@@ -101,7 +101,7 @@ class AlgorithmSpec:
         if not self.estimators:
             raise ValueError(f"{where}: estimators is empty; list the adv_estimator names it accepts, default first")
         for estimator in self.estimators:
-            get_adv_estimator(estimator)  # unknown names raise, listing the registered ones
+            ADV_ESTIMATORS.check(estimator)  # unknown names raise, listing the registered ones
         if any(role not in VALUE_ROLES for role in self.critics) or len(set(self.critics)) != len(self.critics):
             raise ValueError(f"{where}: critics must be distinct roles from {list(VALUE_ROLES)}, got {self.critics}")
         if self.min_samples < 1:
@@ -274,13 +274,13 @@ class AlgorithmSection(AdvantageConfig):
             raise ConfigError(_unknown_name(self.name), "name")
         spec = self.spec
         estimator = self.estimator
-        get_adv_estimator(estimator)  # unknown names raise, listing the known ones
+        ADV_ESTIMATORS.check(estimator)  # unknown names raise, listing the known ones
         if estimator not in spec.estimators:
             owners = [s.name for s in _REGISTRY.values() if s.default_estimator == estimator]  # registration order
             raise ConfigError(f"{estimator!r}, but {_estimator_hint(spec)}"
                               + (f"; for {estimator} use algorithm.name={owners[0]}" if owners else ""), "adv_estimator")
         if self.use_kl_in_reward:
-            get_kl_estimator(self.kl_penalty)
+            KL_ESTIMATORS.check(self.kl_penalty)
 
     @property
     def spec(self) -> AlgorithmSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from hybridflow.algorithms import LagrangeMultiplier
+from hybridflow.algorithms.controllers import LagrangeMultiplier
 from hybridflow.config.loader import ConfigError
 
 if TYPE_CHECKING:

@@ -297,8 +297,37 @@ def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
             tree[f.name] = value.lower()
 
 
+# Settings of language-model runs that environment tasks do not have, and what to use.
+# Recovery (trainer/recovery.py) restarts a language-model run's worker groups from its
+# checkpoint; environment tasks have no such supervisor: a worker failure stops the run
+# and `hybridflow train --resume RUN_DIR` continues it (docs/resilience.md).
+LM_ONLY_KEYS = {
+    ("trainer", "max_restarts"): "environment tasks do not restart their workers by themselves: a worker failure "
+                                 "stops the run; continue it with `hybridflow train --resume RUN_DIR`",
+    ("trainer", "call_timeout_s"): "environment tasks have no call time limit; a hung worker is stopped with Ctrl-C "
+                                   "and the run continued with `hybridflow train --resume RUN_DIR`",
+    ("resources",): "environment tasks place their workers with distributed.num_workers, "
+                    "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
+                    "distributed.ray_address (the cluster)",
+}
+
+
+def check_lm_only_keys(tree: dict[str, Any]) -> None:
+    """ConfigError naming a language-model-only setting (LM_ONLY_KEYS) in an environment task's tree."""
+    for path, why in LM_ONLY_KEYS.items():
+        node: Any = tree
+        for part in path:
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            raise ConfigError(f"is a setting of language-model runs; {why}", ".".join(path))
+
+
+_ABSENT = object()
+
+
 def env_config_from_dict(tree: dict[str, Any]) -> EnvRunConfig:
     """Build and resolve an `EnvRunConfig` from a user's dict (module docstring)."""
+    check_lm_only_keys(tree)
     return resolve_env_config(_build(EnvRunConfig, normalize_tree(tree)))
 
 

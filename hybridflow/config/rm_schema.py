@@ -29,7 +29,7 @@ from typing import Literal
 
 from hybridflow.config.loader import load_config
 from hybridflow.config.schema import BuiltinModelSection, ComputeSection, check_run_name
-from hybridflow.data.pairwise_dataset import PairwiseDataConfig
+from hybridflow.data.configs import PairwiseDataConfig
 from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import RewardModelWorkerConfig

@@ -53,8 +53,7 @@ from hybridflow.config.async_schema import AsyncSection
 from hybridflow.config.loader import load_config, user_tree
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
-from hybridflow.data.rl_dataset import PromptDataConfig
-from hybridflow.data.sft_dataset import SFTDataConfig
+from hybridflow.data.configs import PromptDataConfig, SFTDataConfig
 from hybridflow.engines.pretrained import PRETRAINED_MODELS
 from hybridflow.engines.train.config import (
     ActorLossConfig,
@@ -65,7 +64,7 @@ from hybridflow.engines.train.config import (
     TrainEngineSettings,
 )
 from hybridflow.errors import ConfigError
-from hybridflow.rewards.manager import RewardConfig
+from hybridflow.rewards.config import RewardConfig
 from hybridflow.rewards.registry import reward_fn_reference
 from hybridflow.workers.config import RolloutWorkerConfig
 

@@ -62,13 +62,16 @@ class Fault:
 
 
 def fault_runtime_env() -> dict[str, Any]:
-    """Actor options that hand the controller's HYBRIDFLOW_FAULT to a worker process
-    (empty when unset, so worker processes start exactly as without the hook)."""
+    """Actor options that hand the controller's HYBRIDFLOW_FAULT (and the trace request
+    file, tracing.py) to a worker process (empty when unset, so worker processes start
+    exactly as without the hooks)."""
+    from hybridflow.controller.tracing import ENV_VAR as TRACE_VAR
+
     text = os.environ.get(ENV_VAR)
-    if not text:
-        return {}
-    Fault.parse(text)  # a typo fails on the controller, not silently in every worker
-    return {"runtime_env": {"env_vars": {ENV_VAR: text}}}
+    if text:
+        Fault.parse(text)  # a typo fails on the controller, not silently in every worker
+    env = {name: os.environ[name] for name in (ENV_VAR, TRACE_VAR) if os.environ.get(name)}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 class FaultInjector:

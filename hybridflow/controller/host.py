@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from hybridflow.controller.faults import FaultInjector
+from hybridflow.controller.tracing import TraceRecorder
 from hybridflow.controller.worker import MeshCoord, Worker, WorkerContext
 
 
@@ -43,6 +44,7 @@ class WorkerHost:
         self._master: tuple[str, int] | None = None
         self._roles: dict[str, Worker] = {}
         self._faults = FaultInjector(rank)  # off unless HYBRIDFLOW_FAULT is set (faults.py)
+        self._traces = TraceRecorder(rank)  # off unless the controller names a request file (tracing.py)
 
     def __repr__(self) -> str:
         # Ray prints this in worker log prefixes and task errors.
@@ -80,7 +82,12 @@ class WorkerHost:
     def execute(self, role: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
         """Run ``role.method``; ObjectRef arguments were already resolved by Ray."""
         self._faults.before_call(role, method)
-        return getattr(self._roles[role], method)(*args, **kwargs)
+        with self._traces.call(role, method):
+            return getattr(self._roles[role], method)(*args, **kwargs)
+
+    def flush_trace(self) -> None:
+        """Write the torch profiler trace being recorded, if any (tracing.py)."""
+        self._traces.finish()
 
     def mesh(self, role: str, name: str) -> MeshCoord | None:
         """The coordinates ``role`` registered for mesh ``name`` on this rank."""

@@ -49,6 +49,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
         )
     if ray.is_initialized():
         return describe_ray()
+    _drop_worker_death_notices()
     if address and address.startswith(LOOPBACK + ":"):
         # An embedded instance of another process on this machine (e.g. `hybridflow monitor`
         # joining a local run): stay on loopback, as it does.
@@ -70,8 +71,40 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
             _node_ip_address=LOOPBACK,
             runtime_env={"env_vars": {"PYTHONPATH": _driver_pythonpath()}},
         )
-    start_reaper()  # a SIGKILL of this process must not leave Ray's agents running (reaper.py)
+    # A SIGKILL of this process must not leave Ray's agents running (reaper.py); it reports
+    # beside Ray's logs (a private accessor: without it, no report).
+    node = getattr(ray._private.worker, "_global_node", None)
+    start_reaper(node.get_logs_dir_path() if node is not None else None)
     return describe_ray(embedded=True)
+
+
+# The start of the notice Ray's driver prints (as "(raylet) ...") when a worker process
+# dies. It guesses "killed by the OOM killer due to high memory usage" for every death; the
+# controller reports the same death in its own words (futures.to_worker_error: role, rank,
+# node, pid, the call, what to check), so the guess only misleads.
+_WORKER_DEATH_NOTICE = "A worker died or was killed while executing a task"
+
+
+def _drop_worker_death_notices() -> None:
+    """Make this driver skip Ray's worker-death notice (everything else Ray prints stays).
+
+    Ray prints the cluster's error messages from a thread that calls
+    `ray._private.worker.print_to_stdstream`; wrapped once per process. A Ray without that
+    function (a future version) keeps printing its notice: nothing else changes.
+    """
+    from ray._private import worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "_hybridflow_filtered", False):
+        return
+
+    def print_to_stdstream(data: dict, *args: object, **kwargs: object) -> None:
+        if data.get("pid") == "raylet" and any(_WORKER_DEATH_NOTICE in line for line in data.get("lines", ())):
+            return
+        printer(data, *args, **kwargs)
+
+    print_to_stdstream._hybridflow_filtered = True  # type: ignore[attr-defined]
+    ray_worker.print_to_stdstream = print_to_stdstream
 
 
 def describe_ray(embedded: bool | None = None) -> RayRuntime:

@@ -11,6 +11,8 @@ snapshot of the controller's descendants, refreshed every second, and when the
 controller is gone SIGKILLs the ones still running. It notices at once: it holds the
 read end of a pipe whose write end only the controller has, and reads EOF when the
 controller dies. Pids are checked against their start time, so a reused pid is never hit.
+When done it appends one line naming the pids it killed to `LOG_NAME` in the Ray
+session's log folder (`reaper_log()`), beside Ray's own logs.
 
 This file imports only the standard library and runs by path (`python reaper.py PID`),
 so starting it costs no import of hybridflow, torch or Ray. Linux only (/proc); elsewhere
@@ -27,19 +29,28 @@ import sys
 import time
 
 REFRESH_S = 1.0
+LOG_NAME = "hybridflow_reaper.log"
 
 
-def start_reaper() -> subprocess.Popen | None:
-    """Start the reaper of this process (once; None where /proc is missing)."""
-    global _REAPER
+def start_reaper(log_dir: str | None = None) -> subprocess.Popen | None:
+    """Start the reaper of this process (once; None where /proc is missing); its report
+    goes to `log_dir`/LOG_NAME (None: no report)."""
+    global _REAPER, _LOG
     if _REAPER is not None or not os.path.isdir("/proc/self"):
         return _REAPER
-    _REAPER = subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__), str(os.getpid())],
+    _LOG = os.path.join(log_dir, LOG_NAME) if log_dir is not None else None
+    _REAPER = subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__), str(os.getpid()), _LOG or ""],
                                stdin=subprocess.PIPE, start_new_session=True, close_fds=True)
     return _REAPER
 
 
+def reaper_log() -> str | None:
+    """The file the reaper of this process reports to (None: none started, or no report)."""
+    return _LOG
+
+
 _REAPER: subprocess.Popen | None = None
+_LOG: str | None = None
 
 
 def _stat(pid: int) -> tuple[int, int, str] | None:
@@ -77,18 +88,22 @@ def _gone(pid: int) -> bool:
     return stat is None or stat[2] == "Z"
 
 
-def reap(snapshot: dict[int, int]) -> None:
-    """SIGKILL every process of `snapshot` that still runs (same pid and start time)."""
+def reap(snapshot: dict[int, int]) -> list[int]:
+    """SIGKILL every process of `snapshot` that still runs (same pid and start time); the
+    pids it killed. The others had exited by themselves."""
+    killed = []
     for pid, started in snapshot.items():
         stat = _stat(pid)
         if stat is not None and stat[1] == started and stat[2] != "Z":
             try:
                 os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
             except ProcessLookupError:
                 pass
+    return killed
 
 
-def main(controller: int) -> None:
+def main(controller: int, log: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     snapshot = descendants(controller)
     while not _gone(controller):
@@ -101,8 +116,12 @@ def main(controller: int) -> None:
                 return  # it closed the pipe on purpose and lives on: not ours to clean up
             break
         snapshot = descendants(controller) or snapshot
-    reap(snapshot)
+    killed = reap(snapshot)
+    if log:  # the one trace of a cleanup nobody else sees (written last: it also says the reaper is done)
+        with open(log, "a", encoding="ascii") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} controller {controller} is gone; killed {len(killed)} of "
+                    f"the {len(snapshot)} processes it left: {sorted(killed)}\n")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sys.argv[2])

@@ -32,6 +32,7 @@ from hybridflow.controller.decorator import MethodSpec, registered_methods
 from hybridflow.controller.dispatch import DispatchContext, Split, check_mesh
 from hybridflow.controller.errors import DispatchError
 from hybridflow.controller.faults import fault_runtime_env
+from hybridflow.controller.tracing import flush_traces
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, RankInfo, gather
 from hybridflow.controller.host import RoleSpec, WorkerHost
 from hybridflow.controller.resource_pool import ResourcePool
@@ -175,6 +176,7 @@ class WorkerGroup:
     def shutdown(self) -> None:
         """Kill the group's processes (those of colocated roles too). Idempotent."""
         if self._hosts.alive:
+            flush_traces(self._hosts.actors)  # only while `hybridflow monitor --trace` asks (tracing.py)
             self._hosts.kill()
 
     # -------------------------------------------------------------------------- calls

@@ -6,35 +6,45 @@ sets, a resumable loader, and preprocessing of public data sets into verl's parq
                                  PairwiseDataset, PairwiseDataConfig)
 """
 
-from hybridflow.data.arithmetic import (
-    DATA_SOURCE as ARITHMETIC_DATA_SOURCE,
-)
-from hybridflow.data.arithmetic import (
-    ArithmeticConfig,
-    Problem,
-    generate_problems,
-    rl_records,
-    sft_records,
-    split_size,
-    write_arithmetic_dataset,
-)
-from hybridflow.data.loader import ResumableLoader
-from hybridflow.data.pairwise_dataset import PairwiseDataConfig, PairwiseDataset, collate_pairs, split_held_out
-from hybridflow.data.preprocess import preprocess_gsm8k, preprocess_hh_rlhf
-from hybridflow.data.records import PromptRecord, read_many, read_records, write_records
-from hybridflow.data.rl_dataset import (
-    PromptDataConfig,
-    RLPromptDataset,
-    collate_prompts,
-    render_prompt,
-)
-from hybridflow.data.sft_dataset import SFTDataConfig, SFTDataset, collate_sft
-from hybridflow.data.tokenizer import (
-    build_char_tokenizer,
-    load_tokenizer,
-    make_builtin_model_dir,
-    save_char_tokenizer,
-)
+from __future__ import annotations
+
+from hybridflow.lazy import lazy_exports
+
+# name -> the module that defines it; imported on first use (hybridflow/lazy.py), so
+# importing a torch-free module of this package (config classes) stays torch-free.
+_EXPORTS = {
+    "ARITHMETIC_DATA_SOURCE": "arithmetic:DATA_SOURCE",
+    "ArithmeticConfig": "arithmetic",
+    "Problem": "arithmetic",
+    "generate_problems": "arithmetic",
+    "rl_records": "arithmetic",
+    "sft_records": "arithmetic",
+    "split_size": "arithmetic",
+    "write_arithmetic_dataset": "arithmetic",
+    "ResumableLoader": "loader",
+    "PairwiseDataConfig": "configs",
+    "PairwiseDataset": "pairwise_dataset",
+    "collate_pairs": "pairwise_dataset",
+    "split_held_out": "pairwise_dataset",
+    "preprocess_gsm8k": "preprocess",
+    "preprocess_hh_rlhf": "preprocess",
+    "PromptRecord": "records",
+    "read_many": "records",
+    "read_records": "records",
+    "write_records": "records",
+    "PromptDataConfig": "configs",
+    "RLPromptDataset": "rl_dataset",
+    "collate_prompts": "rl_dataset",
+    "render_prompt": "rl_dataset",
+    "SFTDataConfig": "configs",
+    "SFTDataset": "sft_dataset",
+    "collate_sft": "sft_dataset",
+    "build_char_tokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "make_builtin_model_dir": "tokenizer",
+    "save_char_tokenizer": "tokenizer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "ARITHMETIC_DATA_SOURCE",

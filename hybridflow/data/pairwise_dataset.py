@@ -23,44 +23,22 @@ where the score is read, stays; the start of the conversation goes), "error" rai
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.records import _check_messages, rows_from
 from hybridflow.data.rl_dataset import left_pad, pad_token_id_of, position_ids_from_mask, render_prompt
+from hybridflow.data.configs import PairwiseDataConfig
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
 SIDES = ("chosen", "rejected")
-
-
-@dataclasses.dataclass
-class PairwiseDataConfig:
-    """Columns, the length limit and what to do with pairs over it (module docstring)."""
-
-    prompt_key: str = "prompt"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    max_length: int = 512
-    overlong: Literal["filter", "truncate", "error"] = "filter"
-    apply_chat_template: bool = True
-    append_eos: bool = True
-    max_samples: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
-        if self.overlong not in ("filter", "truncate", "error"):
-            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
-        if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")
 
 
 class PairwiseDataset:

@@ -13,52 +13,19 @@ reports how many.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.records import Messages, PromptRecord, from_row, rows_from
+from hybridflow.data.configs import PromptDataConfig
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class PromptDataConfig:
-    """How prompts are read, rendered, length-limited and padded.
-
-    truncation: what to do with a prompt longer than max_prompt_length tokens when it is
-        not filtered: "error" (raise, naming the row), "left" (keep the last tokens),
-        "right" (keep the first tokens).
-    filter_overlong_prompts: drop overlong prompts instead (counted in `stats`).
-    pad_to: "batch" pads each batch to its longest prompt; "max_length" always pads to
-        max_prompt_length (fixed shapes).
-    default_data_source: used for rows without a data_source column.
-    """
-
-    prompt_key: str = "prompt"
-    max_prompt_length: int = 512
-    truncation: Literal["error", "left", "right"] = "error"
-    filter_overlong_prompts: bool = True
-    apply_chat_template: bool = True
-    pad_to: Literal["batch", "max_length"] = "batch"
-    default_data_source: str | None = None
-    max_samples: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
-        if self.truncation not in ("error", "left", "right"):
-            raise ValueError(f"truncation must be 'error', 'left' or 'right', got {self.truncation!r}")
-        if self.pad_to not in ("batch", "max_length"):
-            raise ValueError(f"pad_to must be 'batch' or 'max_length', got {self.pad_to!r}")
-        if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, apply_chat_template: bool) -> str:

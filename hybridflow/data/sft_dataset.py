@@ -16,42 +16,20 @@ right-padded response, so the actor's response log-prob code computes the SFT lo
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.records import rows_from
 from hybridflow.data.rl_dataset import left_pad, pad_token_id_of, position_ids_from_mask, render_prompt
+from hybridflow.data.configs import SFTDataConfig
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class SFTDataConfig:
-    """Columns, the length limit and what to do with pairs that exceed it.
-
-    overlong: "filter" drops a pair whose prompt + response exceeds max_length,
-        "truncate" cuts the response (keeping at least one response token), "error" raises.
-    """
-
-    prompt_key: str = "prompt"
-    response_key: str = "response"
-    max_length: int = 512
-    overlong: Literal["filter", "truncate", "error"] = "filter"
-    apply_chat_template: bool = True
-    append_eos: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
-        if self.overlong not in ("filter", "truncate", "error"):
-            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
 
 
 class SFTDataset:

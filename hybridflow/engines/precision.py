@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # imported in resolve_dtype: the config check reads DTYPE_NAMES before torch is imported
+    import torch
 
 DtypeName = Literal["auto", "bf16", "fp32"]
 DTYPE_NAMES: tuple[str, ...] = ("auto", "bf16", "fp32")
@@ -31,6 +32,8 @@ def cpu_has_fast_bf16() -> bool:
 
 def resolve_dtype(name: str, device_type: str) -> torch.dtype:
     """The compute dtype for config value `name` on a `device_type` ("cpu" or "cuda")."""
+    import torch
+
     if name not in DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {name!r}")
     if name == "bf16":

@@ -21,7 +21,7 @@ from hybridflow.rewards.registry import (
     register_scorer,
 )
 
-_LAZY = {"RewardManager": "manager", "RewardConfig": "manager", "RewardOutput": "manager", "ScoringPool": "pool"}
+_LAZY = {"RewardManager": "manager", "RewardConfig": "config", "RewardOutput": "manager", "ScoringPool": "pool"}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -98,6 +99,8 @@ def _exit_with_owner(owner_pid: int, parent_pid: int) -> None:
     GIL (every few milliseconds in Python code)."""
     while _alive(owner_pid) and os.getppid() == parent_pid:
         time.sleep(WATCH_INTERVAL_S)
+    gone = f"the controller (pid {owner_pid})" if not _alive(owner_pid) else f"its parent (pid {parent_pid})"
+    print(f"hybridflow reward worker {os.getpid()}: {gone} is gone; exiting", file=sys.stderr, flush=True)
     os._exit(1)
 
 

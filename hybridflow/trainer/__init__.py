@@ -20,6 +20,12 @@
   metrics.jsonl / TensorBoard / W&B, PNG plots.
 """
 
-from hybridflow.trainer.rl_trainer import RLTrainer, TrainResult
+from __future__ import annotations
+
+from hybridflow.lazy import lazy_exports
+
+# Lazy (hybridflow/lazy.py): the CLI reads light modules of this package (checkpointing,
+# preflight) before a config is known to be valid, and RLTrainer imports torch and Ray.
+__getattr__, __dir__ = lazy_exports(__name__, {"RLTrainer": "rl_trainer", "TrainResult": "rl_trainer"})
 
 __all__ = ["RLTrainer", "TrainResult"]

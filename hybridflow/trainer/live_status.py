@@ -15,6 +15,9 @@ Two files in the run directory:
   STATUS_EVERY_S (a rename costs milliseconds on a busy filesystem; measured in
   benchmarks/bench_monitor.py). `read_status` completes it with the newest timeline line.
 
+A third, <run>/trace_request.json, is written by `hybridflow monitor --trace` and read by
+the worker processes (controller/tracing.py).
+
 The trainer updates both as each phase of a step starts (phases.py calls `LiveStatus.phase`).
 """
 
@@ -27,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.controller import WorkerGroup
+from hybridflow.controller.tracing import ENV_VAR as TRACE_ENV_VAR
 
 STATUS_FILE = "status.json"
+TRACE_REQUEST_FILE = "trace_request.json"
 TIMELINE_FILE = "timeline.jsonl"
 STATUS_EVERY_S = 1.0
 _TAIL_BYTES = 4096  # the newest timeline line is within the file's last few kilobytes
@@ -45,6 +50,9 @@ class LiveStatus:
         self._timeline = open(run_dir / TIMELINE_FILE, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._written = 0.0
         self._write(force=True)
+        # Where `hybridflow monitor --trace` asks for torch profiler traces: the worker
+        # processes started from now on look for it (controller/tracing.py).
+        os.environ[TRACE_ENV_VAR] = str(run_dir / TRACE_REQUEST_FILE)
 
     @property
     def current_phase(self) -> str | None:

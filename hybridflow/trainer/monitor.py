@@ -30,11 +30,14 @@ from typing import Any
 
 import psutil
 
-from hybridflow.trainer.live_status import read_status, read_timeline
+from hybridflow.controller.tracing import request_trace
+from hybridflow.trainer.live_status import TRACE_REQUEST_FILE, read_status, read_timeline
 
 # A worker below this share of one core is idle (waiting for the controller or its peers).
 IDLE_CPU_PERCENT = 10.0
 IDLE_GPU_PERCENT = 5.0
+TRACES_DIR = "traces"
+TRACE_WAIT_S = 60.0  # for the traces, which each process writes at its first call after the window
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ class ProfileReport:
     devices: dict[str, dict[str, float]] = field(default_factory=dict)  # cuda:i -> busy_s, idle_s, mean_util
     steps: int = 0
     overhead: dict[str, float] = field(default_factory=dict)  # the monitor's own CPU use
+    traces: dict[str, str] = field(default_factory=dict)  # label -> torch profiler trace (under out_dir)
 
 
 def run_ended(run_dir: str | Path) -> bool:
@@ -283,15 +287,18 @@ def summarize(samples: list[Sample], devices: list[DeviceSample], events: list[d
 
 
 def profile(run_dir: str | Path, duration_s: float, interval_s: float, out_dir: Path, gpu: bool = False,
-            workers: list[WatchedWorker] | None = None) -> ProfileReport:
+            workers: list[WatchedWorker] | None = None, trace: bool = False) -> ProfileReport:
     """Sample the run for `duration_s` (or until it finishes or fails), then write
     report.json, report.md and timeline.png into `out_dir`. Follows the run across
-    restarts (new worker pids)."""
+    restarts (new worker pids). `trace`: the run's worker processes also record torch
+    profiler traces for the window (controller/tracing.py), into `out_dir`/traces."""
     workers = workers if workers is not None else attach(run_dir)
     sampler, own = Sampler(workers, gpu), psutil.Process()
     samples: list[Sample] = []
     devices: list[DeviceSample] = []
     cpu_before, start = own.cpu_times(), time.time()
+    if trace:
+        request_trace(Path(run_dir) / TRACE_REQUEST_FILE, start + duration_s, out_dir / TRACES_DIR)
     while time.time() - start < duration_s:
         got, devs = sampler.sample()
         samples += got
@@ -307,6 +314,8 @@ def profile(run_dir: str | Path, duration_s: float, interval_s: float, out_dir: 
     end, cpu_after = time.time(), own.cpu_times()
     events = read_timeline(run_dir) if run_dir is not None else []
     report = summarize(samples, devices, events, {w.label: w.role for w in workers}, start, end, interval_s)
+    if trace:
+        report.traces = collect_traces(run_dir, workers, out_dir)
     used = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
     report.overhead = {"monitor_cpu_s": used, "monitor_cpu_share_of_one_core": used / (end - start)}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +324,26 @@ def profile(run_dir: str | Path, duration_s: float, interval_s: float, out_dir: 
     plot_timeline(report, samples, phase_intervals(events, start, end), [w.label for w in workers],
                   out_dir / "timeline.png")
     return report
+
+
+def collect_traces(run_dir: str | Path, workers: list[WatchedWorker], out_dir: Path) -> dict[str, str]:
+    """Wait (at most TRACE_WAIT_S, or until the run ended and its processes on this machine
+    are gone) for each worker process's trace (tracing.py says when each writes), then
+    withdraw the request; label -> file."""
+    deadline = time.time() + TRACE_WAIT_S
+    folder = out_dir / TRACES_DIR
+
+    def found() -> dict[str, str]:
+        by_pid = {int(m.group(1)): f.name for f in folder.glob("*.pt.trace.json")
+                  if (m := re.search(r"-pid(\d+)\.pt\.trace\.json$", f.name))}
+        return {w.label: f"{TRACES_DIR}/{by_pid[w.pid]}" for w in workers if w.pid in by_pid}
+
+    # A run that ended inside the window has its processes write at shutdown: wait for them too.
+    while len(found()) < len(workers) and time.time() < deadline and not (
+            run_ended(run_dir) and not any(_local_process(w.pid) for w in workers)):
+        time.sleep(0.2)
+    (Path(run_dir) / TRACE_REQUEST_FILE).unlink(missing_ok=True)
+    return found()
 
 
 def report_markdown(report: ProfileReport) -> str:
@@ -344,6 +373,12 @@ def report_markdown(report: ProfileReport) -> str:
         for name, d in sorted(report.devices.items()):
             lines.append(f"| {name} | {d['busy_s']:.1f} | {d['idle_s']:.1f} | {d['mean_util_percent']:.0f} | "
                          f"{d['peak_memory_mb']:.0f} |")
+    if report.traces:
+        lines += ["", "## Torch profiler traces (chrome://tracing, Perfetto)", "",
+                  *(f"- {label}: {path}" for label, path in sorted(report.traces.items()))]
+        missing = sorted(set(report.workers) - set(report.traces))
+        if missing:  # e.g. killed, or still in the call in which the window ended
+            lines.append(f"- no trace from {', '.join(missing)} within {TRACE_WAIT_S:g} s")
     lines += ["", f"Monitor's own CPU: {report.overhead.get('monitor_cpu_share_of_one_core', 0):.1%} of one core."]
     return "\n".join(lines) + "\n"
 

@@ -12,10 +12,17 @@ metrics after the checkpoint set aside) and `run_steps` continues from there. Be
 resumed run reproduces an uninterrupted one, the metrics after a restart are those the
 run would have logged without the failure.
 
-The run stops with the failure's own error when `max_restarts` restarts were used (a
-deterministic crash or an out-of-memory repeats and must not loop), or when there is
-no checkpoint to go back to (`restart` raises `CannotRestart`). Errors of the
-controller's own code (config, data, a bug in the loop) are never retried.
+The stop rule: `max_restarts` is a budget per step. A failure at the same RL step as the
+previous failure, or at an earlier one (the run did not get past the step that failed),
+is a repeat: a deterministic crash or an out-of-memory comes back at the same step, so
+after `max_restarts` repeats the run stops with the last failure's own error instead of
+looping. A failure at a later step than the previous failure means the restart made
+progress: the run gets a fresh budget of `max_restarts` for that step. The number of
+restarts is therefore bounded (each fresh budget needs a later step, and there are
+trainer.total_steps of them) and a long run that loses a node now and then keeps going.
+The run also stops when there is no checkpoint to go back to (`restart` raises
+`CannotRestart`). Errors of the controller's own code (config, data, a bug in the loop)
+are never retried.
 """
 
 from __future__ import annotations
@@ -71,9 +78,12 @@ class Failure:
 def supervise(run: Callable[[], T], restart: Callable[[Failure, int], None],
               describe: Callable[[WorkerError], Failure], max_restarts: int,
               report: Callable[[str], None]) -> T:
-    """`run()`, restarted through `restart(failure, n)` after each worker failure, at
-    most `max_restarts` times; a failure while restarting counts like any other."""
-    restarts = 0
+    """`run()`, restarted through `restart(failure, n)` (n: restarts of the run so far)
+    after each worker failure; at most `max_restarts` restarts for failures that do not
+    get past the step of the previous one (module docstring). A failure while restarting
+    counts like any other."""
+    restarts = 0  # in the run
+    repeats = 0  # restarts since a failure got past the previous failure's step
     last: tuple[WorkerError, Failure] | None = None
     while True:
         try:
@@ -83,12 +93,17 @@ def supervise(run: Callable[[], T], restart: Callable[[Failure, int], None],
         except WorkerError as err:
             failure = describe(err)
             report(failure.summary())
-            if restarts >= max_restarts:
-                err.add_note(f"hybridflow: stopped after {restarts} restart(s) (trainer.max_restarts={max_restarts}); "
-                             f"the last failure: {failure.summary()}")
+            if last is not None and failure.step > last[1].step:
+                repeats = 0  # the restart got further than the last failure: a fresh budget
+            if repeats >= max_restarts:
+                err.add_note(f"hybridflow: the failure was in step {failure.step}, phase {failure.phase or '-'}; "
+                             f"stopped after {repeats} restart(s) at that step (trainer.max_restarts={max_restarts}: "
+                             "a failure that does not get past the step of the previous one counts toward it)")
                 raise
             restarts += 1
-            report(f"restarting the workers ({restarts} of trainer.max_restarts={max_restarts})")
+            repeats += 1
+            report(f"restarting the workers ({repeats} of trainer.max_restarts={max_restarts} at step "
+                   f"{failure.step}; {restarts} in the run)")
             last = (err, failure)
         except CannotRestart as why:
             assert last is not None, "restart() only runs after a failure"

@@ -203,8 +203,10 @@ class RLTrainer:
         try:
             metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
                                 cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
-        except BaseException:
+        except BaseException as err:
             self.status.update(state="failed")
+            if isinstance(err, WorkerError):  # what the worker failure's "--resume RUN_DIR" refers to
+                err.add_note(f"hybridflow: the run directory: {self.run_dir}")
             raise
         self.status.update(state="finished", phase=None)
         after = self._held_out_accuracy()

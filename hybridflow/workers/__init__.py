@@ -17,16 +17,31 @@
 - generation_weights.py: the actor's weights under HF names (LoRA merged) for resharding.
 """
 
-from hybridflow.workers.actor_rollout_ref import ACTOR_MESH, ROLLOUT_MESH, ActorRolloutRefWorker
-from hybridflow.workers.config import (
-    ActorRolloutRefConfig,
-    CriticWorkerConfig,
-    RewardModelWorkerConfig,
-    RolloutWorkerConfig,
-)
-from hybridflow.workers.critic import CRITIC_MESH, CriticWorker
-from hybridflow.workers.placement import DEFAULT_POOL, PlacementSpec, build_role_groups, shutdown_role_groups
-from hybridflow.workers.reward_model import REWARD_MESH, RewardModelWorker, scores_at_last_response_token
+from __future__ import annotations
+
+from hybridflow.lazy import lazy_exports
+
+# name -> the module that defines it; imported on first use (hybridflow/lazy.py), so
+# importing a torch-free module of this package (config classes) stays torch-free.
+_EXPORTS = {
+    "ACTOR_MESH": "actor_rollout_ref",
+    "ROLLOUT_MESH": "actor_rollout_ref",
+    "ActorRolloutRefWorker": "actor_rollout_ref",
+    "ActorRolloutRefConfig": "config",
+    "CriticWorkerConfig": "config",
+    "RewardModelWorkerConfig": "config",
+    "RolloutWorkerConfig": "config",
+    "CRITIC_MESH": "critic",
+    "CriticWorker": "critic",
+    "DEFAULT_POOL": "placement",
+    "PlacementSpec": "placement",
+    "build_role_groups": "placement",
+    "shutdown_role_groups": "placement",
+    "REWARD_MESH": "reward_model",
+    "RewardModelWorker": "reward_model",
+    "scores_at_last_response_token": "reward_model",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "ACTOR_MESH",

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
-from hybridflow.engines.reshard.grouping import ReshardMethod
-from hybridflow.engines.rollout.gemm import MATMUL_MODES
+from hybridflow.engines.reshard.method import ReshardMethod
 from hybridflow.engines.rollout.registry import check_rollout_backend
-from hybridflow.engines.rollout.sampling import LOG_PROB_MODES, SamplingParams
+from hybridflow.engines.rollout.settings import LOG_PROB_MODES, MATMUL_MODES, SamplingParams
 from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.engines.train.config import (
     ActorLossConfig,

@@ -103,3 +103,17 @@ def test_rl_trainer_dispatches_dicts_to_the_language_model_or_the_environment_tr
         assert isinstance(env, EnvTrainer) and isinstance(env, hybridflow.RLTrainer)
     with pytest.raises(ConfigError, match="did you mean 'trainer'"):
         hybridflow.RLTrainer({"trainr": {"total_steps": 1}})
+
+
+@pytest.mark.parametrize("key, value, advice", [
+    ("trainer.max_restarts", 1, "hybridflow train --resume RUN_DIR"),
+    ("trainer.call_timeout_s", 60, "hybridflow train --resume RUN_DIR"),
+    ("resources.nodes", 2, "distributed.placement_strategy"),
+])
+def test_language_model_recovery_and_placement_keys_are_refused_for_environment_tasks(key, value, advice):
+    # Environment tasks have no restart supervisor or resources section (docs/resilience.md):
+    # the keys are refused with what to use instead, not as an unknown key.
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match="is a setting of language-model runs") as info:
+        env_config_from_dict({"algorithm": "ppo", "env": "CartPole-v1", section: {name: value}})
+    assert info.value.key == (key if section == "trainer" else "resources") and advice in str(info.value)

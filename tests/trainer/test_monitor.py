@@ -9,6 +9,7 @@ No timing is asserted, only that what was measured is there and consistent.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -18,7 +19,7 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.cli import main
 from hybridflow.cli.monitor import main as monitor_main
-from hybridflow.trainer.live_status import read_status, read_timeline
+from hybridflow.trainer.live_status import TRACE_REQUEST_FILE, read_status, read_timeline
 from hybridflow.trainer.monitor import Sample, attach, phase_intervals, summarize
 
 GRPO_PHASES = {"gen", "reward", "old_log_prob", "adv", "update_actor", "save_checkpoint"}
@@ -29,6 +30,8 @@ def test_monitor_usage_errors_exit_2(tmp_path, capsys):
     assert "give a run directory or --address" in capsys.readouterr().err
     assert main(["monitor", str(tmp_path)]) == 2  # no status.json: not a run (yet)
     assert "has no status.json" in capsys.readouterr().err
+    assert main(["monitor", str(tmp_path), "--trace"]) == 2  # a trace is part of a profile
+    assert "--trace goes with --profile" in capsys.readouterr().err
 
 
 def test_summary_splits_time_by_phase_and_idle_samples():
@@ -41,6 +44,33 @@ def test_summary_splits_time_by_phase_and_idle_samples():
     assert report.phases == {"gen": 1.0, "update_actor": 1.0} and report.steps == 1
     assert report.role_cpu["gen"] == {"actor": 90.0, "critic": 1.0}
     assert report.workers["actor/0"] == {"busy_s": 1.0, "idle_s": 1.0, "mean_cpu_percent": 46.0, "peak_rss_mb": 120.0}
+
+
+def test_a_trace_request_makes_a_worker_process_record_its_calls(tmp_path, monkeypatch):
+    import torch
+
+    from hybridflow.controller.tracing import ENV_VAR, TraceRecorder, request_trace, trace_file
+
+    request = tmp_path / TRACE_REQUEST_FILE
+    monkeypatch.setenv(ENV_VAR, str(request))
+    recorder = TraceRecorder(rank=1)
+    with recorder.call("actor", "update_actor"):  # no request yet: nothing recorded
+        pass
+    assert recorder._profiler is None
+    request_trace(request, until=time.time() + 1.0, out_dir=tmp_path / "traces")
+    with recorder.call("actor", "update_actor"):
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    assert recorder._profiler is not None
+    while time.time() < 1.0 + request.stat().st_mtime:  # past the window (no time is asserted)
+        time.sleep(0.1)
+    with recorder.call("actor", "generate_sequences"):  # the first call after the window writes the trace
+        pass
+    assert recorder._profiler is None
+    events = json.loads(trace_file(tmp_path / "traces", 1, os.getpid()).read_text())["traceEvents"]
+    assert "actor.update_actor" in {e.get("name") for e in events}
+    with recorder.call("actor", "update_actor"):  # the same request is not taken up again
+        pass
+    assert recorder._profiler is None
 
 
 # Starts 2-rank GRPO workers once and trains while the monitor samples (~40-60 s here).
@@ -57,7 +87,7 @@ def test_monitor_profiles_a_live_two_rank_run(ray_local, tiny_config, tmp_path):
         # --address: the same workers, found in Ray's actor table (this process is the driver).
         result["by_address"] = {(w.role, w.rank, w.pid) for w in attach(address=ray_local.address)}
         result["rc"] = monitor_main([str(run_dir), "--profile", "cpu", "--duration", "6", "--interval", "0.2",
-                                     "--out", str(out)])
+                                     "--out", str(out), "--trace"])
 
     watcher = threading.Thread(target=watch, daemon=True)
     with trainer:
@@ -77,6 +107,12 @@ def test_monitor_profiles_a_live_two_rank_run(ray_local, tiny_config, tmp_path):
     assert report["role_cpu"] and report["overhead"]["monitor_cpu_s"] >= 0
     text = (out / "report.md").read_text()
     assert all(f"| {name} |" in text for name in report["phases"]) and "| actor/1 |" in text
+    # --trace: each actor process recorded a torch profiler trace of the window, with its calls.
+    assert sorted(report["traces"]) == ["actor/0", "actor/1"] and not (run_dir / TRACE_REQUEST_FILE).exists()
+    for path in report["traces"].values():
+        names = {e.get("name") for e in json.loads((out / path).read_text())["traceEvents"]}
+        assert names & {f"actor.{m}" for m in ("generate_sequences", "compute_log_prob", "update_actor")}, path
+    assert "## Torch profiler traces" in text
     image = matplotlib.image.imread(out / "timeline.png")
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     # The trainer's timeline covers every step it ran, each ending with the run's state.

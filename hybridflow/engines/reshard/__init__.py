@@ -17,22 +17,34 @@ measurements are in docs/reshard.md; benchmarks/bench_reshard.py measures them.
 - engine.py: `HybridEngine` (`to_generation` / `to_training`).
 """
 
-from hybridflow.engines.reshard.accounting import CommMeter, MemoryLedger
-from hybridflow.engines.reshard.engine import (
-    HybridEngine,
-    TransitionStats,
-    create_process_groups,
-)
-from hybridflow.engines.reshard.formulas import Costs, ModelSizes, predicted_costs
-from hybridflow.engines.reshard.grouping import (
-    GatherSpec,
-    GenerationGrouping,
-    ReshardMethod,
-    all_gather_groups,
-    plan_for_rank,
-)
-from hybridflow.engines.reshard.layout import ParamLayout, TrainingLayout, local_shard
-from hybridflow.engines.reshard.placement import aligned_placement_fn, aligned_shard_dim, generation_shard_dim
+from __future__ import annotations
+
+from hybridflow.lazy import lazy_exports
+
+# name -> the module that defines it; imported on first use (hybridflow/lazy.py), so
+# importing a torch-free module of this package (config classes) stays torch-free.
+_EXPORTS = {
+    "CommMeter": "accounting",
+    "MemoryLedger": "accounting",
+    "HybridEngine": "engine",
+    "TransitionStats": "engine",
+    "create_process_groups": "engine",
+    "Costs": "formulas",
+    "ModelSizes": "formulas",
+    "predicted_costs": "formulas",
+    "GatherSpec": "grouping",
+    "GenerationGrouping": "grouping",
+    "ReshardMethod": "grouping",
+    "all_gather_groups": "grouping",
+    "plan_for_rank": "grouping",
+    "ParamLayout": "layout",
+    "TrainingLayout": "layout",
+    "local_shard": "layout",
+    "aligned_placement_fn": "placement",
+    "aligned_shard_dim": "placement",
+    "generation_shard_dim": "placement",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "CommMeter",

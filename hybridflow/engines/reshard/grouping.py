@@ -25,25 +25,10 @@ so every rank gathers the whole tensor from all ranks and the engine cuts its pi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from hybridflow.engines.reshard.layout import ParamLayout, TrainingLayout
+from hybridflow.engines.reshard.method import ReshardMethod
 from hybridflow.engines.reshard.placement import generation_shard_dim
-
-
-class ReshardMethod(str, Enum):
-    """How training shards become generation shards (see module docstring)."""
-
-    HYBRID = "hybrid"
-    PLAIN = "plain"
-    GATHER_ALL = "gather_all"
-
-    @classmethod
-    def parse(cls, value: "str | ReshardMethod") -> "ReshardMethod":
-        try:
-            return cls(value)
-        except ValueError:
-            raise ValueError(f"unknown reshard method {value!r}; choose one of {[m.value for m in cls]}") from None
 
 
 @dataclass(frozen=True)

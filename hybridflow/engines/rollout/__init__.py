@@ -13,19 +13,27 @@ register with `@register_rollout_backend` (registry.py) and are built with
 Both read prompts and write the output DataProto through batch_io.py.
 """
 
-from hybridflow.engines.rollout.config import RolloutConfig
-from hybridflow.engines.rollout.engine import NativeRolloutEngine
-from hybridflow.engines.rollout.hf_backend import HFRolloutEngine
-from hybridflow.engines.rollout.interface import RolloutEngine
-from hybridflow.engines.rollout.registry import (
-    build_rollout_engine,
-    check_rollout_backend,
-    register_rollout_backend,
-    rollout_backend,
-    rollout_backends,
-)
-from hybridflow.engines.rollout.sampling import SamplingParams
-from hybridflow.engines.rollout.weights import shard_for_rank, tp_shard_dim
+from __future__ import annotations
+
+from hybridflow.lazy import lazy_exports
+
+# name -> the module that defines it; imported on first use (hybridflow/lazy.py), so
+# importing a torch-free module of this package (config classes) stays torch-free.
+_EXPORTS = {
+    "RolloutConfig": "config",
+    "NativeRolloutEngine": "engine",
+    "HFRolloutEngine": "hf_backend",
+    "RolloutEngine": "interface",
+    "build_rollout_engine": "registry",
+    "check_rollout_backend": "registry",
+    "register_rollout_backend": "registry",
+    "rollout_backend": "registry",
+    "rollout_backends": "registry",
+    "SamplingParams": "sampling",
+    "shard_for_rank": "weights",
+    "tp_shard_dim": "weights",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "HFRolloutEngine",

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from hybridflow.engines.precision import cpu_has_fast_bf16
+from hybridflow.engines.rollout.settings import MATMUL_MODES
 
-MATMUL_MODES = ("auto", "native", "fp32_panels")
 
 # Elements of one converted fp32 weight panel (512 Ki x 4 B = 2 MiB, about L2 + a slice of
 # L3): measured on the dev CPU, 256 Ki to 1 Mi elements run fastest; smaller panels pay

@@ -7,7 +7,9 @@
                                   process_group=None, tokenizer=None, model_path=None)
 
 Built in: "native" (engine.py, hybridflow's own engine) and "hf" (hf_backend.py,
-transformers `generate`), registered when `hybridflow.engines.rollout` is imported. A
+transformers `generate`), declared here by name (with whether they run tensor parallel)
+so that `check_rollout_backend` validates a config without importing torch; their
+modules register the classes when first built. A
 backend that lives outside hybridflow is named "package.module:name": the module is
 imported first (which runs its `register_rollout_backend`), in the controller when the
 config is checked and in every worker process when the engine is built, so it must be
@@ -18,14 +20,21 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from hybridflow.algorithms.registry import Registry
-from hybridflow.engines.rollout.config import RolloutConfig
-from hybridflow.engines.rollout.interface import RolloutEngine
 
-_BACKENDS: Registry[type[RolloutEngine]] = Registry("rollout backend", "rollout.name")
+if TYPE_CHECKING:  # torch: this module is read by config validation, before torch is imported
+    import torch.distributed as dist
+
+    from hybridflow.engines.rollout.config import RolloutConfig
+    from hybridflow.engines.rollout.interface import RolloutEngine
+
+_BUILTINS = {"native": "hybridflow.engines.rollout.engine", "hf": "hybridflow.engines.rollout.hf_backend"}
+# The built-ins' `supports_tensor_parallel`, for checks that must not import them
+# (tests/engines/rollout/test_registry.py compares it with the classes).
+BUILTIN_TENSOR_PARALLEL = {"native": True, "hf": False}
+_BACKENDS: Registry[type[RolloutEngine]] = Registry("rollout backend", "rollout.name", _BUILTINS)
 
 
 def register_rollout_backend(name: str, *, override: bool = False) -> Callable[[type], type]:
@@ -39,6 +48,8 @@ def register_rollout_backend(name: str, *, override: bool = False) -> Callable[[
     register = _BACKENDS.register(name, override=override)
 
     def decorator(cls: type) -> type:
+        from hybridflow.engines.rollout.interface import RolloutEngine  # torch: only when a backend registers
+
         if not (isinstance(cls, type) and issubclass(cls, RolloutEngine)):
             raise TypeError(f"@register_rollout_backend({name!r}) must decorate a RolloutEngine subclass, got {cls!r}")
         return register(cls)
@@ -53,6 +64,12 @@ def rollout_backends() -> list[str]:
 
 def rollout_backend(name: str) -> type[RolloutEngine]:
     """The class registered as `name`, or as `short` after importing `module` for "module:short"."""
+    return _BACKENDS.get(_import_external(name))
+
+
+def _import_external(name: str) -> str:
+    """The registry name of `name`: "module:short" imports `module` (which registers
+    `short`) and gives `short`; a plain name is itself."""
     module, sep, short = name.rpartition(":") if isinstance(name, str) else ("", "", name)
     if sep:
         if not module or not short:
@@ -64,7 +81,7 @@ def rollout_backend(name: str) -> type[RolloutEngine]:
                 f"rollout.name {name!r}: cannot import {module!r} ({err}); the module must be importable "
                 "in the controller and in every worker process (installed, or on PYTHONPATH)"
             ) from err
-    return _BACKENDS.get(short)
+    return short
 
 
 def unsupported_tp_message(name: str, tp_size: int) -> str:
@@ -73,12 +90,18 @@ def unsupported_tp_message(name: str, tp_size: int) -> str:
             f"{tp_size}; set rollout.tensor_model_parallel_size=1, or use rollout.name=native")
 
 
-def check_rollout_backend(name: str, tp_size: int) -> type[RolloutEngine]:
-    """The backend class for `name`; ValueError if unknown or unable to run `tp_size`-way TP."""
-    cls = rollout_backend(name)
-    if tp_size > 1 and not cls.supports_tensor_parallel:
+def check_rollout_backend(name: str, tp_size: int) -> None:
+    """ValueError if `name` is unknown or cannot run `tp_size`-way TP. A built-in's module
+    is not imported for this (the config check stays torch-free); an external
+    "module:name" is (its registration is how its name becomes known)."""
+    short = _import_external(name)
+    _BACKENDS.check(short)
+    if short in _BACKENDS._table:
+        tensor_parallel = _BACKENDS.get(short).supports_tensor_parallel
+    else:
+        tensor_parallel = BUILTIN_TENSOR_PARALLEL[short]
+    if tp_size > 1 and not tensor_parallel:
         raise ValueError(unsupported_tp_message(name, tp_size))
-    return cls
 
 
 def build_rollout_engine(name: str, hf_config, config: RolloutConfig, *, process_group: dist.ProcessGroup | None,
@@ -90,6 +113,9 @@ def build_rollout_engine(name: str, hf_config, config: RolloutConfig, *, process
     directory). `model_path` is the model directory, for backends that read files of their
     own (tokenizer, generation config); the built-in ones do not need it.
     """
+    import torch.distributed as dist
+
     tp_size = 1 if process_group is None else dist.get_world_size(process_group)
-    cls = check_rollout_backend(name, tp_size)
+    check_rollout_backend(name, tp_size)
+    cls = rollout_backend(name)
     return cls(hf_config, config, process_group=process_group, tokenizer=tokenizer, model_path=model_path)

@@ -23,64 +23,11 @@ log softmax(logits) (temperature 1) in both modes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-LOG_PROB_MODES = ("scaled", "processed")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one prompt. temperature == 0 means greedy (argmax, no randomness)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 128
-    stop_token_ids: tuple[int, ...] = ()
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    n: int = 1
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
-        problems = []
-        if self.temperature < 0:
-            problems.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.n < 1:
-            problems.append(f"n must be >= 1, got {self.n}")
-        if self.seed is not None and self.seed < 0:
-            problems.append(f"seed must be >= 0 or None, got {self.seed}")
-        if any(not s for s in self.stop):
-            problems.append("stop strings must be non-empty")
-        if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @classmethod
-    def from_meta_info(cls, meta: Mapping[str, Any], **defaults: Any) -> "SamplingParams":
-        """Build from DataProto.meta_info keys (verl-style): do_sample=False selects greedy."""
-        known = {"temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids", "stop", "ignore_eos", "n", "seed"}
-        kwargs = dict(defaults)
-        kwargs.update({k: v for k, v in meta.items() if k in known})
-        if "max_new_tokens" not in meta and "response_length" in meta:
-            kwargs["max_new_tokens"] = int(meta["response_length"])
-        if meta.get("do_sample", True) is False:
-            kwargs["temperature"] = 0.0
-        return cls(**kwargs)
-
+from hybridflow.engines.rollout.settings import LOG_PROB_MODES, SamplingParams
 
 @dataclass
 class RowSettings:

@@ -7,20 +7,29 @@ not know how the processes were started (it never imports Ray).
     from hybridflow.engines.train import ActorEngine, TrainEngineConfig, init_distributed
 """
 
-from hybridflow.engines.train.actor import ActorEngine
-from hybridflow.engines.train.config import (
-    ActorLossConfig,
-    CriticLossConfig,
-    LoraConfig,
-    ForwardBatchConfig,
-    MicroBatchConfig,
-    OptimConfig,
-    TrainEngineConfig,
-)
-from hybridflow.engines.train.critic import CriticEngine
-from hybridflow.engines.train.distributed import build_device_mesh, full_tensor, init_distributed
-from hybridflow.engines.train.engine import TrainEngine
-from hybridflow.engines.train.reward import RewardModelEngine
+from __future__ import annotations
+
+from hybridflow.lazy import lazy_exports
+
+# name -> the module that defines it; imported on first use (hybridflow/lazy.py), so
+# importing a torch-free module of this package (config classes) stays torch-free.
+_EXPORTS = {
+    "ActorEngine": "actor",
+    "ActorLossConfig": "config",
+    "CriticLossConfig": "config",
+    "LoraConfig": "config",
+    "ForwardBatchConfig": "config",
+    "MicroBatchConfig": "config",
+    "OptimConfig": "config",
+    "TrainEngineConfig": "config",
+    "CriticEngine": "critic",
+    "build_device_mesh": "distributed",
+    "full_tensor": "distributed",
+    "init_distributed": "distributed",
+    "TrainEngine": "engine",
+    "RewardModelEngine": "reward",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "ActorEngine",

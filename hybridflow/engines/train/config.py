@@ -23,8 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
-from hybridflow.algorithms import PolicyLossConfig, get_kl_estimator, get_loss_agg_mode
-from hybridflow.algorithms.off_policy import OffPolicyConfig
+from hybridflow.algorithms.settings import KL_ESTIMATORS, LOSS_AGG_MODES, OffPolicyConfig, PolicyLossConfig
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.errors import ConfigError
 
@@ -42,7 +41,7 @@ def _count(key: str, value: object) -> None:
 
 
 def _registered(key: str, lookup: Callable[[str], object], name: str) -> None:
-    """`lookup(name)` (a registry getter); its unknown-name ValueError becomes a ConfigError on `key`."""
+    """`lookup(name)` (a registry check); its unknown-name ValueError becomes a ConfigError on `key`."""
     try:
         lookup(name)
     except ValueError as err:
@@ -318,7 +317,7 @@ class ActorLossConfig:
             if getattr(self, key) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, key)}", key)
         if self.use_kl_loss:
-            _registered("kl_loss_type", get_kl_estimator, self.kl_loss_type)
+            _registered("kl_loss_type", KL_ESTIMATORS.check, self.kl_loss_type)
 
 
 @dataclass
@@ -332,4 +331,4 @@ class CriticLossConfig:
     def __post_init__(self) -> None:
         if self.cliprange_value is not None:
             _positive("cliprange_value", self.cliprange_value)
-        _registered("loss_agg_mode", get_loss_agg_mode, self.loss_agg_mode)
+        _registered("loss_agg_mode", LOSS_AGG_MODES.check, self.loss_agg_mode)

@@ -10,4 +10,6 @@ def isolated_backend_registry(monkeypatch):
     """Backends a test registers disappear when it ends (the built-ins stay)."""
     from hybridflow.engines.rollout import registry
 
+    for name in registry.BUILTIN_TENSOR_PARALLEL:  # import the built-ins first: they must stay registered
+        registry.rollout_backend(name)
     monkeypatch.setattr(registry._BACKENDS, "_table", dict(registry._BACKENDS._table))

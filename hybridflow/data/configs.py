@@ -1,0 +1,88 @@
+"""The data sections' config classes (`data.*`, `sft.data.*`, the rm command's `data.*`).
+
+Torch- and transformers-free, so that the run config is validated before either is
+imported; the datasets that read them (rl_dataset.py, sft_dataset.py,
+pairwise_dataset.py) re-export them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+
+@dataclasses.dataclass
+class PromptDataConfig:
+    """How prompts are read, rendered, length-limited and padded.
+
+    truncation: what to do with a prompt longer than max_prompt_length tokens when it is
+        not filtered: "error" (raise, naming the row), "left" (keep the last tokens),
+        "right" (keep the first tokens).
+    filter_overlong_prompts: drop overlong prompts instead (counted in `stats`).
+    pad_to: "batch" pads each batch to its longest prompt; "max_length" always pads to
+        max_prompt_length (fixed shapes).
+    default_data_source: used for rows without a data_source column.
+    """
+
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 512
+    truncation: Literal["error", "left", "right"] = "error"
+    filter_overlong_prompts: bool = True
+    apply_chat_template: bool = True
+    pad_to: Literal["batch", "max_length"] = "batch"
+    default_data_source: str | None = None
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
+        if self.truncation not in ("error", "left", "right"):
+            raise ValueError(f"truncation must be 'error', 'left' or 'right', got {self.truncation!r}")
+        if self.pad_to not in ("batch", "max_length"):
+            raise ValueError(f"pad_to must be 'batch' or 'max_length', got {self.pad_to!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")
+
+
+@dataclasses.dataclass
+class SFTDataConfig:
+    """Columns, the length limit and what to do with pairs that exceed it.
+
+    overlong: "filter" drops a pair whose prompt + response exceeds max_length,
+        "truncate" cuts the response (keeping at least one response token), "error" raises.
+    """
+
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    max_length: int = 512
+    overlong: Literal["filter", "truncate", "error"] = "filter"
+    apply_chat_template: bool = True
+    append_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        if self.overlong not in ("filter", "truncate", "error"):
+            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
+
+
+@dataclasses.dataclass
+class PairwiseDataConfig:
+    """Columns, the length limit and what to do with pairs over it (module docstring)."""
+
+    prompt_key: str = "prompt"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    max_length: int = 512
+    overlong: Literal["filter", "truncate", "error"] = "filter"
+    apply_chat_template: bool = True
+    append_eos: bool = True
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        if self.overlong not in ("filter", "truncate", "error"):
+            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")

@@ -1,0 +1,54 @@
+"""`RewardConfig`: the reward manager's settings (`reward.manager.*`), torch-free so that
+the run config is validated before torch is imported; manager.py re-exports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class RewardConfig:
+    """How rewards are computed.
+
+    num_workers: worker processes (0 = score in this process, for debugging).
+    timeout_s: per-sample limit; the function is interrupted after it.
+    kill_grace_s: extra time before a worker that ignores the interruption is killed (by
+        the parent, from outside: a function that blocks the alarm cannot escape it).
+    error_score: reward of a sample whose function failed or timed out.
+    mp_context: "forkserver" (fast worker start) or "spawn".
+    memory_limit_mb: address-space limit of each worker process (RLIMIT_AS); a sample that
+        allocates past it fails with MemoryError instead of exhausting the machine.
+        null: no limit. Not applied in-process (num_workers 0).
+    max_failed_share / max_failed_steps: the run stops with an error naming the first
+        failure after `max_failed_steps` scoring calls in a row (training steps or held-out
+        evaluations) in which more than `max_failed_share` of the samples failed (raised,
+        timed out, killed their worker). A reward function that always fails then stops
+        the run instead of training on error_score. max_failed_steps 0: never stop.
+    """
+
+    num_workers: int = 2
+    timeout_s: float = 10.0
+    kill_grace_s: float = 2.0
+    error_score: float = 0.0
+    mp_context: str = "forkserver"
+    memory_limit_mb: int | None = 8192
+    max_failed_share: float = 0.5
+    max_failed_steps: int = 3
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 = in-process), got {self.num_workers}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s must be >= 0, got {self.kill_grace_s}")
+        if self.mp_context not in ("forkserver", "spawn"):
+            raise ValueError(f"mp_context must be 'forkserver' or 'spawn', got {self.mp_context!r}")
+        if self.memory_limit_mb is not None and self.memory_limit_mb < 64:
+            raise ValueError(f"memory_limit_mb must be >= 64 (a Python process needs that much) or null, "
+                             f"got {self.memory_limit_mb}")
+        if not 0.0 <= self.max_failed_share < 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1), got {self.max_failed_share}")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"max_failed_steps must be >= 0 (0 = never stop), got {self.max_failed_steps}")
