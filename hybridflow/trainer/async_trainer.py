@@ -23,9 +23,15 @@ The controller steers and does not carry weights: generation calls and weight sy
 non-blocking worker-group calls (CallFutures); weights go from training rank 0 to the
 rollout ranks over a WeightBridge (torch.distributed). It does fetch the finished groups,
 to score them with the reward function and to compute advantages (both run on the
-controller in this framework), then trains with the sync program's own phases
-(`train_critic_free`). Ray runs a group's calls in the order they were issued, so a
-weight sync issued before a generation call is in place when that call starts.
+controller in this framework), then trains with the sync program's own phases.
+
+Every generation call names the policy version it generates with (the newest one whose
+sync was started when it was issued); the rollout ranks receive syncs in a background
+thread (workers/rollout.py), so the actor's send never waits for queued generation and
+the rollout pool runs as far ahead as admission control allows. The controller decides
+from the results it receives, in issue order, so the schedule (which prompts go in which
+call with which version, hence every token's staleness) is a function of the config and
+seed, not of timing.
 """
 
 from __future__ import annotations
@@ -117,9 +123,10 @@ class AsyncRunner:
         self.version = 0  # updates done; the rollout pool holds this version after the pending sync
         self.sent = self.in_flight = self.calls = 0
         self.pending: deque[CallFuture] = deque()
-        self.syncs: list[CallFuture] = []
+        self.sync: CallFuture | None = None
         self.leftover: DataProto | None = None
         self.sync_metrics: dict[str, float] = {}
+        self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
 
     @classmethod
     def start(cls, cfg: RunConfig, roles: Roles, policy_path: str, prompts: Iterator[DataProto],
@@ -134,7 +141,7 @@ class AsyncRunner:
             rollout.init_model()
             connect_weight_bridge(roles.actor, rollout, cfg.async_rl.bucket_bytes)
             runner = cls(cfg, roles, rollout, prompts, state)
-            runner.syncs = list(start_weight_sync(roles.actor, rollout, 0))
+            runner.sync = start_weight_sync(roles.actor, 0)
         except BaseException:
             shutdown_role_groups(groups)
             raise
@@ -145,7 +152,7 @@ class AsyncRunner:
         # Dropped groups were never trained: their place in the schedule goes to new prompts.
         limit = (self.version + self.max_staleness + 1) * self.batch_groups
         room = self.buffer.capacity - len(self.buffer) - self.in_flight
-        return self.sent - self.buffer.dropped + self.chunk <= limit and self.chunk <= room and len(self.pending) < 2
+        return self.sent - self.buffer.dropped + self.chunk <= limit and self.chunk <= room
 
     def _next_prompts(self) -> DataProto:
         """`chunk` prompts from the loader's batches (a batch may be cut across calls)."""
@@ -170,16 +177,21 @@ class AsyncRunner:
             self.sent += len(prompts)
             self.in_flight += len(prompts)
             self.calls += 1
-        self.pending.append(self.rollout.generate_stream(per_rank, [self.max_steps] * world))
+        self.pending.append(self.rollout.generate_stream(per_rank, [self.max_steps] * world, [self.version] * world))
 
     def _fill(self) -> None:
         while self._may_send():
             self._send(self._next_prompts())
+        if self.in_flight and not self.pending:
+            self._send(None)  # keep the pool generating while the trainer trains
 
     def _receive(self) -> None:
         outputs = self.pending.popleft().get()
+        loaded = outputs[0][1]
+        if loaded:
+            self.receive_metrics = loaded
         for rank in range(0, len(outputs), self.tp):  # tp rank 0 of each generation group, dp order
-            for batch in outputs[rank]:
+            for batch in outputs[rank][0]:
                 for group in split_groups(batch):
                     self.buffer.put(group)
                     self.in_flight -= 1
@@ -231,27 +243,30 @@ class AsyncRunner:
         step.metrics.update(staleness_metrics(step.batch.batch[POLICY_VERSION], mask, self.version))
         P.compute_reward(step, _rule_reward(self.roles, self.cfg), self.roles.reward_model)
         train_critic_free(step, self.roles, self.cfg, self.state)
-        self._finish_syncs()
+        self._finish_sync()
         self.version += 1
-        self.syncs = list(start_weight_sync(self.roles.actor, self.rollout, self.version))
+        self.sync = start_weight_sync(self.roles.actor, self.version)
         self._fill()  # new prompts queue behind the sync: they start under the new weights
         step.metrics.update({
             "async/policy_version": float(self.version), "async/dropped_groups": float(self.buffer.dropped - dropped_before),
             "async/dropped_groups_total": float(self.buffer.dropped), "async/buffered_groups": float(len(self.buffer)),
-            "async/in_flight_groups": float(self.in_flight), **self.sync_metrics,
+            "async/in_flight_groups": float(self.in_flight), "async/queued_calls": float(len(self.pending)),
+            **self.receive_metrics, **self.sync_metrics,
         })
         return step
 
-    def _finish_syncs(self) -> None:
-        """Collect the previous weight sync (long done unless a pool failed: then this raises)."""
+    def _finish_sync(self) -> None:
+        """Collect the previous weight send (done as soon as the rollout ranks' receiver
+        threads took the bytes, unless a pool failed: then this raises)."""
         start = time.perf_counter()
-        sent, received = (future.get() for future in self.syncs)
-        self.sync_metrics = {**received[0], **sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
+        assert self.sync is not None
+        sent = self.sync.get()
+        self.sync_metrics = {**sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
 
     def close(self) -> None:
         """Wait for nothing: the groups are killed by the trainer's close."""
         self.pending.clear()
-        self.syncs = []
+        self.sync = None
 
 
 def dead_ranks(group: WorkerGroup, timeout_s: float = 5.0) -> list[int]:

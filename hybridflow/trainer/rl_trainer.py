@@ -152,7 +152,8 @@ class RLTrainer:
             sft_actor, self.sft_result.actor = self.sft_result.actor, None
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
         try:
-            roles = rl_roles(cfg, policy_start_path(cfg, self.run_dir))
+            policy_path = policy_start_path(cfg, self.run_dir)
+            roles = rl_roles(cfg, policy_path)
         except BaseException:
             if sft_actor is not None:
                 shutdown_role_groups({"actor": sft_actor})

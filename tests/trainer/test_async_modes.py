@@ -48,3 +48,17 @@ def test_two_steps_of_each_mode(tiny_config, ray_local, mode):
         assert "actor/is_weight_mean" in r and r["weight_sync/bytes"] > 0
     if mode == "one_step_off":  # batch 2 and 3 were generated while the previous batch trained
         assert [r["staleness/max"] for r in records] == [0.0, 1.0, 1.0]
+
+
+def test_max_staleness_4_runs_ahead_and_keeps_the_bound(tiny_config, ray_local):
+    """The rollout pool runs several batches ahead (its weights arrive in the background,
+    admission control lets 5 batches be in flight), so trained tokens lag more than one
+    version, and never more than max_staleness. The schedule does not depend on timing
+    (each generation call names its version), so the observed staleness is exact."""
+    records = _run(tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                               "trainer.mode=async", "async_rl.max_staleness=4", "async_rl.chunk_prompts=2",
+                               "async_rl.steps_per_call=2", "actor.loss.off_policy.is_level=token"), steps=5)
+    worst = [r["staleness/max"] for r in records]
+    assert max(worst) > 1, worst
+    assert all(w <= 4 for w in worst), worst
+    assert max(r["async/queued_calls"] for r in records) > 2  # more than the two calls the first design queued
