@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -50,11 +52,20 @@ from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import AlgoState, _rule_reward, train_critic_free
+from hybridflow.trainer.algorithms import AlgoState, _rule_reward, train_critic_free, train_ppo
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.setup import actor_config
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
 from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
+
+
+# What a step does after the batch is scored, by the algorithm's step program
+# (config/async_schema.py: ASYNC_PROGRAMS lists the same programs).
+TRAIN: dict[str, Callable[[Step, Roles, RunConfig, AlgoState], None]] = {
+    "hybridflow.trainer.algorithms:critic_free": train_critic_free,
+    "hybridflow.trainer.algorithms:ppo": train_ppo,
+}
+PROMPTS_FILE = "async_prompts.dp"  # in a checkpoint: the prompts sent but not trained yet
 
 
 @dataclass
@@ -85,6 +96,7 @@ class RolloutBuffer:
         self.capacity, self.max_staleness = capacity, max_staleness
         self.groups: deque[Group] = deque()
         self.dropped = 0  # groups, over the whole run
+        self.discarded: list[Group] = []  # dropped since the owner last cleared it
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -100,6 +112,7 @@ class RolloutBuffer:
         oldest token's version <= max_staleness), or None while fewer are there. Staler
         groups are dropped first, whether or not a batch can be taken."""
         fresh = deque(g for g in self.groups if version - g.oldest_version <= self.max_staleness)
+        self.discarded.extend(g for g in self.groups if version - g.oldest_version > self.max_staleness)
         self.dropped += len(self.groups) - len(fresh)
         self.groups = fresh
         if len(fresh) < count:
@@ -125,14 +138,17 @@ class AsyncRunner:
         self.pending: deque[CallFuture] = deque()
         self.sync: CallFuture | None = None
         self.leftover: DataProto | None = None
+        self.untrained: dict[str, DataProto] = {}  # uid -> its prompt row: sent, not trained nor dropped yet
+        self.train = TRAIN[cfg.algorithm.spec.program]
         self.sync_metrics: dict[str, float] = {}
         self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
 
     @classmethod
     def start(cls, cfg: RunConfig, roles: Roles, policy_path: str, prompts: Iterator[DataProto],
               state: AlgoState, cpus_per_slot: float) -> tuple[AsyncRunner, WorkerGroup]:
-        """Build the rollout pool (`cpus_per_slot`: each rank's CPUs, as the actor's ranks get),
-        connect it to the actor and give it version 0."""
+        """Build the rollout pool (`cpus_per_slot`: each rank's CPUs, as the actor's ranks get)
+        and connect it to the actor. The first step sends the actor's weights (after a
+        resume, the checkpoint's) as the current version."""
         spec = PlacementSpec(pools={"rollout_pool": [cfg.async_rl.rollout_ranks]}, use_gpu=cfg.resources.use_gpu,
                              cpus_per_slot=cpus_per_slot)
         groups = build_role_groups({"rollout": RoleSpec(RolloutWorker, (actor_config(cfg, policy_path),))}, spec)
@@ -141,7 +157,6 @@ class AsyncRunner:
             rollout.init_model()
             connect_weight_bridge(roles.actor, rollout, cfg.async_rl.bucket_bytes)
             runner = cls(cfg, roles, rollout, prompts, state)
-            runner.sync = start_weight_sync(roles.actor, 0)
         except BaseException:
             shutdown_role_groups(groups)
             raise
@@ -170,8 +185,9 @@ class AsyncRunner:
         world = self.rollout.world_size
         per_rank: list[DataProto | None] = [None] * world
         if prompts is not None:
-            prompts.non_tensor_batch["uid"] = np.array([f"g{self.calls}-{i}" for i in range(len(prompts))],
-                                                       dtype=object)
+            uids = [f"g{self.calls}-{i}" for i in range(len(prompts))]
+            self.untrained.update((uid, prompts[i:i + 1]) for i, uid in enumerate(uids))  # as the loader gave them
+            prompts.non_tensor_batch["uid"] = np.array(uids, dtype=object)
             parts = prompts.chunk(world // self.tp)  # contiguous, in generation dp order (as the sync actor)
             per_rank = [parts[rank // self.tp] for rank in range(world)]
             self.sent += len(prompts)
@@ -200,6 +216,9 @@ class AsyncRunner:
     def _next_batch(self) -> list[Group]:
         while True:
             groups = self.buffer.take(self.batch_groups, self.version)
+            for group in [*self.buffer.discarded, *(groups or [])]:
+                del self.untrained[group.data.non_tensor_batch["uid"][0]]
+            self.buffer.discarded.clear()
             if groups is not None:
                 return groups
             self._fill()
@@ -235,6 +254,8 @@ class AsyncRunner:
     def _step(self, index: int) -> Step:
         step = Step(index, DataProto(), balance_dp=self.cfg.trainer.balance_batch)
         dropped_before = self.buffer.dropped
+        if self.sync is None:  # the first step of a run, or of a resumed one
+            self.sync = start_weight_sync(self.roles.actor, self.version)
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start
@@ -242,7 +263,7 @@ class AsyncRunner:
         mask = step.batch.batch["response_mask"]
         step.metrics.update(staleness_metrics(step.batch.batch[POLICY_VERSION], mask, self.version))
         P.compute_reward(step, _rule_reward(self.roles, self.cfg), self.roles.reward_model)
-        train_critic_free(step, self.roles, self.cfg, self.state)
+        self.train(step, self.roles, self.cfg, self.state)
         self._finish_sync()
         self.version += 1
         self.sync = start_weight_sync(self.roles.actor, self.version)
@@ -262,6 +283,32 @@ class AsyncRunner:
         assert self.sync is not None
         sent = self.sync.get()
         self.sync_metrics = {**sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_state(self, checkpoint_dir: Path) -> dict[str, Any]:
+        """What a resumed run needs (the trainer saves it with the step's checkpoint): the
+        policy version, the generation calls made (the rollout ranks' sampling seeds count
+        them), the dropped total, and, in `PROMPTS_FILE`, the prompts sent but not trained
+        (in flight or buffered, in the order they were sent) followed by the rest of a
+        loader batch cut across calls. The generated groups themselves are not saved: a
+        resumed run sends those prompts again first (regenerated under the checkpoint's
+        weights), then continues from the loader's saved position."""
+        rows = [*self.untrained.values(), *([self.leftover] if self.leftover is not None else [])]
+        if rows:
+            DataProto.concat(rows).save(checkpoint_dir / PROMPTS_FILE)
+        return {"version": self.version, "calls": self.calls, "dropped_total": self.buffer.dropped,
+                "requeued_prompts": sum(len(r) for r in rows)}
+
+    def load_state(self, state: dict[str, Any], checkpoint_dir: Path) -> None:
+        """Continue from `save_state`'s record (before the first step of the resumed run)."""
+        self.version, self.calls, self.buffer.dropped = state["version"], state["calls"], state["dropped_total"]
+        self.sent = self.version * self.batch_groups + self.buffer.dropped  # the trained and the dropped groups
+        path = checkpoint_dir / PROMPTS_FILE
+        self.leftover = DataProto.load(path) if state["requeued_prompts"] else None
+        if self.leftover is not None and len(self.leftover) != state["requeued_prompts"]:
+            raise ValueError(f"{str(path)!r} holds {len(self.leftover)} prompts, the checkpoint's state says "
+                             f"{state['requeued_prompts']}: the checkpoint is damaged")
+        self.rollout.restore_generate_calls(self.calls)
 
     def close(self) -> None:
         """Wait for nothing: the groups are killed by the trainer's close."""

@@ -177,6 +177,11 @@ class RolloutWorker(Worker):
         return (finished if self.tp_rank == 0 else []), metrics
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def restore_generate_calls(self, calls: int) -> None:
+        """A resumed run: the sampling seeds continue from `calls` generation calls."""
+        self._generate_calls = calls
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def staged_versions(self) -> list[int]:
         """Versions received and not loaded yet (for tests and debugging)."""
         with self._staged_cv:

@@ -62,3 +62,41 @@ def test_max_staleness_4_runs_ahead_and_keeps_the_bound(tiny_config, ray_local):
     assert max(worst) > 1, worst
     assert all(w <= 4 for w in worst), worst
     assert max(r["async/queued_calls"] for r in records) > 2  # more than the two calls the first design queued
+
+
+def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_local):
+    """A checkpoint of an async run holds the policy version, the generation-call count
+    (sampling seeds) and the prompts sent but not trained; the resumed run sends those
+    again first and trains on with the right version. Its buffer is regenerated, so its
+    later steps need not equal the uninterrupted run's."""
+    from hybridflow.trainer.async_trainer import PROMPTS_FILE
+    from hybridflow.trainer.checkpointing import read_trainer_state
+
+    cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                      "trainer.mode=async", "async_rl.max_staleness=2", "async_rl.chunk_prompts=2",
+                      "async_rl.steps_per_call=2", "trainer.save_freq=2", "trainer.total_steps=3")
+    with RLTrainer(cfg) as trainer:
+        trainer.train(steps=2)
+        runner = trainer.async_runner
+        untrained, calls, loader = len(runner.untrained) + len(runner.leftover or []), runner.calls, trainer.loader.state_dict()
+        run_dir = trainer.run_dir
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    state = read_trainer_state(checkpoint)["async"]
+    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"], "requeued_prompts": untrained}
+    assert untrained > 0 and (checkpoint / PROMPTS_FILE).is_file()  # the pool was ahead of training
+    with RLTrainer(resume=run_dir) as resumed:
+        resumed.train()
+        r = resumed.async_runner
+        assert r.version == 3 and r.calls > calls and resumed.loader.state_dict()["epoch"] >= loader["epoch"]
+    records = rl_records(run_dir)
+    assert [x["step"] for x in records] == [1, 2, 3]
+    assert records[-1]["async/policy_version"] == 3 and records[-1]["staleness/max"] <= 2
+
+
+def test_ppo_with_a_critic_in_one_step_off(tiny_config, ray_local):
+    records = _run(tiny_config("async_rl.rollout_ranks=1", "trainer.val_before_train=false", "trainer.mode=one_step_off",
+                               "algorithm.name=ppo", "resources.world_size=1"), steps=2)
+    for r in records:
+        assert_finite(r)
+        assert "critic/vf_loss" in r and r["weight_sync/bytes"] > 0
+    assert [r["staleness/max"] for r in records] == [0.0, 1.0]
