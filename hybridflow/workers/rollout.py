@@ -81,7 +81,7 @@ class RolloutWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Build the engine (collective: creates the tensor-parallel groups); weights come
-        with the first `receive_weights`."""
+        with the first generation call (or `load_version`)."""
         self.init_process_group()
         r = self.config.rollout
         tp = r.tensor_model_parallel_size
@@ -137,13 +137,12 @@ class RolloutWorker(Worker):
         if version < self.version:
             raise RuntimeError(f"generation asked for policy version {version}, the engine already holds {self.version}")
         with self._staged_cv:
-            ready = self._staged_cv.wait_for(lambda: version in self._staged or self._receiver_error is not None,
-                                             timeout=timeout_s)
+            self._staged_cv.wait_for(lambda: version in self._staged or self._receiver_error is not None,
+                                     timeout=timeout_s)
             if version not in self._staged:
                 if self._receiver_error is not None:
                     raise RuntimeError(f"the weight bridge broke before version {version} arrived: "
                                        f"{self._receiver_error!r}") from self._receiver_error
-                assert not ready
                 raise TimeoutError(f"policy version {version} did not arrive over the weight bridge in {timeout_s} s")
             tensors, stats = self._staged.pop(version)
             for old in [v for v in self._staged if v < version]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybridflow import RLTrainer
 from trainer_helpers import assert_finite, rl_records
@@ -78,16 +79,22 @@ def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_loc
     with RLTrainer(cfg) as trainer:
         trainer.train(steps=2)
         runner = trainer.async_runner
-        untrained, calls, loader = len(runner.untrained) + len(runner.leftover or []), runner.calls, trainer.loader.state_dict()
+        rows = [*runner.untrained.values(), *([runner.leftover] if runner.leftover is not None else [])]
+        untrained = torch.cat([r.batch["input_ids"] for r in rows])
+        calls, loader = runner.calls, trainer.loader.state_dict()
         run_dir = trainer.run_dir
     checkpoint = run_dir / "checkpoints" / "global_step_2"
     state = read_trainer_state(checkpoint)["async"]
-    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"], "requeued_prompts": untrained}
-    assert untrained > 0 and (checkpoint / PROMPTS_FILE).is_file()  # the pool was ahead of training
+    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"],
+                     "requeued_prompts": len(untrained)}
+    assert len(untrained) > 0 and (checkpoint / PROMPTS_FILE).is_file()  # the pool was ahead of training
     with RLTrainer(resume=run_dir) as resumed:
-        resumed.train()
+        resumed._start()  # what train() does first: workers, loader, then the checkpoint
         r = resumed.async_runner
-        assert r.version == 3 and r.calls > calls and resumed.loader.state_dict()["epoch"] >= loader["epoch"]
+        assert r.version == 2 and r.calls == calls and resumed.loader.state_dict() == loader
+        assert torch.equal(r.leftover.batch["input_ids"], untrained)  # sent again first, in send order
+        resumed.train()
+        assert r.version == 3 and r.calls > calls
     records = rl_records(run_dir)
     assert [x["step"] for x in records] == [1, 2, 3]
     assert records[-1]["async/policy_version"] == 3 and records[-1]["staleness/max"] <= 2
