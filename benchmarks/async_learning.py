@@ -1,22 +1,26 @@
-"""Does asynchrony hurt learning? The built-in task under sync and async (staleness 1 and 4).
+"""Does asynchrony hurt learning? sync vs async (staleness 1 and 4) from one SFT checkpoint.
 
 Run from the repository root:
 
-    PYTHONPATH=. .venv/bin/python benchmarks/async_learning.py                 # seed 0, 10 RL steps
-    PYTHONPATH=. .venv/bin/python benchmarks/async_learning.py --seeds 0,1,2 --steps 30
+    PYTHONPATH=. .venv/bin/python benchmarks/async_learning.py --seeds 0,1,2 --steps 10
 
-Every run is the demo (`hybridflow train` on the built-in arithmetic task: SFT warm start,
-then GRPO) with the same number of trained samples (steps x 16 prompts x 8 samples) and
-two ranks in total: sync colocates actor and generation on 2 ranks; async runs 1 training
-rank + 1 rollout rank with async_rl.max_staleness 1 or 4 (partial rollouts,
-steps_per_call 4, chunk_prompts 8). The greedy held-out accuracy before and after RL is
-read from each run's metrics.jsonl. Writes benchmarks/results/async_learning.json.
+One SFT warm start (`hybridflow sft` on the built-in arithmetic task, seed 0, 2 ranks)
+is run first and exported; every RL variant then starts from that model directory
+(model.path=<sft_model>, sft.steps=0), so they differ only in the trainer mode and the RL
+seed. Each RL run does the same number of trained samples (steps x 16 prompts x 8
+samples) on two ranks in total: sync colocates actor and generation on 2 ranks; async
+runs 1 training rank + 1 rollout rank with async_rl.max_staleness 1 or 4 (partial
+rollouts, steps_per_call 4, chunk_prompts 8). The greedy held-out accuracy (100 prompts)
+before and after RL is read from each run's result. `--sft-model DIR` reuses an exported
+SFT model instead of training one. Writes benchmarks/results/async_learning.json (the
+machine's load average is recorded per run: the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -25,38 +29,56 @@ from bench_controller import machine
 
 from hybridflow import RLTrainer
 from hybridflow.config.schema import load_run_config
+from hybridflow.trainer.sft import run_sft_job
 
+COMMON = ["trainer.console=none", "trainer.save_final_model=false", "trainer.loggers=[jsonl]",
+          "data.builtin.num_val=100", "resources.threads_per_rank=1"]
+ASYNC = ["resources.world_size=1", "trainer.mode=async", "async_rl.rollout_ranks=1", "async_rl.steps_per_call=4",
+         "async_rl.chunk_prompts=8"]
 VARIANTS: dict[str, list[str]] = {
     "sync": ["resources.world_size=2"],
-    "async_s1": ["resources.world_size=1", "trainer.mode=async", "async_rl.rollout_ranks=1",
-                 "async_rl.max_staleness=1", "async_rl.steps_per_call=4", "async_rl.chunk_prompts=8"],
-    "async_s4": ["resources.world_size=1", "trainer.mode=async", "async_rl.rollout_ranks=1",
-                 "async_rl.max_staleness=4", "async_rl.steps_per_call=4", "async_rl.chunk_prompts=8"],
+    "async_s1": [*ASYNC, "async_rl.max_staleness=1"],
+    "async_s4": [*ASYNC, "async_rl.max_staleness=4"],
 }
+
+
+def warm_start(tmp: str, steps: int) -> str:
+    """Run the SFT warm start once (seed 0, 2 ranks); the exported model directory."""
+    cfg = load_run_config(None, [f"trainer.output_dir={tmp}", *COMMON, "resources.world_size=2", "seed=0",
+                                 f"sft.steps={steps}", "name=sft-warm-start"])
+    result = run_sft_job(cfg)
+    print(json.dumps({"sft_accuracy_before": result.accuracy_before, "sft_accuracy_after": result.accuracy_after}),
+          flush=True)
+    return str(result.model_dir)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--sft-model", default=None, help="an exported SFT model dir (skips the warm start)")
+    parser.add_argument("--work", default=None, help="keep the runs (and the SFT model) here instead of a temp dir")
     parser.add_argument("--variants", default="sync,async_s1,async_s4")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async_learning.json")
     args = parser.parse_args()
     runs = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.work or scratch
+        sft_model = args.sft_model or warm_start(tmp, args.sft_steps)
         for seed in [int(s) for s in args.seeds.split(",")]:
             for name in args.variants.split(","):
-                cfg = load_run_config(None, [f"trainer.output_dir={tmp}", "trainer.console=none",
-                                             "trainer.save_final_model=false", "trainer.loggers=[jsonl]",
-                                             f"seed={seed}", f"trainer.total_steps={args.steps}",
-                                             "trainer.test_freq=0", "data.builtin.num_val=100", "resources.threads_per_rank=1",
-                                             *VARIANTS[name]])
+                cfg = load_run_config(None, [f"trainer.output_dir={tmp}", *COMMON, f"model.path={sft_model}",
+                                             "sft.steps=0", f"seed={seed}", f"trainer.total_steps={args.steps}",
+                                             "trainer.test_freq=0", *VARIANTS[name]])
                 with RLTrainer(cfg) as trainer:
                     result = trainer.train()
                 runs.append({"variant": name, "seed": seed, "steps": args.steps,
                              "accuracy_before": result.accuracy_before, "accuracy_after": result.accuracy_after,
                              "staleness_mean_last": result.last_metrics.get("staleness/mean"),
-                             "dropped_groups_total": result.last_metrics.get("async/dropped_groups_total")})
+                             "staleness_max_last": result.last_metrics.get("staleness/max"),
+                             "dropped_groups_total": result.last_metrics.get("async/dropped_groups_total"),
+                             "load_avg_1_5_15": list(os.getloadavg())})
                 print(json.dumps(runs[-1]), flush=True)
     print(f"{'variant':10} {'seeds':>6} {'acc before':>11} {'acc after':>10} {'after sd':>9}")
     for name in args.variants.split(","):
@@ -65,7 +87,8 @@ def main() -> None:
         sd = statistics.stdev(after) if len(after) > 1 else float("nan")
         print(f"{name:10} {len(after):>6} {statistics.fmean(before):>11.3f} {statistics.fmean(after):>10.3f} {sd:>9.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": machine(), "variants": VARIANTS, "runs": runs}, indent=2))
+    args.out.write_text(json.dumps({"machine": machine(), "sft_model": sft_model, "variants": VARIANTS, "runs": runs},
+                                   indent=2))
     print(f"wrote {args.out}")
 
 

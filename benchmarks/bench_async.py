@@ -55,6 +55,9 @@ MODES: dict[str, list[str]] = {
     "one_step_off": ["resources.world_size=1", "trainer.mode=one_step_off", "async_rl.rollout_ranks=1"],
     "async": ["resources.world_size=1", "trainer.mode=async", "async_rl.rollout_ranks=1", "async_rl.max_staleness=2",
               "async_rl.chunk_prompts=2", "async_rl.steps_per_call=8", "async_rl.buffer_size=32"],
+    # a bound loose enough to keep the long tail (the rollout pool may run 8 versions ahead)
+    "async_s8": ["resources.world_size=1", "trainer.mode=async", "async_rl.rollout_ranks=1", "async_rl.max_staleness=8",
+                 "async_rl.chunk_prompts=2", "async_rl.steps_per_call=8", "async_rl.buffer_size=96"],
 }
 SAMPLES_PER_STEP = 8 * 4
 
@@ -107,7 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--modes", default="sync,sync_1rank,one_step_off,async")
+    parser.add_argument("--modes", default="sync,sync_1rank,one_step_off,async,async_s8")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "async.json")
     args = parser.parse_args()
     modes = args.modes.split(",")

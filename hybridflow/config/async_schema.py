@@ -27,7 +27,11 @@ if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
-_CRITIC_FREE = "hybridflow.trainer.algorithms:critic_free"
+# The step programs the asynchronous trainer can run after generation (AsyncRunner.TRAIN):
+# the critic-free family and PPO with its critic. ReMax (a greedy generation per step on
+# the training side), DAPO (dynamic sampling asks for more generation rounds inside a step)
+# and Safe-RLHF (a cost model and critic) are not wired to the rollout pool.
+ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo")
 
 
 @dataclass
@@ -69,8 +73,8 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
     if mode == "sync":
         return
-    if cfg.algorithm.spec.program != _CRITIC_FREE:
-        raise ConfigError(f"{mode} supports the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
+    if cfg.algorithm.spec.program not in ASYNC_PROGRAMS:
+        raise ConfigError(f"{mode} supports ppo and the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
                           f"reinforce_plus_plus_baseline, drgrpo); algorithm.name={cfg.algorithm.name} runs "
                           f"{cfg.algorithm.spec.program}: use trainer.mode=sync", "trainer.mode")
     if cfg.rollout.agent.enable:
@@ -90,6 +94,4 @@ def check_async_settings(cfg: RunConfig) -> None:
     if a.buffer_size < batch:
         raise ConfigError(f"{a.buffer_size} groups cannot hold one step's data.train_batch_size={batch} groups",
                           "async_rl.buffer_size")
-    if cfg.trainer.save_freq:
-        raise ConfigError(f"checkpoints are not supported with trainer.mode={mode} (in-flight rollouts and the "
-                          "buffer are not saved); set trainer.save_freq=0 or trainer.mode=sync", "trainer.save_freq")
+

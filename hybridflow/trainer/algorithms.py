@@ -184,6 +184,12 @@ def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
 def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """PPO (Schulman et al. 2017) with GAE advantages from a learned critic."""
     generate_and_score(step, roles, cfg)
+    train_ppo(step, roles, cfg, state)
+
+
+def train_ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
+    """Everything after scoring for PPO: log-probs, values, rewards, GAE, critic and actor
+    updates (also the asynchronous trainer's step for algorithm.name=ppo)."""
     log_probs(step, roles, cfg)
     P.compute_values(step, roles.critic)
     shaped_rewards(step, cfg, state)

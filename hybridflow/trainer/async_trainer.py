@@ -23,17 +23,25 @@ The controller steers and does not carry weights: generation calls and weight sy
 non-blocking worker-group calls (CallFutures); weights go from training rank 0 to the
 rollout ranks over a WeightBridge (torch.distributed). It does fetch the finished groups,
 to score them with the reward function and to compute advantages (both run on the
-controller in this framework), then trains with the sync program's own phases
-(`train_critic_free`). Ray runs a group's calls in the order they were issued, so a
-weight sync issued before a generation call is in place when that call starts.
+controller in this framework), then trains with the sync program's own phases.
+
+Every generation call names the policy version it generates with (the newest one whose
+sync was started when it was issued); the rollout ranks receive syncs in a background
+thread (workers/rollout.py), so the actor's send never waits for queued generation and
+the rollout pool runs as far ahead as admission control allows. The controller decides
+from the results it receives, in issue order, so the schedule (which prompts go in which
+call with which version, hence every token's staleness) is a function of the config and
+seed, not of timing.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import ray
@@ -44,11 +52,20 @@ from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import AlgoState, _rule_reward, train_critic_free
+from hybridflow.trainer.algorithms import AlgoState, _rule_reward, train_critic_free, train_ppo
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.setup import actor_config
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
 from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
+
+
+# What a step does after the batch is scored, by the algorithm's step program
+# (config/async_schema.py: ASYNC_PROGRAMS lists the same programs).
+TRAIN: dict[str, Callable[[Step, Roles, RunConfig, AlgoState], None]] = {
+    "hybridflow.trainer.algorithms:critic_free": train_critic_free,
+    "hybridflow.trainer.algorithms:ppo": train_ppo,
+}
+PROMPTS_FILE = "async_prompts.dp"  # in a checkpoint: the prompts sent but not trained yet
 
 
 @dataclass
@@ -79,6 +96,7 @@ class RolloutBuffer:
         self.capacity, self.max_staleness = capacity, max_staleness
         self.groups: deque[Group] = deque()
         self.dropped = 0  # groups, over the whole run
+        self.discarded: list[Group] = []  # dropped since the owner last cleared it
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -94,6 +112,7 @@ class RolloutBuffer:
         oldest token's version <= max_staleness), or None while fewer are there. Staler
         groups are dropped first, whether or not a batch can be taken."""
         fresh = deque(g for g in self.groups if version - g.oldest_version <= self.max_staleness)
+        self.discarded.extend(g for g in self.groups if version - g.oldest_version > self.max_staleness)
         self.dropped += len(self.groups) - len(fresh)
         self.groups = fresh
         if len(fresh) < count:
@@ -117,15 +136,19 @@ class AsyncRunner:
         self.version = 0  # updates done; the rollout pool holds this version after the pending sync
         self.sent = self.in_flight = self.calls = 0
         self.pending: deque[CallFuture] = deque()
-        self.syncs: list[CallFuture] = []
+        self.sync: CallFuture | None = None
         self.leftover: DataProto | None = None
+        self.untrained: dict[str, DataProto] = {}  # uid -> its prompt row: sent, not trained nor dropped yet
+        self.train = TRAIN[cfg.algorithm.spec.program]
         self.sync_metrics: dict[str, float] = {}
+        self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
 
     @classmethod
     def start(cls, cfg: RunConfig, roles: Roles, policy_path: str, prompts: Iterator[DataProto],
               state: AlgoState, cpus_per_slot: float) -> tuple[AsyncRunner, WorkerGroup]:
-        """Build the rollout pool (`cpus_per_slot`: each rank's CPUs, as the actor's ranks get),
-        connect it to the actor and give it version 0."""
+        """Build the rollout pool (`cpus_per_slot`: each rank's CPUs, as the actor's ranks get)
+        and connect it to the actor. The first step sends the actor's weights (after a
+        resume, the checkpoint's) as the current version."""
         spec = PlacementSpec(pools={"rollout_pool": [cfg.async_rl.rollout_ranks]}, use_gpu=cfg.resources.use_gpu,
                              cpus_per_slot=cpus_per_slot)
         groups = build_role_groups({"rollout": RoleSpec(RolloutWorker, (actor_config(cfg, policy_path),))}, spec)
@@ -134,7 +157,6 @@ class AsyncRunner:
             rollout.init_model()
             connect_weight_bridge(roles.actor, rollout, cfg.async_rl.bucket_bytes)
             runner = cls(cfg, roles, rollout, prompts, state)
-            runner.syncs = list(start_weight_sync(roles.actor, rollout, 0))
         except BaseException:
             shutdown_role_groups(groups)
             raise
@@ -145,7 +167,7 @@ class AsyncRunner:
         # Dropped groups were never trained: their place in the schedule goes to new prompts.
         limit = (self.version + self.max_staleness + 1) * self.batch_groups
         room = self.buffer.capacity - len(self.buffer) - self.in_flight
-        return self.sent - self.buffer.dropped + self.chunk <= limit and self.chunk <= room and len(self.pending) < 2
+        return self.sent - self.buffer.dropped + self.chunk <= limit and self.chunk <= room
 
     def _next_prompts(self) -> DataProto:
         """`chunk` prompts from the loader's batches (a batch may be cut across calls)."""
@@ -163,23 +185,29 @@ class AsyncRunner:
         world = self.rollout.world_size
         per_rank: list[DataProto | None] = [None] * world
         if prompts is not None:
-            prompts.non_tensor_batch["uid"] = np.array([f"g{self.calls}-{i}" for i in range(len(prompts))],
-                                                       dtype=object)
+            uids = [f"g{self.calls}-{i}" for i in range(len(prompts))]
+            self.untrained.update((uid, prompts[i:i + 1]) for i, uid in enumerate(uids))  # as the loader gave them
+            prompts.non_tensor_batch["uid"] = np.array(uids, dtype=object)
             parts = prompts.chunk(world // self.tp)  # contiguous, in generation dp order (as the sync actor)
             per_rank = [parts[rank // self.tp] for rank in range(world)]
             self.sent += len(prompts)
             self.in_flight += len(prompts)
             self.calls += 1
-        self.pending.append(self.rollout.generate_stream(per_rank, [self.max_steps] * world))
+        self.pending.append(self.rollout.generate_stream(per_rank, [self.max_steps] * world, [self.version] * world))
 
     def _fill(self) -> None:
         while self._may_send():
             self._send(self._next_prompts())
+        if self.in_flight and not self.pending:
+            self._send(None)  # keep the pool generating while the trainer trains
 
     def _receive(self) -> None:
         outputs = self.pending.popleft().get()
+        loaded = outputs[0][1]
+        if loaded:
+            self.receive_metrics = loaded
         for rank in range(0, len(outputs), self.tp):  # tp rank 0 of each generation group, dp order
-            for batch in outputs[rank]:
+            for batch in outputs[rank][0]:
                 for group in split_groups(batch):
                     self.buffer.put(group)
                     self.in_flight -= 1
@@ -188,6 +216,9 @@ class AsyncRunner:
     def _next_batch(self) -> list[Group]:
         while True:
             groups = self.buffer.take(self.batch_groups, self.version)
+            for group in [*self.buffer.discarded, *(groups or [])]:
+                del self.untrained[group.data.non_tensor_batch["uid"][0]]
+            self.buffer.discarded.clear()
             if groups is not None:
                 return groups
             self._fill()
@@ -223,6 +254,8 @@ class AsyncRunner:
     def _step(self, index: int) -> Step:
         step = Step(index, DataProto(), balance_dp=self.cfg.trainer.balance_batch)
         dropped_before = self.buffer.dropped
+        if self.sync is None:  # the first step of a run, or of a resumed one
+            self.sync = start_weight_sync(self.roles.actor, self.version)
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start
@@ -230,28 +263,57 @@ class AsyncRunner:
         mask = step.batch.batch["response_mask"]
         step.metrics.update(staleness_metrics(step.batch.batch[POLICY_VERSION], mask, self.version))
         P.compute_reward(step, _rule_reward(self.roles, self.cfg), self.roles.reward_model)
-        train_critic_free(step, self.roles, self.cfg, self.state)
-        self._finish_syncs()
+        self.train(step, self.roles, self.cfg, self.state)
+        self._finish_sync()
         self.version += 1
-        self.syncs = list(start_weight_sync(self.roles.actor, self.rollout, self.version))
+        self.sync = start_weight_sync(self.roles.actor, self.version)
         self._fill()  # new prompts queue behind the sync: they start under the new weights
         step.metrics.update({
             "async/policy_version": float(self.version), "async/dropped_groups": float(self.buffer.dropped - dropped_before),
             "async/dropped_groups_total": float(self.buffer.dropped), "async/buffered_groups": float(len(self.buffer)),
-            "async/in_flight_groups": float(self.in_flight), **self.sync_metrics,
+            "async/in_flight_groups": float(self.in_flight), "async/queued_calls": float(len(self.pending)),
+            **self.receive_metrics, **self.sync_metrics,
         })
         return step
 
-    def _finish_syncs(self) -> None:
-        """Collect the previous weight sync (long done unless a pool failed: then this raises)."""
+    def _finish_sync(self) -> None:
+        """Collect the previous weight send (done as soon as the rollout ranks' receiver
+        threads took the bytes, unless a pool failed: then this raises)."""
         start = time.perf_counter()
-        sent, received = (future.get() for future in self.syncs)
-        self.sync_metrics = {**received[0], **sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
+        assert self.sync is not None
+        sent = self.sync.get()
+        self.sync_metrics = {**sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_state(self, checkpoint_dir: Path) -> dict[str, Any]:
+        """What a resumed run needs (the trainer saves it with the step's checkpoint): the
+        policy version, the generation calls made (the rollout ranks' sampling seeds count
+        them), the dropped total, and, in `PROMPTS_FILE`, the prompts sent but not trained
+        (in flight or buffered, in the order they were sent) followed by the rest of a
+        loader batch cut across calls. The generated groups themselves are not saved: a
+        resumed run sends those prompts again first (regenerated under the checkpoint's
+        weights), then continues from the loader's saved position."""
+        rows = [*self.untrained.values(), *([self.leftover] if self.leftover is not None else [])]
+        if rows:
+            DataProto.concat(rows).save(checkpoint_dir / PROMPTS_FILE)
+        return {"version": self.version, "calls": self.calls, "dropped_total": self.buffer.dropped,
+                "requeued_prompts": sum(len(r) for r in rows)}
+
+    def load_state(self, state: dict[str, Any], checkpoint_dir: Path) -> None:
+        """Continue from `save_state`'s record (before the first step of the resumed run)."""
+        self.version, self.calls, self.buffer.dropped = state["version"], state["calls"], state["dropped_total"]
+        self.sent = self.version * self.batch_groups + self.buffer.dropped  # the trained and the dropped groups
+        path = checkpoint_dir / PROMPTS_FILE
+        self.leftover = DataProto.load(path) if state["requeued_prompts"] else None
+        if self.leftover is not None and len(self.leftover) != state["requeued_prompts"]:
+            raise ValueError(f"{str(path)!r} holds {len(self.leftover)} prompts, the checkpoint's state says "
+                             f"{state['requeued_prompts']}: the checkpoint is damaged")
+        self.rollout.restore_generate_calls(self.calls)
 
     def close(self) -> None:
         """Wait for nothing: the groups are killed by the trainer's close."""
         self.pending.clear()
-        self.syncs = []
+        self.sync = None
 
 
 def dead_ranks(group: WorkerGroup, timeout_s: float = 5.0) -> list[int]:

@@ -222,9 +222,11 @@ class ActorRolloutRefWorker(Worker):
             self.bridge = WeightBridge(host, port, 0, world_size, manifest, bucket_bytes)
 
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
-    def send_weights(self) -> dict[str, float]:
-        """Broadcast the current weights to the rollout pool (every rank gathers its shards,
-        rank 0 sends); rank 0's bytes / buckets / seconds under weight_sync/*."""
+    def send_weights(self, version: int) -> dict[str, float]:
+        """Broadcast the current weights to the rollout pool as policy `version` (every rank
+        gathers its shards, rank 0 sends; the rollout ranks receive in the background, so
+        this does not wait for their generation); rank 0's bytes / buckets / seconds under
+        weight_sync/*."""
         require(self.actor, "the actor")
         with engine_on_device(self.actor):
             tensors = full_tensors(generation_named_parameters(self.actor)(), keep=self.rank == 0)
@@ -233,7 +235,7 @@ class ActorRolloutRefWorker(Worker):
                     pass
                 return {}
             require(self.bridge, "the weight bridge (join_weight_bridge)")
-            return self.bridge.send(tensors).as_metrics("weight_sync")
+            return self.bridge.send(tensors, version).as_metrics("weight_sync")
 
     # ------------------------------------------------------------------ persistence
 

@@ -8,25 +8,43 @@ rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the 
 
     rollout.init_model()
     rollout.join_weight_bridge(host, port, world, manifest, bucket_bytes)   # with the actor's
-    rollout.receive_weights(version)             # paired with actor.send_weights()
-    parts = rollout.generate_stream(prompts_per_rank, max_steps).get()
+    actor.send_weights(version)                  # returns once the rollout ranks have the bytes
+    parts, metrics = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()
+
+**Weights are received in the background.** Joining the bridge starts a receiver thread
+on every rollout rank that takes each sync as soon as the actor sends it and stages it
+(the full tensors, by version), while the rank's main thread keeps generating. So the
+actor's `send_weights` never waits for the generation calls queued on the rollout pool,
+and the training pool goes on to its next step: the rollout pool can run as far ahead as
+the trainer's admission control lets it (async_rl.max_staleness), not one batch.
+
+A generation call names the policy version it must generate with; it waits until that
+version is staged, loads it into the engine (in-flight sequences continue under it, their
+KV cache recomputed), drops the staged versions older than it, and runs. Naming the
+version, rather than taking the newest staged one, keeps a run's schedule a function of
+its config and seed, not of timing. Staged versions cost one copy of the weights each
+(in the training dtype); at most those between the oldest queued call's version and the
+newest sync are held.
 
 `generate_stream` takes one DataProto of new prompts (or None) per rank, adds them to the
 stream, runs at most `max_steps` scheduler iterations (None: until everything queued is
 finished) and returns, per rank, the prompt groups that finished (tensor-parallel ranks
-other than 0 return []). Sampling seeds follow the hybrid actor's rule (workers/
-generation.py), so a rollout pool that is never ahead of training generates exactly what
-the synchronous run's actor generates.
+other than 0 return []) and the weight-sync metrics of the version it loaded (if it loaded
+one). Sampling seeds follow the hybrid actor's rule (workers/generation.py), so a rollout
+pool that is never ahead of training generates exactly what the synchronous run's actor
+generates.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 import torch.distributed as dist
 
 from hybridflow.controller import CallFuture, Dispatch, Worker, WorkerGroup, register
 from hybridflow.engines.models import load_hf_config
-from hybridflow.engines.reshard.cross_pool import TensorMeta, WeightBridge
+from hybridflow.engines.reshard.cross_pool import TensorMeta, TransferStats, WeightBridge
 from hybridflow.engines.rollout import build_rollout_engine
 from hybridflow.engines.rollout.partial import StreamingRollout
 from hybridflow.protocol import DataProto
@@ -43,6 +61,8 @@ from hybridflow.workers.generation import (
 class RolloutWorker(Worker):
     """Generation only; weights from the training pool (see module docstring)."""
 
+    bridge_timeout_s = 600.0  # how long a generation call waits for the weights it names
+
     def __init__(self, config: ActorRolloutRefConfig) -> None:
         if not isinstance(config, ActorRolloutRefConfig):
             raise TypeError(f"RolloutWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
@@ -51,13 +71,17 @@ class RolloutWorker(Worker):
         self.bridge: WeightBridge | None = None
         self.dp_rank = 0
         self.tp_rank = 0
-        self.version = -1  # no weights yet
+        self.version = -1  # the version loaded into the engine; none yet
         self._generate_calls = 0
+        # versions received by the background thread and not loaded yet: version -> (tensors, stats)
+        self._staged: dict[int, tuple[list[tuple[str, torch.Tensor]], TransferStats]] = {}
+        self._staged_cv = threading.Condition()
+        self._receiver_error: BaseException | None = None
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Build the engine (collective: creates the tensor-parallel groups); weights come
-        with the first `receive_weights`."""
+        with the first generation call (or `load_version`)."""
         self.init_process_group()
         r = self.config.rollout
         tp = r.tensor_model_parallel_size
@@ -81,27 +105,67 @@ class RolloutWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_bridge(self, host: str, port: int, world_size: int, manifest: list[TensorMeta],
                            bucket_bytes: int) -> None:
-        """Join the actor's weight bridge as receiver 1 + rank (collective with the actor's join)."""
+        """Join the actor's weight bridge as receiver 1 + rank (collective with the actor's
+        join) and start receiving syncs in the background."""
         self.bridge = WeightBridge(host, port, 1 + self.rank, world_size, manifest, bucket_bytes)
+        threading.Thread(target=self._receive_loop, name="weight-receiver", daemon=True).start()
 
-    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
-    def receive_weights(self, version: int) -> dict[str, float]:
-        """Take the weights the actor sends (paired with `send_weights`); in-flight sequences
-        continue under them (their KV cache is recomputed). Metrics under weight_sync/*."""
-        require(self.bridge, "the weight bridge (join_weight_bridge)")
+    def _receive_loop(self) -> None:
+        """The receiver thread: stage every sync the actor sends, until the bridge breaks
+        (the actor's pool died or the run ended); the error is raised by the next call
+        that waits for weights."""
+        bridge = self.bridge
+        assert bridge is not None
+        try:
+            while True:
+                tensors: list[tuple[str, torch.Tensor]] = []
+                stats = bridge.receive(tensors.extend)  # views into buckets of this sync: kept alive here
+                with self._staged_cv:
+                    self._staged[stats.version] = (tensors, stats)
+                    self._staged_cv.notify_all()
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            with self._staged_cv:
+                self._receiver_error = err
+                self._staged_cv.notify_all()
+
+    def _load_version(self, version: int, timeout_s: float) -> dict[str, float]:
+        """Wait until `version` is staged, load it and drop older staged versions; {} when
+        the engine already holds it. Metrics under weight_sync/*."""
         require(self.stream, "the rollout engine")
-        stats = self.bridge.receive(lambda views: self.stream.load_weights(views, version=version))
+        if version == self.version:
+            return {}
+        if version < self.version:
+            raise RuntimeError(f"generation asked for policy version {version}, the engine already holds {self.version}")
+        with self._staged_cv:
+            self._staged_cv.wait_for(lambda: version in self._staged or self._receiver_error is not None,
+                                     timeout=timeout_s)
+            if version not in self._staged:
+                if self._receiver_error is not None:
+                    raise RuntimeError(f"the weight bridge broke before version {version} arrived: "
+                                       f"{self._receiver_error!r}") from self._receiver_error
+                raise TimeoutError(f"policy version {version} did not arrive over the weight bridge in {timeout_s} s")
+            tensors, stats = self._staged.pop(version)
+            for old in [v for v in self._staged if v < version]:
+                del self._staged[old]
+        in_flight = self.stream.in_flight
+        self.stream.load_weights(tensors, version=version)
         self.version = version
-        return {**stats.as_metrics("weight_sync"), "weight_sync/in_flight": float(self.stream.in_flight)}
+        return {**stats.as_metrics("weight_sync/receive"), "weight_sync/in_flight": float(in_flight)}
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_version(self, version: int, timeout_s: float = 600.0) -> dict[str, float]:
+        """Wait for `version` over the bridge and load it now (without generating)."""
+        return self._load_version(version, timeout_s)
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)
-    def generate_stream(self, prompts: DataProto | None, max_steps: int | None) -> list[DataProto]:
-        """Add this rank's new prompts (None: none), run up to `max_steps` iterations, and
-        return the finished prompt groups (one DataProto per group batch, with
-        policy_version); [] on tensor-parallel ranks other than 0."""
+    def generate_stream(self, prompts: DataProto | None, max_steps: int | None,
+                        version: int) -> tuple[list[DataProto], dict[str, float]]:
+        """Load policy `version` (waiting for it to arrive), add this rank's new prompts
+        (None: none), run up to `max_steps` iterations; return the finished prompt groups
+        (one DataProto per group batch, with policy_version; [] on tensor-parallel ranks
+        other than 0) and the loaded sync's weight_sync/* metrics ({} if none loaded)."""
         require(self.stream, "the rollout engine")
-        if self.version < 0:
-            raise RuntimeError("the rollout pool has no weights yet: receive_weights must run before generation")
+        metrics = self._load_version(version, timeout_s=self.bridge_timeout_s)
         if prompts is not None and len(prompts):
             params = call_sampling_params(self.config.rollout, prompts.meta_info, self._generate_calls, self.dp_rank)
             if counts_as_sampled_call(params, prompts.meta_info):
@@ -109,7 +173,18 @@ class RolloutWorker(Worker):
             self.stream.add(prompts, params)
         self.stream.run(max_steps)
         finished = self.stream.pop_finished()
-        return finished if self.tp_rank == 0 else []
+        return (finished if self.tp_rank == 0 else []), metrics
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def restore_generate_calls(self, calls: int) -> None:
+        """A resumed run: the sampling seeds continue from `calls` generation calls."""
+        self._generate_calls = calls
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def staged_versions(self) -> list[int]:
+        """Versions received and not loaded yet (for tests and debugging)."""
+        with self._staged_cv:
+            return sorted(self._staged)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def in_flight(self) -> int:
@@ -135,7 +210,7 @@ def connect_weight_bridge(actor: WorkerGroup, rollout: WorkerGroup, bucket_bytes
         future.get()
 
 
-def start_weight_sync(actor: WorkerGroup, rollout: WorkerGroup, version: int) -> tuple[CallFuture, CallFuture]:
-    """Send the actor's current weights to the rollout pool as `version`; returns the two
-    calls' futures (the rollout pool takes them after the generation calls queued before)."""
-    return actor.send_weights(), rollout.receive_weights(version)
+def start_weight_sync(actor: WorkerGroup, version: int) -> CallFuture:
+    """Send the actor's current weights to the rollout pool as `version` (its receiver
+    threads take them at once); the future of the actor's send."""
+    return actor.send_weights(version)

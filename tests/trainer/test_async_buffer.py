@@ -65,9 +65,9 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["trainer.mode=async", "algorithm.name=ppo"], "trainer.mode"),
+    (["trainer.mode=async", "algorithm.name=remax"], "trainer.mode"),
+    (["trainer.mode=one_step_off", "algorithm.name=dapo"], "trainer.mode"),
     (["trainer.mode=async", "rollout.agent.enable=true"], "trainer.mode"),
-    (["trainer.mode=async", "trainer.save_freq=2"], "trainer.save_freq"),
     (["trainer.mode=async", "async_rl.buffer_size=2"], "async_rl.buffer_size"),
     (["trainer.mode=async", "async_rl.rollout_ranks=2", "async_rl.chunk_prompts=3"], "async_rl.chunk_prompts"),
     (["trainer.mode=one_step_off", "async_rl.max_staleness=-1"], "async_rl.max_staleness"),

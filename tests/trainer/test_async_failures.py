@@ -12,6 +12,7 @@ import pytest
 
 from hybridflow import RLTrainer
 from hybridflow.controller import WorkerError
+from hybridflow.trainer.run_dir import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -27,3 +28,26 @@ def test_a_dead_pool_stops_the_run(tiny_config, ray_local, victim):
             trainer.train(steps=2)
     assert err.value.role == victim and err.value.died
     assert f"the {victim} pool's rank 0" in str(err.value) and "died" in str(err.value)
+
+
+def test_a_dead_rollout_pool_is_restarted_from_the_checkpoint(tiny_config, ray_local):
+    """With checkpoints, trainer.max_restarts applies to the asynchronous modes too: both
+    pools are torn down and the run resumes from the newest checkpoint (async_trainer's
+    saved version, seeds' call count and requeued prompts)."""
+    from trainer_helpers import rl_records
+
+    cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                      "trainer.mode=async", "async_rl.max_staleness=2", "async_rl.chunk_prompts=2",
+                      "trainer.save_freq=1", "trainer.max_restarts=1", "trainer.total_steps=4")
+    with RLTrainer(cfg) as trainer:
+        trainer.train(steps=1)
+        os.kill(trainer.groups["rollout"].worker_info[0]["pid"], signal.SIGKILL)
+        # groups already generated may carry the next step; the first one that needs the
+        # dead pool fails, and the run restarts from the checkpoint before it
+        trainer.train(steps=3)
+        assert trainer.global_step == 4 and trainer.async_runner.version == 4
+        run_dir = trainer.run_dir
+    restarts = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "restart"]
+    assert [(r["restart/cause"], r["restart/role"]) for r in restarts] == [("died", "rollout")], restarts
+    assert restarts[0]["restart/resumed_step"] == restarts[0]["restart/failed_step"] - 1
+    assert sorted({r["step"] for r in rl_records(run_dir)}) == [1, 2, 3, 4]

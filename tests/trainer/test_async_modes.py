@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybridflow import RLTrainer
 from trainer_helpers import assert_finite, rl_records
@@ -48,3 +49,61 @@ def test_two_steps_of_each_mode(tiny_config, ray_local, mode):
         assert "actor/is_weight_mean" in r and r["weight_sync/bytes"] > 0
     if mode == "one_step_off":  # batch 2 and 3 were generated while the previous batch trained
         assert [r["staleness/max"] for r in records] == [0.0, 1.0, 1.0]
+
+
+def test_max_staleness_4_runs_ahead_and_keeps_the_bound(tiny_config, ray_local):
+    """The rollout pool runs several batches ahead (its weights arrive in the background,
+    admission control lets 5 batches be in flight), so trained tokens lag more than one
+    version, and never more than max_staleness. The schedule does not depend on timing
+    (each generation call names its version), so the observed staleness is exact."""
+    records = _run(tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                               "trainer.mode=async", "async_rl.max_staleness=4", "async_rl.chunk_prompts=2",
+                               "async_rl.steps_per_call=2", "actor.loss.off_policy.is_level=token"), steps=5)
+    worst = [r["staleness/max"] for r in records]
+    assert max(worst) > 1, worst
+    assert all(w <= 4 for w in worst), worst
+    assert max(r["async/queued_calls"] for r in records) > 2  # more than the two calls the first design queued
+
+
+def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_local):
+    """A checkpoint of an async run holds the policy version, the generation-call count
+    (sampling seeds) and the prompts sent but not trained; the resumed run sends those
+    again first and trains on with the right version. Its buffer is regenerated, so its
+    later steps need not equal the uninterrupted run's."""
+    from hybridflow.trainer.async_trainer import PROMPTS_FILE
+    from hybridflow.trainer.checkpointing import read_trainer_state
+
+    cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                      "trainer.mode=async", "async_rl.max_staleness=2", "async_rl.chunk_prompts=2",
+                      "async_rl.steps_per_call=2", "trainer.save_freq=2", "trainer.total_steps=3")
+    with RLTrainer(cfg) as trainer:
+        trainer.train(steps=2)
+        runner = trainer.async_runner
+        rows = [*runner.untrained.values(), *([runner.leftover] if runner.leftover is not None else [])]
+        untrained = torch.cat([r.batch["input_ids"] for r in rows])
+        calls, loader = runner.calls, trainer.loader.state_dict()
+        run_dir = trainer.run_dir
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    state = read_trainer_state(checkpoint)["async"]
+    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"],
+                     "requeued_prompts": len(untrained)}
+    assert len(untrained) > 0 and (checkpoint / PROMPTS_FILE).is_file()  # the pool was ahead of training
+    with RLTrainer(resume=run_dir) as resumed:
+        resumed._start()  # what train() does first: workers, loader, then the checkpoint
+        r = resumed.async_runner
+        assert r.version == 2 and r.calls == calls and resumed.loader.state_dict() == loader
+        assert torch.equal(r.leftover.batch["input_ids"], untrained)  # sent again first, in send order
+        resumed.train()
+        assert r.version == 3 and r.calls > calls
+    records = rl_records(run_dir)
+    assert [x["step"] for x in records] == [1, 2, 3]
+    assert records[-1]["async/policy_version"] == 3 and records[-1]["staleness/max"] <= 2
+
+
+def test_ppo_with_a_critic_in_one_step_off(tiny_config, ray_local):
+    records = _run(tiny_config("async_rl.rollout_ranks=1", "trainer.val_before_train=false", "trainer.mode=one_step_off",
+                               "algorithm.name=ppo", "resources.world_size=1"), steps=2)
+    for r in records:
+        assert_finite(r)
+        assert "critic/vf_loss" in r and r["weight_sync/bytes"] > 0
+    assert [r["staleness/max"] for r in records] == [0.0, 1.0]

@@ -37,8 +37,8 @@ def pools(ray_local, tiny_llama_dir):
 
 
 def _sync(pools, version):
-    send, receive = start_weight_sync(pools["actor"], pools["rollout"], version)
-    return send.get()[0], receive.get()[0]
+    sent = start_weight_sync(pools["actor"], version).get()[0]  # returns once the receiver threads took it
+    return sent, pools["rollout"].load_version(version)[0]
 
 
 def test_transferred_weights_equal_the_trained_ones_bit_for_bit(pools, tmp_path):
@@ -49,7 +49,8 @@ def test_transferred_weights_equal_the_trained_ones_bit_for_bit(pools, tmp_path)
     gen.batch["advantages"] = torch.linspace(-1, 1, len(gen)).unsqueeze(-1).expand_as(gen.batch["responses"]).clone()
     actor.update_actor(gen)  # the weights move away from the checkpoint
     sent, received = _sync(pools, 1)
-    assert sent["weight_sync/bytes"] == received["weight_sync/bytes"] > 0
+    assert sent["weight_sync/bytes"] == received["weight_sync/receive/bytes"] > 0
+    assert sent["weight_sync/version"] == received["weight_sync/receive/version"] == 1
     assert sent["weight_sync/buckets"] > 1 and sent["weight_sync/seconds"] > 0
     trained = load_file(actor.export_hf(str(tmp_path / "trained"))[0] + "/model.safetensors")
     now = rollout.generation_weights()
@@ -67,8 +68,20 @@ def test_transferred_weights_equal_the_trained_ones_bit_for_bit(pools, tmp_path)
 def test_stream_generates_with_policy_versions(pools):
     rollout = pools["rollout"]
     prompts = make_prompts([3, 5], n=2, max_new_tokens=6)
-    (parts,) = rollout.generate_stream([prompts], [None]).get()
+    ((parts, loaded),) = rollout.generate_stream([prompts], [None], [1]).get()  # version 1 is loaded already
     (out,) = parts
-    assert len(out) == 4 and set(out.non_tensor_batch["uid"].tolist()) == {"u0", "u1"}
+    assert len(out) == 4 and set(out.non_tensor_batch["uid"].tolist()) == {"u0", "u1"} and loaded == {}
     mask = out.batch["response_mask"].bool()
     assert bool((out.batch[POLICY_VERSION][mask] == 1).all())
+
+
+def test_syncs_are_received_while_generation_is_queued(pools):
+    """The actor's sends complete while the rollout rank is busy: its receiver thread
+    stages them; a generation call then loads exactly the version it names."""
+    actor, rollout = pools["actor"], pools["rollout"]
+    busy = rollout.generate_stream([make_prompts([4, 4, 4, 4], n=4, max_new_tokens=48)], [None], [1])
+    for version in (2, 3):
+        assert start_weight_sync(actor, version).get()[0]["weight_sync/version"] == version
+    busy.get()
+    ((_, loaded),) = rollout.generate_stream([make_prompts([3], n=1, max_new_tokens=4)], [None], [3]).get()
+    assert loaded["weight_sync/receive/version"] == 3 and rollout.staged_versions()[0] == []  # 2 was skipped

@@ -19,9 +19,19 @@ One sync, `send` on the training side and `receive` on the rollout side:
    built) and hand each full tensor to their rollout engine's `load_weights`, which cuts
    its own tensor-parallel piece (the generation layout) and converts the dtype on copy.
 
+Every sync starts with a one-element header, the policy version the weights are, so a
+receiver that takes syncs in the background (workers/rollout.py) knows which is which.
+
 The weights travel in the training dtype, so what generation loads is the trained
 tensor bit for bit (before the engine's own dtype cast). The controller never sees them:
-it only starts the two calls. `TransferStats` reports bytes, buckets and seconds.
+it only starts the calls. `TransferStats` reports bytes, buckets and seconds.
+
+Backend (`bridge_backend`): **nccl** when every member has a CUDA device (the pools run on
+GPUs): the buckets are CUDA tensors and the broadcast goes GPU to GPU; **gloo** otherwise
+(CPU tensors). The choice is made once, from `torch.cuda.is_available()` on each member,
+and every member must agree (a mixed bridge is an error at build time, see
+`WeightBridge.__init__`). The nccl path cannot run on the CPU-only machine this was
+written on: it is exercised only by the backend choice's unit test, not end to end.
 """
 
 from __future__ import annotations
@@ -65,6 +75,7 @@ class TensorMeta:
 class TransferStats:
     """What one sync cost one bridge rank."""
 
+    version: int
     bytes: int
     buckets: int
     tensors: int
@@ -96,6 +107,11 @@ def buckets_of(manifest: list[TensorMeta], bucket_bytes: int) -> list[list[int]]
     return out
 
 
+def bridge_backend(cuda_available: bool) -> str:
+    """The bridge's torch.distributed backend: nccl between GPU pools, gloo on CPU."""
+    return "nccl" if cuda_available else "gloo"
+
+
 def free_port(host: str) -> int:
     """A TCP port free on `host` right now (the bridge's store binds it next)."""
     with socket.socket() as s:
@@ -107,34 +123,64 @@ class WeightBridge:
     """The process group between training rank 0 (bridge rank 0) and the rollout ranks."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, manifest: list[TensorMeta],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 600.0) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout_s: float = 600.0,
+                 backend: str | None = None) -> None:
         """Collective over the bridge: every member calls it with the same host, port,
-        world size and manifest; rank 0 hosts the store."""
+        world size and manifest; rank 0 hosts the store. `backend` None: `bridge_backend`
+        of this process (nccl with a CUDA device, else gloo)."""
         if world_size < 2:
             raise ValueError(f"a weight bridge needs a sender and at least one receiver, got world_size={world_size}")
         timeout = datetime.timedelta(seconds=timeout_s)
+        self.backend = backend or bridge_backend(torch.cuda.is_available())
+        if self.backend not in ("nccl", "gloo"):
+            raise ValueError(f"weight bridge backend must be 'nccl' or 'gloo', got {self.backend!r}")
         self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
+        self._check_backends_agree(rank, world_size)
+        if self.backend == "nccl":
+            # GPU pools: the buckets live on this process's GPU and move GPU to GPU.
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
+        else:  # CPU pools
+            self.device = torch.device("cpu")
+            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         self.rank, self.world_size = rank, world_size
         self.manifest = list(manifest)
         self.buckets = buckets_of(self.manifest, bucket_bytes)
+
+    def _check_backends_agree(self, rank: int, world_size: int) -> None:
+        """Every member publishes its backend in the store; a training pool on GPUs and a
+        rollout pool on CPUs (or the reverse) cannot share one bridge."""
+        self.store.set(f"backend/{rank}", self.backend)
+        theirs = {self.store.get(f"backend/{r}").decode() for r in range(world_size)}
+        if theirs != {self.backend}:
+            raise RuntimeError(f"weight bridge members disagree on the backend ({sorted(theirs)}): put the training "
+                               "and rollout pools on the same kind of device (resources.use_gpu)")
 
     def _broadcast(self, flat: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.group.broadcast([flat], opts).wait()
 
-    def send(self, full_tensors: Iterator[tuple[str, torch.Tensor | None]]) -> TransferStats:
-        """Bridge rank 0: broadcast the tensors, in manifest order, bucket by bucket.
+    def _header(self, version: int = -1) -> int:
+        head = torch.tensor([version], dtype=torch.int64, device=self.device)
+        self._broadcast(head)
+        return int(head.item())
+
+    def send(self, full_tensors: Iterator[tuple[str, torch.Tensor | None]], version: int) -> TransferStats:
+        """Bridge rank 0: broadcast the header (`version`), then the tensors, in manifest
+        order, bucket by bucket.
 
         `full_tensors` yields (name, full tensor) on rank 0; it is consumed in step with
         the buckets so at most one bucket and one tensor are held at a time."""
         if self.rank != 0:
             raise RuntimeError("WeightBridge.send runs on bridge rank 0 (training rank 0); the others receive")
         start, moved = time.perf_counter(), 0
+        self._header(version)
         for bucket in self.buckets:
             metas = [self.manifest[i] for i in bucket]
-            flat = torch.empty(sum(m.numel for m in metas), dtype=metas[0].torch_dtype)
+            flat = torch.empty(sum(m.numel for m in metas), dtype=metas[0].torch_dtype, device=self.device)
             offset = 0
             for meta in metas:
                 name, tensor = next(full_tensors)
@@ -146,17 +192,19 @@ class WeightBridge:
                 offset += meta.numel
             self._broadcast(flat)
             moved += flat.numel() * flat.element_size()
-        return TransferStats(moved, len(self.buckets), len(self.manifest), time.perf_counter() - start)
+        return TransferStats(version, moved, len(self.buckets), len(self.manifest), time.perf_counter() - start)
 
     def receive(self, load: Callable[[list[tuple[str, torch.Tensor]]], None]) -> TransferStats:
-        """Bridge ranks >= 1: receive every bucket and `load` its full tensors (views into
-        the bucket, valid during the call)."""
+        """Bridge ranks >= 1: receive one sync (header, then every bucket) and `load` each
+        bucket's full tensors (views into a bucket allocated for this sync: they stay valid
+        as long as the caller keeps them). The stats carry the sync's version."""
         if self.rank == 0:
             raise RuntimeError("WeightBridge.receive runs on the rollout ranks (bridge rank >= 1)")
+        version = self._header()
         start, moved = time.perf_counter(), 0
         for bucket in self.buckets:
             metas = [self.manifest[i] for i in bucket]
-            flat = torch.empty(sum(m.numel for m in metas), dtype=metas[0].torch_dtype)
+            flat = torch.empty(sum(m.numel for m in metas), dtype=metas[0].torch_dtype, device=self.device)
             self._broadcast(flat)
             moved += flat.numel() * flat.element_size()
             views, offset = [], 0
@@ -164,7 +212,7 @@ class WeightBridge:
                 views.append((meta.name, flat[offset:offset + meta.numel].view(meta.shape)))
                 offset += meta.numel
             load(views)
-        return TransferStats(moved, len(self.buckets), len(self.manifest), time.perf_counter() - start)
+        return TransferStats(version, moved, len(self.buckets), len(self.manifest), time.perf_counter() - start)
 
 
 def full_tensors(named: Iterable[tuple[str, torch.Tensor]], keep: bool) -> Iterator[tuple[str, torch.Tensor | None]]:
@@ -172,4 +220,4 @@ def full_tensors(named: Iterable[tuple[str, torch.Tensor]], keep: bool) -> Itera
     (every rank must iterate to the end). Ranks with `keep` False get (name, None)."""
     for name, param in named:
         full = param.detach().full_tensor() if isinstance(param, DTensor) else param.detach()
-        yield name, full.cpu() if keep else None
+        yield name, full if keep else None
