@@ -151,21 +151,7 @@ class RLTrainer:
             self.sft_result = run_sft(ctx, keep_actor=True)
             sft_actor, self.sft_result.actor = self.sft_result.actor, None
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
-        try:
-            policy_path = policy_start_path(cfg, self.run_dir)
-            roles = rl_roles(cfg, policy_path)
-        except BaseException:
-            if sft_actor is not None:
-                shutdown_role_groups({"actor": sft_actor})
-            raise
-        if sft_actor is not None and list(roles) == ["actor"]:
-            # The actor alone: built again in the SFT actor's processes (no new workers).
-            self.groups = {"actor": sft_actor}  # closed with self.groups from here on
-            sft_actor.rebuild(*roles["actor"].args)
-        else:
-            if sft_actor is not None:
-                shutdown_role_groups({"actor": sft_actor})
-            self.groups = build_groups(cfg, ctx.layout, roles)
+        self.groups, policy_path = self._role_groups(sft_actor)
         self.status.workers(self.groups)
         if ctx.cost is None:
             ctx.cost = build_cost_manager(cfg, ctx.tokenizer)  # closed with the context
@@ -186,6 +172,24 @@ class RLTrainer:
                             "workers measured (or were configured with) on their own devices")
         if self.resumed_from is not None:
             self._load_checkpoint(self.resumed_from)
+
+    def _role_groups(self, sft_actor: WorkerGroup | None) -> tuple[dict[str, WorkerGroup], Path]:
+        """The RL roles' worker groups and the model the policy starts from. An actor alone
+        is built again in the SFT warm start's processes (no new workers); otherwise those
+        are stopped and every role starts."""
+        try:
+            policy_path = policy_start_path(self.config, self.run_dir)
+            roles = rl_roles(self.config, policy_path)
+        except BaseException:
+            if sft_actor is not None:
+                shutdown_role_groups({"actor": sft_actor})
+            raise
+        if sft_actor is not None and list(roles) == ["actor"]:
+            sft_actor.rebuild(*roles["actor"].args)
+            return {"actor": sft_actor}, policy_path  # closed with self.groups from here on
+        if sft_actor is not None:
+            shutdown_role_groups({"actor": sft_actor})
+        return build_groups(self.config, self.ctx.layout, roles), policy_path
 
     # ------------------------------------------------------------------ loop
 
@@ -340,8 +344,6 @@ class RLTrainer:
         state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
                  "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
-        if self.async_runner is not None:  # version, seeds' call count, untrained prompts (async_trainer.py)
-            state["async"] = self.async_runner.save_state(tmp)
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
@@ -355,8 +357,6 @@ class RLTrainer:
             group.load_checkpoint(str(role_checkpoint_path(checkpoint, name)))
         self.loader.load_state_dict(state["loader"])
         self.state.load_state_dict(state["algorithm"])
-        if self.async_runner is not None:
-            self.async_runner.load_state(state["async"], checkpoint)
         set_controller_rng_state(state["rng"])  # last: building the workers drew from it
 
     def _trained_groups(self) -> dict[str, WorkerGroup]:
