@@ -32,6 +32,7 @@ from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.engines.train.config import (
     ActorLossConfig,
     CriticLossConfig,
+    EngineSettings,
     TrainEngineConfig,
     TrainEngineSettings,
 )
@@ -192,6 +193,22 @@ def check_role_engine(role: str, engine: TrainEngineSettings) -> None:
     if engine.lora.enabled and role not in LORA_ROLES:
         raise ConfigError(f"must be 0 for the {role}: LoRA is supported for the {' and '.join(LORA_ROLES)} only",
                           "lora.rank")
+    check_role_pipeline(role, engine)
+
+
+def check_role_pipeline(role: str, engine: EngineSettings) -> None:
+    """pp_size > 1 is refused for every role of an RL run (key relative to the settings).
+
+    The training engine pipelines a causal LM (ActorEngine with pp_size > 1: training and
+    log-probs, tested against a single-process reference), but no role can use it in a run
+    yet: the actor's weights reach generation through the 3D-HybridEngine, which does not
+    gather pipeline stages, and the value / reward heads have no pipelined forward."""
+    if engine.pp_size == 1:
+        return
+    why = ("the actor's weight sync to generation (the 3D-HybridEngine) does not gather pipeline stages yet"
+           if role == "actor" else f"the {role}'s model has no pipelined forward")
+    raise ConfigError(f"must be 1 for the {role} in an RL run: {why}; use tp_size / data parallelism "
+                      "(pipeline training is available in the engine, engines/train/pipeline.py)", "pp_size")
 
 
 def _check_engine(config: object, role: str) -> None:
