@@ -63,21 +63,9 @@ class ActorEngine(TrainEngine):
         """Log-probs [B, R] of the response tokens under the current policy (and entropy [B, R])."""
         batching.require_keys(batch, FORWARD_KEYS, "compute_log_prob")
         if self.pipeline is not None:
-            return self.pipeline_log_probs(batch, temperature=temperature, with_entropy=with_entropy)
+            return self.pipeline_forward(batch, temperature=temperature, with_entropy=with_entropy)
         out = self.forward_in_micro_batches(batch, lambda mb: self._log_probs(mb, temperature, with_entropy))
         return out["log_probs"], out.get("entropys")
-
-    def pipeline_log_probs(self, batch: Mapping[str, Tensor], *, temperature: float,
-                           with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """compute_log_prob through the pipeline stages (every stage returns the result)."""
-        batch = self.to_device({k: batch[k] for k in FORWARD_KEYS})
-        batching.check_same_count(batching.batch_len(batch), "sequences in the batch", group=None)
-        self.model.eval()
-        lp, ent = self.pipeline.forward(
-            batch, micro_size=self.config.micro_batch.forward_micro_batch_size_per_device, temperature=temperature,
-            chunk_size=self.config.logits_chunk_size, with_entropy=with_entropy,
-        )
-        return lp.cpu(), (ent.cpu() if ent is not None else None)
 
     def compute_ref_log_prob(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0) -> Tensor:
         """Log-probs [B, R] under the reference policy: this LoRA actor with adapters disabled."""

@@ -258,6 +258,13 @@ class EngineSettings:
                 self.micro_batch.check(dp)
             except ConfigError as err:
                 raise err.within("micro_batch") from None
+            per_rank = self.micro_batch.mini_batch_size // dp
+            if self.pp_size > 1 and per_rank // self.micro_batch.micro_batch_size_per_device < self.pp_size:
+                raise ConfigError(
+                    f"{self.micro_batch.micro_batch_size_per_device} leaves {per_rank // self.micro_batch.micro_batch_size_per_device} "
+                    f"micro-batches in a mini-batch of {per_rank} per dp rank, fewer than the pp_size={self.pp_size} "
+                    "pipeline stages (1F1B needs one per stage, and more to fill the pipeline): make micro-batches "
+                    "smaller or mini-batches larger", "micro_batch.micro_batch_size_per_device")
         return dp
 
     def engine_config(self, model_path: str, seed: int) -> TrainEngineConfig:

@@ -101,10 +101,10 @@ class TrainEngine:
         store_dtype = torch.float32 if self.trainable else self.compute_dtype
         model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=cfg.attn_implementation)
         if cfg.pp_size > 1:
-            if self.kind != "causal_lm" or cfg.lora.enabled:
-                raise ValueError(f"pipeline parallelism (pp_size={cfg.pp_size}) is supported for a causal LM without "
-                                 f"LoRA (actor, reference), not for {'LoRA' if cfg.lora.enabled else 'a ' + self.kind}; "
-                                 "use pp_size=1")
+            if self.kind == "reward" or cfg.lora.enabled:
+                raise ValueError(f"pipeline parallelism (pp_size={cfg.pp_size}) is supported for a causal LM (actor, "
+                                 "reference) or a critic without LoRA, not for "
+                                 f"{'LoRA' if cfg.lora.enabled else 'a reward model'}; use pp_size=1")
             model = build_stage(model, self.pp_rank, cfg.pp_size)
         if cfg.lora.enabled:
             if self.kind != "causal_lm":
@@ -203,6 +203,19 @@ class TrainEngine:
         inverse = torch.empty(n, dtype=torch.long)
         inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(n)
         return {k: torch.cat(v)[inverse.to(v[0].device)].cpu() for k, v in outputs.items()}
+
+    def pipeline_forward(self, batch: Mapping[str, Tensor], *, temperature: float,
+                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """The last stage's output through the pipeline without gradients (log-probs and
+        entropy of a causal LM, values of a critic), returned on every stage."""
+        batch = self.to_device({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")})
+        batching.check_same_count(batching.batch_len(batch), "sequences in the batch", group=None)
+        self.model.eval()
+        out, entropy = self.pipeline.forward(
+            batch, micro_size=self.config.micro_batch.forward_micro_batch_size_per_device, temperature=temperature,
+            chunk_size=self.config.logits_chunk_size, with_entropy=with_entropy,
+        )
+        return out.cpu(), (entropy.cpu() if entropy is not None else None)
 
     def to_device(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}

@@ -1,5 +1,5 @@
-"""Pipeline parallelism for the training engine: stages of a Hugging Face causal LM run by
-torch.distributed.pipelining's 1F1B schedule.
+"""Pipeline parallelism for the training engine: stages of a Hugging Face causal LM (or of a
+critic: the same decoder with a value head) run by torch.distributed.pipelining's 1F1B schedule.
 
 Cutting the model (`build_stage`): every rank loads the whole model (same seed), then
 keeps only its stage. The decoder layers are split into `pp` contiguous runs; a layer
@@ -8,7 +8,7 @@ ModuleList keeps its length and every kept parameter keeps its Hugging Face name
 (`model.layers.3.mlp.up_proj.weight` on whichever stage holds layer 3). That is what lets
 a DCP checkpoint written at pp=2 load at dp=2 and back: the names and global shapes are
 the same on every layout. Stage 0 keeps the embedding, the last stage the final norm and
-lm_head; elsewhere the norm is an Identity (the hidden state passed on is un-normed) and
+the head (lm_head, or a critic's `score`); elsewhere the norm is an Identity (the hidden state passed on is un-normed) and
 the embedding is dropped (HF skips it when given `inputs_embeds`).
 
 Running a stage reuses the family's own decoder forward (`model.model(...)`): stage 0
@@ -17,7 +17,9 @@ family here scales its embedding inside the embedding module (Gemma's
 `...ScaledWordEmbedding`), so a later stage never repeats the scaling, and per-layer
 attention types (Gemma's sliding windows) are looked up by layer index, which the
 placeholders preserve. The last stage runs lm_head on the R response positions only,
-applies the family's final soft-cap, and returns fp32 log-probs [B, R] (and entropy).
+applies the family's final soft-cap, and returns fp32 log-probs [B, R] (and entropy); a
+critic's last stage returns its fp32 values [B, R] at the same positions (forward.py's
+shift: the state before each response token).
 
 What travels between stages is one tensor, the hidden state [mb, S, H]. Masks, positions
 and labels do not travel: every rank of a pipeline holds the same batch (dispatch splits
@@ -38,6 +40,7 @@ a fresh stage and schedule per call, because the padded length changes between b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -47,6 +50,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from hybridflow.algorithms import entropy_from_logits, logprobs_from_logits
 from hybridflow.engines.models import model_family
+from hybridflow.engines.train.batching import merge_micro_metrics
 
 Tensor = torch.Tensor
 # Loss of one micro-batch on the last stage: (log_probs, entropy or None, micro-batch tensors)
@@ -84,16 +88,19 @@ class SkippedLayer(nn.Module):
         return hidden_states
 
 
-class CausalLMStage(nn.Module):
-    """One pipeline stage of a HF causal LM; its parameter names are the HF model's (see
-    the module docstring). Call `set_call` before a schedule runs it."""
+class ModelStage(nn.Module):
+    """One pipeline stage of a HF causal LM, or of a critic (`TokenScoreModel`: decoder +
+    `score` head); its parameter names are the whole model's (see the module docstring).
+    Call `set_call` before a schedule runs it."""
 
-    def __init__(self, causal_lm: nn.Module, stage: int, num_stages: int) -> None:
+    def __init__(self, full_model: nn.Module, stage: int, num_stages: int) -> None:
         super().__init__()
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
-        self.config = causal_lm.config
-        decoder = causal_lm.model
+        self.config = full_model.config
+        # The head keeps the attribute name it has in the HF model (lm_head / score).
+        self.head_name = "lm_head" if hasattr(full_model, "lm_head") else "score"
+        decoder = full_model.model
         layers = decoder.layers
         self.layer_range = stage_layer_ranges(len(layers), num_stages)[stage]
         for i in range(len(layers)):
@@ -104,8 +111,8 @@ class CausalLMStage(nn.Module):
         if not self.is_last:
             decoder.norm = nn.Identity()
         self.model = decoder
-        self.lm_head = causal_lm.lm_head if self.is_last else None
-        self.family = model_family(causal_lm)
+        setattr(self, self.head_name, getattr(full_model, self.head_name) if self.is_last else None)
+        self.family = model_family(full_model)
         self.response_len = 0
         self.temperature = 1.0
         self.chunk_size = 1024
@@ -129,6 +136,8 @@ class CausalLMStage(nn.Module):
         if not self.is_last:
             return hidden
         r = self.response_len
+        if self.head_name == "score":  # a critic: values [mb, R], fp32
+            return self.score(hidden[:, -r - 1 : -1]).squeeze(-1).float()
         logits = self.lm_head(hidden[:, -r - 1 : -1])
         cap = getattr(self.config, "final_logit_softcapping", None)
         if cap is not None:  # Gemma: the HF causal LM applies it after lm_head
@@ -139,10 +148,10 @@ class CausalLMStage(nn.Module):
         return log_probs, entropy_from_logits(logits, self.chunk_size, self.temperature)
 
 
-def check_pipeline_model(causal_lm: nn.Module) -> None:
-    """Raise where this pipeline cannot cut `causal_lm` (what is refused and why)."""
-    embed, head = causal_lm.get_input_embeddings(), causal_lm.get_output_embeddings()
-    if head is not None and head.weight is embed.weight:
+def check_pipeline_model(model: nn.Module) -> None:
+    """Raise where this pipeline cannot cut `model` (what is refused and why)."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and head.weight is model.model.embed_tokens.weight:
         raise ValueError(
             "pipeline parallelism with tied input/output embeddings is not supported (the embedding lives on the "
             "first stage and lm_head on the last; one shared weight would need its gradient summed across stages): "
@@ -150,20 +159,21 @@ def check_pipeline_model(causal_lm: nn.Module) -> None:
         )
 
 
-def build_stage(causal_lm: nn.Module, stage: int, num_stages: int) -> CausalLMStage:
-    """This rank's stage of `causal_lm` (the model is consumed: the other stages' layers are dropped)."""
-    check_pipeline_model(causal_lm)
-    return CausalLMStage(causal_lm, stage, num_stages)
+def build_stage(model: nn.Module, stage: int, num_stages: int) -> ModelStage:
+    """This rank's stage of `model`, a HF causal LM or a critic `TokenScoreModel` (the model is
+    consumed: the other stages' layers are dropped)."""
+    check_pipeline_model(model)
+    return ModelStage(model, stage, num_stages)
 
 
 FORWARD_KWARGS = ("input_ids", "attention_mask", "position_ids")
 
 
-def pad_rows(batch: Mapping[str, Tensor], multiple: int) -> tuple[dict[str, Tensor], int]:
-    """Repeat the last row until the batch is a multiple of `multiple` (every micro-batch of a
-    pipeline call has one shape); returns the padded batch and the true row count."""
+def pad_rows(batch: Mapping[str, Tensor], micro_size: int, n_micro: int) -> tuple[dict[str, Tensor], int]:
+    """Repeat the last row until the batch fills `n_micro` micro-batches of `micro_size` rows
+    (every micro-batch of a pipeline call has one shape); returns it and the true row count."""
     n = next(iter(batch.values())).shape[0]
-    extra = -n % multiple
+    extra = micro_size * n_micro - n
     if not extra:
         return dict(batch), n
     return {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])]) for k, v in batch.items()}, n
@@ -172,7 +182,7 @@ def pad_rows(batch: Mapping[str, Tensor], multiple: int) -> tuple[dict[str, Tens
 class PipelineRunner:
     """Runs one stage module with a fresh 1F1B schedule per call (see module docstring)."""
 
-    def __init__(self, module: nn.Module, stage: CausalLMStage, group: dist.ProcessGroup,
+    def __init__(self, module: nn.Module, stage: ModelStage, group: dist.ProcessGroup,
                  device: torch.device) -> None:
         """module: the stage as trained (possibly FSDP-wrapped; `stage` is the same object)."""
         self.module, self.stage, self.group, self.device = module, stage, group, device
@@ -187,14 +197,17 @@ class PipelineRunner:
 
     def forward(self, batch: Mapping[str, Tensor], *, micro_size: int, temperature: float, chunk_size: int,
                 with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """Log-probs [B, R] (and entropy) of `batch` without gradients, on every stage (the last
-        stage computes them and broadcasts them over the pipeline)."""
-        padded, n = pad_rows(batch, micro_size)
+        """Log-probs [B, R] (and entropy) of `batch`, or a critic's values, without gradients,
+        on every stage (the last stage computes them and broadcasts them over the pipeline)."""
+        # 1F1B needs at least one micro-batch per stage: smaller ones when the batch is short.
+        rows = next(iter(batch.values())).shape[0]
+        n_micro = max(self.stage.num_stages, math.ceil(rows / micro_size))
+        padded, n = pad_rows(batch, math.ceil(rows / n_micro), n_micro)
         r = batch["responses"].shape[1]
         self.stage.set_call(response_len=r, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
         args, kwargs = self._args(padded)
         with torch.no_grad():
-            out = self._schedule(padded["input_ids"].shape[0] // micro_size, None).eval(*args, **kwargs)
+            out = self._schedule(n_micro, None).eval(*args, **kwargs)
         shape = (2 if with_entropy else 1, padded["input_ids"].shape[0], r)
         result = torch.empty(shape, dtype=torch.float32, device=self.device)
         if self.stage.is_last:
@@ -224,13 +237,6 @@ class PipelineRunner:
         target = torch.stack([batch[k].to(torch.float32) for k in target_keys], dim=-1)
         args, kwargs = self._args(batch)
         self._schedule(len(micro), loss_fn).step(*args, target=target if self.stage.is_last else None, **kwargs)
-        summed: dict[str, float] = {}
-        averaged: dict[str, float] = {}
-        for sums, means in calls[len(calls) - len(micro):]:
-            for k, v in sums.items():
-                summed[k] = summed.get(k, 0.0) + float(v)
-            for k, v in means.items():
-                averaged[k] = averaged.get(k, 0.0) + float(v) / len(micro)
-        shared = [summed, averaged]
+        shared = list(merge_micro_metrics(calls[len(calls) - len(micro):]))
         dist.broadcast_object_list(shared, group=self.group, group_src=self.stage.num_stages - 1)
         return shared[0], shared[1]

@@ -110,16 +110,12 @@ def _accumulate(micro: list[dict[str, Tensor]], agg: AggregationScale,
                 micro_step: MicroStep) -> tuple[dict[str, float], dict[str, float]]:
     """Forward and backward of each micro-batch in turn (gradients accumulate); returns the
     loss metrics summed over micro-batches and the ratio metrics averaged over them."""
-    summed: dict[str, float] = {}
-    averaged: dict[str, float] = {}
+    per_micro = []
     for m in micro:
         loss, sums, means = micro_step(m, agg)
         loss.backward()
-        for k, v in sums.items():
-            summed[k] = summed.get(k, 0.0) + float(v)
-        for k, v in means.items():
-            averaged[k] = averaged.get(k, 0.0) + float(v) / len(micro)
-    return summed, averaged
+        per_micro.append((sums, means))
+    return batching.merge_micro_metrics(per_micro)
 
 
 def _throughput(engine: TrainEngine, seq_lens: list[int], elapsed: float) -> dict[str, float]:

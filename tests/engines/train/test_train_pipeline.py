@@ -32,6 +32,7 @@ def _assert_pipeline_close(results: list[dict], pp: int) -> None:
     assert not by_stage[0] & by_stage[pp - 1]
     for res in results:
         assert res["entropy_shape"] == (8, 5)
+        assert res["frozen_log_prob"] < 1e-5, res["frozen_log_prob"]  # the reference engine (trainable=False)
         assert abs(res["pg_loss"][0] - res["pg_loss"][1]) < 1e-5, res["pg_loss"]
     _assert_actor_close(results)  # log-probs, this stage's gradients, losses, all parameters
 
@@ -72,6 +73,16 @@ def test_pp2_matches_single_process_every_other_family(tiny_model_dirs):
             _assert_pipeline_close(results, pp=2)
         except AssertionError as err:
             raise AssertionError(f"{family}: {err}") from None
+
+
+def test_critic_pp2_matches_single_process(four_layer_dirs):
+    # Values through the pipeline (forward micro-batches of 3 over 8 rows: the last padded),
+    # then an update of 2 mini-batches x 2 micro-batches: value loss and all parameters.
+    for res in run_ranks(train_cases.pipeline_critic_matches_reference, 2, str(four_layer_dirs["qwen2"]), 2):
+        assert res["values"] < 1e-5
+        assert abs(res["vf_loss"][0] - res["vf_loss"][1]) < 1e-5, res["vf_loss"]
+        rel, worst, name = res["param"]
+        assert rel < 1e-3, (rel, worst, name)
 
 
 def test_pp2_checkpoint_loads_at_dp2_and_back(four_layer_dirs, tmp_path):
@@ -151,10 +162,13 @@ def test_pp_size_must_divide_the_world():
 
 @pytest.mark.parametrize("overrides, key, message", [
     (["resources.world_size=2", "actor.pp_size=2"], "actor.pp_size", "does not gather pipeline stages"),
-    (["resources.world_size=2", "algorithm.name=ppo", "critic.pp_size=2"], "critic.pp_size",
+    (["resources.world_size=2", "reward_model.path=rm", "reward_model.pp_size=2"], "reward_model.pp_size",
      "no pipelined forward"),
     (["actor.pp_size=2", "actor.pack_sequences=true"], "actor.pack_sequences", "one shape"),
     (["actor.pp_size=2", "actor.lora.rank=4"], "actor.pp_size", "adapters are not cut"),
+    (["resources.world_size=2", "algorithm.name=ppo", "critic.pp_size=2", "critic.micro_batch.mini_batch_size=8",
+      "critic.micro_batch.micro_batch_size_per_device=8"], "critic.micro_batch.micro_batch_size_per_device",
+     "fewer than the pp_size=2 pipeline stages"),
 ])
 def test_run_config_pipeline_errors_name_their_key(overrides, key, message):
     """actor.pp_size reaches the run config; what a run cannot do with it is a ConfigError on its key."""
@@ -165,3 +179,33 @@ def test_run_config_pipeline_errors_name_their_key(overrides, key, message):
     with pytest.raises(ConfigError, match=message) as err:
         validate_run_config(load_run_config(None, overrides))
     assert err.value.key == key
+
+
+@pytest.mark.slow
+def test_ppo_run_with_a_pipelined_critic_equals_the_dp_critic(ray_local, tmp_path):
+    """An RL run (Ray workers, 2 ranks) with critic.pp_size=2 logs the same critic metrics as
+    the same run with a dp=2 critic: the worker dispatch, the collect rank and the update
+    all go through the pipeline."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "trainer"))
+    from trainer_helpers import rl_records, tiny_run_config
+
+    from hybridflow.trainer import RLTrainer
+
+    records = {}
+    for pp in (1, 2):
+        # One critic mini-batch per step: the same samples per optimizer step at dp 2 and at
+        # dp 1 (dispatch hands each dp rank a contiguous chunk, so smaller mini-batches
+        # would group different samples on the two layouts).
+        cfg = tiny_run_config(tmp_path / f"pp{pp}", "algorithm.name=ppo", f"critic.pp_size={pp}",
+                              "critic.micro_batch.mini_batch_size=8")
+        with RLTrainer(cfg) as trainer:
+            result = trainer.train(steps=2)
+        records[pp] = rl_records(result.run_dir)
+    for dp_rec, pp_rec in zip(records[1], records[2]):
+        for key in ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm", "actor/pg_loss"):
+            if key in dp_rec:
+                assert abs(dp_rec[key] - pp_rec[key]) < 1e-5, (key, dp_rec[key], pp_rec[key])
+        assert "critic/vf_loss" in pp_rec

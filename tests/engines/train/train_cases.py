@@ -382,6 +382,9 @@ def pipeline_actor_matches_reference(rank: int, world: int, path: str, pp: int, 
     ref_lp = reference_log_probs(ref, batch).detach()
     out["log_prob"] = float((lp - ref_lp.chunk(dp)[dp_rank])[mask.chunk(dp)[dp_rank]].abs().max())
     out["entropy_shape"] = tuple(ent.shape)
+    # The reference policy: a frozen engine (no optimizer) with the same pipeline layout.
+    frozen_lp, _ = ActorEngine(config, trainable=False).compute_log_prob(local)
+    out["frozen_log_prob"] = float((frozen_lp - ref_lp.chunk(dp)[dp_rank])[mask.chunk(dp)[dp_rank]].abs().max())
 
     micro_batches = [shard_rows(local, 4, i) for i in range(4)]
     agg = compute_aggregation_scale([m["response_mask"] for m in micro_batches], dp_size=dp,
@@ -479,3 +482,45 @@ def pipeline_families_match_reference(rank: int, world: int, paths: list[str]) -
     """pipeline_actor_matches_reference at pp 2 (one decoder layer per stage) for each model
     dir, one step each, in one set of ranks."""
     return [pipeline_actor_matches_reference(rank, world, path, 2, 1, 1) for path in paths]
+
+
+def pipeline_critic_matches_reference(rank: int, world: int, path: str, pp: int) -> dict:
+    """CriticEngine with pp stages (x dp) vs a plain critic: values, then one value-loss update
+    of 2 mini-batches x 2 micro-batches per rank (loss, all parameters after the steps)."""
+    from hybridflow.algorithms import value_loss
+    from hybridflow.engines.models import load_model
+    from hybridflow.engines.train import CriticEngine, CriticLossConfig, MicroBatchConfig, OptimConfig, TrainEngineConfig
+
+    dp = world // pp
+    n, mini = 8 * dp, 4 * dp
+    config = TrainEngineConfig(model_path=path, dtype="fp32", pp_size=pp, optim=OptimConfig(lr=1e-3, grad_clip=1e9),
+                               micro_batch=MicroBatchConfig(mini_batch_size=mini, micro_batch_size_per_device=2,
+                                                            forward_micro_batch_size_per_device=3))
+    engine = CriticEngine(config, CriticLossConfig(cliprange_value=0.2))
+    torch.manual_seed(0)  # same value-head init as the engine (config.seed = 0)
+    ref = load_model(path, "critic")
+    batch = make_rl_batch(n, seed=30)
+    r = batch["responses"].shape[1]
+
+    def ref_values(b):
+        return ref(b["input_ids"], b["attention_mask"], b["position_ids"])[:, -r - 1 : -1]
+
+    mask = batch["response_mask"].bool().chunk(dp)[engine.dp_rank]
+    values = engine.compute_values(shard_rows(batch, dp, engine.dp_rank))
+    out = {"values": float((values - ref_values(batch).detach().chunk(dp)[engine.dp_rank])[mask].abs().max())}
+    batch["values"] = ref_values(batch).detach() + 0.3 * torch.randn(n, r, generator=torch.Generator().manual_seed(2))
+    initial = {hf_name(k): v.detach().clone() for k, v in ref.named_parameters()}
+    metrics = engine.update_critic(shard_rows(batch, dp, engine.dp_rank))
+    opt = reference_optimizer(ref, lr=1e-3, weight_decay=0.01)
+    from train_harness import global_mini_batches
+
+    losses = []
+    for m in global_mini_batches(batch, dp, mini // dp):
+        loss, _ = value_loss(ref_values(m), m["values"], m["returns"], m["response_mask"], cliprange_value=0.2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out["vf_loss"] = (metrics["critic/vf_loss"], sum(losses) / len(losses))
+    out["param"] = param_update_error(_all_stages(engine, full_parameters(engine)), ref, initial)
+    return out
