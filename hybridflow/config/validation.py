@@ -21,7 +21,7 @@ from hybridflow.config.algorithm import check_algorithm
 from hybridflow.config.async_schema import check_async_settings
 from hybridflow.engines.train.config import EngineSettings, MicroBatchConfig
 from hybridflow.errors import ConfigError
-from hybridflow.workers.config import check_role_engine
+from hybridflow.workers.config import check_role_engine, check_role_pipeline
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -103,6 +103,8 @@ def _role_dp(cfg: RunConfig, role: str, ranks: int, *, trainable: bool) -> int:
     try:
         if trainable:
             check_role_engine(role, section)
+        else:
+            check_role_pipeline(role, section)
         return section.check_parallel(ranks, cfg.resources.use_gpu, trainable=trainable)
     except ConfigError as err:
         raise err.within(role) from None

@@ -26,9 +26,11 @@ Tensor = torch.Tensor
 
 
 def register_engine_mesh(worker: Worker, name: str, engine: TrainEngine) -> None:
-    """Dispatch mesh `name` = the engine's data-parallel layout; tp rank 0 returns the result."""
+    """Dispatch mesh `name` = the engine's data-parallel layout; tp rank 0 of pipeline stage 0
+    returns the result (every stage holds the last stage's outputs, broadcast by the pipeline)."""
     tp_rank = engine.device_mesh[TP].get_local_rank()
-    worker.register_dispatch_mesh(name, dp_rank=engine.dp_rank, dp_size=engine.dp_size, is_collect=tp_rank == 0)
+    worker.register_dispatch_mesh(name, dp_rank=engine.dp_rank, dp_size=engine.dp_size,
+                                  is_collect=tp_rank == 0 and engine.pp_rank == 0)
 
 
 def mean_over_world(values: Mapping[str, float]) -> dict[str, float]:

@@ -38,7 +38,8 @@ def update_keys(loss: ActorLossConfig) -> tuple[str, ...]:
 
 
 class ActorEngine(TrainEngine):
-    """A causal LM policy over a (dp, tp) mesh. Batches are this rank's dp shard."""
+    """A causal LM policy over a (dp, tp) or (pp, dp, tp) mesh. Batches are this rank's dp
+    shard (every pipeline stage and tp rank of a dp group gets the same one)."""
 
     def __init__(
         self,
@@ -61,12 +62,16 @@ class ActorEngine(TrainEngine):
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs [B, R] of the response tokens under the current policy (and entropy [B, R])."""
         batching.require_keys(batch, FORWARD_KEYS, "compute_log_prob")
+        if self.pipeline is not None:
+            return self.pipeline_forward(batch, temperature=temperature, with_entropy=with_entropy)
         out = self.forward_in_micro_batches(batch, lambda mb: self._log_probs(mb, temperature, with_entropy))
         return out["log_probs"], out.get("entropys")
 
     def compute_ref_log_prob(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0) -> Tensor:
         """Log-probs [B, R] under the reference policy: this LoRA actor with adapters disabled."""
         batching.require_keys(batch, FORWARD_KEYS, "compute_ref_log_prob")
+        if self.pipeline is not None:
+            raise ValueError("compute_ref_log_prob disables LoRA adapters, and LoRA is not supported with pp_size > 1")
         with adapters_disabled(self.model):
             out = self.forward_in_micro_batches(batch, lambda mb: self._log_probs(mb, temperature, False))
         return out["log_probs"]
@@ -102,6 +107,8 @@ class ActorEngine(TrainEngine):
             prefix="actor",
             micro_step=lambda mb, agg: self._micro_step(mb, agg, temperature),
             loss_scale_factor=self.loss_config.loss_scale_factor,
+            mini_step=(None if self.pipeline is None
+                       else lambda micro, agg: self._pipeline_mini_step(micro, agg, temperature)),
         )
 
     def _require_single_step(self, sequences: int) -> None:
@@ -117,18 +124,28 @@ class ActorEngine(TrainEngine):
     def _micro_step(
         self, mb: dict[str, Tensor], agg: AggregationScale, temperature: float
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
-        cfg = self.loss_config
-        mode = cfg.policy.loss_agg_mode
-        mask = mb["response_mask"]
-        fused = OLD_LOG_PROBS not in mb
         log_prob, entropy = causal_lm_log_probs(
             self.model,
             mb,
             temperature=temperature,
             chunk_size=self.config.logits_chunk_size,
             pack_sequences=self.config.pack_sequences,
-            with_entropy=cfg.entropy_coeff > 0 or fused,
+            with_entropy=self._update_needs_entropy(OLD_LOG_PROBS not in mb),
         )
+        return self._loss(log_prob, entropy, mb, agg)
+
+    def _update_needs_entropy(self, fused: bool) -> bool:
+        return self.loss_config.entropy_coeff > 0 or fused
+
+    def _loss(
+        self, log_prob: Tensor, entropy: Tensor | None, mb: Mapping[str, Tensor], agg: AggregationScale
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """The actor objective of one micro-batch from its log-probs (and entropy): the loss
+        to backpropagate, summed metrics and averaged metrics (see update.run_update)."""
+        cfg = self.loss_config
+        mode = cfg.policy.loss_agg_mode
+        mask = mb["response_mask"]
+        fused = OLD_LOG_PROBS not in mb
         old_log_prob = log_prob.detach() if fused else mb[OLD_LOG_PROBS]
         advantages, is_metrics = mb["advantages"], {}
         if cfg.off_policy.enabled:  # decoupled PPO: proximal = old, behaviour = rollout
@@ -154,3 +171,18 @@ class ActorEngine(TrainEngine):
             sums["kl_loss"] = kl.detach()
         sums["loss"] = loss.detach()
         return loss, sums, pg_metrics
+
+    def _pipeline_mini_step(
+        self, micro: list[dict[str, Tensor]], agg: AggregationScale, temperature: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One mini-batch through the pipeline's 1F1B schedule: the same `_loss` per
+        micro-batch, on the last stage, from the log-probs it computes."""
+        fused = OLD_LOG_PROBS not in micro[0]
+        targets = [k for k in update_keys(self.loss_config) if k not in FORWARD_KEYS]
+        if not fused:
+            targets.append(OLD_LOG_PROBS)
+        return self.pipeline.train_mini_batch(
+            micro, targets, lambda lp, ent, mb: self._loss(lp, ent, mb, agg),
+            temperature=temperature, chunk_size=self.config.logits_chunk_size,
+            with_entropy=self._update_needs_entropy(fused),
+        )

@@ -107,6 +107,20 @@ def dp_balanced_order(attention_mask: torch.Tensor, dp_size: int) -> torch.Tenso
     return torch.tensor(order, dtype=torch.long)
 
 
+def merge_micro_metrics(per_micro: list[tuple[dict, dict]]) -> tuple[dict[str, float], dict[str, float]]:
+    """(summed, averaged) metrics of one mini-batch from each micro-batch's (sums, means):
+    loss-type values add up over micro-batches (each is already normalised by the whole
+    mini-batch), ratio-type values are averaged over them."""
+    summed: dict[str, float] = {}
+    averaged: dict[str, float] = {}
+    for sums, means in per_micro:
+        for k, v in sums.items():
+            summed[k] = summed.get(k, 0.0) + float(v)
+        for k, v in means.items():
+            averaged[k] = averaged.get(k, 0.0) + float(v) / len(per_micro)
+    return summed, averaged
+
+
 def micro_batch_indices_by_count(n: int, size: int) -> list[list[int]]:
     """Consecutive groups of `size` indices (the last one may be shorter)."""
     return [list(range(s, min(s + size, n))) for s in range(0, n, size)]

@@ -173,7 +173,7 @@ class MicroBatchConfig(ForwardBatchConfig):
         """Divisibility of a training mini-batch over `dp_size` data-parallel ranks."""
         if self.mini_batch_size % dp_size != 0:
             raise ConfigError(
-                f"{self.mini_batch_size} is not divisible by the data-parallel size {dp_size} (ranks / tp_size); "
+                f"{self.mini_batch_size} is not divisible by the data-parallel size {dp_size} (ranks / (tp_size x pp_size)); "
                 "every dp rank must get the same number of sequences", "mini_batch_size",
             )
         per_rank = self.mini_batch_size // dp_size
@@ -201,7 +201,10 @@ class EngineSettings:
         reduction; "fp32" computes in fp32; "auto" (default) is bf16 on GPUs and CPUs
         with native bf16 instructions, fp32 elsewhere (see engines/precision.py). Models
         that are not trained (reference, reward) are stored in the compute dtype.
-    tp_size: tensor-parallel degree; dp = world_size / tp_size.
+    tp_size: tensor-parallel degree; dp = world_size / (tp_size * pp_size).
+    pp_size: pipeline-parallel degree: the decoder layers cut into pp_size stages run by
+        a 1F1B schedule over the micro-batches (engines/train/pipeline.py); causal LMs
+        (actor, reference) only, fixed-count micro-batches, no sequence packing.
     param_offload: keep parameters on the CPU between calls (GPU only; see
         TrainEngine.offload / onload).
     pack_sequences: remove padding and pack each micro-batch into one row with
@@ -216,6 +219,7 @@ class EngineSettings:
 
     dtype: DtypeName = "auto"
     tp_size: int = 1
+    pp_size: int = 1
     param_offload: bool = False
     pack_sequences: bool = False
     logits_chunk_size: int = 1024
@@ -227,6 +231,13 @@ class EngineSettings:
         if self.dtype not in DTYPE_NAMES:
             raise ConfigError(f"must be one of {DTYPE_NAMES}, got {self.dtype!r}", "dtype")
         _count("tp_size", self.tp_size)
+        _count("pp_size", self.pp_size)
+        if self.pp_size > 1 and self.pack_sequences:
+            raise ConfigError("cannot be true with pp_size > 1: a pipeline's micro-batches must share one shape "
+                              "(set pack_sequences: false)", "pack_sequences")
+        if self.pp_size > 1 and self.micro_batch.use_dynamic_bsz:
+            raise ConfigError("cannot be true with pp_size > 1: a pipeline's micro-batches must share one shape "
+                              "(cut them by count: micro_batch_size_per_device)", "micro_batch.use_dynamic_bsz")
         _count("logits_chunk_size", self.logits_chunk_size)
         if self.peak_flops_per_device is not None:
             _positive("peak_flops_per_device", self.peak_flops_per_device)
@@ -236,13 +247,23 @@ class EngineSettings:
         The mini-batch rules hold only for a trained engine (a frozen one only scores)."""
         if world_size % self.tp_size != 0:
             raise ConfigError(f"{self.tp_size} does not divide the {world_size} ranks of this model", "tp_size")
+        if world_size % (self.tp_size * self.pp_size) != 0:
+            raise ConfigError(f"tp_size x pp_size = {self.tp_size} x {self.pp_size} does not divide the "
+                              f"{world_size} ranks of this model", "pp_size")
         _needs_gpu("param_offload", self.param_offload, has_gpu)
-        dp = world_size // self.tp_size
+        dp = world_size // (self.tp_size * self.pp_size)
         if trainable:
             try:
                 self.micro_batch.check(dp)
             except ConfigError as err:
                 raise err.within("micro_batch") from None
+            per_rank = self.micro_batch.mini_batch_size // dp
+            if self.pp_size > 1 and per_rank // self.micro_batch.micro_batch_size_per_device < self.pp_size:
+                raise ConfigError(
+                    f"{self.micro_batch.micro_batch_size_per_device} leaves {per_rank // self.micro_batch.micro_batch_size_per_device} "
+                    f"micro-batches in a mini-batch of {per_rank} per dp rank, fewer than the pp_size={self.pp_size} "
+                    "pipeline stages (1F1B needs one per stage, and more to fill the pipeline): make micro-batches "
+                    "smaller or mini-batches larger", "micro_batch.micro_batch_size_per_device")
         return dp
 
     def engine_config(self, model_path: str, seed: int) -> TrainEngineConfig:
@@ -269,6 +290,12 @@ class TrainEngineSettings(EngineSettings):
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pp_size > 1 and self.lora.enabled:
+            raise ConfigError("must be 1 with LoRA (lora.rank > 0): adapters are not cut into pipeline stages; "
+                              "use tensor or data parallelism for a LoRA actor", "pp_size")
 
     def check_parallel(self, world_size: int, has_gpu: bool, *, trainable: bool) -> int:
         _needs_gpu("optimizer_offload", self.optimizer_offload, has_gpu)

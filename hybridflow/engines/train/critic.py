@@ -20,7 +20,8 @@ UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "values", "returns")
 
 
 class CriticEngine(TrainEngine):
-    """Backbone + value head (from a causal-LM or a saved critic checkpoint) over a (dp, tp) mesh."""
+    """Backbone + value head (from a causal-LM or a saved critic checkpoint) over a (dp, tp)
+    or (pp, dp, tp) mesh."""
 
     def __init__(self, config: TrainEngineConfig, loss: CriticLossConfig | None = None) -> None:
         super().__init__(config, kind="critic", trainable=True)
@@ -29,6 +30,8 @@ class CriticEngine(TrainEngine):
     def compute_values(self, batch: Mapping[str, Tensor]) -> Tensor:
         """Values [B, R] (fp32) at the positions before each response token."""
         batching.require_keys(batch, FORWARD_KEYS, "compute_values")
+        if self.pipeline is not None:
+            return self.pipeline_forward(batch, temperature=1.0, with_entropy=False)[0]
         pack = self.config.pack_sequences
         out = self.forward_in_micro_batches(batch, lambda mb: {"values": critic_values(self.model, mb, pack_sequences=pack)})
         return out["values"]
@@ -39,12 +42,26 @@ class CriticEngine(TrainEngine):
         return run_update(
             self, batch, prefix="critic", micro_step=self._micro_step,
             loss_scale_factor=self.loss_config.loss_scale_factor,
+            mini_step=None if self.pipeline is None else self._pipeline_mini_step,
         )
 
     def _micro_step(
         self, mb: dict[str, Tensor], agg: AggregationScale
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
-        vpreds = critic_values(self.model, mb, pack_sequences=self.config.pack_sequences)
+        return self._loss(critic_values(self.model, mb, pack_sequences=self.config.pack_sequences), mb, agg)
+
+    def _pipeline_mini_step(
+        self, micro: list[dict[str, Tensor]], agg: AggregationScale
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One mini-batch through the pipeline: the same `_loss` on the last stage's values."""
+        return self.pipeline.train_mini_batch(
+            micro, ["response_mask", "values", "returns"], lambda vpreds, _, mb: self._loss(vpreds, mb, agg),
+            temperature=1.0, chunk_size=self.config.logits_chunk_size, with_entropy=False,
+        )
+
+    def _loss(
+        self, vpreds: Tensor, mb: Mapping[str, Tensor], agg: AggregationScale
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         loss, metrics = value_loss(
             vpreds,
             mb["values"],

@@ -1,4 +1,4 @@
-"""Process group and (dp, tp) device mesh for the training engine.
+"""Process group and (dp, tp) or (pp, dp, tp) device mesh for the training engine.
 
 Workers usually initialise torch.distributed themselves (one process per rank, gloo on
 CPU, nccl on GPU); `init_distributed` does it from the torchrun-style environment
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-DP, TP = "dp", "tp"
+PP, DP, TP = "pp", "dp", "tp"
 
 
 def device_type() -> str:
@@ -51,20 +51,25 @@ def init_distributed() -> None:
         dist.init_process_group(backend="gloo")
 
 
-def build_device_mesh(tp_size: int) -> DeviceMesh:
-    """A 2-D mesh ("dp", "tp") over all ranks; tp is the inner (fastest varying) axis.
+def build_device_mesh(tp_size: int, pp_size: int = 1) -> DeviceMesh:
+    """A 2-D mesh ("dp", "tp") over all ranks, or ("pp", "dp", "tp") with pipeline stages;
+    tp is the inner (fastest varying) axis, pp the outer one.
 
     Tensor-parallel groups are consecutive ranks because TP communicates in every layer
     and consecutive ranks usually share a node (NVLink); FSDP's per-layer all-gathers
-    tolerate the slower links between nodes.
+    tolerate the slower links between nodes, and a pipeline sends one activation per
+    micro-batch between neighbouring stages, the least traffic of the three.
     """
     world = dist.get_world_size()
-    if tp_size < 1 or world % tp_size != 0:
+    if tp_size < 1 or pp_size < 1 or world % (tp_size * pp_size) != 0:
         raise ValueError(
-            f"tp_size={tp_size} must be >= 1 and divide the world size {world}; "
-            f"choose tp_size from {[d for d in range(1, world + 1) if world % d == 0]}"
+            f"tp_size={tp_size} x pp_size={pp_size} must divide the world size {world}; "
+            f"choose tp_size x pp_size from {[d for d in range(1, world + 1) if world % d == 0]}"
         )
-    return init_device_mesh(device_type(), (world // tp_size, tp_size), mesh_dim_names=(DP, TP))
+    if pp_size == 1:
+        return init_device_mesh(device_type(), (world // tp_size, tp_size), mesh_dim_names=(DP, TP))
+    shape = (pp_size, world // (tp_size * pp_size), tp_size)
+    return init_device_mesh(device_type(), shape, mesh_dim_names=(PP, DP, TP))
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

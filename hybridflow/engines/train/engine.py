@@ -1,8 +1,9 @@
-"""TrainEngine: one model loaded, sharded over a (dp, tp) mesh, and optionally trained.
+"""TrainEngine: one model loaded, sharded over a (dp, tp) or (pp, dp, tp) mesh, and optionally trained.
 
 Build order (each step needs the previous one):
   1. load the Hugging Face model on every rank (same seed, so newly initialised heads
-     are identical), fp32 if trained, else in the compute dtype;
+     are identical), fp32 if trained, else in the compute dtype; with pp_size > 1 keep
+     only this rank's pipeline stage (engines/train/pipeline.py);
   2. LoRA adapters (actor only), activation checkpointing;
   3. tensor parallel over "tp", then FSDP2 over "dp" with the mixed-precision policy;
   4. optimizer and lr schedule, right after sharding (DEVELOPERS.md: FSDP2 trap).
@@ -27,7 +28,7 @@ from hybridflow.engines.models import load_model
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.train import batching
 from hybridflow.engines.train.config import TrainEngineConfig
-from hybridflow.engines.train.distributed import DP, TP, build_device_mesh, current_device, device_type
+from hybridflow.engines.train.distributed import DP, PP, TP, build_device_mesh, current_device, device_type
 from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
 from hybridflow.engines.train.lora import apply_lora, hf_model_of, hf_name
 from hybridflow.engines.train.optim import (
@@ -36,6 +37,7 @@ from hybridflow.engines.train.optim import (
     clip_grad_norm,
     trainable_parameters,
 )
+from hybridflow.engines.train.pipeline import PipelineRunner, build_stage
 from hybridflow.engines.train.parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
@@ -68,12 +70,18 @@ class TrainEngine:
         self.trainable = trainable
         self.dp_size = config.check_parallel(dist.get_world_size(), device_type() == "cuda", trainable=trainable)
         self.device = current_device()
-        self.device_mesh: DeviceMesh = build_device_mesh(config.tp_size)
+        self.device_mesh: DeviceMesh = build_device_mesh(config.tp_size, config.pp_size)
         self.dp_group = self.device_mesh[DP].get_group()
         self.dp_rank = self.device_mesh[DP].get_local_rank()
+        # Pipeline stage of this rank (0 of 1 without pipelining) and its point-to-point group.
+        self.pp_rank = self.device_mesh[PP].get_local_rank() if config.pp_size > 1 else 0
+        self.pp_group = self.device_mesh[PP].get_group() if config.pp_size > 1 else None
         self.compute_dtype = resolve_dtype(config.dtype, self.device.type)
         self.fsdp_shard_dim = fsdp_shard_dim
         self.model = self._build_model()
+        self.pipeline: PipelineRunner | None = None
+        if config.pp_size > 1:
+            self.pipeline = PipelineRunner(self.model, self.model, self.pp_group, self.device)
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
         if trainable:
@@ -92,6 +100,12 @@ class TrainEngine:
         torch.manual_seed(cfg.seed)
         store_dtype = torch.float32 if self.trainable else self.compute_dtype
         model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=cfg.attn_implementation)
+        if cfg.pp_size > 1:
+            if self.kind == "reward" or cfg.lora.enabled:
+                raise ValueError(f"pipeline parallelism (pp_size={cfg.pp_size}) is supported for a causal LM (actor, "
+                                 "reference) or a critic without LoRA, not for "
+                                 f"{'LoRA' if cfg.lora.enabled else 'a reward model'}; use pp_size=1")
+            model = build_stage(model, self.pp_rank, cfg.pp_size)
         if cfg.lora.enabled:
             if self.kind != "causal_lm":
                 raise ValueError(f"LoRA is supported for the actor (causal LM) only, not for a {self.kind} model")
@@ -190,6 +204,19 @@ class TrainEngine:
         inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(n)
         return {k: torch.cat(v)[inverse.to(v[0].device)].cpu() for k, v in outputs.items()}
 
+    def pipeline_forward(self, batch: Mapping[str, Tensor], *, temperature: float,
+                         with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """The last stage's output through the pipeline without gradients (log-probs and
+        entropy of a causal LM, values of a critic), returned on every stage."""
+        batch = self.to_device({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")})
+        batching.check_same_count(batching.batch_len(batch), "sequences in the batch", group=None)
+        self.model.eval()
+        out, entropy = self.pipeline.forward(
+            batch, micro_size=self.config.micro_batch.forward_micro_batch_size_per_device, temperature=temperature,
+            chunk_size=self.config.logits_chunk_size, with_entropy=with_entropy,
+        )
+        return out.cpu(), (entropy.cpu() if entropy is not None else None)
+
     def to_device(self, batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
@@ -203,7 +230,8 @@ class TrainEngine:
     def flops_config(self) -> tuple[int, int, int]:
         """(matmul parameters, layers, hidden size) for `flops.training_flops`."""
         hf_config = hf_model_of(self.model).config
-        return self._flops_params, hf_config.num_hidden_layers, hf_config.hidden_size
+        layers = len(self.model.layer_range) if self.pipeline is not None else hf_config.num_hidden_layers
+        return self._flops_params, layers, hf_config.hidden_size
 
     # ------------------------------------------------------------------ offload (GPU)
 
@@ -239,7 +267,7 @@ class TrainEngine:
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Clip, then step if the gradient norm is finite. Returns (norm, stepped)."""
-        norm = clip_grad_norm(self.trainable_parameters(), self.config.optim.grad_clip)
+        norm = clip_grad_norm(self.trainable_parameters(), self.config.optim.grad_clip, pp_group=self.pp_group)
         finite = bool(torch.isfinite(torch.tensor(norm)))
         if finite:
             self.optimizer.step()

@@ -35,6 +35,12 @@ def export_hf(engine: TrainEngine, out_dir: str | Path, *, dtype: torch.dtype | 
     dtype: storage dtype of the exported weights (default: the training master dtype).
     """
     out_dir = Path(out_dir)
+    if engine.pipeline is not None:
+        raise ValueError(
+            f"export from a pipeline-parallel engine (pp_size={engine.config.pp_size}) is not supported: each rank "
+            "holds one stage; save a checkpoint, load it into an engine with pp_size=1 (checkpoints move between "
+            "layouts) and export from there"
+        )
     full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         _write(engine, full, out_dir, dtype)

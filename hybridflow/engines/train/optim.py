@@ -15,6 +15,7 @@ import math
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -69,8 +70,11 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) ->
     return LambdaLR(optimizer, lambda step: lr_multiplier(step, config))
 
 
-def grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
-    """Global L2 norm (a 0-dim fp32 tensor on the host) of the gradients of sharded parameters."""
+def grad_norm(parameters: list[nn.Parameter], pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Global L2 norm (a 0-dim fp32 tensor on the host) of the gradients of sharded parameters.
+
+    pp_group: the pipeline group when each rank holds one stage's parameters; the stages'
+    squared norms are summed over it, so every stage clips by the whole model's norm."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     plain: list[torch.Tensor] = []
     for p in parameters:
@@ -86,16 +90,20 @@ def grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
     for grads in groups.values():
         sq = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
         total = total + sq.full_tensor().cpu()
+    if pp_group is not None:
+        total = total.to(torch.float64)
+        dist.all_reduce(total, group=pp_group)
     return total.sqrt()
 
 
-def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float,
+                   pp_group: dist.ProcessGroup | None = None) -> float:
     """Scale gradients in place so their global norm is at most `max_norm` (<= 0: no clipping).
 
     Returns the norm before clipping; a non-finite norm is returned unchanged and the
     gradients are left alone (the caller skips the step).
     """
-    norm = float(grad_norm(parameters))
+    norm = float(grad_norm(parameters, pp_group))
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         for p in parameters:

@@ -41,6 +41,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from hybridflow.engines.models import MOE_FAMILIES, model_family
+from hybridflow.engines.train.pipeline import SkippedLayer
 
 QK_NORM_FAMILIES = ("qwen3", "gemma3_text")
 
@@ -64,8 +65,10 @@ class HeadShardedNorm(ParallelStyle):
         return distribute_module(module, device_mesh, replicate_params, to_head_sharded, to_local)
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a causal LM or a TokenScoreModel (both keep them at model.layers)."""
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a causal LM, a TokenScoreModel or a pipeline stage (all keep them
+    at model.layers) that this rank holds: a stage's placeholders for other stages' layers
+    (`SkippedLayer`) are left out."""
     if hasattr(model, "get_base_model"):  # a peft wrapper
         model = model.get_base_model()
     layers = getattr(getattr(model, "model", None), "layers", None)
@@ -74,7 +77,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
             f"{type(model).__name__} has no model.layers; only HF decoder models of the "
             "supported families (and TokenScoreModel) can be parallelised"
         )
-    return layers
+    return [layer for layer in layers if not isinstance(layer, SkippedLayer)]
 
 
 def check_tp_divisibility(config, tp_size: int) -> None:
@@ -145,11 +148,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     for layer in decoder_layers(model):
         parallelize_module(layer, tp_mesh, lora_aware_plan(layer, layer_plan))
 
-    top_plan: dict[str, ParallelStyle] = {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-    }
+    # A pipeline stage holds the embedding only on its first stage and lm_head only on its last.
+    embed = getattr(model.model, "embed_tokens", None)
+    top_plan: dict[str, ParallelStyle] = {}
+    if embed is not None:
+        top_plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     lm_head = getattr(model, "lm_head", None)
-    tied = lm_head is not None and lm_head.weight is model.model.embed_tokens.weight
+    tied = lm_head is not None and embed is not None and lm_head.weight is embed.weight
     if lm_head is not None:
         top_plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
     for path in top_plan:
@@ -158,7 +163,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
                 f"LoRA on {path} with tensor parallelism is not supported; leave "
                 f"{path.rsplit('.', 1)[-1]} out of lora.target_modules or use tp_size=1"
             )
-    parallelize_module(model, tp_mesh, top_plan)
+    if top_plan:
+        parallelize_module(model, tp_mesh, top_plan)
     if tied:
         # Each plan made its own DTensor of the shared weight, with equal Shard(0) blocks.
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -26,6 +26,9 @@ from hybridflow.engines.train.flops import training_flops
 Tensor = torch.Tensor
 # (loss to backpropagate, summed metrics, averaged metrics)
 MicroStep = Callable[[dict[str, Tensor], AggregationScale], tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]]
+# Forward and backward of a whole mini-batch's micro-batches -> (summed, averaged) metrics:
+# how a pipeline runs them (a schedule interleaves the micro-batches across stages).
+MiniStep = Callable[[list[dict[str, Tensor]], AggregationScale], tuple[dict[str, float], dict[str, float]]]
 
 
 @dataclass
@@ -53,8 +56,12 @@ def run_update(
     prefix: str,
     micro_step: MicroStep,
     loss_scale_factor: float | None,
+    mini_step: MiniStep | None = None,
 ) -> dict[str, float]:
-    """Train `engine` on this rank's `batch`; returns metrics averaged over the group."""
+    """Train `engine` on this rank's `batch`; returns metrics averaged over the group.
+
+    mini_step: runs the forward and backward passes of one mini-batch's micro-batches
+    (a pipeline schedule); None runs `micro_step` on each micro-batch in turn."""
     engine.require_trainable(f"update ({prefix})")
     mb_cfg = engine.config.micro_batch
     per_rank = mb_cfg.mini_batch_size // engine.dp_size
@@ -77,15 +84,11 @@ def run_update(
                 all_reduce_sum=torch_all_reduce_sum(engine.dp_group),
                 loss_scale_factor=loss_scale_factor,
             )
-            summed: dict[str, float] = {}
-            averaged: dict[str, float] = {}
+            if mini_step is None:
+                summed, averaged = _accumulate(micro, agg, micro_step)
+            else:
+                summed, averaged = mini_step(micro, agg)
             for m in micro:
-                loss, sums, means = micro_step(m, agg)
-                loss.backward()
-                for k, v in sums.items():
-                    summed[k] = summed.get(k, 0.0) + float(v)
-                for k, v in means.items():
-                    averaged[k] = averaged.get(k, 0.0) + float(v) / len(micro)
                 seq_lens.extend(m["attention_mask"].sum(dim=-1).tolist())
             norm, stepped = engine.optimizer_step()
             for k, v in {**summed, **averaged}.items():
@@ -103,15 +106,30 @@ def run_update(
     return metrics
 
 
+def _accumulate(micro: list[dict[str, Tensor]], agg: AggregationScale,
+                micro_step: MicroStep) -> tuple[dict[str, float], dict[str, float]]:
+    """Forward and backward of each micro-batch in turn (gradients accumulate); returns the
+    loss metrics summed over micro-batches and the ratio metrics averaged over them."""
+    per_micro = []
+    for m in micro:
+        loss, sums, means = micro_step(m, agg)
+        loss.backward()
+        per_micro.append((sums, means))
+    return batching.merge_micro_metrics(per_micro)
+
+
 def _throughput(engine: TrainEngine, seq_lens: list[int], elapsed: float) -> dict[str, float]:
     """Tokens/s of the whole group and MFU per device (valid tokens only; see flops.py)."""
     n_params, layers, hidden = engine.flops_config()
     local = torch.tensor(
         [float(sum(seq_lens)), training_flops(n_params, layers, hidden, seq_lens), elapsed], dtype=torch.float64
     )
-    # Tensor-parallel ranks process the same sequences: count them once per dp group.
+    # Tensor-parallel ranks process the same sequences: count them once per dp group. The
+    # stages of a pipeline too: the tokens once (stage 0), the flops of each stage's layers.
     if engine.config.tp_size > 1 and engine.device_mesh["tp"].get_local_rank() != 0:
         local[:2] = 0.0
+    if engine.pp_rank != 0:
+        local[0] = 0.0
     dist.all_reduce(local, op=dist.ReduceOp.SUM)
     world = dist.get_world_size()
     tokens, flops, elapsed_sum = local.tolist()

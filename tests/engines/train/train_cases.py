@@ -121,23 +121,7 @@ def actor_matches_reference(rank: int, world: int, path: str, tp: int, steps: in
     (agg_loss(elp * local["advantages"], local["response_mask"], "token-mean", agg)).backward()
     rlp = reference_log_probs(ref, batch)
     agg_loss(rlp * batch["advantages"], batch["response_mask"], "token-mean").backward()
-    grads = {name: full_tensor(p.grad) for name, p in engine.named_sharded_parameters() if p.requires_grad}
-    ref_grads = {hf_name(name): p.grad for name, p in ref.named_parameters() if p.requires_grad}
-    assert set(grads) == set(ref_grads), sorted(set(grads) ^ set(ref_grads))
-    out["grad"] = max(float((grads[k] - ref_grads[k]).abs().max()) for k in ref_grads)
-    out["grad_scale"] = max(float(g.abs().max()) for g in ref_grads.values())
-    engine.optimizer.zero_grad(set_to_none=True)
-    ref_opt.zero_grad(set_to_none=True)
-
-    initial = {hf_name(k): v.detach().clone() for k, v in ref.named_parameters()}
-    out["loss"], out["param"] = [], []
-    for step in range(steps):
-        batch = _batch_with_old_log_probs(ref, n, seed=10 + step)
-        metrics = engine.update_policy(shard_rows(batch, dp, dp_rank))
-        ref_losses = reference_actor_update(ref, ref_opt, batch, dp=dp, per_rank=mini // dp,
-                                            loss_config=engine.loss_config, grad_clip=1.0)
-        out["loss"].append((metrics["actor/loss"], sum(ref_losses) / len(ref_losses)))
-        out["param"].append(param_update_error(full_parameters(engine), ref, initial))
+    _grad_error_then_updates(engine, ref, ref_opt, out, n=n, mini=mini, steps=steps)
     if lora_rank:
         # What generation receives: W + (alpha / r) B A merged per parameter on the engine's
         # (dp, tp) layout, vs the single-process peft model merged the plain way.
@@ -354,3 +338,189 @@ def families_match_reference(rank: int, world: int, runs: list[tuple[str, int, i
     """actor_matches_reference for each (model dir, tp, LoRA rank) in `runs`, in one set of
     ranks: one step, two with LoRA (A first moves in the second)."""
     return [actor_matches_reference(rank, world, path, tp, 2 if lora else 1, False, lora) for path, tp, lora in runs]
+
+
+def _all_stages(engine, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The union of every pipeline stage's `tensors` (HF name -> full tensor), on every rank."""
+    import torch.distributed as dist
+
+    if engine.pp_group is None:
+        return tensors
+    parts = [None] * dist.get_world_size(engine.pp_group)
+    dist.all_gather_object(parts, {k: v.cpu() for k, v in tensors.items()}, group=engine.pp_group)
+    merged = {}
+    for part in parts:
+        assert not set(part) & set(merged), sorted(set(part) & set(merged))  # a parameter lives on one stage
+        merged.update(part)
+    return merged
+
+
+def pipeline_actor_matches_reference(rank: int, world: int, path: str, pp: int, tp: int, steps: int) -> dict:
+    """ActorEngine with pp stages (x dp x tp) vs a plain single-process model on the global batch.
+
+    Log-probs through the pipeline; each stage's gradients of a token-mean policy-gradient
+    loss over 4 micro-batches (the schedule's own scaling off, each micro-batch normalised
+    by the global token count); then `steps` full PPO updates (2 mini-batches of 4
+    micro-batches per rank): losses and all parameters after each AdamW step.
+    """
+    from hybridflow.algorithms import agg_loss, compute_aggregation_scale, torch_all_reduce_sum
+    from hybridflow.engines.train import ActorEngine
+
+    dp = world // (pp * tp)
+    n, mini, micro, lr = 8 * dp, 4 * dp, 1, 1e-3
+    config = _actor_config(path, tp=tp, mini=mini, micro=micro, lr=lr, pp_size=pp)
+    engine = ActorEngine(config, _loss_config())
+    ref = reference_model(path, config)
+    ref_opt = reference_optimizer(ref, lr=lr, weight_decay=0.01)
+    dp_rank = engine.dp_rank
+    out: dict = {"stage": engine.pp_rank, "stage_params": sorted(n for n, _ in engine.named_sharded_parameters())}
+
+    batch = _batch_with_old_log_probs(ref, n, seed=1)
+    local = shard_rows(batch, dp, dp_rank)
+    mask = batch["response_mask"].bool()
+    lp, ent = engine.compute_log_prob(local, with_entropy=True)
+    ref_lp = reference_log_probs(ref, batch).detach()
+    out["log_prob"] = float((lp - ref_lp.chunk(dp)[dp_rank])[mask.chunk(dp)[dp_rank]].abs().max())
+    out["entropy_shape"] = tuple(ent.shape)
+    # The reference policy: a frozen engine (no optimizer) with the same pipeline layout.
+    frozen_lp, _ = ActorEngine(config, trainable=False).compute_log_prob(local)
+    out["frozen_log_prob"] = float((frozen_lp - ref_lp.chunk(dp)[dp_rank])[mask.chunk(dp)[dp_rank]].abs().max())
+
+    micro_batches = [shard_rows(local, 4, i) for i in range(4)]
+    agg = compute_aggregation_scale([m["response_mask"] for m in micro_batches], dp_size=dp,
+                                    all_reduce_sum=torch_all_reduce_sum(engine.dp_group))
+    engine.model.train()
+
+    def pg_loss(log_probs, entropy, mb):
+        loss = agg_loss(log_probs * mb["advantages"], mb["response_mask"], "token-mean", agg)
+        return loss, {"loss": loss.detach()}, {}
+
+    summed, _ = engine.pipeline.train_mini_batch(micro_batches, ["advantages", "response_mask"], pg_loss,
+                                                 temperature=1.0, chunk_size=7, with_entropy=False)
+    ref_loss = agg_loss(reference_log_probs(ref, batch) * batch["advantages"], batch["response_mask"], "token-mean")
+    ref_loss.backward()
+    dp_loss = torch.tensor([summed["loss"]], dtype=torch.float64)
+    torch.distributed.all_reduce(dp_loss, group=engine.dp_group)  # each dp rank holds its share / dp
+    out["pg_loss"] = (float(dp_loss) / dp, float(ref_loss.detach()))
+    _grad_error_then_updates(engine, ref, ref_opt, out, n=n, mini=mini, steps=steps)
+    return out
+
+
+def _grad_error_then_updates(engine, ref, ref_opt, out: dict, *, n: int, mini: int, steps: int) -> None:
+    """After a backward on both the engine and the reference: the largest gradient difference
+    (over this rank's pipeline stage: every parameter without pipelining), then `steps`
+    actor updates on fresh batches, each with its losses and the parameter error (all
+    stages gathered)."""
+    grads = {name: full_tensor(p.grad) for name, p in engine.named_sharded_parameters() if p.requires_grad}
+    ref_grads = {hf_name(name): p.grad for name, p in ref.named_parameters() if p.requires_grad}
+    expected = ref_grads if engine.pipeline is None else {k: ref_grads[k] for k in grads}
+    assert set(grads) == set(expected), sorted(set(grads) ^ set(expected))
+    out["grad"] = max(float((grads[k] - expected[k]).abs().max()) for k in expected)
+    out["grad_scale"] = max(float(g.abs().max()) for g in ref_grads.values())
+    engine.optimizer.zero_grad(set_to_none=True)
+    ref_opt.zero_grad(set_to_none=True)
+
+    dp = engine.dp_size
+    initial = {hf_name(k): v.detach().clone() for k, v in ref.named_parameters()}
+    out["loss"], out["param"] = [], []
+    for step in range(steps):
+        batch = _batch_with_old_log_probs(ref, n, seed=10 + step)
+        metrics = engine.update_policy(shard_rows(batch, dp, engine.dp_rank))
+        ref_losses = reference_actor_update(ref, ref_opt, batch, dp=dp, per_rank=mini // dp,
+                                            loss_config=engine.loss_config, grad_clip=1.0)
+        out["loss"].append((metrics["actor/loss"], sum(ref_losses) / len(ref_losses)))
+        out["param"].append(param_update_error(_all_stages(engine, full_parameters(engine)), ref, initial))
+
+
+def pipeline_checkpoint_across_layouts(rank: int, world: int, path: str, root: str) -> dict:
+    """pp 2 <-> dp 2 through DCP: a pp=2 actor takes a step and saves; a dp=2 actor loads it
+    (model, AdamW moments, step, schedule) and both take the same next step; then the dp=2
+    actor saves and a fresh pp=2 actor loads that and takes the third step with it."""
+    from hybridflow.engines.train import ActorEngine
+    from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint
+
+    def engine(pp: int):
+        config = _actor_config(path, tp=1, mini=4, micro=1, lr=1e-2, pp_size=pp)
+        config.optim.warmup_steps = 2  # the lr schedule's position is part of what must move
+        return ActorEngine(config, _loss_config())
+
+    batches = [make_rl_batch(4, seed=40 + i) for i in range(3)]
+    for b in batches:
+        b["old_log_probs"] = torch.full(b["old_log_probs"].shape, -5.0)
+    dp_shard = [shard_rows(b, world, rank) for b in batches]
+
+    def params(e):
+        return _all_stages(e, _flat_params(e))
+
+    pp_engine = engine(2)
+    pp_engine.update_policy(batches[0])  # every stage gets the whole batch (dp = 1)
+    save_checkpoint(pp_engine, f"{root}/pp")
+    saved = params(pp_engine)
+    dp_engine = engine(1)
+    load_checkpoint(dp_engine, f"{root}/pp")
+    out = {"load_diff": max(float((v - saved[k]).abs().max()) for k, v in params(dp_engine).items()),
+           "names": sorted(params(dp_engine)) == sorted(saved), "step": dp_engine.global_step}
+    m_pp = pp_engine.update_policy(batches[1])
+    m_dp = dp_engine.update_policy(dp_shard[1])
+    after_pp, after_dp = params(pp_engine), params(dp_engine)
+    out["step_diff"] = max(float((after_pp[k] - after_dp[k]).abs().max()) for k in after_pp)
+    out["moved"] = max(float((after_pp[k] - saved[k]).abs().max()) for k in saved)
+    out["lr"] = (m_pp["actor/lr"], m_dp["actor/lr"])
+
+    save_checkpoint(dp_engine, f"{root}/dp")
+    back = engine(2)
+    load_checkpoint(back, f"{root}/dp")
+    out["back_load_diff"] = max(float((v - after_dp[k]).abs().max()) for k, v in params(back).items())
+    back.update_policy(batches[2])
+    dp_engine.update_policy(dp_shard[2])
+    final_back, final_dp = params(back), params(dp_engine)
+    out["back_step_diff"] = max(float((final_back[k] - final_dp[k]).abs().max()) for k in final_dp)
+    return out
+
+
+def pipeline_families_match_reference(rank: int, world: int, paths: list[str]) -> list[dict]:
+    """pipeline_actor_matches_reference at pp 2 (one decoder layer per stage) for each model
+    dir, one step each, in one set of ranks."""
+    return [pipeline_actor_matches_reference(rank, world, path, 2, 1, 1) for path in paths]
+
+
+def pipeline_critic_matches_reference(rank: int, world: int, path: str, pp: int) -> dict:
+    """CriticEngine with pp stages (x dp) vs a plain critic: values, then one value-loss update
+    of 2 mini-batches x 2 micro-batches per rank (loss, all parameters after the steps)."""
+    from hybridflow.algorithms import value_loss
+    from hybridflow.engines.models import load_model
+    from hybridflow.engines.train import CriticEngine, CriticLossConfig, MicroBatchConfig, OptimConfig, TrainEngineConfig
+
+    dp = world // pp
+    n, mini = 8 * dp, 4 * dp
+    config = TrainEngineConfig(model_path=path, dtype="fp32", pp_size=pp, optim=OptimConfig(lr=1e-3, grad_clip=1e9),
+                               micro_batch=MicroBatchConfig(mini_batch_size=mini, micro_batch_size_per_device=2,
+                                                            forward_micro_batch_size_per_device=3))
+    engine = CriticEngine(config, CriticLossConfig(cliprange_value=0.2))
+    torch.manual_seed(0)  # same value-head init as the engine (config.seed = 0)
+    ref = load_model(path, "critic")
+    batch = make_rl_batch(n, seed=30)
+    r = batch["responses"].shape[1]
+
+    def ref_values(b):
+        return ref(b["input_ids"], b["attention_mask"], b["position_ids"])[:, -r - 1 : -1]
+
+    mask = batch["response_mask"].bool().chunk(dp)[engine.dp_rank]
+    values = engine.compute_values(shard_rows(batch, dp, engine.dp_rank))
+    out = {"values": float((values - ref_values(batch).detach().chunk(dp)[engine.dp_rank])[mask].abs().max())}
+    batch["values"] = ref_values(batch).detach() + 0.3 * torch.randn(n, r, generator=torch.Generator().manual_seed(2))
+    initial = {hf_name(k): v.detach().clone() for k, v in ref.named_parameters()}
+    metrics = engine.update_critic(shard_rows(batch, dp, engine.dp_rank))
+    opt = reference_optimizer(ref, lr=1e-3, weight_decay=0.01)
+    from train_harness import global_mini_batches
+
+    losses = []
+    for m in global_mini_batches(batch, dp, mini // dp):
+        loss, _ = value_loss(ref_values(m), m["values"], m["returns"], m["response_mask"], cliprange_value=0.2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out["vf_loss"] = (metrics["critic/vf_loss"], sum(losses) / len(losses))
+    out["param"] = param_update_error(_all_stages(engine, full_parameters(engine)), ref, initial)
+    return out
