@@ -143,7 +143,7 @@ def save_plan(run_dir: Path, mapping: Any) -> None:
         path.write_text(json.dumps(mapping.to_dict(), indent=2))
 
 
-def start_ray(ray_address: str | None, cpus: int, nodes: int) -> bool:
+def start_ray(ray_address: str | None, cpus: int, nodes: int = 1) -> bool:
     """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
     with at least the `cpus` logical CPUs the job's ranks reserve (one node: `nodes` > 1
     needs a cluster); reuse one already running. Returns whether this call started it (and
