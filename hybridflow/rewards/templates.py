@@ -17,8 +17,17 @@ and place their weighted sum on that turn's last token (`score_turns`).
 Built-ins: `rule` (the data source's built-in scorer: arithmetic, gsm8k, math; these are
 also templates by their own names), `exact_match`, `numeric_match` (last number, absolute /
 relative tolerance), `regex` (1 if the pattern is found), `length_penalty`, `turn_penalty`,
-`tool_penalty`, `user` (a function in a Python file: args path, name). A learned reward
-model's score is added by the trainer (`reward_model.path`, `add_rule_reward: true`).
+`tool_penalty`, `user` (a function in a Python file: args path, name), `reward_model`
+(a learned reward model's score, below).
+
+`reward_model` is the one template not scored on text in the worker pool: the reward-model
+worker group (`reward_model.path`) scores the whole sequence and the trainer adds
+weight x score on the last response token, beside the other templates' weighted sum
+(trainer/phases.py `score_sequences`). Naming it makes the templates list the whole
+composition, so `reward_model.path` must be set and `reward_model.add_rule_reward` left
+false (validated at start-up); without it, `reward_model.path` keeps its old meaning (the
+model's score replaces the rule reward, or adds to it with add_rule_reward). Trajectory
+level only; a trajectory whose environment failed keeps its error_score without it.
 """
 
 from __future__ import annotations
@@ -61,6 +70,23 @@ def register_reward_template(name: str) -> Callable[[Template], Template]:
 
 def reward_templates() -> list[str]:
     return sorted(_TEMPLATES)
+
+
+MODEL_TEMPLATE = "reward_model"
+
+
+@register_reward_template(MODEL_TEMPLATE)
+def reward_model(s: Sample) -> float:
+    """Placeholder of the learned reward model's score: the trainer adds it from the
+    reward-model worker group (module docstring); it has no text-only value."""
+    raise TypeError("the reward_model template is scored by the reward-model worker group (reward_model.path), "
+                    "not on text; ComposedScore skips it")
+
+
+def model_weight(items: list[dict]) -> float | None:
+    """The weight of the `reward_model` entry of a (validated) `reward.templates` list, or
+    None when the list does not name it."""
+    return next((float(i.get("weight", 1.0)) for i in items if i["name"] == MODEL_TEMPLATE), None)
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?")
@@ -155,6 +181,10 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
                             dict(item.get("args") or {}))
         if spec.level not in ("trajectory", "turn"):
             raise ConfigError(f"must be 'trajectory' or 'turn', got {spec.level!r}", where + ".level")
+        if spec.name == MODEL_TEMPLATE:
+            _check_model_spec(spec, specs, where)
+            specs.append(spec)
+            continue
         try:  # arguments checked now, on a blank sample, so a typo fails at start-up
             _TEMPLATES[spec.name](Sample("", "0", "arithmetic", {}), **spec.args)
         except TypeError as err:
@@ -165,11 +195,21 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
     return specs
 
 
+def _check_model_spec(spec: TemplateSpec, earlier: list[TemplateSpec], where: str) -> None:
+    if spec.level != "trajectory":
+        raise ConfigError("the reward model scores whole sequences: level must be 'trajectory'", where + ".level")
+    if spec.args:
+        raise ConfigError(f"takes no args (the model is reward_model.path), got {spec.args}", where + ".args")
+    if any(s.name == MODEL_TEMPLATE for s in earlier):
+        raise ConfigError("reward_model is named twice; give it once with the summed weight", where + ".name")
+
+
 class ComposedScore:
-    """The weighted sum of trajectory-level templates, with reward-function signature."""
+    """The weighted sum of trajectory-level templates, with reward-function signature
+    (`reward_model` excluded: the trainer adds it from the reward-model workers)."""
 
     def __init__(self, specs: list[TemplateSpec]) -> None:
-        self.specs = [s for s in specs if s.level == "trajectory"]
+        self.specs = [s for s in specs if s.level == "trajectory" and s.name != MODEL_TEMPLATE]
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
         info = dict(extra_info or {})

@@ -21,7 +21,8 @@ the last token of that turn. Non-tensors: `final_turn_start` (response index of 
 last model turn, which the scorer reads), `score_override` (error_score for a failed
 environment, NaN otherwise), `agent_stop` (why it ended: done, max_turns, max_total_tokens,
 max_obs_tokens, turn_length, env_error, env_timeout, env_bad_result, render_error),
-`agent_error`, `num_turns`, `num_tool_calls`. meta_info["metrics"] gets agent/* means.
+`agent_error`, `num_turns`, `num_tool_calls`, `num_malformed_calls` (calls the environment
+could not parse, its info["tool_malformed"]). meta_info["metrics"] gets agent/* means.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Trajectory:
     final_turn_start: int = 0
     num_turns: int = 0
     num_tool_calls: int = 0
+    num_malformed_calls: int = 0
     stop: str | None = None
     error: str | None = None
     last_turn: list[int] = field(default_factory=list)
@@ -201,6 +203,7 @@ class AgentLoop:
         if result.reward:
             t.turn_rewards.append((len(t.tokens) - 1, float(result.reward)))
         t.num_tool_calls += int(result.info.get("tool_calls", 0))
+        t.num_malformed_calls += int(result.info.get("tool_malformed", 0))
         if result.done:
             return self._end(turns, t, "done")
         if t.num_turns >= self.config.max_turns:
@@ -268,6 +271,7 @@ class AgentLoop:
         extra = {"final_turn_start": [t.final_turn_start for t in trajs], "score_override": score_override,
                  "agent_stop": [t.stop for t in trajs], "agent_error": [t.error for t in trajs],
                  "num_turns": [t.num_turns for t in trajs], "num_tool_calls": [t.num_tool_calls for t in trajs],
+                 "num_malformed_calls": [t.num_malformed_calls for t in trajs],
                  "finish_reason": ["stop" if t.stop == "done" else "length" for t in trajs]}
         for key, values in extra.items():
             arr = np.empty(n, dtype=object)
@@ -295,3 +299,23 @@ class AgentLoop:
             out[f"agent/stop_{reason}"] = float(sum(t.stop == reason for t in trajs))
         out.update({f"agent/{k}": v for k, v in self.stats.items()})
         return out
+
+
+def left_pad_prompts(out: DataProto, width: int, pad_id: int) -> DataProto:
+    """`out` with its prompt part left-padded to `width` tokens (pad_id, attention 0,
+    position 0: the layout `_pack` gives padding). Rendered prompts (a tools system
+    message, say) differ in length from rank to rank, and the ranks' outputs concatenate
+    only with one prompt width."""
+    prompts = out.batch["prompts"]
+    extra = width - prompts.shape[1]
+    if extra < 0:
+        raise ValueError(f"cannot left-pad prompts of width {prompts.shape[1]} to {width}")
+    if extra == 0:
+        return out
+    n = len(out)
+    fill = {"prompts": pad_id, "input_ids": pad_id, "attention_mask": 0, "position_ids": 0}
+    for key, value in fill.items():
+        t = out.batch[key]
+        out.batch[key] = torch.cat([torch.full((n, extra), value, dtype=t.dtype), t], 1)
+    return out
+

@@ -148,3 +148,20 @@ def test_async_step_environment(setup):
     plain = _run(setup, [_count_env(turns=3)] * 2, greedy)
     assert list(coro.non_tensor_batch["agent_stop"]) == ["done", "done"]
     assert torch.equal(coro.batch["responses"], plain.batch["responses"])
+
+
+def test_prompts_left_padded_to_a_common_width(setup):
+    """Ranks render prompts of different lengths; their outputs are padded to one width."""
+    from hybridflow.envs.agent.loop import left_pad_prompts
+
+    engine, tok = setup
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    out = _run(setup, [_count_env(turns=2)], params, response_length=24)
+    width = out.batch["prompts"].shape[1]
+    padded = left_pad_prompts(out[0:1], width + 3, tok.pad_token_id)
+    assert padded.batch["prompts"].shape[1] == width + 3
+    assert torch.equal(padded.batch["prompts"][:, 3:], out.batch["prompts"])
+    assert padded.batch["attention_mask"][:, :3].sum() == 0 and padded.batch["position_ids"][:, :3].sum() == 0
+    assert torch.equal(padded.batch["input_ids"][:, 3:], out.batch["input_ids"])
+    with pytest.raises(ValueError, match="cannot left-pad"):
+        left_pad_prompts(padded, width, tok.pad_token_id)
