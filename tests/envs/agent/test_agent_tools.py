@@ -19,7 +19,7 @@ def test_hermes_calls_good_several_and_malformed():
     text = ('I will compute.<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*3"}}\n</tool_call>'
             '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>'
             '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'
-            '<tool_call>["not", "an object"]</tool_call><tool_call>{"name": "x", "arguments": 3}</tool_call>'
+            '<tool_call>["not an object"]</tool_call><tool_call>{"name": "x", "arguments": 3}</tool_call>'
             '<tool_call>{"name": "calculator"')
     calls = parse_tool_calls(text, "hermes")
     assert calls[0] == ToolCall("calculator", {"expression": "12*3"})
@@ -29,6 +29,18 @@ def test_hermes_calls_good_several_and_malformed():
     assert isinstance(calls[4], ToolCallError) and "JSON object" in calls[4].message
     assert isinstance(calls[5], ToolCallError) and "not closed" in calls[5].message
     assert parse_tool_calls("just an answer: 42", "hermes") == []
+
+
+def test_hermes_list_of_calls_in_one_tag():
+    """SmolLM2's function-calling form: one <tool_call> holding a JSON list of calls."""
+    text = ('<tool_call>[{"name": "calculator", "arguments": {"expression": "1+2"}}, '
+            '{"name": "calculator", "arguments": {"expression": "3*4"}}, 7]</tool_call>')
+    calls = parse_tool_calls(text, "hermes")
+    assert calls[:2] == [ToolCall("calculator", {"expression": "1+2"}), ToolCall("calculator", {"expression": "3*4"})]
+    assert isinstance(calls[2], ToolCallError) and '"name"' in calls[2].message
+    assert isinstance(parse_tool_calls("<tool_call>[]</tool_call>", "hermes")[0], ToolCallError)
+    out = ToolEnv(["calculator"]).step(text)
+    assert [m["content"] for m in out.observation][:2] == ["3", "12"] and out.info["tool_malformed"] == 1
 
 
 def test_compact_calls():
@@ -57,7 +69,7 @@ def test_tool_env_answers_calls_and_errors_as_observations():
     assert not out.done and [m["role"] for m in out.observation] == ["tool"] * 3
     assert out.observation[0]["content"] == "36" and "unknown tool 'search'" in out.observation[1]["content"]
     assert "not valid JSON" in out.observation[2]["content"]
-    assert out.info == {"tool_calls": 3, "tool_errors": 2}
+    assert out.info == {"tool_calls": 3, "tool_errors": 2, "tool_malformed": 1}
     final = env.step("The answer is 36.")
     assert final.done and final.info["tool_calls"] == 0
     assert ToolEnv(["calculator"], tool_format="compact").tools == []  # the compact form is not rendered
@@ -144,3 +156,25 @@ def test_tools_described_in_a_system_message_when_the_template_ignores_them():
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = HERMES_TEMPLATE  # renders tools itself: nothing added
     assert ChatRenderer(tok).with_tools(messages[1:], env.tools) == messages[1:]
+
+
+def test_gsm8k_agent_rows(tmp_path):
+    """GSM8K rows for the calculator agent: verl row + the tools env + one demonstrated
+    episode whose tool call the env parses and answers as the example says."""
+    import json
+
+    from hybridflow.data.records import read_records
+    from hybridflow.envs.agent.gsm8k_task import EXAMPLE, write_agent_rows
+
+    src = tmp_path / "gsm8k.jsonl"
+    src.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples. How many apples?",
+                               "answer": "3*4=<<3*4=12>>12\n#### 12"}) + "\n")
+    report = write_agent_rows(src, tmp_path / "out" / "train.jsonl", "train")
+    (row,) = read_records(report["out"])
+    assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "12"
+    assert row["extra_info"]["env"] == "tools" and row["extra_info"]["env_kwargs"]["tools"] == ["calculator"]
+    assert row["prompt"][:4] == EXAMPLE and row["prompt"][4]["content"].startswith("Tom has 3 bags")
+    env = ToolEnv(**row["extra_info"]["env_kwargs"])
+    assert env.step(EXAMPLE[1]["content"]).observation == [EXAMPLE[2]]
+    with pytest.raises(FileExistsError):
+        write_agent_rows(src, report["out"], "train")
