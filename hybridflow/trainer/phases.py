@@ -42,6 +42,7 @@ from hybridflow.algorithms import (
     overlong_reward_penalty,
 )
 from hybridflow.controller import WorkerGroup
+from hybridflow.engines.rollout.batch_io import left_pad_prompts
 from hybridflow.engines.train.batching import dp_balanced_order
 from hybridflow.engines.train.actor import FORWARD_KEYS as ACTOR_FORWARD_KEYS
 from hybridflow.engines.train.actor import OLD_LOG_PROBS
@@ -371,20 +372,7 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
 def concat_generated(parts: list[DataProto]) -> DataProto:
     """Generated batches of several rounds as one: prompts left-padded to the widest round's."""
     width = max(part.batch["prompts"].shape[1] for part in parts)
-    return DataProto.concat([_left_pad_prompts(part, width) for part in parts])
-
-
-def _left_pad_prompts(batch: DataProto, width: int) -> DataProto:
-    extra = width - batch.batch["prompts"].shape[1]
-    if extra == 0:
-        return batch
-    # Padding is masked out (attention_mask 0), so its token ids and positions are never read.
-    padded = {key: torch.nn.functional.pad(value, (extra, 0)) if key in _PROMPT_SIDE_KEYS else value
-              for key, value in batch.batch.items()}
-    return DataProto(batch=padded, non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info)
-
-
-_PROMPT_SIDE_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
+    return DataProto.concat([left_pad_prompts(part, width) for part in parts])
 
 
 def first_groups(batch: DataProto, count: int) -> DataProto:

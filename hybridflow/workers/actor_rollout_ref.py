@@ -26,7 +26,8 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
 from hybridflow.engines.reshard.cross_pool import TensorMeta, WeightBridge, free_port, full_tensors, manifest_of
 from hybridflow.engines.rollout import SamplingParams
-from hybridflow.envs.agent.loop import AgentLoop, left_pad_prompts
+from hybridflow.engines.rollout.batch_io import left_pad_prompts
+from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.engines.train import ActorEngine
 from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, update_keys
 from hybridflow.engines.train.checkpoint import load_checkpoint, load_extra, save_checkpoint, write_checkpoint
@@ -154,7 +155,7 @@ class ActorRolloutRefWorker(Worker):
         out = AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
         # Each rank renders its own prompts (chat template, tool listing): one width for all (collective).
         width = int(max_over_world({"prompt_width": float(out.batch["prompts"].shape[1])})["prompt_width"])
-        return left_pad_prompts(out, width, engine.pad_id)
+        return left_pad_prompts(out, width)
 
     def _sampling_params(self, meta: dict) -> SamplingParams:
         return call_sampling_params(self.config.rollout, meta, self._generate_calls, self.rollout_dp_rank)

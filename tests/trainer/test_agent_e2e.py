@@ -1,5 +1,5 @@
-"""GRPO, PPO and DAPO, unchanged, on a multi-turn task: 2 steps each on 2 Ray ranks; and the
-learned reward model as a weighted reward template.
+"""GRPO, PPO and DAPO, unchanged, on a multi-turn task: 2 steps each on 2 Ray ranks (GRPO also
+on the hf rollout backend); and the learned reward model as a weighted reward template.
 
 The task is the built-in `guess_number` environment (target: the arithmetic row's answer,
 answers "higher"/"lower"), played by a tiny character model whose turns end after a few
@@ -35,9 +35,10 @@ def _train_two_steps(cfg) -> tuple[list[dict], set[str]]:
     return records, roles
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_multi_turn_training_runs_two_steps(algorithm, tiny_config, turn_model_dir, ray_local):
-    cfg = _guess_number_config(tiny_config, turn_model_dir, f"algorithm.name={algorithm}",
+@pytest.mark.parametrize("algorithm, backend", [("grpo", "native"), ("ppo", "native"), ("grpo", "hf")])
+def test_multi_turn_training_runs_two_steps(algorithm, backend, tiny_config, turn_model_dir, ray_local):
+    """hf: transformers' generate, each turn regenerated from the prefix (regen_turns.py)."""
+    cfg = _guess_number_config(tiny_config, turn_model_dir, f"algorithm.name={algorithm}", f"rollout.name={backend}",
                                "rollout.agent.max_turns=4", "rollout.temperature=0.5")
     records, _ = _train_two_steps(cfg)
     assert any(k.startswith("agent/stop_") for k in records[0])

@@ -1,4 +1,4 @@
-"""The multi-turn rollout: model turns and environment answers, on the native engine's KV cache.
+"""The multi-turn rollout: model turns and environment answers, on the rollout engine's turn engine.
 
     loop = AgentLoop(engine, tokenizer, AgentConfig(enable=True, default_env="tools"), response_length=256)
     out = loop.run(prompts, SamplingParams(temperature=1.0, n=4, seed=0))
@@ -6,8 +6,9 @@
 Every prompt row x sample is a trajectory with its own environment instance (the row's
 `extra_info["env"]`, else `default_env`, else single-turn). A model turn ends at a stop
 token; the environment answers (EnvRunner, guard.py), its observation is rendered with the
-chat template (render.py) and appended, and the sequence continues from its KV cache
-(engines/rollout/turns.py).
+chat template (render.py) and appended, and the sequence continues: from its KV cache on
+the native engine (engines/rollout/turns.py), regenerated from the prefix on the hf
+backend (regen_turns.py); `engine.turn_engine` picks.
 
 Modes: "async" hands a finished turn to its environment and keeps decoding the others;
 an answered trajectory rejoins at the next step. "sync" runs every trajectory to the end
@@ -86,8 +87,9 @@ class AgentLoop:
         self.stats = {"env_wait_s": 0.0}
         try:
             trajs = self._start(prompts, params)
-            turns = TurnEngine(self.engine, slots=min(len(trajs), self.engine.config.max_num_seqs))
-            self._stop_ids = stop_ids_for(params, self.engine.spec.eos_token_ids)
+            # native: continues from the KV cache; hf: regenerates from the prefix (engine.turn_engine)
+            turns = self.engine.turn_engine(min(len(trajs), self.engine.config.max_num_seqs))
+            self._stop_ids = stop_ids_for(params, turns.eos_token_ids)
             by_key = {t.key: t for t in trajs}
             for t in trajs:
                 if t.stop is None:
@@ -299,23 +301,4 @@ class AgentLoop:
             out[f"agent/stop_{reason}"] = float(sum(t.stop == reason for t in trajs))
         out.update({f"agent/{k}": v for k, v in self.stats.items()})
         return out
-
-
-def left_pad_prompts(out: DataProto, width: int, pad_id: int) -> DataProto:
-    """`out` with its prompt part left-padded to `width` tokens (pad_id, attention 0,
-    position 0: the layout `_pack` gives padding). Rendered prompts (a tools system
-    message, say) differ in length from rank to rank, and the ranks' outputs concatenate
-    only with one prompt width."""
-    prompts = out.batch["prompts"]
-    extra = width - prompts.shape[1]
-    if extra < 0:
-        raise ValueError(f"cannot left-pad prompts of width {prompts.shape[1]} to {width}")
-    if extra == 0:
-        return out
-    n = len(out)
-    fill = {"prompts": pad_id, "input_ids": pad_id, "attention_mask": 0, "position_ids": 0}
-    for key, value in fill.items():
-        t = out.batch[key]
-        out.batch[key] = torch.cat([torch.full((n, extra), value, dtype=t.dtype), t], 1)
-    return out
 
