@@ -158,23 +158,36 @@ def test_tools_described_in_a_system_message_when_the_template_ignores_them():
     assert ChatRenderer(tok).with_tools(messages[1:], env.tools) == messages[1:]
 
 
-def test_gsm8k_agent_rows(tmp_path):
-    """GSM8K rows for the calculator agent: verl row + the tools env + one demonstrated
-    episode whose tool call the env parses and answers as the example says."""
+def test_gsm8k_agent_rows_and_sft_teacher(tmp_path):
+    """GSM8K rows for the calculator agent: the verl row + the tools env; the SFT teacher
+    calls the calculator once per annotation, the env parses and answers those calls
+    exactly as the teacher's tool messages say, and the response follows the template."""
     import json
 
     from hybridflow.data.records import read_records
-    from hybridflow.envs.agent.gsm8k_task import EXAMPLE, write_agent_rows
+    from hybridflow.envs.agent.gsm8k_task import teacher_messages, write_task
 
     src = tmp_path / "gsm8k.jsonl"
-    src.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples. How many apples?",
-                               "answer": "3*4=<<3*4=12>>12\n#### 12"}) + "\n")
-    report = write_agent_rows(src, tmp_path / "out" / "train.jsonl", "train")
-    (row,) = read_records(report["out"])
-    assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "12"
+    answer = "3*4=<<3*4=12>>12 apples, 12/2=<<12/2=6>>6 each.\n#### 6"
+    src.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples, shared by 2. How many each?",
+                               "answer": answer}) + "\n")
+    tok = build_char_tokenizer()  # with a SmolLM2-like template: any role, tools= ignored
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"], "eos_token": "<|im_end|>"})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(tmp_path / "tok")
+    paths = write_task(src, tmp_path / "out", model_dir=str(tmp_path / "tok"))
+    (row,) = read_records(paths["train"])
+    assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "6"
     assert row["extra_info"]["env"] == "tools" and row["extra_info"]["env_kwargs"]["tools"] == ["calculator"]
-    assert row["prompt"][:4] == EXAMPLE and row["prompt"][4]["content"].startswith("Tom has 3 bags")
+    call, *answers, final = teacher_messages(answer)
     env = ToolEnv(**row["extra_info"]["env_kwargs"])
-    assert env.step(EXAMPLE[1]["content"]).observation == [EXAMPLE[2]]
+    assert env.step(call["content"]).observation == answers == [{"role": "tool", "content": "12"},
+                                                                 {"role": "tool", "content": "6"}]
+    assert final["content"] == "3*4=12 apples, 12/2=6 each.\n#### 6"
+    assert teacher_messages("no annotations\n#### 1") == [{"role": "assistant", "content": "no annotations\n#### 1"}]
+    (sft,) = read_records(paths["sft"])
+    assert sft["prompt"][0]["role"] == "system" and '"name": "calculator"' in sft["prompt"][0]["content"]
+    assert sft["response"].startswith(call["content"] + tok.eos_token) and sft["response"].endswith("#### 6")
     with pytest.raises(FileExistsError):
-        write_agent_rows(src, report["out"], "train")
+        write_task(src, tmp_path / "out")
