@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.errors import ConfigError
+from hybridflow.registry import Registry
 from hybridflow.rewards.registry import SCORERS, DispatchScore, FileRewardFn
 
 
@@ -56,20 +57,16 @@ class Sample:
 
 
 Template = Callable[..., float]
-_TEMPLATES: dict[str, Template] = {}
+_TEMPLATES: Registry[Template] = Registry("reward template")
 
 
 def register_reward_template(name: str) -> Callable[[Template], Template]:
-    def decorate(fn: Template) -> Template:
-        if _TEMPLATES.get(name, fn) is not fn:
-            raise ValueError(f"reward template {name!r} is already registered")
-        _TEMPLATES[name] = fn
-        return fn
-    return decorate
+    """``@register_reward_template("name")`` on a `fn(sample: Sample, **args) -> float`."""
+    return _TEMPLATES.register(name)
 
 
 def reward_templates() -> list[str]:
-    return sorted(_TEMPLATES)
+    return _TEMPLATES.names()
 
 
 MODEL_TEMPLATE = "reward_model"
@@ -176,7 +173,7 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
         if unknown:
             raise ConfigError(f"unknown keys {sorted(unknown)}; a template takes name, weight, level, args", where)
         if item["name"] not in _TEMPLATES:
-            raise ConfigError(f"unknown reward template {item['name']!r}; known: {reward_templates()}", where + ".name")
+            raise _TEMPLATES.unknown(item["name"], where + ".name", "register one with @register_reward_template")
         spec = TemplateSpec(item["name"], float(item.get("weight", 1.0)), item.get("level", "trajectory"),
                             dict(item.get("args") or {}))
         if spec.level not in ("trajectory", "turn"):
