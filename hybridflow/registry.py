@@ -4,6 +4,7 @@ environments, reward templates): one place for register / look-up / "did you mea
     ENVS = Registry("environment")
     ENVS.add("my-env", MyEnv)                 # or @ENVS.register("my-env")
     ENVS["my-env"], "my-env" in ENVS, ENVS.names()
+    ENVS.resolve("pkg.mod:MyEnv", "env.id", how)   # a registered name or an import path
     raise ENVS.unknown("myenv", "env.id", "give a registered name or 'package.module:Class'")
 
 Like errors.py, this module imports nothing from hybridflow but `errors`, so any layer may
@@ -15,6 +16,7 @@ a new class object for the same code) replaces it.
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -57,6 +59,29 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def resolve(self, name: str, key: str, how: str) -> T:
+        """A registered name, else an import path "package.module:name" (or
+        "package.module.name"): the module is imported (registering what it registers), then
+        `name` is what it registered under that name, or its attribute; else the `unknown`
+        ConfigError."""
+        if name in self._items:
+            return self._items[name]
+        module, sep, attr = name.partition(":")
+        if not sep:
+            module, _, attr = name.rpartition(".")
+        if not module:
+            raise self.unknown(name, key, how)
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"cannot import {self.kind} {name!r}: {err}", key) from None
+        if attr in self._items and getattr(self._items[attr], "__module__", None) == imported.__name__:
+            return self._items[attr]
+        if not hasattr(imported, attr):
+            raise ConfigError(f"cannot import {self.kind} {name!r}: module {module!r} registers no {attr!r} and has "
+                              "no such attribute", key)
+        return getattr(imported, attr)
 
     def unknown(self, name: str, key: str, how: str, candidates: list[str] | None = None) -> ConfigError:
         """The ConfigError for a name that is not registered: the closest known names, what

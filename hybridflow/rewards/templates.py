@@ -140,14 +140,18 @@ def user(s: Sample, path: str, name: str = "compute_score") -> float:
                                               ground_truth=s.ground_truth, extra_info=s.extra_info))
 
 
-def _scorer_template(scorer: Callable) -> Template:
-    def template(s: Sample) -> float:
-        return _as_float(scorer(s.text, s.ground_truth, s.extra_info))
-    return template
+@dataclass(frozen=True)
+class ScorerTemplate:
+    """A data source's rule scorer as a template (picklable: it travels to the reward pool)."""
+
+    source: str
+
+    def __call__(self, s: Sample) -> float:
+        return _as_float(SCORERS[self.source](s.text, s.ground_truth, s.extra_info))
 
 
 for _source in ("arithmetic", "gsm8k", "math"):  # the rule scorers, as templates of this engine
-    register_reward_template(_source)(_scorer_template(SCORERS[_source]))
+    _TEMPLATES.add(_source, ScorerTemplate(_source))
 
 
 def _as_float(value: Any) -> float:
@@ -160,6 +164,9 @@ class TemplateSpec:
     weight: float = 1.0
     level: str = "trajectory"  # or "turn"
     args: dict = field(default_factory=dict)
+    # the template function itself: it travels (pickled by reference) to the reward pool's
+    # fresh processes, which import its module and so know templates registered there
+    fn: Template = field(default=None, compare=False, repr=False)
 
 
 def parse_templates(items: list[dict], key: str = "reward.templates") -> list[TemplateSpec]:
@@ -172,10 +179,10 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
         unknown = set(item) - {"name", "weight", "level", "args"}
         if unknown:
             raise ConfigError(f"unknown keys {sorted(unknown)}; a template takes name, weight, level, args", where)
-        if item["name"] not in _TEMPLATES:
-            raise _TEMPLATES.unknown(item["name"], where + ".name", "register one with @register_reward_template")
+        fn = _TEMPLATES.resolve(item["name"], where + ".name", "register one with @register_reward_template in "
+                                "a module and name it 'package.module:name' (importing it registers it)")
         spec = TemplateSpec(item["name"], float(item.get("weight", 1.0)), item.get("level", "trajectory"),
-                            dict(item.get("args") or {}))
+                            dict(item.get("args") or {}), fn)
         if spec.level not in ("trajectory", "turn"):
             raise ConfigError(f"must be 'trajectory' or 'turn', got {spec.level!r}", where + ".level")
         if spec.name == MODEL_TEMPLATE:
@@ -183,7 +190,7 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
             specs.append(spec)
             continue
         try:  # arguments checked now, on a blank sample, so a typo fails at start-up
-            _TEMPLATES[spec.name](Sample("", "0", "arithmetic", {}), **spec.args)
+            spec.fn(Sample("", "0", "arithmetic", {}), **spec.args)
         except TypeError as err:
             raise ConfigError(f"bad args for template {spec.name!r}: {err}", where + ".args") from None
         except Exception:
@@ -212,7 +219,7 @@ class ComposedScore:
         info = dict(extra_info or {})
         sample = Sample(solution_str, ground_truth, data_source, info, int(info.get("num_turns", 1)),
                         int(info.get("num_tool_calls", 0)), int(info.get("num_model_tokens", 0)))
-        parts = {s.name: s.weight * _TEMPLATES[s.name](sample, **s.args) for s in self.specs}
+        parts = {s.name: s.weight * s.fn(sample, **s.args) for s in self.specs}
         return {"score": sum(parts.values()), **{f"template/{k}": v for k, v in parts.items()}}
 
 
@@ -223,5 +230,5 @@ def score_turns(specs: list[TemplateSpec], turn_texts: list[str], row: dict) -> 
     for i, text in enumerate(turn_texts):
         sample = Sample(text, row.get("ground_truth"), str(row.get("data_source")), dict(row.get("extra_info") or {}),
                         num_turns=i + 1)
-        out.append(sum(s.weight * _TEMPLATES[s.name](sample, **s.args) for s in turn_specs))
+        out.append(sum(s.weight * s.fn(sample, **s.args) for s in turn_specs))
     return out

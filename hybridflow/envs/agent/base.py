@@ -98,17 +98,7 @@ def registered_agent_envs() -> list[str]:
 def resolve_agent_env(name: str, key: str = "agent.env") -> EnvFactory:
     """A registered name or an import path ("pkg.mod:Class" or "pkg.mod.Class") -> the factory."""
     _load_builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    module, sep, attr = name.partition(":")
-    if not sep:
-        module, _, attr = name.rpartition(".")
-    if module:
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"cannot import agent environment {name!r}: {err}", key) from None
-    raise _REGISTRY.unknown(name, key, "give a registered name or an import path 'package.module:Class'")
+    return _REGISTRY.resolve(name, key, "give a registered name or an import path 'package.module:Class'")
 
 
 def _load_builtins() -> None:
