@@ -11,8 +11,8 @@ A template is `fn(sample: Sample, **args) -> float`, registered with
 `@register_reward_template("name")`. `ComposedScore` (trajectory level) has the reward
 function signature, so the RewardManager runs it in its worker pool like any scorer and
 places the weighted sum on the last model token; each component is logged as
-`reward/<name>`. Turn-level templates score every model turn of a multi-turn response
-and place their weighted sum on that turn's last token (`score_turns`).
+`template/<name>` (its batch mean). Turn-level templates score every model turn of a
+multi-turn response and place their weighted sum on that turn's last token (`score_turns`).
 
 Built-ins: `rule` (the data source's built-in scorer: arithmetic, gsm8k, math; these are
 also templates by their own names), `exact_match`, `numeric_match` (last number, absolute /
