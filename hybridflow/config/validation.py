@@ -82,6 +82,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     for key in ("reward_model", "cost_model"):
         if getattr(cfg, key).path is not None:
             _role_dp(cfg, key, actor_ranks, trainable=False)
+    _check_model_template(cfg)
     if cfg.sft.steps:
         _check_sft(cfg, actor_dp)
     max_len = cfg.data.prompt.max_prompt_length + cfg.rollout.response_length
@@ -95,6 +96,21 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     pool = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences,
                   pool)
+
+
+def _check_model_template(cfg: RunConfig) -> None:
+    """The `reward_model` reward template needs the model, and is the whole composition."""
+    from hybridflow.rewards.templates import model_weight
+
+    if model_weight(cfg.reward.templates) is None:
+        return
+    if cfg.reward_model.path is None:
+        raise ConfigError("names the reward_model template but reward_model.path is null; set reward_model.path "
+                          "to a *ForSequenceClassification directory (e.g. from `hybridflow rm`)", "reward.templates")
+    if cfg.reward_model.add_rule_reward:
+        raise ConfigError("must stay false when reward.templates names reward_model: the templates list (with "
+                          "its weights) already says how the model's score and the rules add up",
+                          "reward_model.add_rule_reward")
 
 
 def _role_dp(cfg: RunConfig, role: str, ranks: int, *, trainable: bool) -> int:

@@ -20,16 +20,16 @@ step(action) -> (obs, reward, terminated, truncated, info).
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 from hybridflow.errors import ConfigError
+from hybridflow.registry import Registry
 
 EnvFactory = Callable[..., Any]
-_REGISTRY: dict[str, EnvFactory] = {}
+_REGISTRY: Registry[EnvFactory] = Registry("environment")
 
 
 @overload
@@ -45,36 +45,18 @@ def register_env(name: Any = None, factory: EnvFactory | None = None) -> Any:
     or ``register_env("name", factory)``. The default name is the class's (function's) name.
     Registering another object under a taken name raises; the same object again is fine."""
     if callable(name) and factory is None:
-        return _store(name.__name__, name)
+        return _REGISTRY.add(name.__name__, name)
     if factory is not None:
-        return _store(name, factory)
+        return _REGISTRY.add(name, factory)
 
     def decorate(obj: EnvFactory) -> EnvFactory:
-        return _store(name if name is not None else obj.__name__, obj)
+        return _REGISTRY.add(name if name is not None else obj.__name__, obj)
 
     return decorate
 
 
-def _store(name: str, obj: EnvFactory) -> EnvFactory:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_env: the name must be a non-empty string, got {name!r}")
-    if not callable(obj):
-        raise TypeError(f"register_env({name!r}): {obj!r} is not a class or function that builds an environment")
-    known = _REGISTRY.get(name)
-    if known is not None and _where(known) != _where(obj):
-        raise ValueError(f"register_env: {name!r} is already registered to {_where(known)}; pick another name")
-    _REGISTRY[name] = obj
-    return obj
-
-
-def _where(obj: EnvFactory) -> str:
-    # Compared by definition site: re-running a script or re-importing a module makes a
-    # new class object for the same environment.
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-
-
 def registered_envs() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 @dataclass(frozen=True)
@@ -133,12 +115,9 @@ def resolve_env(name: str, kwargs: dict[str, Any] | None = None, max_episode_ste
     folded = [c for c in candidates if c.lower() == name.lower()]
     if len(folded) == 1:  # names are case-insensitive when that is unambiguous
         return resolve_env(folded[0], kwargs, max_episode_steps)
-    close = folded or difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise ConfigError(
-        f"unknown environment {name!r}{hint} Give a Gymnasium id (e.g. 'CartPole-v1'), a class registered with "
-        f"@hybridflow.envs.register_env (registered: {registered_envs() or 'none'}), or an import path "
-        "'package.module:ClassName'", "env.id")
+    raise _REGISTRY.unknown(name, "env.id", "give a Gymnasium id (e.g. 'CartPole-v1'), a class registered with "
+                            "@hybridflow.envs.register_env, or an import path 'package.module:ClassName'",
+                            candidates=folded or candidates)
 
 
 def _import_path(name: str) -> EnvFactory | None:

@@ -15,6 +15,7 @@ from hybridflow.config.dataflow import FlowPhase
 from hybridflow.config.schema import RunConfig
 from hybridflow.planner.devices import DeviceSpec, Efficiency, load_device
 from hybridflow.planner.model import ModelShape
+from hybridflow.rewards.templates import model_weight
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ def run_settings(cfg: RunConfig) -> dict[str, bool]:
     """The conditions of hybridflow/config/dataflow.py for a run config."""
     return {"reward_model": cfg.reward_model.path is not None, "cost_model": cfg.cost_model.path is not None,
             "reference": cfg.use_reference, "old_log_probs": not cfg.fuses_old_log_probs,
-            "rule_reward": cfg.reward_model.path is None or cfg.reward_model.add_rule_reward,
+            "rule_reward": (cfg.reward_model.path is None or cfg.reward_model.add_rule_reward
+                            or model_weight(cfg.reward.templates) is not None),
             "rule_cost": cfg.cost_model.custom_fn_path is not None}
 
 

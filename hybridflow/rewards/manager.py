@@ -168,6 +168,9 @@ class RewardManager:
         ]
         outcomes, restarts = self._run(tasks)
         out = self._assemble(outcomes, last, responses.shape, restarts)
+        for key, values in out.extra_info.items():  # each template's weighted part (templates.ComposedScore)
+            if key.startswith("template/"):
+                out.metrics[key] = float(np.mean([float(v) for v in values if v is not None] or [0.0]))
         if self.turn_templates:
             add_turn_rewards(out, data, self.tokenizer, self.turn_templates)
         if "score_override" in nt or "env_rewards" in data.batch:
@@ -264,6 +267,10 @@ def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tens
             out.metrics[f"agent/{key}_mean"] = float(np.mean([float(v) for v in nt[key]]))
     if "num_tool_calls" in nt:
         out.metrics["agent/tool_call_rate"] = float(np.mean([float(v) > 0 for v in nt["num_tool_calls"]]))
+    if "num_malformed_calls" in nt:  # share of tool calls the environment could parse (1 with none)
+        calls = sum(float(v) for v in nt["num_tool_calls"])
+        out.metrics["agent/tool_calls_total"] = calls
+        out.metrics["agent/tool_parse_rate"] = 1.0 - sum(float(v) for v in nt["num_malformed_calls"]) / max(calls, 1.0)
     if "agent_stop" in nt:
         for reason in sorted({str(v) for v in nt["agent_stop"]}):
             out.metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))

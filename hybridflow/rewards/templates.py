@@ -11,14 +11,23 @@ A template is `fn(sample: Sample, **args) -> float`, registered with
 `@register_reward_template("name")`. `ComposedScore` (trajectory level) has the reward
 function signature, so the RewardManager runs it in its worker pool like any scorer and
 places the weighted sum on the last model token; each component is logged as
-`reward/<name>`. Turn-level templates score every model turn of a multi-turn response
-and place their weighted sum on that turn's last token (`score_turns`).
+`template/<name>` (its batch mean). Turn-level templates score every model turn of a
+multi-turn response and place their weighted sum on that turn's last token (`score_turns`).
 
 Built-ins: `rule` (the data source's built-in scorer: arithmetic, gsm8k, math; these are
 also templates by their own names), `exact_match`, `numeric_match` (last number, absolute /
 relative tolerance), `regex` (1 if the pattern is found), `length_penalty`, `turn_penalty`,
-`tool_penalty`, `user` (a function in a Python file: args path, name). A learned reward
-model's score is added by the trainer (`reward_model.path`, `add_rule_reward: true`).
+`tool_penalty`, `user` (a function in a Python file: args path, name), `reward_model`
+(a learned reward model's score, below).
+
+`reward_model` is the one template not scored on text in the worker pool: the reward-model
+worker group (`reward_model.path`) scores the whole sequence and the trainer adds
+weight x score on the last response token, beside the other templates' weighted sum
+(trainer/phases.py `score_sequences`). Naming it makes the templates list the whole
+composition, so `reward_model.path` must be set and `reward_model.add_rule_reward` left
+false (validated at start-up); without it, `reward_model.path` keeps its old meaning (the
+model's score replaces the rule reward, or adds to it with add_rule_reward). Trajectory
+level only; a trajectory whose environment failed keeps its error_score without it.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.errors import ConfigError
+from hybridflow.registry import Registry
 from hybridflow.rewards.registry import SCORERS, DispatchScore, FileRewardFn
 
 
@@ -47,20 +57,33 @@ class Sample:
 
 
 Template = Callable[..., float]
-_TEMPLATES: dict[str, Template] = {}
+_TEMPLATES: Registry[Template] = Registry("reward template")
 
 
 def register_reward_template(name: str) -> Callable[[Template], Template]:
-    def decorate(fn: Template) -> Template:
-        if _TEMPLATES.get(name, fn) is not fn:
-            raise ValueError(f"reward template {name!r} is already registered")
-        _TEMPLATES[name] = fn
-        return fn
-    return decorate
+    """``@register_reward_template("name")`` on a `fn(sample: Sample, **args) -> float`."""
+    return _TEMPLATES.register(name)
 
 
 def reward_templates() -> list[str]:
-    return sorted(_TEMPLATES)
+    return _TEMPLATES.names()
+
+
+MODEL_TEMPLATE = "reward_model"
+
+
+@register_reward_template(MODEL_TEMPLATE)
+def reward_model(s: Sample) -> float:
+    """Placeholder of the learned reward model's score: the trainer adds it from the
+    reward-model worker group (module docstring); it has no text-only value."""
+    raise TypeError("the reward_model template is scored by the reward-model worker group (reward_model.path), "
+                    "not on text; ComposedScore skips it")
+
+
+def model_weight(items: list[dict]) -> float | None:
+    """The weight of the `reward_model` entry of a (validated) `reward.templates` list, or
+    None when the list does not name it."""
+    return next((float(i.get("weight", 1.0)) for i in items if i["name"] == MODEL_TEMPLATE), None)
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?")
@@ -117,14 +140,18 @@ def user(s: Sample, path: str, name: str = "compute_score") -> float:
                                               ground_truth=s.ground_truth, extra_info=s.extra_info))
 
 
-def _scorer_template(scorer: Callable) -> Template:
-    def template(s: Sample) -> float:
-        return _as_float(scorer(s.text, s.ground_truth, s.extra_info))
-    return template
+@dataclass(frozen=True)
+class ScorerTemplate:
+    """A data source's rule scorer as a template (picklable: it travels to the reward pool)."""
+
+    source: str
+
+    def __call__(self, s: Sample) -> float:
+        return _as_float(SCORERS[self.source](s.text, s.ground_truth, s.extra_info))
 
 
 for _source in ("arithmetic", "gsm8k", "math"):  # the rule scorers, as templates of this engine
-    register_reward_template(_source)(_scorer_template(SCORERS[_source]))
+    _TEMPLATES.add(_source, ScorerTemplate(_source))
 
 
 def _as_float(value: Any) -> float:
@@ -137,6 +164,9 @@ class TemplateSpec:
     weight: float = 1.0
     level: str = "trajectory"  # or "turn"
     args: dict = field(default_factory=dict)
+    # the template function itself: it travels (pickled by reference) to the reward pool's
+    # fresh processes, which import its module and so know templates registered there
+    fn: Template = field(default=None, compare=False, repr=False)
 
 
 def parse_templates(items: list[dict], key: str = "reward.templates") -> list[TemplateSpec]:
@@ -149,14 +179,18 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
         unknown = set(item) - {"name", "weight", "level", "args"}
         if unknown:
             raise ConfigError(f"unknown keys {sorted(unknown)}; a template takes name, weight, level, args", where)
-        if item["name"] not in _TEMPLATES:
-            raise ConfigError(f"unknown reward template {item['name']!r}; known: {reward_templates()}", where + ".name")
+        fn = _TEMPLATES.resolve(item["name"], where + ".name", "register one with @register_reward_template in "
+                                "a module and name it 'package.module:name' (importing it registers it)")
         spec = TemplateSpec(item["name"], float(item.get("weight", 1.0)), item.get("level", "trajectory"),
-                            dict(item.get("args") or {}))
+                            dict(item.get("args") or {}), fn)
         if spec.level not in ("trajectory", "turn"):
             raise ConfigError(f"must be 'trajectory' or 'turn', got {spec.level!r}", where + ".level")
+        if spec.name == MODEL_TEMPLATE:
+            _check_model_spec(spec, specs, where)
+            specs.append(spec)
+            continue
         try:  # arguments checked now, on a blank sample, so a typo fails at start-up
-            _TEMPLATES[spec.name](Sample("", "0", "arithmetic", {}), **spec.args)
+            spec.fn(Sample("", "0", "arithmetic", {}), **spec.args)
         except TypeError as err:
             raise ConfigError(f"bad args for template {spec.name!r}: {err}", where + ".args") from None
         except Exception:
@@ -165,17 +199,27 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
     return specs
 
 
+def _check_model_spec(spec: TemplateSpec, earlier: list[TemplateSpec], where: str) -> None:
+    if spec.level != "trajectory":
+        raise ConfigError("the reward model scores whole sequences: level must be 'trajectory'", where + ".level")
+    if spec.args:
+        raise ConfigError(f"takes no args (the model is reward_model.path), got {spec.args}", where + ".args")
+    if any(s.name == MODEL_TEMPLATE for s in earlier):
+        raise ConfigError("reward_model is named twice; give it once with the summed weight", where + ".name")
+
+
 class ComposedScore:
-    """The weighted sum of trajectory-level templates, with reward-function signature."""
+    """The weighted sum of trajectory-level templates, with reward-function signature
+    (`reward_model` excluded: the trainer adds it from the reward-model workers)."""
 
     def __init__(self, specs: list[TemplateSpec]) -> None:
-        self.specs = [s for s in specs if s.level == "trajectory"]
+        self.specs = [s for s in specs if s.level == "trajectory" and s.name != MODEL_TEMPLATE]
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None):
         info = dict(extra_info or {})
         sample = Sample(solution_str, ground_truth, data_source, info, int(info.get("num_turns", 1)),
                         int(info.get("num_tool_calls", 0)), int(info.get("num_model_tokens", 0)))
-        parts = {s.name: s.weight * _TEMPLATES[s.name](sample, **s.args) for s in self.specs}
+        parts = {s.name: s.weight * s.fn(sample, **s.args) for s in self.specs}
         return {"score": sum(parts.values()), **{f"template/{k}": v for k, v in parts.items()}}
 
 
@@ -186,5 +230,5 @@ def score_turns(specs: list[TemplateSpec], turn_texts: list[str], row: dict) -> 
     for i, text in enumerate(turn_texts):
         sample = Sample(text, row.get("ground_truth"), str(row.get("data_source")), dict(row.get("extra_info") or {}),
                         num_turns=i + 1)
-        out.append(sum(s.weight * _TEMPLATES[s.name](sample, **s.args) for s in turn_specs))
+        out.append(sum(s.weight * s.fn(sample, **s.args) for s in turn_specs))
     return out

@@ -37,6 +37,7 @@ from hybridflow.config.algorithm import AlgorithmSpec
 from hybridflow.config.algorithm_settings import overlong_buffer_len
 from hybridflow.config.schema import RunConfig
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.templates import model_weight
 from hybridflow.trainer import phases as P
 from hybridflow.trainer.phases import Roles, Step
 
@@ -98,19 +99,27 @@ def step_program(spec: AlgorithmSpec) -> Program:
 
 
 def _rule_reward(roles: Roles, cfg: RunConfig) -> Any:
-    """The rule-based reward manager, or None where the reward model replaces it."""
-    return None if roles.reward_model is not None and not cfg.reward_model.add_rule_reward else roles.reward
+    """The rule-based reward manager, or None where the reward model replaces it (a
+    reward.templates list naming reward_model keeps both: it composes them)."""
+    replaced = not cfg.reward_model.add_rule_reward and model_weight(cfg.reward.templates) is None
+    return None if roles.reward_model is not None and replaced else roles.reward
+
+
+def _model_weight(cfg: RunConfig) -> float:
+    """The reward model's weight: its reward.templates entry's, else 1."""
+    weight = model_weight(cfg.reward.templates)
+    return 1.0 if weight is None else weight
 
 
 def _score(batch: DataProto, roles: Roles, cfg: RunConfig) -> torch.Tensor:
     """Token-level scores of any generated batch, from the run's reward sources."""
-    return P.score_sequences(batch, _rule_reward(roles, cfg), roles.reward_model)[0]
+    return P.score_sequences(batch, _rule_reward(roles, cfg), roles.reward_model, _model_weight(cfg))[0]
 
 
 def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0) -> None:
     """rollout.n responses per prompt and their token_level_scores from the run's reward sources."""
     P.generate(step, roles.actor, cfg.rollout.n, round=round)
-    P.compute_reward(step, _rule_reward(roles, cfg), roles.reward_model)
+    P.compute_reward(step, _rule_reward(roles, cfg), roles.reward_model, _model_weight(cfg))
 
 
 def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:

@@ -52,7 +52,7 @@ from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
 from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import AlgoState, _rule_reward, train_critic_free, train_ppo
+from hybridflow.trainer.algorithms import AlgoState, _model_weight, _rule_reward, train_critic_free, train_ppo
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.setup import actor_config
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
@@ -262,7 +262,7 @@ class AsyncRunner:
         step.batch = P.concat_generated([g.data for g in groups])
         mask = step.batch.batch["response_mask"]
         step.metrics.update(staleness_metrics(step.batch.batch[POLICY_VERSION], mask, self.version))
-        P.compute_reward(step, _rule_reward(self.roles, self.cfg), self.roles.reward_model)
+        P.compute_reward(step, _rule_reward(self.roles, self.cfg), self.roles.reward_model, _model_weight(self.cfg))
         self.train(step, self.roles, self.cfg, self.state)
         self._finish_sync()
         self.version += 1

@@ -22,6 +22,7 @@ worker as `timing_s/reshard_to_generation`.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from hybridflow.algorithms import (
     overlong_reward_penalty,
 )
 from hybridflow.controller import WorkerGroup
+from hybridflow.engines.rollout.batch_io import left_pad_prompts
 from hybridflow.engines.train.batching import dp_balanced_order
 from hybridflow.engines.train.actor import FORWARD_KEYS as ACTOR_FORWARD_KEYS
 from hybridflow.engines.train.actor import OLD_LOG_PROBS
@@ -152,10 +154,13 @@ def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
     step.batch = out
 
 
-def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | None) -> tuple[torch.Tensor, dict]:
+def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | None,
+                    model_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
     """Token-level scores [B, R] of `batch` and their metrics: the rule-based function's
-    (a RewardManager; failures and timeouts score error_score), the model's score put on the
-    last response token, or the sum of both."""
+    (a RewardManager; failures and timeouts score error_score), the model's score x
+    `model_weight` (the reward_model template's weight) put on the last response token, or
+    the sum of both. A multi-turn row whose environment failed (score_override) gets no
+    model score: its configured error_score stands."""
     if rule is None and model is None:
         raise ValueError("score_sequences needs a rule-based scorer, a scoring model, or both")
     scores, metrics = None, {}
@@ -165,16 +170,26 @@ def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | Non
         metrics.pop("reward/mean")  # the same number as score/mean (metrics.py)
     if model is not None:
         rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
-        placed = scores_at_last_response_token(rm, batch.batch["response_mask"])
+        weighted = model_weight * rm.to(torch.float32) * _env_kept(batch)
+        placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
         scores = placed if scores is None else scores + placed
         metrics["reward/model_score_mean"] = float(rm.double().mean())
+        metrics["template/reward_model"] = float(weighted.double().mean())
     return scores, metrics
 
 
+def _env_kept(batch: DataProto) -> torch.Tensor:
+    """[B] 0 for rows whose environment failed (a non-NaN score_override), else 1."""
+    override = batch.non_tensor_batch.get("score_override")
+    if override is None:
+        return torch.ones(len(batch))
+    return torch.tensor([float(math.isnan(float(v))) for v in override])
+
+
 @phase("reward")
-def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = None) -> None:
+def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = None, model_weight: float = 1.0) -> None:
     """token_level_scores from the reward function and/or the reward model (score_sequences)."""
-    step.batch.batch["token_level_scores"], metrics = score_sequences(step.batch, rule, model)
+    step.batch.batch["token_level_scores"], metrics = score_sequences(step.batch, rule, model, model_weight)
     step.metrics.update(metrics)
 
 
@@ -357,20 +372,7 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
 def concat_generated(parts: list[DataProto]) -> DataProto:
     """Generated batches of several rounds as one: prompts left-padded to the widest round's."""
     width = max(part.batch["prompts"].shape[1] for part in parts)
-    return DataProto.concat([_left_pad_prompts(part, width) for part in parts])
-
-
-def _left_pad_prompts(batch: DataProto, width: int) -> DataProto:
-    extra = width - batch.batch["prompts"].shape[1]
-    if extra == 0:
-        return batch
-    # Padding is masked out (attention_mask 0), so its token ids and positions are never read.
-    padded = {key: torch.nn.functional.pad(value, (extra, 0)) if key in _PROMPT_SIDE_KEYS else value
-              for key, value in batch.batch.items()}
-    return DataProto(batch=padded, non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info)
-
-
-_PROMPT_SIDE_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
+    return DataProto.concat([left_pad_prompts(part, width) for part in parts])
 
 
 def first_groups(batch: DataProto, count: int) -> DataProto:

@@ -26,6 +26,7 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard import HybridEngine, TransitionStats, aligned_shard_dim
 from hybridflow.engines.reshard.cross_pool import TensorMeta, WeightBridge, free_port, full_tensors, manifest_of
 from hybridflow.engines.rollout import SamplingParams
+from hybridflow.engines.rollout.batch_io import left_pad_prompts
 from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.engines.train import ActorEngine
 from hybridflow.engines.train.actor import FORWARD_KEYS, OLD_LOG_PROBS, update_keys
@@ -151,7 +152,10 @@ class ActorRolloutRefWorker(Worker):
         if engine.tokenizer is None:
             raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in {self.config.model_path}")
         response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
-        return AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
+        out = AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
+        # Each rank renders its own prompts (chat template, tool listing): one width for all (collective).
+        width = int(max_over_world({"prompt_width": float(out.batch["prompts"].shape[1])})["prompt_width"])
+        return left_pad_prompts(out, width)
 
     def _sampling_params(self, meta: dict) -> SamplingParams:
         return call_sampling_params(self.config.rollout, meta, self._generate_calls, self.rollout_dp_rank)

@@ -25,7 +25,7 @@ from typing import Any
 
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.method import ReshardMethod
-from hybridflow.engines.rollout.registry import check_rollout_backend
+from hybridflow.engines.rollout.registry import check_rollout_backend, multi_turn_backends
 from hybridflow.engines.rollout.settings import LOG_PROB_MODES, MATMUL_MODES, SamplingParams
 from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.engines.train.config import (
@@ -105,11 +105,14 @@ class RolloutWorkerConfig:
             raise ConfigError(f"must be >= 0, got {self.seed}", "seed")
         self.stop_token_ids = tuple(self.stop_token_ids)
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if self.agent.enable and (self.name != "native" or self.tensor_model_parallel_size != 1 or self.stop):
-            # Pausing and extending sequences is a native-engine feature (engines/rollout/turns.py);
-            # a turn must end on a stop token, which the chat template renders.
-            raise ConfigError("multi-turn rollouts need name: native, tensor_model_parallel_size: 1 and no stop "
-                              f"strings; got name={self.name!r}, tp={self.tensor_model_parallel_size}, "
+        if self.agent.enable and (self.name not in multi_turn_backends() or self.tensor_model_parallel_size != 1 or self.stop):
+            # A turn must end on a stop token, which the chat template renders. The native
+            # engine continues each sequence from its KV cache, the hf backend regenerates from
+            # the prefix (engines/rollout/turns.py, regen_turns.py). t_g > 1: the agent loop
+            # would have to run in lockstep on every TP rank (same env answers, same
+            # schedule), which it does not yet (docs/agents.md).
+            raise ConfigError(f"multi-turn rollouts need name in {multi_turn_backends()}, tensor_model_parallel_size: 1 "
+                              f"and no stop strings; got name={self.name!r}, tp={self.tensor_model_parallel_size}, "
                               f"stop={self.stop}", "agent.enable")
         try:
             SamplingParams(**self.sampling_defaults())

@@ -96,3 +96,6 @@ def test_declared_rollout_backends_match_their_classes():
         cls = registry.rollout_backend(name)
         assert cls.__module__ == registry._BACKENDS.builtins[name]
         assert cls.supports_tensor_parallel is tensor_parallel
+    assert set(registry.BUILTIN_MULTI_TURN) == set(registry._BACKENDS.builtins)
+    for name, turns in registry.BUILTIN_MULTI_TURN.items():
+        assert registry._runs_turns(registry.rollout_backend(name)) is turns, name

@@ -73,6 +73,39 @@ def test_config_errors():
             "user", "arithmetic", "gsm8k", "math"} <= set(reward_templates())
 
 
+def test_reward_model_template_config(tmp_path):
+    """reward_model: a weighted template the trainer fills from reward_model.path; skipped by
+    the text composition; trajectory level only, no args, once; needs the model and no
+    add_rule_reward (the templates list is the whole composition)."""
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer.phases import _env_kept
+
+    specs = parse_templates([{"name": "reward_model", "weight": 0.5}, {"name": "numeric_match"}])
+    assert T.model_weight([{"name": "reward_model", "weight": 0.5}]) == 0.5
+    assert T.model_weight([{"name": "numeric_match"}]) is None
+    assert ComposedScore(specs)("arithmetic", "42", "42") == {"score": 1.0, "template/numeric_match": 1.0}
+    with pytest.raises(ConfigError, match="level must be 'trajectory'"):
+        parse_templates([{"name": "reward_model", "level": "turn"}])
+    with pytest.raises(ConfigError, match="takes no args"):
+        parse_templates([{"name": "reward_model", "args": {"path": "x"}}])
+    with pytest.raises(ConfigError, match="named twice"):
+        parse_templates([{"name": "reward_model"}, {"name": "reward_model"}])
+    with pytest.raises(TypeError, match="reward-model worker group"):
+        T.reward_model(_s("42"))
+    templates = "reward.templates=[{name: reward_model, weight: 0.5}]"
+    with pytest.raises(ConfigError, match="reward_model.path is null") as err:
+        load_run_config(None, [templates])
+    assert err.value.key == "reward.templates"
+    rm = tmp_path / "rm"
+    with pytest.raises(ConfigError, match="must stay false") as err:
+        load_run_config(None, [templates, f"reward_model.path={rm}", "reward_model.add_rule_reward=true"])
+    assert err.value.key == "reward_model.add_rule_reward"
+    # a failed environment's row (score_override set) gets no model score
+    batch = DataProto.from_dict(tensors={"x": torch.zeros(3, 1)},
+                                non_tensors={"score_override": np.array([math.nan, -1.0, math.nan], dtype=object)})
+    assert _env_kept(batch).tolist() == [1.0, 0.0, 1.0]
+
+
 def test_turn_spans():
     assert turn_spans(torch.tensor([1, 1, 0, 0, 1, 0, 1, 1, 1, 0])) == [(0, 2), (4, 5), (6, 9)]
 

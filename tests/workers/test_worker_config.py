@@ -101,3 +101,18 @@ def test_scores_land_on_the_last_valid_response_token():
     assert torch.equal(placed, want)
     with pytest.raises(ValueError, match="same B"):
         scores_at_last_response_token(torch.zeros(3), mask)
+
+
+def test_multi_turn_rollouts_need_a_backend_with_a_turn_engine():
+    """native (KV-cache continuation) and hf (regeneration) run the agent loop; t_g > 1 and
+    stop strings are refused with the setting to change."""
+    from hybridflow.envs.agent import AgentConfig
+    from hybridflow.workers.config import RolloutWorkerConfig, multi_turn_backends
+
+    assert {"native", "hf"} <= set(multi_turn_backends())
+    for name in ("native", "hf"):
+        RolloutWorkerConfig(name=name, agent=AgentConfig(enable=True))
+    for bad in ({"tensor_model_parallel_size": 2}, {"stop": ["###"]}):
+        with pytest.raises(ConfigError, match="multi-turn rollouts need") as err:
+            RolloutWorkerConfig(agent=AgentConfig(enable=True), **bad)
+        assert err.value.key == "agent.enable"

@@ -156,3 +156,33 @@ def pack_output(prompts: DataProto, samples: Sequence[FinishedSample], params: l
         non_tensors=non_tensors,
         meta_info=dict(prompts.meta_info),
     )
+
+
+def left_pad_ids(sequences: list[list[int]], pad_id: int, device: torch.device | str = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask of `sequences`, left-padded to the longest."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+        mask[i, width - len(seq):] = 1
+    return ids.to(device), mask.to(device)
+
+
+PROMPT_SIDE_KEYS = ("prompts", "input_ids", "attention_mask", "position_ids")
+
+
+def left_pad_prompts(batch: DataProto, width: int) -> DataProto:
+    """A generated batch with its prompt side left-padded to `width` tokens, so batches of
+    different prompt widths (generation rounds, ranks) concatenate. Padding is masked out
+    (attention_mask 0), so its token ids and positions (0) are never read."""
+    extra = width - batch.batch["prompts"].shape[1]
+    if extra < 0:
+        raise ValueError(f"cannot left-pad prompts of width {batch.batch['prompts'].shape[1]} to {width}")
+    if extra == 0:
+        return batch
+    padded = {key: torch.nn.functional.pad(value, (extra, 0)) if key in PROMPT_SIDE_KEYS else value
+              for key, value in batch.batch.items()}
+    return DataProto(batch=padded, non_tensor_batch=batch.non_tensor_batch, meta_info=batch.meta_info)
+

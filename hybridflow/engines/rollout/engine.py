@@ -82,6 +82,12 @@ class NativeRolloutEngine(RolloutEngine):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, sharded: bool = False) -> None:
         self.model.weights.load(weights, sharded=sharded)
 
+    def turn_engine(self, slots: int):
+        """Multi-turn generation continuing from the KV cache (turns.py)."""
+        from hybridflow.engines.rollout.turns import TurnEngine
+
+        return TurnEngine(self, slots=slots)
+
     def release_memory(self, *, keep_weights: bool = False) -> None:
         self.cache = None
         self.model.release_buffers()

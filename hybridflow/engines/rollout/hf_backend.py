@@ -33,7 +33,8 @@ What it cannot do like the native engine:
   is reproducible for the same batch and seed (each group call is seeded from the request
   seed, or from RolloutConfig.seed and the call number); the caller's RNG state is left
   untouched;
-- keeping the KV cache between calls: keep_kv_cache=True is refused; prefill_token_budget
+- keeping the KV cache between calls: keep_kv_cache=True is refused; multi-turn rollouts
+  (`turn_engine`) regenerate every turn from the whole prefix; prefill_token_budget
   and matmul have no effect (generate allocates its cache per call and uses torch's
   kernels).
 
@@ -59,6 +60,7 @@ from hybridflow.engines.rollout.batch_io import (
     check_ready,
     cut_at_stop,
     id_tuple,
+    left_pad_ids,
     pack_output,
     params_per_row,
     sample_seed,
@@ -162,6 +164,13 @@ class HFRolloutEngine(RolloutEngine):
             dest.copy_(tensor)
             self._loaded.add(id(dest))
 
+    def turn_engine(self, slots: int):
+        """Multi-turn generation by regenerating from each sequence's prefix (generate keeps
+        no KV cache between calls; regen_turns.py)."""
+        from hybridflow.engines.rollout.regen_turns import RegenTurnEngine
+
+        return RegenTurnEngine(self, slots=slots)
+
     def release_memory(self, *, keep_weights: bool = False) -> None:
         if self.storage.release(keep_values=keep_weights):
             self._loaded.clear()
@@ -194,7 +203,7 @@ class HFRolloutEngine(RolloutEngine):
     # ----------------------------------------------------------------- helpers
     def _generate_rows(self, prompt_ids: list[list[int]], rows: list[int], p: SamplingParams) -> list[_Sample]:
         """One `generate` call: the prompts of `rows`, each repeated n times."""
-        ids, mask = _left_pad([prompt_ids[r] for r in rows for _ in range(p.n)], self.pad_id, self.device)
+        ids, mask = left_pad_ids([prompt_ids[r] for r in rows for _ in range(p.n)], self.pad_id, self.device)
         stop_ids = stop_ids_for(p, self.eos_ids)
         recorder = _LogProbRecorder(p, self.config.log_prob_mode)
         sampling = {} if p.greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}  # ours apply them
@@ -264,17 +273,6 @@ class _LogProbRecorder(LogitsProcessor):
         if len(self._chosen) != generated.shape[1]:
             raise RuntimeError(f"recorded {len(self._chosen)} steps for {generated.shape[1]} generated tokens")
         return torch.stack(self._chosen, dim=1).float().cpu()
-
-
-def _left_pad(sequences: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids and attention_mask of `sequences`, left-padded to the longest."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), width, dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-        mask[i, width - len(seq) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _max_positions(hf_config) -> int:

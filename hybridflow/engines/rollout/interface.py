@@ -19,6 +19,9 @@ model_path=...)` with no weights, then fed weights by `load_weights`. It provide
   with `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`,
   `position_ids`, `rollout_log_probs` and non-tensor `finish_reason` out (layout in
   engine.py; `batch_io.pack_output` builds it).
+- `turn_engine(slots)` (optional): multi-turn generation for the agent loop; the native
+  engine continues from its KV cache (turns.py), the hf backend regenerates from the
+  prefix (regen_turns.py).
 - `release_memory(keep_weights=...)` / `resume_memory()`: give the device memory back
   between rollouts (colocated training needs it) and take it again.
 - `weight_storage_bytes()`: bytes of weight storage held right now; the HybridEngine's
@@ -82,6 +85,13 @@ class RolloutEngine(ABC):
         self, prompts: DataProto, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
     ) -> DataProto:
         """Generate for every prompt row; None takes the sampling settings from prompts.meta_info."""
+
+    def turn_engine(self, slots: int):
+        """A multi-turn generator over this backend (`open` / `step` / `extend` / `close`,
+        engines/rollout/turns.py) for the agent loop; `slots`: sequences at once. Backends
+        that cannot run multi-turn rollouts keep this default."""
+        raise NotImplementedError(f"the {type(self).__name__} rollout backend cannot run multi-turn rollouts "
+                                  "(rollout.agent.enable); use rollout.name=native or hf")
 
     @abstractmethod
     def release_memory(self, *, keep_weights: bool = False) -> None:

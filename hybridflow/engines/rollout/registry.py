@@ -34,6 +34,8 @@ _BUILTINS = {"native": "hybridflow.engines.rollout.engine", "hf": "hybridflow.en
 # The built-ins' `supports_tensor_parallel`, for checks that must not import them
 # (tests/engines/rollout/test_registry.py compares it with the classes).
 BUILTIN_TENSOR_PARALLEL = {"native": True, "hf": False}
+# The built-ins that run multi-turn rollouts (a `turn_engine`), for the same reason.
+BUILTIN_MULTI_TURN = {"native": True, "hf": True}
 _BACKENDS: Registry[type[RolloutEngine]] = Registry("rollout backend", "rollout.name", _BUILTINS)
 
 
@@ -88,6 +90,20 @@ def unsupported_tp_message(name: str, tp_size: int) -> str:
     """Why backend `name` cannot run tensor_model_parallel_size=tp_size, and what to do instead."""
     return (f"rollout backend {name!r} generates on one rank only, not with tensor_model_parallel_size="
             f"{tp_size}; set rollout.tensor_model_parallel_size=1, or use rollout.name=native")
+
+
+def multi_turn_backends() -> list[str]:
+    """Backends with a turn engine (RolloutEngine.turn_engine) for the agent loop: the
+    built-ins from BUILTIN_MULTI_TURN (not imported), the others from their class."""
+    from_classes = {name for name in _BACKENDS._table if _runs_turns(_BACKENDS.get(name))}
+    return sorted(from_classes | {name for name, turns in BUILTIN_MULTI_TURN.items()
+                                  if turns and name not in _BACKENDS._table})
+
+
+def _runs_turns(cls: type) -> bool:
+    from hybridflow.engines.rollout.interface import RolloutEngine  # loaded with the class already
+
+    return cls.turn_engine is not RolloutEngine.turn_engine
 
 
 def check_rollout_backend(name: str, tp_size: int) -> None:

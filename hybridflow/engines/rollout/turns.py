@@ -63,6 +63,7 @@ class TurnEngine:
         if engine.tp_size != 1:
             raise ValueError("multi-turn generation runs with generation tensor-parallel size 1")
         self.engine, self.model = engine, engine.model
+        self.eos_token_ids = tuple(self.model.spec.eos_token_ids)
         self.max_len = min(max_len or engine.max_len, engine.max_len)
         self.cache = KVCache(self.model.spec.num_layers, slots, self.model.n_kv, self.max_len,
                              self.model.spec.head_dim, engine.config.dtype, self.model.weights.norm.device)

@@ -22,13 +22,13 @@ hangs, returns the wrong type) is in guard.py.
 from __future__ import annotations
 
 import asyncio
-import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.errors import ConfigError
+from hybridflow.registry import Registry
 
 Message = dict[str, Any]  # {"role": ..., "content": ...}, plus "tool_calls" etc. where a template reads them
 
@@ -83,43 +83,22 @@ class SingleTurn(AgentEnv):
 
 
 EnvFactory = Callable[..., AgentEnv]
-_REGISTRY: dict[str, EnvFactory] = {}
+_REGISTRY: Registry[EnvFactory] = Registry("agent environment")
 
 
 def register_agent_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
     """Register an AgentEnv class (or factory) under `name`: ``@register_agent_env("calculator")``."""
-
-    def decorate(obj: EnvFactory) -> EnvFactory:
-        if _REGISTRY.get(name, obj) is not obj:
-            raise ValueError(f"agent environment {name!r} is already registered to {_REGISTRY[name]!r}")
-        _REGISTRY[name] = obj
-        return obj
-
-    return decorate
+    return _REGISTRY.register(name)
 
 
 def registered_agent_envs() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def resolve_agent_env(name: str, key: str = "agent.env") -> EnvFactory:
     """A registered name or an import path ("pkg.mod:Class" or "pkg.mod.Class") -> the factory."""
     _load_builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    module, sep, attr = name.partition(":")
-    if not sep:
-        module, _, attr = name.rpartition(".")
-    if module:
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"cannot import agent environment {name!r}: {err}", key) from None
-    close = difflib.get_close_matches(name, _REGISTRY, n=3)
-    hint = f" (did you mean {close}?)" if close else ""
-    raise ConfigError(
-        f"unknown agent environment {name!r}{hint}; registered: {registered_agent_envs()}, or give an import "
-        "path 'package.module:Class'", key)
+    return _REGISTRY.resolve(name, key, "give a registered name or an import path 'package.module:Class'")
 
 
 def _load_builtins() -> None:

@@ -51,7 +51,8 @@ class ToolEnv(AgentEnv):
         first = {name: tool.first_param for name, tool in self._tools.items()}
         calls = parse_tool_calls(turn, self.format, first)
         if not calls:
-            return StepResult(done=True, info={"tool_calls": 0, "tool_errors": 0})
+            return StepResult(done=True, info={"tool_calls": 0, "tool_errors": 0, "tool_malformed": 0})
+        malformed = sum(not isinstance(c, ToolCall) for c in calls)
         answers, errors = [], 0
         for call in calls[: self.max_calls]:
             text = self._answer(call)
@@ -64,7 +65,8 @@ class ToolEnv(AgentEnv):
             observation = [{"role": role, "content": ";".join(answers)}]
         else:
             observation = [{"role": role, "content": a} for a in answers]
-        return StepResult(observation, info={"tool_calls": len(calls), "tool_errors": errors})
+        return StepResult(observation, info={"tool_calls": len(calls), "tool_errors": errors,
+                                             "tool_malformed": malformed})
 
     def _answer(self, call) -> str:
         if not isinstance(call, ToolCall):

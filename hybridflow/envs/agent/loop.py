@@ -1,4 +1,4 @@
-"""The multi-turn rollout: model turns and environment answers, on the native engine's KV cache.
+"""The multi-turn rollout: model turns and environment answers, on the rollout engine's turn engine.
 
     loop = AgentLoop(engine, tokenizer, AgentConfig(enable=True, default_env="tools"), response_length=256)
     out = loop.run(prompts, SamplingParams(temperature=1.0, n=4, seed=0))
@@ -6,8 +6,9 @@
 Every prompt row x sample is a trajectory with its own environment instance (the row's
 `extra_info["env"]`, else `default_env`, else single-turn). A model turn ends at a stop
 token; the environment answers (EnvRunner, guard.py), its observation is rendered with the
-chat template (render.py) and appended, and the sequence continues from its KV cache
-(engines/rollout/turns.py).
+chat template (render.py) and appended, and the sequence continues: from its KV cache on
+the native engine (engines/rollout/turns.py), regenerated from the prefix on the hf
+backend (regen_turns.py); `engine.turn_engine` picks.
 
 Modes: "async" hands a finished turn to its environment and keeps decoding the others;
 an answered trajectory rejoins at the next step. "sync" runs every trajectory to the end
@@ -21,7 +22,8 @@ the last token of that turn. Non-tensors: `final_turn_start` (response index of 
 last model turn, which the scorer reads), `score_override` (error_score for a failed
 environment, NaN otherwise), `agent_stop` (why it ended: done, max_turns, max_total_tokens,
 max_obs_tokens, turn_length, env_error, env_timeout, env_bad_result, render_error),
-`agent_error`, `num_turns`, `num_tool_calls`. meta_info["metrics"] gets agent/* means.
+`agent_error`, `num_turns`, `num_tool_calls`, `num_malformed_calls` (calls the environment
+could not parse, its info["tool_malformed"]). meta_info["metrics"] gets agent/* means.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Trajectory:
     final_turn_start: int = 0
     num_turns: int = 0
     num_tool_calls: int = 0
+    num_malformed_calls: int = 0
     stop: str | None = None
     error: str | None = None
     last_turn: list[int] = field(default_factory=list)
@@ -84,8 +87,9 @@ class AgentLoop:
         self.stats = {"env_wait_s": 0.0}
         try:
             trajs = self._start(prompts, params)
-            turns = TurnEngine(self.engine, slots=min(len(trajs), self.engine.config.max_num_seqs))
-            self._stop_ids = stop_ids_for(params, self.engine.spec.eos_token_ids)
+            # native: continues from the KV cache; hf: regenerates from the prefix (engine.turn_engine)
+            turns = self.engine.turn_engine(min(len(trajs), self.engine.config.max_num_seqs))
+            self._stop_ids = stop_ids_for(params, turns.eos_token_ids)
             by_key = {t.key: t for t in trajs}
             for t in trajs:
                 if t.stop is None:
@@ -201,6 +205,7 @@ class AgentLoop:
         if result.reward:
             t.turn_rewards.append((len(t.tokens) - 1, float(result.reward)))
         t.num_tool_calls += int(result.info.get("tool_calls", 0))
+        t.num_malformed_calls += int(result.info.get("tool_malformed", 0))
         if result.done:
             return self._end(turns, t, "done")
         if t.num_turns >= self.config.max_turns:
@@ -268,6 +273,7 @@ class AgentLoop:
         extra = {"final_turn_start": [t.final_turn_start for t in trajs], "score_override": score_override,
                  "agent_stop": [t.stop for t in trajs], "agent_error": [t.error for t in trajs],
                  "num_turns": [t.num_turns for t in trajs], "num_tool_calls": [t.num_tool_calls for t in trajs],
+                 "num_malformed_calls": [t.num_malformed_calls for t in trajs],
                  "finish_reason": ["stop" if t.stop == "done" else "length" for t in trajs]}
         for key, values in extra.items():
             arr = np.empty(n, dtype=object)
@@ -295,3 +301,4 @@ class AgentLoop:
             out[f"agent/stop_{reason}"] = float(sum(t.stop == reason for t in trajs))
         out.update({f"agent/{k}": v for k, v in self.stats.items()})
         return out
+

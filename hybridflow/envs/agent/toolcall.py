@@ -6,7 +6,7 @@ Hermes (Qwen2.5, SmolLM2, ... chat templates rendered with `tools=`): each call 
     {"name": "calculator", "arguments": {"expression": "123*456"}}
     </tool_call>
 
-and a turn may hold several. Compact (the built-in character-level model, which pays one
+and a turn may hold several; one tag may also hold a JSON list of calls (SmolLM2's form). Compact (the built-in character-level model, which pays one
 position per character): `@name[argument]`, e.g. `@calculator[123*456]`; the single argument is
 passed as the tool's first parameter. Several may appear in one turn.
 
@@ -48,7 +48,7 @@ def parse_tool_calls(text: str, fmt: str, first_param: dict[str, str] | None = N
     """Every tool call in `text`, in order. `first_param` maps tool name -> the parameter a
     compact call's argument fills (unknown names get "input")."""
     if fmt == "hermes":
-        return [_hermes_call(body, closed=bool(end)) for body, end in _HERMES.findall(text)]
+        return [call for body, end in _HERMES.findall(text) for call in _hermes_calls(body, closed=bool(end))]
     if fmt == "compact":
         first_param = first_param or {}
         out: list[ToolCall | ToolCallError] = []
@@ -61,14 +61,22 @@ def parse_tool_calls(text: str, fmt: str, first_param: dict[str, str] | None = N
     raise ValueError(f"unknown tool-call format {fmt!r}; use one of {FORMATS}")
 
 
-def _hermes_call(body: str, closed: bool) -> ToolCall | ToolCallError:
+def _hermes_calls(body: str, closed: bool) -> list[ToolCall | ToolCallError]:
+    """The calls in one <tool_call> body: a JSON object, or a JSON list of them (SmolLM2's
+    function-calling form, `<tool_call>[{"name": ..., "arguments": ...}, ...]</tool_call>`)."""
     text = body.strip()
     if not closed:
-        return ToolCallError(text, "tool call not closed with </tool_call>")
+        return [ToolCallError(text, "tool call not closed with </tool_call>")]
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        return ToolCallError(text, f"tool call is not valid JSON ({err.msg} at character {err.pos})")
+        return [ToolCallError(text, f"tool call is not valid JSON ({err.msg} at character {err.pos})")]
+    if isinstance(value, list) and value:
+        return [_hermes_call(json.dumps(v), v) for v in value]
+    return [_hermes_call(text, value)]
+
+
+def _hermes_call(text: str, value: Any) -> ToolCall | ToolCallError:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return ToolCallError(text, 'tool call must be a JSON object with a string "name"')
     args = value.get("arguments", {})

@@ -148,3 +148,49 @@ def test_async_step_environment(setup):
     plain = _run(setup, [_count_env(turns=3)] * 2, greedy)
     assert list(coro.non_tensor_batch["agent_stop"]) == ["done", "done"]
     assert torch.equal(coro.batch["responses"], plain.batch["responses"])
+
+
+def test_prompts_left_padded_to_a_common_width(setup):
+    """Ranks render prompts of different lengths; their outputs are padded to one width."""
+    from hybridflow.engines.rollout.batch_io import left_pad_prompts
+
+    engine, tok = setup
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    out = _run(setup, [_count_env(turns=2)], params, response_length=24)
+    width = out.batch["prompts"].shape[1]
+    padded = left_pad_prompts(out[0:1], width + 3)
+    assert padded.batch["prompts"].shape[1] == width + 3
+    assert torch.equal(padded.batch["prompts"][:, 3:], out.batch["prompts"])
+    assert padded.batch["attention_mask"][:, :3].sum() == 0 and padded.batch["position_ids"][:, :3].sum() == 0
+    assert torch.equal(padded.batch["input_ids"][:, 3:], out.batch["input_ids"])
+    with pytest.raises(ValueError, match="cannot left-pad"):
+        left_pad_prompts(padded, width)
+
+
+def test_hf_backend_regenerates_the_same_trajectories(setup, turn_model_dir):
+    """The hf backend keeps no KV cache: each turn is regenerated from the whole prefix
+    (regen_turns.py). Greedy, with a deterministic env, its trajectories equal the native
+    engine's KV-cache continuation, in both modes."""
+    from hybridflow.engines.rollout.hf_backend import HFRolloutEngine
+    from hybridflow.engines.rollout.regen_turns import RegenTurnEngine
+
+    engine, tok = setup
+    hf = HFRolloutEngine.from_pretrained(turn_model_dir, RolloutConfig(dtype=torch.float32), tokenizer=tok)
+    extras = [_count_env(), _count_env(turns=2), None]
+    params = SamplingParams(temperature=0.0, max_new_tokens=48)
+    native = _run(setup, extras, params, mode="async")
+    for mode in ("async", "sync"):
+        out = _run((hf, tok), extras, params, mode=mode)
+        for key in ("responses", "response_mask", "prompts", "env_rewards"):
+            assert torch.equal(out.batch[key], native.batch[key]), (mode, key)
+        assert torch.allclose(out.batch["rollout_log_probs"], native.batch["rollout_log_probs"], atol=1e-4)
+        assert list(out.non_tensor_batch["agent_stop"]) == list(native.non_tensor_batch["agent_stop"])
+    assert max(native.non_tensor_batch["num_turns"]) >= 2
+    turns = hf.turn_engine(4)
+    assert isinstance(turns, RegenTurnEngine)
+    turns.open("a", [1, 5, 6], SamplingParams(temperature=0.0, max_new_tokens=4))
+    (first,) = turns.step()
+    turns.extend("a", [7, 8], max_new_tokens=3)
+    assert turns.stats["prefill_tokens"] == 3 and not turns.paused
+    turns.step()
+    assert turns.stats["prefill_tokens"] == 3 + 3 + len(first.tokens) + 2  # the prefix, prefilled again

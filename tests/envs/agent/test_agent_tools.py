@@ -19,7 +19,7 @@ def test_hermes_calls_good_several_and_malformed():
     text = ('I will compute.<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*3"}}\n</tool_call>'
             '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>'
             '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>'
-            '<tool_call>["not", "an object"]</tool_call><tool_call>{"name": "x", "arguments": 3}</tool_call>'
+            '<tool_call>["not an object"]</tool_call><tool_call>{"name": "x", "arguments": 3}</tool_call>'
             '<tool_call>{"name": "calculator"')
     calls = parse_tool_calls(text, "hermes")
     assert calls[0] == ToolCall("calculator", {"expression": "12*3"})
@@ -29,6 +29,18 @@ def test_hermes_calls_good_several_and_malformed():
     assert isinstance(calls[4], ToolCallError) and "JSON object" in calls[4].message
     assert isinstance(calls[5], ToolCallError) and "not closed" in calls[5].message
     assert parse_tool_calls("just an answer: 42", "hermes") == []
+
+
+def test_hermes_list_of_calls_in_one_tag():
+    """SmolLM2's function-calling form: one <tool_call> holding a JSON list of calls."""
+    text = ('<tool_call>[{"name": "calculator", "arguments": {"expression": "1+2"}}, '
+            '{"name": "calculator", "arguments": {"expression": "3*4"}}, 7]</tool_call>')
+    calls = parse_tool_calls(text, "hermes")
+    assert calls[:2] == [ToolCall("calculator", {"expression": "1+2"}), ToolCall("calculator", {"expression": "3*4"})]
+    assert isinstance(calls[2], ToolCallError) and '"name"' in calls[2].message
+    assert isinstance(parse_tool_calls("<tool_call>[]</tool_call>", "hermes")[0], ToolCallError)
+    out = ToolEnv(["calculator"]).step(text)
+    assert [m["content"] for m in out.observation][:2] == ["3", "12"] and out.info["tool_malformed"] == 1
 
 
 def test_compact_calls():
@@ -57,7 +69,7 @@ def test_tool_env_answers_calls_and_errors_as_observations():
     assert not out.done and [m["role"] for m in out.observation] == ["tool"] * 3
     assert out.observation[0]["content"] == "36" and "unknown tool 'search'" in out.observation[1]["content"]
     assert "not valid JSON" in out.observation[2]["content"]
-    assert out.info == {"tool_calls": 3, "tool_errors": 2}
+    assert out.info == {"tool_calls": 3, "tool_errors": 2, "tool_malformed": 1}
     final = env.step("The answer is 36.")
     assert final.done and final.info["tool_calls"] == 0
     assert ToolEnv(["calculator"], tool_format="compact").tools == []  # the compact form is not rendered
@@ -144,3 +156,38 @@ def test_tools_described_in_a_system_message_when_the_template_ignores_them():
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = HERMES_TEMPLATE  # renders tools itself: nothing added
     assert ChatRenderer(tok).with_tools(messages[1:], env.tools) == messages[1:]
+
+
+def test_gsm8k_agent_rows_and_sft_teacher(tmp_path):
+    """GSM8K rows for the calculator agent: the verl row + the tools env; the SFT teacher
+    calls the calculator once per annotation, the env parses and answers those calls
+    exactly as the teacher's tool messages say, and the response follows the template."""
+    import json
+
+    from hybridflow.data.records import read_records
+    from hybridflow.envs.agent.gsm8k_task import teacher_messages, write_task
+
+    src = tmp_path / "gsm8k.jsonl"
+    answer = "3*4=<<3*4=12>>12 apples, 12/2=<<12/2=6>>6 each.\n#### 6"
+    src.write_text(json.dumps({"question": "Tom has 3 bags of 4 apples, shared by 2. How many each?",
+                               "answer": answer}) + "\n")
+    tok = build_char_tokenizer()  # with a SmolLM2-like template: any role, tools= ignored
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"], "eos_token": "<|im_end|>"})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.save_pretrained(tmp_path / "tok")
+    paths = write_task(src, tmp_path / "out", model_dir=str(tmp_path / "tok"))
+    (row,) = read_records(paths["train"])
+    assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "6"
+    assert row["extra_info"]["env"] == "tools" and row["extra_info"]["env_kwargs"]["tools"] == ["calculator"]
+    call, *answers, final = teacher_messages(answer)
+    env = ToolEnv(**row["extra_info"]["env_kwargs"])
+    assert env.step(call["content"]).observation == answers == [{"role": "tool", "content": "12"},
+                                                                 {"role": "tool", "content": "6"}]
+    assert final["content"] == "3*4=12 apples, 12/2=6 each.\n#### 6"
+    assert teacher_messages("no annotations\n#### 1") == [{"role": "assistant", "content": "no annotations\n#### 1"}]
+    (sft,) = read_records(paths["sft"])
+    assert sft["prompt"][0]["role"] == "system" and '"name": "calculator"' in sft["prompt"][0]["content"]
+    assert sft["response"].startswith(call["content"] + tok.eos_token) and sft["response"].endswith("#### 6")
+    with pytest.raises(FileExistsError):
+        write_task(src, tmp_path / "out")
