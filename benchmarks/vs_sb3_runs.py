@@ -9,7 +9,8 @@ rule: the mean return of the last `window` finished training episodes reaches `t
 or `max_steps` environment steps. Written JSON: steps and seconds to the threshold, steps/s,
 setup seconds (building the model / starting the workers, not counted in the training
 time), CPU seconds of the training (this process and all its descendants: Ray's runner
-and learner processes included; on a loaded machine wall time is distorted, CPU time much
+and learner processes included; up to the end of the training loop, not the plots
+hybridflow draws after it; on a loaded machine wall time is distorted, CPU time much
 less) and the curve (environment steps, rolling mean) for the plots.
 
 hybridflow --workers 0 runs in-process; N >= 1 = N Ray env runners, sampling `--sampling`
@@ -61,11 +62,6 @@ def tree_cpu() -> dict[int, float]:
     return out
 
 
-def cpu_since(before: dict[int, float]) -> float:
-    """CPU seconds the process tree used since `before` (processes started since count from 0)."""
-    return sum(cpu - before.get(pid, 0.0) for pid, cpu in tree_cpu().items())
-
-
 def autogroup(pid: int) -> str | None:
     """The scheduler autogroup of a process (Linux with sched_autogroup), else None."""
     try:
@@ -75,10 +71,11 @@ def autogroup(pid: int) -> str | None:
         return None
 
 
-def cpu_by_role(before: dict[int, float], roles: dict[int, str]) -> dict[str, float]:
-    """CPU seconds since `before` per role: pids in `roles`, this process 'controller', the rest 'ray'."""
+def cpu_by_role(before: dict[int, float], roles: dict[int, str], after: dict[int, float] | None = None) -> dict[str, float]:
+    """CPU seconds from `before` to `after` (default: now) per role: pids in `roles`, this
+    process 'controller', the rest 'ray'."""
     out: dict[str, float] = {}
-    for pid, cpu in tree_cpu().items():
+    for pid, cpu in (after or tree_cpu()).items():
         role = "controller" if pid == psutil.Process().pid else roles.get(pid, "ray")
         out[role] = out.get(role, 0.0) + cpu - before.get(pid, 0.0)
     return {k: round(v, 3) for k, v in sorted(out.items())}
@@ -124,8 +121,8 @@ def run_sb3(task: str, seed: int, steps: int | None) -> dict[str, Any]:
     began = time.perf_counter()
     model.learn(total_timesteps=steps or t["max_steps"], callback=StopAtThreshold())
     wall = time.perf_counter() - began
-    cpu = cpu_since(cpu_before)
     split = cpu_by_role(cpu_before, {})
+    cpu = sum(split.values())
     steps = int(model.num_timesteps)
     return {"setup_s": setup, "wall_s": wall, "cpu_s": cpu, "env_steps": steps, "steps_per_s": steps / wall,
             "reached_at_steps": reached.get("steps"), "time_to_target_s": reached.get("seconds"), "curve": curve,
@@ -157,6 +154,18 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
                   "sac": {"lr": t["lr"], "buffer_size": t["buffer_size"], "learning_starts": t["learning_starts"],
                           "batch_size": t["batch_size"], "tau": t["tau"], "gamma": t["gamma"],
                           "gradient_steps": -1 if workers > 1 else 1}}
+    # train() draws the run's plots after its loop; SB3 draws none, so the CPU count stops
+    # where the loop ends (when train() calls plot_env_run).
+    from hybridflow.trainer import env_plots
+
+    loop_end: dict[str, dict[int, float]] = {}
+    draw = env_plots.plot_env_run
+
+    def mark_then_plot(run_dir: Any) -> Any:
+        loop_end["cpu"] = tree_cpu()
+        return draw(run_dir)
+
+    env_plots.plot_env_run = mark_then_plot
     start = time.perf_counter()
     with EnvTrainer(config) as trainer:
         trainer._start()  # workers up before the clock starts (train() does this itself otherwise)
@@ -166,8 +175,8 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
         groups = sorted({g for g in (autogroup(pid) for pid in [psutil.Process().pid, *roles]) if g})
         cpu_before = tree_cpu()
         result = trainer.train()
-        cpu = cpu_since(cpu_before)  # before close(): the Ray workers are still there to ask
-        split = cpu_by_role(cpu_before, roles)
+        split = cpu_by_role(cpu_before, roles, loop_end["cpu"])  # before close(): the workers are still there
+        cpu = sum(split.values())
     total = time.perf_counter() - start
     records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     curve = [(int(r["env/steps"]), r["episode/return_mean_window"]) for r in records
