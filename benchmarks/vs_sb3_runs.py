@@ -184,7 +184,8 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
     phases = {key.split("/", 1)[1]: round(sum(r.get(key, 0.0) for r in records), 3)
               for key in sorted({k for r in records for k in r if k.startswith("timing_s/")})}
     return {"sampling": sampling, "iterations": result.iterations, "phases_s": phases, "cpu_by_role": split,
-            "autogroups": groups,"setup_s": total - result.wall_s, "wall_s": result.wall_s, "cpu_s": cpu, "env_steps": result.env_steps,
+            "autogroups": groups, "setup_s": total - result.wall_s, "wall_s": result.wall_s, "cpu_s": cpu,
+            "env_steps": result.env_steps,
             "steps_per_s": result.env_steps / result.wall_s, "reached_at_steps": result.reached_target_at,
             "time_to_target_s": result.wall_s if result.reached_target_at is not None else None, "curve": curve}
 

@@ -101,3 +101,17 @@ def test_sac_learner_ranks_stay_identical_replicas(ray_local, tmp_path):
     assert all(np.array_equal(rank0[name], rank1[name]) for name in rank0)
     records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert records[-1]["sac/buffer_size"] == 96 / 2  # each rank holds half of the transitions
+
+
+def test_sac_on_a_ray_runner_equals_the_in_process_run(ray_local, tmp_path):
+    # New weights travel with the next collection call (env_programs.EnvRun.take_weights):
+    # the runner must act with exactly the weights the in-process collector acts with, at
+    # every iteration, or the transitions and so the learnt weights would differ.
+    digests = []
+    for distributed in ({"num_workers": 0}, {"num_workers": 1}):
+        with EnvTrainer({**_common(tmp_path, "sac"), "distributed": distributed}) as trainer:
+            trainer.train(steps=160)
+            digests.append(trainer.groups.learner.parameters_digest()[0])
+    local, ray_run = digests
+    for name in local:
+        assert np.allclose(local[name], ray_run[name], rtol=1e-4, atol=1e-6), name
