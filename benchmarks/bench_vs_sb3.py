@@ -4,7 +4,8 @@ Run (CartPole ~10-20 s per run, Pendulum ~1-3 min per run on 2 cores):
 
     .venv/bin/pip install -e '.[bench-envs]'      # stable-baselines3, pinned; never a runtime dependency
     .venv/bin/python benchmarks/bench_vs_sb3.py                                  # both tasks, seeds 0 1 2
-    .venv/bin/python benchmarks/bench_vs_sb3.py --tasks ppo_cartpole --seeds 0 --workers 0,2
+    .venv/bin/python benchmarks/bench_vs_sb3.py --tasks ppo_cartpole --seeds 0 --workers 0,2:sync,2:async
+    .venv/bin/python benchmarks/bench_vs_sb3.py --tasks sac_pendulum_64 --steps 3000 --rounds 2   # profile
 
 Tasks and hyper-parameters: vs_sb3_runs.TASKS (rl-baselines3-zoo's PPO CartPole-v1 and SAC
 Pendulum-v1 entries), the same for both systems. Every run is its own process
@@ -18,6 +19,12 @@ ratio of each to SB3's; CPU seconds of the process tree (per 1000 steps, and to 
 threshold), since the machine is shared and wall time follows its load. Writes benchmarks/results/vs_sb3.json (with the machine
 description and load averages) and one learning-curve PNG per task beside it
 (benchmarks/results/vs_sb3_<task>.png; --out names both).
+
+`--workers` entries are runner counts, `N:sync` or `N:async` to pick the sampling (plain N:
+sync for 1, async for more). `--steps N` profiles instead: every run takes exactly N
+environment steps (no threshold stop), `--rounds` times over, runs interleaved, and a second
+table splits each system's time: the controller's wall seconds per phase and CPU seconds
+per process role (vs_sb3_runs.py), per 1000 environment steps (medians over seeds and rounds).
 """
 
 from __future__ import annotations
@@ -41,13 +48,26 @@ from bench_controller import machine  # noqa: E402
 from vs_sb3_runs import TASKS  # noqa: E402
 
 
-def run_one(system: str, task: str, seed: int, workers: int, tmp: Path) -> dict[str, Any]:
+def parse_workers(spec: str) -> list[tuple[int, str]]:
+    """'0,1,2:sync,2:async' -> [(0, 'sync'), (1, 'sync'), (2, 'sync'), (2, 'async')]."""
+    out = []
+    for entry in spec.split(","):
+        count, _, sampling = entry.partition(":")
+        out.append((int(count), sampling or ("async" if int(count) > 1 else "sync")))
+    return out
+
+
+def run_one(system: str, task: str, seed: int, workers: tuple[int, str], tmp: Path, steps: int | None = None,
+            round_: int = 0) -> dict[str, Any]:
     """One run in its own process; a run whose JSON is already in the work dir is reused."""
-    out = tmp / f"{system}-{task}-{seed}-{workers}.json"
+    count, sampling = workers
+    budget = f"-{steps}steps-r{round_}" if steps else ""
+    out = tmp / f"{system}-{task}-{seed}-{count}{'-' + sampling if count else ''}{budget}.json"
     if out.is_file():
         return json.loads(out.read_text())
     cmd = [sys.executable, str(HERE / "vs_sb3_runs.py"), "--system", system, "--task", task, "--seed", str(seed),
-           "--workers", str(workers), "--run-dir", str(tmp / "runs"), "--out", str(out)]
+           "--workers", str(count), "--sampling", sampling, "--run-dir", str(tmp / "runs"), "--out", str(out)]
+    cmd += ["--steps", str(steps)] if steps else []
     load_before = os.getloadavg()[0]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result = json.loads(out.read_text())
@@ -57,7 +77,41 @@ def run_one(system: str, task: str, seed: int, workers: int, tmp: Path) -> dict[
 
 
 def label(run: dict[str, Any]) -> str:
-    return "sb3" if run["system"] == "sb3" else f"hybridflow workers={run['workers']}"
+    if run["system"] == "sb3":
+        return "sb3"
+    if run["workers"] == 0:
+        return "hybridflow workers=0"
+    sampling = run.get("sampling") or ("async" if run["workers"] > 1 else "sync")  # runs from before the option
+    return f"hybridflow workers={run['workers']} {sampling}"
+
+
+def split_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per task and system, per 1000 environment steps (median over runs): phase wall seconds
+    (controller's view) and CPU seconds per process role."""
+    table: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        table.setdefault(run["task"], {}).setdefault(label(run), []).append(run)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for task, systems in table.items():
+        for name, group in systems.items():
+            row: dict[str, float] = {"wall_s": statistics.median(1000 * r["wall_s"] / r["env_steps"] for r in group),
+                                     "cpu_s": statistics.median(1000 * r["cpu_s"] / r["env_steps"] for r in group)}
+            for field in ("phases_s", "cpu_by_role"):
+                keys = sorted({k for r in group for k in r.get(field, {})})
+                for key in keys:
+                    row[f"{'phase' if field == 'phases_s' else 'cpu'}:{key}"] = statistics.median(
+                        1000 * r.get(field, {}).get(key, 0.0) / r["env_steps"] for r in group)
+            out.setdefault(task, {})[name] = {k: round(v, 4) for k, v in row.items()}
+    return out
+
+
+def print_split(split: dict[str, dict[str, dict[str, float]]]) -> None:
+    print("\nseconds per 1000 environment steps (median): wall, CPU of the process tree, "
+          "controller wall per phase, CPU per process role")
+    for task, rows in split.items():
+        for name, row in rows.items():
+            cells = " ".join(f"{k}={v:.3f}" for k, v in row.items())
+            print(f"{task:14} {name:26} {cells}")
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -127,7 +181,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="ppo_cartpole,sac_pendulum")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--workers", default="0,1,2", help="hybridflow env-runner counts (0: in-process)")
+    parser.add_argument("--workers", default="0,1,2",
+                        help="hybridflow env-runner counts (0: in-process), N:sync or N:async to pick the sampling")
+    parser.add_argument("--steps", type=int, default=None, help="profile: exactly this many steps per run, no threshold")
+    parser.add_argument("--rounds", type=int, default=1, help="with --steps: repeat every run this many times")
     parser.add_argument("--out", default=str(HERE / "results" / "vs_sb3.json"))
     parser.add_argument("--work-dir", default=None, help="keep each run's JSON here; runs already there are reused")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNGs of an existing --out JSON")
@@ -136,23 +193,23 @@ def main() -> None:
         print(plot(json.loads(Path(args.out).read_text())["runs"], Path(args.out)))
         return
     tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
-    workers = [int(w) for w in args.workers.split(",")]
+    workers = parse_workers(args.workers)
     started = time.time()
     runs: list[dict[str, Any]] = []
     out = Path(args.out)
     with contextlib.ExitStack() as stack:
         work = Path(args.work_dir) if args.work_dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
-        for task in tasks:
-            for seed in seeds:
-                for system, count in [("sb3", 0)] + [("hybridflow", w) for w in workers]:
-                    run = run_one(system, task, seed, count, work)
-                    runs.append(run)
-                    print(f"{task} seed {seed} {label(run)}: reached at {run['reached_at_steps']} steps, "
-                          f"{run['time_to_target_s']} s, {run['steps_per_s']:.0f} steps/s, cpu {run['cpu_s']:.1f} s, "
-                          f"load {run['load_avg_1min']}", flush=True)
-                    write(out, runs, {t: TASKS[t] for t in tasks}, time.time() - started)  # kept if cut off
+        for round_, task, seed in [(r, t, s) for r in range(args.rounds) for t in tasks for s in seeds]:
+            for system, count in [("sb3", (0, "sync"))] + [("hybridflow", w) for w in workers]:
+                run = run_one(system, task, seed, count, work, args.steps, round_)
+                runs.append(run)
+                print(f"{task} seed {seed} {label(run)}: reached at {run['reached_at_steps']} steps, "
+                      f"{run['time_to_target_s']} s, {run['steps_per_s']:.0f} steps/s, cpu {run['cpu_s']:.1f} s, "
+                      f"load {run['load_avg_1min']}", flush=True)
+                write(out, runs, {t: TASKS[t] for t in tasks}, time.time() - started)  # kept if cut off
     print_table(summarize(runs))
+    print_split(split_table(runs))
     print(f"wrote {out}")
 
 
@@ -160,7 +217,8 @@ def write(out: Path, runs: list[dict[str, Any]], tasks: dict[str, Any], wall_s: 
     out.parent.mkdir(parents=True, exist_ok=True)
     plots = plot(runs, out)
     out.write_text(json.dumps({"machine": machine(), "wall_s": round(wall_s, 1), "tasks": tasks,
-                               "summary": summarize(runs), "plots": plots, "runs": runs}, indent=1))
+                               "summary": summarize(runs), "per_1k_steps": split_table(runs), "plots": plots,
+                               "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

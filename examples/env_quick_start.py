@@ -18,6 +18,7 @@ import numpy as np
 
 from hybridflow import RLTrainer
 from hybridflow.envs import register_env
+from hybridflow.trainer.env_trainer import EnvTrainResult
 
 
 @register_env
@@ -50,10 +51,15 @@ def main(env: str, algorithm: str, steps: float) -> None:
     trainer = RLTrainer(config)
     result = trainer.train(steps=steps)
     trainer.close()
+    print(summary(env, algorithm, result))
+
+
+def summary(env: str, algorithm: str, result: EnvTrainResult) -> str:
+    """One line about a finished run; a short run may not have finished 20 episodes yet."""
     window = result.return_mean_window  # None until trainer.return_window (20) episodes finished
     shown = "fewer than 20 episodes so far" if window is None else f"{window:.1f}"
-    print(f"{env} {algorithm}: {result.env_steps} environment steps in {result.wall_s:.0f} s, mean return of the "
-          f"last 20 episodes: {shown}; run directory {result.run_dir}")
+    return (f"{env} {algorithm}: {result.env_steps} environment steps in {result.wall_s:.0f} s, mean return of the "
+            f"last 20 episodes: {shown}; run directory {result.run_dir}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def _draw(series: Mapping[str, list[tuple[int, float]]], path: Path, title: str,
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    many = len(series) > 6  # e.g. systems x seeds: the legend goes beside the axes, not over the curves
+    fig, ax = plt.subplots(figsize=(9 if many else 6, 4), dpi=100)
     try:
         for label, points in series.items():
             if points:
@@ -70,8 +71,11 @@ def _draw(series: Mapping[str, list[tuple[int, float]]], path: Path, title: str,
             ax.axhline(threshold, linestyle="--", color="grey", label=f"threshold {threshold:g}")
         ax.set(title=title, xlabel="environment steps", ylabel=ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
-        fig.savefig(path)
+        if many:
+            ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+        else:
+            ax.legend()
+        fig.savefig(path, bbox_inches="tight")
     finally:
         plt.close(fig)
     return path

@@ -1,7 +1,7 @@
 """PPO and SAC on environments: one iteration each, as a sequence of named phases.
 
     metrics = ppo_iteration(run)     # collect -> advantages -> update -> sync weights
-    metrics = sac_iteration(run)     # collect -> store -> update -> sync weights
+    metrics = sac_iteration(run)     # collect -> store + update (one learner call) -> sync weights
 
 `run.groups.runners` are the env-runner workers, `run.groups.learner` the learner ranks
 (env_groups.py: Ray worker groups, or in-process ones); the controller only moves
@@ -9,9 +9,9 @@ DataProtos between them and computes GAE. `run.sampler` decides when collections
 
 - sync: each iteration collects with the newest weights, then updates;
 - async: `max_policy_lag` collections stay in flight, so the runners step with the weights
-  they have while the learner updates. A `set_weights` queues behind the collection under
-  way (a Ray actor runs its calls in order), so the data of an update is at most
-  max_policy_lag policy versions old; policy/lag_mean and policy/lag_max record it.
+  they have while the learner updates. New weights go with the next collection submitted
+  (EnvRun.sync_weights), so the data of an update is at most max_policy_lag policy
+  versions old; policy/lag_mean and policy/lag_max record it.
 
 Phase timings are timing_s/<phase>; the rest of the metric names are in env_trainer.py.
 """
@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.algorithms.env_advantages import compute_env_gae
@@ -63,21 +63,22 @@ class EnvRun:
     version: int = 0  # learner updates done = the policy version the runners catch up to
     env_steps: int = 0  # environment steps of the batches consumed so far
     submitted_steps: int = 0  # environment steps asked of the runners (consumed + in flight)
-    syncs: list[Any] = field(default_factory=list)  # weight syncs not yet confirmed
+    weights: tuple[Any, int] | None = None  # (future of the learner's weights, version) not yet sent
 
     def start_sampler(self, submit: Callable[[], Any]) -> None:
         depth = self.cfg.distributed.max_policy_lag if self.cfg.distributed.sampling == "async" else 0
         self.sampler = Sampler(submit, depth)
 
     def sync_weights(self) -> None:
-        """Send the learner's weights to every runner (Ray passes the future straight on)."""
-        self.syncs = [s for s in self.syncs if not _confirmed(s)]
-        self.syncs.append(self.groups.runners.set_weights(self.groups.learner.get_weights(), self.version))
+        """Ask the learner for its weights; they go to the runners with the next collection
+        call (take_weights). A future: nobody waits, Ray hands it from learner to runners."""
+        self.weights = (self.groups.learner.get_weights(), self.version)
 
-    def confirm_syncs(self) -> None:
-        for sync in self.syncs:
-            sync.get()
-        self.syncs = []
+    def take_weights(self) -> tuple[Any, int | None]:
+        """The arguments (weights, version) of the next collection call: (None, None) when
+        the runners already hold the newest weights."""
+        weights, self.weights = self.weights, None
+        return weights if weights is not None else (None, None)
 
     def consume(self, batch: DataProto) -> dict[str, Any]:
         """Count a collected batch; its episode lists and policy lag as metrics."""
@@ -88,13 +89,6 @@ class EnvRun:
                 "policy/lag_mean": float(lag.mean()), "policy/lag_max": float(lag.max())}
 
 
-def _confirmed(sync: Any) -> bool:
-    if sync.done():
-        sync.get()  # raises if the runner failed to load the weights
-        return True
-    return False
-
-
 @contextlib.contextmanager
 def phase(metrics: dict[str, Any], name: str) -> Iterator[None]:
     start = time.perf_counter()
@@ -103,7 +97,7 @@ def phase(metrics: dict[str, Any], name: str) -> Iterator[None]:
 
 
 def learn(run: EnvRun, metrics: dict[str, Any], update: Callable[[], dict[str, float]]) -> None:
-    """The phases every program ends with: the learner's update, then the new weights to the runners."""
+    """The phases every program ends with: the learner's update, then a request for its new weights."""
     with phase(metrics, "update"):
         metrics.update(update())
     run.version += 1
@@ -117,7 +111,7 @@ def learn(run: EnvRun, metrics: dict[str, Any], update: Callable[[], dict[str, f
 def ppo_submit(run: EnvRun) -> Callable[[], Any]:
     def submit() -> Any:
         run.submitted_steps += _round_steps(run)
-        return run.groups.runners.rollout(run.cfg.ppo.rollout_steps)
+        return run.groups.runners.rollout(run.cfg.ppo.rollout_steps, *run.take_weights())
 
     return submit
 
@@ -161,7 +155,7 @@ def sac_submit(run: EnvRun) -> Callable[[], Any]:
         # so sync and async runs draw the same warm-up).
         random = run.submitted_steps < run.cfg.sac.learning_starts
         run.submitted_steps += _round_steps(run)
-        return run.groups.runners.transitions(run.cfg.sac.train_freq, random)
+        return run.groups.runners.transitions(run.cfg.sac.train_freq, random, *run.take_weights())
 
     return submit
 
@@ -172,11 +166,13 @@ def sac_iteration(run: EnvRun) -> dict[str, Any]:
     with phase(metrics, "collect"):
         batch = run.sampler.next()
     metrics.update(run.consume(batch))
-    with phase(metrics, "store"):
-        run.groups.learner.add_transitions(batch.select(TRANSITION_KEYS, meta_info_keys=[]))
+    transitions = batch.select(TRANSITION_KEYS, meta_info_keys=[])
     if run.env_steps > cfg.learning_starts:
         steps = cfg.gradient_steps if cfg.gradient_steps > 0 else int(batch.meta_info["env_steps"])
-        learn(run, metrics, lambda: run.groups.learner.sac_update(steps)[0])
+        learn(run, metrics, lambda: run.groups.learner.sac_train(transitions, steps)[0])
+    else:
+        with phase(metrics, "store"):  # warm-up: only fill the replay buffer
+            run.groups.learner.sac_train(transitions, 0)
     return metrics
 
 

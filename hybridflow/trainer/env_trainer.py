@@ -178,7 +178,6 @@ class EnvTrainer:
             if crossed(before, run.env_steps, cfg.trainer.save_freq):  # after the record: its steps are logged
                 self.save_checkpoint()
         self.display.stop()
-        run.confirm_syncs()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
             from hybridflow.trainer.env_plots import plot_env_run
@@ -224,7 +223,7 @@ class EnvTrainer:
         self.groups.learner.load(str(checkpoint / "learner"))
         run.version, run.env_steps = int(state["policy_version"]), int(state["env_steps"])
         run.submitted_steps = int(state["submitted_steps"])
-        run.sync_weights()  # the weights the runners held when the checkpoint was taken
+        run.sync_weights()  # the learner's weights: the uninterrupted run sends them with its next collection
         runner_states = pickle.loads((checkpoint / "runners.pkl").read_bytes())
         if len(runner_states) != self.groups.runners.world_size:
             raise ConfigError(f"the checkpoint holds {len(runner_states)} env runners, this run has "

@@ -1,15 +1,16 @@
 """`EnvRunnerWorker`: one env-runner process (a vector of environments and an acting policy).
 
     runners = WorkerGroup(pool, EnvRunnerWorker, collector_spec)     # distributed.num_workers ranks
-    runners.set_weights(learner.get_weights(), version)               # a future: Ray hands it over
-    segment = runners.rollout(128).get()                               # PPO: every rank's rows
-    transitions = runners.transitions(1, random=False).get()           # SAC
+    segment = runners.rollout(128, learner.get_weights(), version).get()   # PPO: every rank's rows
+    transitions = runners.transitions(1, False, None, None).get()       # SAC, with the weights it has
 
 Rank r seeds its environments and its sampling with seed + 1000 * r, so every worker sees
 different episodes and a run is reproducible. `rollout` and `transitions` are non-blocking:
-the controller keeps them in flight while the learner updates (async sampling), and
-since a Ray actor runs its calls in order, a `set_weights` sent meanwhile applies to the
-next collection, never to one under way. Their results come back through the ENV_SEGMENTS
+the controller keeps them in flight while the learner updates (async sampling). New
+weights travel with the collection call that is to use them (a future from the learner's
+get_weights: Ray hands it over without the controller waiting), one call per runner per
+iteration instead of a separate set_weights before each: SAC iterates once per
+environment step, and every Ray call is a round trip. Their results come back through the ENV_SEGMENTS
 dispatch mode: every rank runs, the rows are concatenated in rank order and the episode
 statistics in meta_info are merged (DataProto.concat alone refuses differing meta_info).
 """
@@ -19,10 +20,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 from hybridflow.controller import Dispatch, DispatchContext, Worker, register, register_dispatch_mode
 from hybridflow.controller.dispatch import split_one_to_all
+from hybridflow.engines.policy.weights import Weights
 from hybridflow.envs.collector import Collector, CollectorSpec
 from hybridflow.protocol import DataProto
 
@@ -57,19 +57,22 @@ class EnvRunnerWorker(Worker):
             raise TypeError(f"EnvRunnerWorker needs a CollectorSpec, got {type(spec).__name__}")
         self.collector = Collector(dataclasses.replace(spec, seed=spec.seed + RANK_SEED_STRIDE * self.rank))
 
-    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
-    def set_weights(self, weights: dict[str, np.ndarray], version: int) -> None:
-        """Act with these weights (the learner's policy `version`) from the next collection on."""
-        self.collector.set_weights(weights, version)
+    def _take(self, weights: Weights | None, version: int | None) -> None:
+        if weights is not None:  # None: keep acting with the weights loaded last
+            self.collector.set_weights(weights, int(version))
 
     @register(dispatch=ENV_SEGMENTS, blocking=False)
-    def rollout(self, steps: int) -> DataProto:
-        """PPO segments: `steps` steps of every environment copy (collector.py)."""
+    def rollout(self, steps: int, weights: Weights | None, version: int | None) -> DataProto:
+        """PPO segments: `steps` steps of every environment copy (collector.py), acting with
+        `weights` (the learner's policy `version`) when given."""
+        self._take(weights, version)
         return self.collector.rollout(steps)
 
     @register(dispatch=ENV_SEGMENTS, blocking=False)
-    def transitions(self, steps: int, random: bool) -> DataProto:
-        """SAC transitions: `steps` steps of every copy, uniform actions when `random`."""
+    def transitions(self, steps: int, random: bool, weights: Weights | None, version: int | None) -> DataProto:
+        """SAC transitions: `steps` steps of every copy, uniform actions when `random`;
+        `weights` as for `rollout`."""
+        self._take(weights, version)
         return self.collector.transitions(steps, random)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -3,7 +3,7 @@
     learner = WorkerGroup(pool, LearnerWorker, learner_spec)     # distributed.num_learners ranks
     learner.init_model()                                          # process group, networks, optimizers
     metrics = learner.ppo_update(batch)[0]                        # PPO: batch split over the ranks
-    learner.add_transitions(batch); metrics = learner.sac_update(64)[0]    # SAC
+    metrics = learner.sac_train(batch, 64)[0]                     # SAC: store, then 64 gradient steps
     weights = learner.get_weights()                               # a future for the env runners
 
 Every rank builds the same initial network (seeded), takes its slice of each batch
@@ -80,18 +80,15 @@ class LearnerWorker(Worker):
         return learner.update({k: data.batch[k] for k in BATCH_KEYS}, lr=float(data.meta_info["lr"]))
 
     @register(dispatch=Dispatch.dp_compute_proto(pad=False))
-    def add_transitions(self, data: DataProto) -> None:
-        """Store this rank's share of the transitions in its replay shard."""
+    def sac_train(self, data: DataProto, num_steps: int) -> dict[str, float]:
+        """Store this rank's share of the transitions in its replay shard, then `num_steps` SAC
+        gradient steps (every rank samples from its own shard; 0: store only). One call, not
+        one to store and one to update: SAC iterates once per environment step, and on Ray
+        each call is a round trip between processes."""
         learner = self._require()
-        assert isinstance(learner, SACLearner), "add_transitions on a PPO learner"
+        assert isinstance(learner, SACLearner), "sac_train on a PPO learner"
         learner.add({k: data.batch[k] for k in TRANSITION_KEYS})
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def sac_update(self, num_steps: int) -> dict[str, float]:
-        """`num_steps` SAC gradient steps (every rank samples from its own shard)."""
-        learner = self._require()
-        assert isinstance(learner, SACLearner), "sac_update on a PPO learner"
-        return learner.update(num_steps)
+        return learner.update(num_steps) if num_steps > 0 else {}
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def save(self, directory: str) -> str:

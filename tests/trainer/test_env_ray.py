@@ -13,7 +13,7 @@ from types import ModuleType
 import numpy as np
 
 from hybridflow.trainer.entry import RLTrainer
-from hybridflow.trainer.env_trainer import EnvTrainer
+from hybridflow.trainer.env_trainer import EnvTrainer, EnvTrainResult
 from hybridflow.trainer.run_dir import read_metrics
 
 
@@ -30,6 +30,18 @@ def _load_example() -> ModuleType:
 
 
 _load_example()
+
+
+def test_quick_start_summary_of_a_run_shorter_than_the_return_window(tmp_path):
+    # `Pendulum-v1 SAC 2e3` finishes 8 episodes: the window mean is still None, and printing
+    # it once failed after the whole run had trained.
+    summary = _load_example().summary
+    short = EnvTrainResult(tmp_path, 2000, 250, 12.3, None, None, {})
+    assert summary("Pendulum-v1", "SAC", short) == (
+        f"Pendulum-v1 SAC: 2000 environment steps in 12 s, mean return of the last 20 episodes: fewer than 20 "
+        f"episodes so far; run directory {tmp_path}")
+    done = EnvTrainResult(tmp_path, 20480, 80, 707.0, 409.25, None, {})
+    assert "mean return of the last 20 episodes: 409.2;" in summary("CartPole-v1", "PPO", done)
 
 
 def test_quick_start_dict_with_a_custom_env_on_two_spread_actors(ray_local, tmp_path):
@@ -89,3 +101,17 @@ def test_sac_learner_ranks_stay_identical_replicas(ray_local, tmp_path):
     assert all(np.array_equal(rank0[name], rank1[name]) for name in rank0)
     records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert records[-1]["sac/buffer_size"] == 96 / 2  # each rank holds half of the transitions
+
+
+def test_sac_on_a_ray_runner_equals_the_in_process_run(ray_local, tmp_path):
+    # New weights travel with the next collection call (env_programs.EnvRun.take_weights):
+    # the runner must act with exactly the weights the in-process collector acts with, at
+    # every iteration, or the transitions and so the learnt weights would differ.
+    digests = []
+    for distributed in ({"num_workers": 0}, {"num_workers": 1}):
+        with EnvTrainer({**_common(tmp_path, "sac"), "distributed": distributed}) as trainer:
+            trainer.train(steps=160)
+            digests.append(trainer.groups.learner.parameters_digest()[0])
+    local, ray_run = digests
+    for name in local:
+        assert np.allclose(local[name], ray_run[name], rtol=1e-4, atol=1e-6), name
