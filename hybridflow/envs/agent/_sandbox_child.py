@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 MARKER = "\x00sandbox:"
@@ -78,6 +79,10 @@ def _rlimits(limits: dict) -> None:
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
+# The exit status when the code was killed at its CPU-time limit (a shell's 128 + SIGXCPU).
+CPU_LIMIT_EXIT = 128 + signal.SIGXCPU
+
+
 def main() -> None:
     limits = json.loads(sys.argv[1])
     code = sys.stdin.read()
@@ -89,8 +94,12 @@ def main() -> None:
         # ones that left the process group.
         pid = os.fork()
         if pid:
-            _, status = os.waitpid(pid, 0)
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            _, status, usage = os.wait4(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            cpu_s = usage.ru_utime + usage.ru_stime  # tick-granular: a kill at 2 s reads ~1.98
+            if code in (-signal.SIGKILL, -signal.SIGXCPU) and cpu_s >= 0.9 * limits["cpu_s"]:
+                os._exit(CPU_LIMIT_EXIT)  # killed at RLIMIT_CPU (the kernel sends SIGKILL at the hard limit)
+            os._exit(code & 0xFF)
         libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
     applied = {"net_namespace": namespaces, "pid_namespace": namespaces}
     applied["landlock_abi"] = _landlock(libc, limits["workdir"], limits["readable"])

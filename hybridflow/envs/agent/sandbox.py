@@ -93,7 +93,11 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
                                 text=True, start_new_session=True)
         try:
             out, err = proc.communicate(code, timeout=limits.time_s + 2.0)  # + interpreter start-up
-            status = "ok" if proc.returncode == 0 else "error"
+            # Busy code ends at RLIMIT_CPU (the child reports it as 128 + SIGXCPU, or the kernel's
+            # signal where there is no PID namespace): a time limit like the wall-clock one, and
+            # which of the two comes first depends on the machine's load.
+            cpu_limit = (128 + signal.SIGXCPU, -signal.SIGXCPU, -signal.SIGKILL)
+            status = "ok" if proc.returncode == 0 else "timeout" if proc.returncode in cpu_limit else "error"
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
             out, err = proc.communicate()
