@@ -7,7 +7,8 @@ Ray's agents (dashboard agent, runtime-env agent) first try to report the raylet
 to the dead GCS and linger for about a minute; anything else the run started (reward
 workers, their forkserver) may linger too. The reaper is a separate process (its own
 session, so Ctrl-C of the controller's terminal does not stop it first) that keeps a
-snapshot of the controller's descendants, refreshed every second, and when the
+snapshot of the controller's descendants, refreshed every second (merged: a process stays
+until it exits), and when the
 controller is gone SIGKILLs the ones still running. It notices at once: it holds the
 read end of a pipe whose write end only the controller has, and reads EOF when the
 controller dies. Pids are checked against their start time, so a reused pid is never hit.
@@ -103,6 +104,16 @@ def reap(snapshot: dict[int, int]) -> list[int]:
     return killed
 
 
+def _refresh(snapshot: dict[int, int], controller: int) -> dict[int, int]:
+    """The snapshot's processes that still run, plus the controller's descendants now. Merged,
+    not replaced: a listing taken while the controller dies sees only part of its tree (its
+    children are re-parented as /proc is read), and must not drop the rest."""
+    now = descendants(controller)
+    alive = {pid: started for pid, started in snapshot.items()
+             if (stat := _stat(pid)) is not None and stat[1] == started and stat[2] != "Z"}
+    return alive | now
+
+
 def main(controller: int, log: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     snapshot = descendants(controller)
@@ -115,7 +126,7 @@ def main(controller: int, log: str) -> None:
             if not _gone(controller):
                 return  # it closed the pipe on purpose and lives on: not ours to clean up
             break
-        snapshot = descendants(controller) or snapshot
+        snapshot = _refresh(snapshot, controller)
     killed = reap(snapshot)
     if log:  # the one trace of a cleanup nobody else sees (written last: it also says the reaper is done)
         with open(log, "a", encoding="ascii") as f:
