@@ -344,6 +344,8 @@ class RLTrainer:
         state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
                  "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
+        if self.async_runner is not None:  # version, seeds' call count, untrained prompts (async_trainer.py)
+            state["async"] = self.async_runner.save_state(tmp)
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
@@ -357,6 +359,8 @@ class RLTrainer:
             group.load_checkpoint(str(role_checkpoint_path(checkpoint, name)))
         self.loader.load_state_dict(state["loader"])
         self.state.load_state_dict(state["algorithm"])
+        if self.async_runner is not None:
+            self.async_runner.load_state(state["async"], checkpoint)
         set_controller_rng_state(state["rng"])  # last: building the workers drew from it
 
     def _trained_groups(self) -> dict[str, WorkerGroup]:
