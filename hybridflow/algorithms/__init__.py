@@ -54,7 +54,6 @@ _EXPORTS = {
     "get_policy_loss": "policy_loss",
     "policy_losses": "policy_loss",
     "register_policy_loss": "policy_loss",
-    "Registry": "registry",
     "bradley_terry_loss": "reward_loss",
     "pairwise_accuracy": "reward_loss",
     "LagrangeMultiplier": "controllers",

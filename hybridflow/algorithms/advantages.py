@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from hybridflow.algorithms.registry import Registry
+from hybridflow.registry import Registry
 from hybridflow.algorithms.settings import ADV_ESTIMATORS, AdvantageConfig
 from hybridflow.algorithms.stats import as_bool_mask, masked_whiten
 

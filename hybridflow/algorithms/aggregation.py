@@ -25,7 +25,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from hybridflow.algorithms.registry import Registry
+from hybridflow.registry import Registry
 from hybridflow.algorithms.settings import LOSS_AGG_MODES
 from hybridflow.algorithms.stats import as_bool_mask, masked_count
 

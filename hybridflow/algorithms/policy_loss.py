@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 import torch
 
 from hybridflow.algorithms.aggregation import AggregationScale, agg_loss
-from hybridflow.algorithms.registry import Registry
+from hybridflow.registry import Registry
 from hybridflow.algorithms.settings import POLICY_LOSSES, PolicyLossConfig
 from hybridflow.algorithms.stats import as_bool_mask, float_dtype, masked_mean
 

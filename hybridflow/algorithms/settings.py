@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hybridflow.algorithms.registry import Registry
+from hybridflow.registry import Registry
 from hybridflow.errors import ConfigError
 
 _ALG = "hybridflow.algorithms."

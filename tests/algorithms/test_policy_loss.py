@@ -139,7 +139,7 @@ def test_config_validation():
         PolicyLossConfig(clip_ratio_low=1.0)
     with pytest.raises(ValueError, match="token-mean"):
         PolicyLossConfig(loss_agg_mode="token_mean")
-    with pytest.raises(ValueError, match="Did you mean 'gspo'"):
+    with pytest.raises(ValueError, match="did you mean 'gspo'"):
         PolicyLossConfig(loss_mode="gpso")
     with pytest.raises(ValueError, match="shape"):
         get_policy_loss("vanilla")(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), config=PolicyLossConfig())

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from hybridflow.registry import Registry
 from hybridflow.algorithms import (
     AdvantageConfig,
     PolicyLossConfig,
-    Registry,
     adv_estimators,
     compute_advantage,
     compute_policy_loss,
@@ -43,7 +43,7 @@ def test_unknown_name_lists_known_names_and_the_closest(getter, typo, suggestion
     with pytest.raises(ValueError) as err:
         getter(typo)
     msg = str(err.value)
-    assert f"Did you mean {suggestion!r}" in msg and key in msg and "known:" in msg
+    assert f"did you mean {suggestion!r}" in msg and key in msg and "known:" in msg
 
 
 def test_user_registered_estimator_and_loss_are_used():

@@ -28,7 +28,7 @@ CASES = [
     (["train", "bad.key=1"], "bad: unknown config key"),
     (["train", "trainer.total_steps=many"], "trainer.total_steps"),
     (["train", "rollout.temperature=-1"], "temperature must be >= 0"),
-    (["train", "algorithm.adv_estimator=grpoo"], "Did you mean 'grpo'"),
+    (["train", "algorithm.adv_estimator=grpoo"], "did you mean 'grpo'"),
     (["train", "actor.loss.policy.loss_agg_mode=tokenmean"], "loss aggregation mode"),
     (["train", "data.train_batch_size=7"], "does not divide the data.train_batch_size (7)"),
     (["train", "rollout.name=hf", "rollout.tensor_model_parallel_size=2"], "generates on one rank only"),
@@ -84,7 +84,7 @@ def test_declared_builtin_names_are_what_their_modules_register(registry_name):
     registry = getattr(settings, registry_name)
     for module in set(registry.builtins.values()):
         importlib.import_module(module)
-    registered = {name: fn.__module__ for name, fn in registry._table.items() if fn.__module__.startswith("hybridflow.")}
+    registered = {name: fn.__module__ for name, fn in registry.loaded().items() if fn.__module__.startswith("hybridflow.")}
     assert registered == registry.builtins
 
 

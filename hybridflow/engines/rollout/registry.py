@@ -22,7 +22,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hybridflow.algorithms.registry import Registry
+from hybridflow.registry import Registry
 
 if TYPE_CHECKING:  # torch: this module is read by config validation, before torch is imported
     import torch.distributed as dist
@@ -95,9 +95,9 @@ def unsupported_tp_message(name: str, tp_size: int) -> str:
 def multi_turn_backends() -> list[str]:
     """Backends with a turn engine (RolloutEngine.turn_engine) for the agent loop: the
     built-ins from BUILTIN_MULTI_TURN (not imported), the others from their class."""
-    from_classes = {name for name in _BACKENDS._table if _runs_turns(_BACKENDS.get(name))}
+    from_classes = {name for name in _BACKENDS.loaded() if _runs_turns(_BACKENDS.get(name))}
     return sorted(from_classes | {name for name, turns in BUILTIN_MULTI_TURN.items()
-                                  if turns and name not in _BACKENDS._table})
+                                  if turns and name not in _BACKENDS.loaded()})
 
 
 def _runs_turns(cls: type) -> bool:
@@ -112,7 +112,7 @@ def check_rollout_backend(name: str, tp_size: int) -> None:
     "module:name" is (its registration is how its name becomes known)."""
     short = _import_external(name)
     _BACKENDS.check(short)
-    if short in _BACKENDS._table:
+    if short in _BACKENDS.loaded():
         tensor_parallel = _BACKENDS.get(short).supports_tensor_parallel
     else:
         tensor_parallel = BUILTIN_TENSOR_PARALLEL[short]

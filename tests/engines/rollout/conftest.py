@@ -12,4 +12,4 @@ def isolated_backend_registry(monkeypatch):
 
     for name in registry.BUILTIN_TENSOR_PARALLEL:  # import the built-ins first: they must stay registered
         registry.rollout_backend(name)
-    monkeypatch.setattr(registry._BACKENDS, "_table", dict(registry._BACKENDS._table))
+    monkeypatch.setattr(registry._BACKENDS, "_items", registry._BACKENDS.loaded())
