@@ -25,6 +25,7 @@ rank raises instead of waiting in the next collective.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,7 +66,9 @@ class Lockstep:
         self.src = dist.get_global_rank(group, 0) if self.size > 1 else 0
         nccl = self.size > 1 and dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        self.stats = {"lockstep_exchanges": 0, "lockstep_bytes": 0}
+        # seconds inside the broadcasts: on rank 0 the collectives themselves, on the others
+        # also the wait for rank 0's environment work
+        self.stats = {"lockstep_exchanges": 0, "lockstep_bytes": 0, "lockstep_s": 0.0}
 
     def share(self, decide: Callable[[], tuple[list[Note], bool]]) -> tuple[list[Note], bool]:
         """Rank 0 runs `decide`; every rank returns its notes and flag."""
@@ -84,9 +87,12 @@ class Lockstep:
     # ----------------------------------------------------------------- wire
     def _broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.to(self.device)
+        start = time.perf_counter()
         dist.broadcast(tensor, src=self.src, group=self.group)
+        tensor = tensor.cpu()  # on NCCL this waits for the broadcast
+        self.stats["lockstep_s"] += time.perf_counter() - start
         self.stats["lockstep_bytes"] += tensor.numel() * tensor.element_size()
-        return tensor.cpu()
+        return tensor
 
     def _send(self, notes: list[Note], flag: bool) -> None:
         payload = encode(notes)
