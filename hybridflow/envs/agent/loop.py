@@ -290,11 +290,9 @@ class AgentLoop:
 
     def _close_envs(self, trajs: list[Trajectory]) -> list[Note]:
         """Rank 0: close every environment; a note for each whose close failed (its error)."""
+        opened = [t for t in trajs if t.env is not None]
         notes = []
-        for t in trajs:
-            if t.env is None:
-                continue
-            failure = self.runner.close_env(t.env)
+        for t, failure in zip(opened, self.runner.close_envs([t.env for t in opened])):
             if failure is not None and t.error is None:
                 notes.append(Note(t.key, error=f"close: {failure.message}"))
         return notes

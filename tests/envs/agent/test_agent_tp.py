@@ -56,6 +56,11 @@ class RaisingOnLeaderEnv(LeaderOnlyEnv):
         raise RuntimeError("env bug on rank 0")
 
 
+class BadCloseOnLeaderEnv(LeaderOnlyEnv):
+    def close(self):
+        raise OSError("cannot release on rank 0")
+
+
 def _env(turns=3, **kw):
     return {"env": "test_agent_tp:LeaderOnlyEnv", "env_kwargs": {"turns": turns, **kw}}
 
@@ -67,7 +72,8 @@ SCENARIOS = {
                                                _env(turns=4, random_latency_s=0.03)]),
     "sync_random_latency": ("sync", GREEDY, [_env(random_latency_s=0.03), _env(turns=4, random_latency_s=0.03)]),
     "async_sampled": ("async", SAMPLED, [_env(), None, _env(turns=4)]),
-    "raising": ("async", GREEDY, [_env(), {"env": "test_agent_tp:RaisingOnLeaderEnv", "env_kwargs": {}}, _env(2)]),
+    "raising": ("async", GREEDY, [_env(), {"env": "test_agent_tp:RaisingOnLeaderEnv", "env_kwargs": {}}, _env(2),
+                                  {"env": "test_agent_tp:BadCloseOnLeaderEnv", "env_kwargs": {"turns": 2}}]),
 }
 TENSORS = ("responses", "response_mask", "prompts", "env_rewards", "attention_mask", "position_ids")
 RECORDS = ("agent_stop", "agent_error", "num_turns", "num_tool_calls", "final_turn_start", "finish_reason")
@@ -135,7 +141,8 @@ def test_tp2_agent_loop_equals_single_process(tmp_path, tp_model_dir):
             assert metrics["agent/lockstep_exchanges"] >= 3  # start, at least one answer round, close
     raising = single["raising"][1]
     assert raising["agent_stop"][1] == "env_error" and "env bug on rank 0" in raising["agent_error"][1]
-    assert raising["agent_stop"][0] == raising["agent_stop"][2] == "done"
+    assert raising["agent_stop"][0] == raising["agent_stop"][2] == raising["agent_stop"][3] == "done"
+    assert raising["agent_error"][3] == "close: OSError: cannot release on rank 0"  # shared after the loop
     assert per_rank[0]["aborted"].startswith("ZeroDivisionError")
     assert per_rank[1]["aborted"].startswith("LockstepAbort") and "ZeroDivisionError" in per_rank[1]["aborted"]
 
