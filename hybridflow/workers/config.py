@@ -105,15 +105,14 @@ class RolloutWorkerConfig:
             raise ConfigError(f"must be >= 0, got {self.seed}", "seed")
         self.stop_token_ids = tuple(self.stop_token_ids)
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if self.agent.enable and (self.name not in multi_turn_backends() or self.tensor_model_parallel_size != 1 or self.stop):
+        if self.agent.enable and (self.name not in multi_turn_backends() or self.stop):
             # A turn must end on a stop token, which the chat template renders. The native
             # engine continues each sequence from its KV cache, the hf backend regenerates from
-            # the prefix (engines/rollout/turns.py, regen_turns.py). t_g > 1: the agent loop
-            # would have to run in lockstep on every TP rank (same env answers, same
-            # schedule), which it does not yet (docs/agents.md).
-            raise ConfigError(f"multi-turn rollouts need name in {multi_turn_backends()}, tensor_model_parallel_size: 1 "
-                              f"and no stop strings; got name={self.name!r}, tp={self.tensor_model_parallel_size}, "
-                              f"stop={self.stop}", "agent.enable")
+            # the prefix (engines/rollout/turns.py, regen_turns.py). t_g > 1 runs the loop in
+            # lockstep over the generation group (envs/agent/lockstep.py); a backend that
+            # cannot run t_g > 1 at all is refused by check_rollout_backend above.
+            raise ConfigError(f"multi-turn rollouts need name in {multi_turn_backends()} and no stop strings; got "
+                              f"name={self.name!r}, stop={self.stop}", "agent.enable")
         try:
             SamplingParams(**self.sampling_defaults())
         except ValueError as err:

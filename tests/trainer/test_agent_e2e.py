@@ -1,5 +1,6 @@
 """GRPO, PPO and DAPO, unchanged, on a multi-turn task: 2 steps each on 2 Ray ranks (GRPO also
-on the hf rollout backend); and the learned reward model as a weighted reward template.
+on the hf rollout backend and with generation tensor parallelism t_g = 2); and the learned
+reward model as a weighted reward template.
 
 The task is the built-in `guess_number` environment (target: the arithmetic row's answer,
 answers "higher"/"lower"), played by a tiny character model whose turns end after a few
@@ -39,6 +40,19 @@ def _train_two_steps(cfg) -> tuple[list[dict], set[str]]:
 def test_multi_turn_training_runs_two_steps(algorithm, backend, tiny_config, turn_model_dir, ray_local):
     """hf: transformers' generate, each turn regenerated from the prefix (regen_turns.py)."""
     cfg = _guess_number_config(tiny_config, turn_model_dir, f"algorithm.name={algorithm}", f"rollout.name={backend}",
+                               "rollout.agent.max_turns=4", "rollout.temperature=0.5")
+    records, _ = _train_two_steps(cfg)
+    assert any(k.startswith("agent/stop_") for k in records[0])
+
+
+def test_grpo_multi_turn_with_tensor_parallel_generation(tiny_config, tmp_path, ray_local):
+    """t_g = 2 on the 2 ranks: one generation group runs the agent loop in lockstep
+    (envs/agent/lockstep.py), environments on its rank 0; weights reach the TP layout
+    through the 3D-HybridEngine resharding every step."""
+    from hybridflow.envs.agent.demo import TINY_SIZES, make_turn_model_dir
+
+    model = make_turn_model_dir(tmp_path / "tp_turn_model", **{**TINY_SIZES, "num_key_value_heads": 2})
+    cfg = _guess_number_config(tiny_config, model, "algorithm.name=grpo", "rollout.tensor_model_parallel_size=2",
                                "rollout.agent.max_turns=4", "rollout.temperature=0.5")
     records, _ = _train_two_steps(cfg)
     assert any(k.startswith("agent/stop_") for k in records[0])

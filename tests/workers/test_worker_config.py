@@ -104,15 +104,19 @@ def test_scores_land_on_the_last_valid_response_token():
 
 
 def test_multi_turn_rollouts_need_a_backend_with_a_turn_engine():
-    """native (KV-cache continuation) and hf (regeneration) run the agent loop; t_g > 1 and
-    stop strings are refused with the setting to change."""
+    """native (KV-cache continuation, also at t_g > 1: the lockstep of envs/agent/lockstep.py)
+    and hf (regeneration) run the agent loop; stop strings are refused with the setting to
+    change, and hf at t_g > 1 by the backend check (it has no tensor parallelism)."""
     from hybridflow.envs.agent import AgentConfig
     from hybridflow.workers.config import RolloutWorkerConfig, multi_turn_backends
 
     assert {"native", "hf"} <= set(multi_turn_backends())
     for name in ("native", "hf"):
         RolloutWorkerConfig(name=name, agent=AgentConfig(enable=True))
-    for bad in ({"tensor_model_parallel_size": 2}, {"stop": ["###"]}):
-        with pytest.raises(ConfigError, match="multi-turn rollouts need") as err:
-            RolloutWorkerConfig(agent=AgentConfig(enable=True), **bad)
-        assert err.value.key == "agent.enable"
+    RolloutWorkerConfig(name="native", tensor_model_parallel_size=2, agent=AgentConfig(enable=True))
+    with pytest.raises(ConfigError, match="multi-turn rollouts need") as err:
+        RolloutWorkerConfig(agent=AgentConfig(enable=True), stop=["###"])
+    assert err.value.key == "agent.enable"
+    with pytest.raises(ConfigError, match="one rank only") as err:
+        RolloutWorkerConfig(name="hf", tensor_model_parallel_size=2, agent=AgentConfig(enable=True))
+    assert err.value.key == "name"

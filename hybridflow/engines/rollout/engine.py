@@ -79,6 +79,10 @@ class NativeRolloutEngine(RolloutEngine):
     def tp_rank(self) -> int:
         return self.model.tp_rank
 
+    @property
+    def tp_group(self):
+        return self.model.group
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, sharded: bool = False) -> None:
         self.model.weights.load(weights, sharded=sharded)
 

@@ -21,7 +21,8 @@ model_path=...)` with no weights, then fed weights by `load_weights`. It provide
   engine.py; `batch_io.pack_output` builds it).
 - `turn_engine(slots)` (optional): multi-turn generation for the agent loop; the native
   engine continues from its KV cache (turns.py), the hf backend regenerates from the
-  prefix (regen_turns.py).
+  prefix (regen_turns.py). At t_g > 1 the backend also returns its group from `tp_group`
+  and its turn engine agrees on each step's sampled tokens across the group.
 - `release_memory(keep_weights=...)` / `resume_memory()`: give the device memory back
   between rollouts (colocated training needs it) and take it again.
 - `weight_storage_bytes()`: bytes of weight storage held right now; the HybridEngine's
@@ -71,6 +72,13 @@ class RolloutEngine(ABC):
     @abstractmethod
     def tp_rank(self) -> int:
         """This process's rank inside the tensor-parallel group."""
+
+    @property
+    def tp_group(self):
+        """The tensor-parallel process group (None when not sharded). The agent loop keeps the
+        group's ranks in lockstep over it (envs/agent/lockstep.py); a backend with
+        t_g > 1 and a `turn_engine` must return its group here."""
+        return None
 
     def shard_dim(self, name: str) -> int | None:
         """Dimension along which the engine splits HF parameter `name` (None: replicated)."""

@@ -27,6 +27,15 @@ from hybridflow.engines.rollout.sampling import RowSettings, SamplingParams, sam
 _UNIFORM_BLOCK = 32
 
 
+def agree_across_ranks(model: DecoderModel, tokens: torch.Tensor, log_probs: torch.Tensor):
+    """Rank 0's sampled tokens and log-probs on every rank of the model's TP group (one broadcast)."""
+    if model.tp_size == 1:
+        return tokens, log_probs
+    packed = torch.stack([tokens.to(torch.float64), log_probs.to(torch.float64)])
+    dist.broadcast(packed, src=dist.get_global_rank(model.group, 0), group=model.group)
+    return packed[0].to(torch.long), packed[1].to(torch.float32)
+
+
 @dataclass
 class Request:
     """One sequence to generate (one of the n samples of a prompt)."""
@@ -164,20 +173,12 @@ class Scheduler:
             draws = [0.0 if r.generator is None else r.next_uniform() for r in rows]
             uniforms = torch.tensor(draws, dtype=torch.float64, device=self.device)
         tokens, log_probs = sample_tokens(logits, settings, uniforms, self.log_prob_mode)
-        tokens, log_probs = self._agree_across_ranks(tokens, log_probs)
+        tokens, log_probs = agree_across_ranks(self.model, tokens, log_probs)
         for r, tok, lp in zip(rows, tokens.tolist(), log_probs.tolist()):
             r.tokens.append(int(tok))
             r.log_probs.append(lp)
             r.finish_reason = self._finish_reason(r)
         self.stats.generated_tokens += len(rows)
-
-    def _agree_across_ranks(self, tokens: torch.Tensor, log_probs: torch.Tensor):
-        model = self.model
-        if model.tp_size == 1:
-            return tokens, log_probs
-        packed = torch.stack([tokens.to(torch.float64), log_probs.to(torch.float64)])
-        dist.broadcast(packed, src=dist.get_global_rank(model.group, 0), group=model.group)
-        return packed[0].to(torch.long), packed[1].to(torch.float32)
 
     def _finish_reason(self, r: Request) -> str | None:
         if r.tokens[-1] in r.stop_ids:

@@ -18,7 +18,10 @@ Each step either prefills pending chunks (new prompts, continuations) or runs on
 step over the generating sequences; all go through `DecoderModel.extend`, which reads
 slots in any order. Randomness is per sequence (its own generator, as in the one-turn
 engine), so results do not depend on which other sequences share a step.
-Tensor-parallel generation is not supported here (the caller checks t_g == 1).
+Under tensor parallelism (t_g > 1) every rank of the generation group runs the same calls
+in the same order (the agent loop's lockstep, envs/agent/lockstep.py); each step's sampled
+tokens are broadcast from the group's rank 0, as in the one-turn scheduler, so all ranks
+hold the same sequences and take the same shapes into every forward's collectives.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 from hybridflow.engines.rollout.batch_io import hits_stop_string, sample_seed, stop_ids_for
 from hybridflow.engines.rollout.kv_cache import KVCache
 from hybridflow.engines.rollout.sampling import RowSettings, SamplingParams, sample_tokens
-from hybridflow.engines.rollout.scheduler import Request
+from hybridflow.engines.rollout.scheduler import Request, agree_across_ranks
 
 
 @dataclass
@@ -60,8 +63,6 @@ class TurnEngine:
     """Slot-stable continuous batching with pause / extend on a `NativeRolloutEngine`."""
 
     def __init__(self, engine, slots: int, max_len: int | None = None) -> None:
-        if engine.tp_size != 1:
-            raise ValueError("multi-turn generation runs with generation tensor-parallel size 1")
         self.engine, self.model = engine, engine.model
         self.eos_token_ids = tuple(self.model.spec.eos_token_ids)
         self.max_len = min(max_len or engine.max_len, engine.max_len)
@@ -165,6 +166,7 @@ class TurnEngine:
             draws = [0.0 if s.request.generator is None else s.request.next_uniform() for s in rows]
             uniforms = torch.tensor(draws, dtype=torch.float64, device=self.model.device)
         tokens, log_probs = sample_tokens(logits, settings, uniforms, self.engine.config.log_prob_mode)
+        tokens, log_probs = agree_across_ranks(self.model, tokens, log_probs)
         finished = []
         for s, tok, lp in zip(rows, tokens.tolist(), log_probs.tolist()):
             r = s.request

@@ -92,14 +92,12 @@ class EnvRunner:
                 return EnvFailure("error", f"{type(err).__name__}: {err}")
         return asyncio.run_coroutine_threadsafe(guarded(), self._loop)
 
-    def close_env(self, env: AgentEnv) -> EnvFailure | None:
-        """Call env.close() (bounded by the timeout); a failure is returned, not raised."""
-        future = self._submit(lambda: asyncio.to_thread(env.close))
-        try:
-            result = future.result()
-        except Exception as err:  # pragma: no cover - _submit already catches
-            return EnvFailure("error", str(err))
-        return result if isinstance(result, EnvFailure) else None
+    def close_envs(self, envs: list[AgentEnv]) -> list[EnvFailure | None]:
+        """Call every env.close() at once (each bounded by the timeout, so all of them by
+        about one timeout); a failure is returned in its env's place, not raised."""
+        futures = [self._submit(lambda env=env: asyncio.to_thread(env.close)) for env in envs]
+        results = [future.result() for future in futures]
+        return [r if isinstance(r, EnvFailure) else None for r in results]
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -15,6 +15,13 @@ an answered trajectory rejoins at the next step. "sync" runs every trajectory to
 of its turn, then steps all environments together and waits for all of them. With a
 deterministic environment both give the same trajectories (sampling is per trajectory).
 
+Tensor-parallel generation (t_g > 1): every rank of the generation group runs this loop
+on the same prompts; environments exist on the group's rank 0 only, and what they decide
+(rendered prompts, observations, rewards, stops, errors) reaches the other ranks as
+`Note`s broadcast once per loop iteration (lockstep.py), so all ranks drive the turn
+engine identically. At t_g = 1 the same code runs with no messages. Everything that
+touches an environment or the renderer runs inside `Lockstep.share` on rank 0.
+
 Output: the one-turn engine's layout (engine.py) with the response holding all turns and
 observations: `response_mask` is 1 on model tokens, 0 on observation tokens and padding;
 `rollout_log_probs` 0 on observations; `env_rewards` [N, R] holds each turn's reward on
@@ -43,20 +50,21 @@ from hybridflow.engines.rollout.turns import TurnEngine, TurnOutput
 from hybridflow.envs.agent.base import AgentEnv, SingleTurn, resolve_agent_env
 from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.envs.agent.guard import EnvFailure, EnvRunner
+from hybridflow.envs.agent.lockstep import STOPS, Lockstep, Note
 from hybridflow.envs.agent.render import ChatRenderer, RenderError, assistant_message
 from hybridflow.protocol import DataProto
 
-STOPS = ("done", "max_turns", "max_total_tokens", "max_obs_tokens", "turn_length", "env_error", "env_timeout",
-         "env_bad_result", "render_error")
+Futures = dict[concurrent.futures.Future, int]
 
 
 @dataclass
 class Trajectory:
     key: int
     row: int
-    env: AgentEnv
+    single_turn: bool
+    env: AgentEnv | None = None  # on the generation group's rank 0 only
     prompt: list[int] = field(default_factory=list)
-    messages: list[dict] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # rank 0 only (rendering)
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -69,21 +77,21 @@ class Trajectory:
     error: str | None = None
     last_turn: list[int] = field(default_factory=list)
 
-    @property
-    def single_turn(self) -> bool:
-        return isinstance(self.env, SingleTurn)
-
 
 class AgentLoop:
     def __init__(self, engine, tokenizer, config: AgentConfig, response_length: int, pad_id: int) -> None:
         self.engine, self.config, self.response_length, self.pad_id = engine, config, response_length, pad_id
         self.renderer = ChatRenderer(tokenizer)
+        if engine.tp_size > 1 and engine.tp_group is None:
+            raise ValueError(f"the {type(engine).__name__} rollout backend runs t_g={engine.tp_size} but returns no "
+                             "tp_group: multi-turn rollouts keep the group in lockstep over it (interface.py)")
+        self.sync = Lockstep(engine.tp_group)
         self.runner: EnvRunner | None = None
         self.stats: dict[str, float] = {}
 
     # ----------------------------------------------------------------- public
     def run(self, prompts: DataProto, params: SamplingParams) -> DataProto:
-        self.runner = EnvRunner(self.config.env_timeout_s)
+        self.runner = EnvRunner(self.config.env_timeout_s) if self.sync.leader else None
         self.stats = {"env_wait_s": 0.0}
         try:
             trajs = self._start(prompts, params)
@@ -102,11 +110,14 @@ class AgentLoop:
                 self._run_sync(turns, by_key)
             self.stats["loop_s"] = time.perf_counter() - start
             self.stats.update({f"engine_{k}": float(v) for k, v in turns.stats.items()})
-            for t in trajs:
-                self._close_env(t)
+            for note in self.sync.share(lambda: (self._close_envs(trajs), False))[0]:
+                by_key[note.key].error = note.error
+            if self.sync.size > 1:
+                self.stats.update({k: float(v) for k, v in self.sync.stats.items()})
             return self._pack(prompts, trajs)
         finally:
-            self.runner.close()
+            if self.runner is not None:
+                self.runner.close()
 
     # ----------------------------------------------------------------- set-up
     def _make_env(self, extra: Any) -> AgentEnv:
@@ -118,9 +129,22 @@ class AgentLoop:
         return resolve_agent_env(name, "extra_info.env")(**(kwargs or {}))
 
     def _start(self, prompts: DataProto, params: SamplingParams) -> list[Trajectory]:
+        """Trajectories with rendered prompts: environments made and reset on rank 0, shared as notes."""
+        made: list[Trajectory] = []
+        notes, _ = self.sync.share(lambda: self._reset_envs(prompts, params, made))
+        trajs = made or [Trajectory(n.key, n.key // params.n, n.single_turn, prompt=n.tokens, stop=n.stop,
+                                    error=n.error) for n in notes]
+        too_long = [t for t in trajs if t.stop is None and len(t.prompt) + self.response_length > self.engine.max_len]
+        if too_long:
+            raise ValueError(f"{len(too_long)} prompts + response_length={self.response_length} exceed the engine's "
+                             f"max_model_len={self.engine.max_len}")
+        return trajs
+
+    def _reset_envs(self, prompts: DataProto, params: SamplingParams, trajs: list[Trajectory]):
+        """Rank 0: build and reset each trajectory's environment (into `trajs`); one note each."""
         ids = unpad_prompts(prompts)
         nt = prompts.non_tensor_batch
-        trajs, resets = [], []
+        resets = []
         for i in range(len(prompts)):
             row = {k: nt[k][i] for k in nt}
             for _ in range(params.n):
@@ -128,41 +152,50 @@ class AgentLoop:
                 try:
                     env = self._make_env(row.get("extra_info"))
                 except Exception as err:  # a user env whose constructor fails ends only its trajectory
-                    t = Trajectory(key, i, SingleTurn(), prompt=ids[i], stop="env_error", error=f"init: {err}")
-                    trajs.append(t)
+                    trajs.append(Trajectory(key, i, True, prompt=ids[i], stop="env_error", error=f"init: {err}"))
                     continue
-                t = Trajectory(key, i, env, prompt=ids[i])
+                t = Trajectory(key, i, isinstance(env, SingleTurn), env, prompt=ids[i])
                 trajs.append(t)
                 if not t.single_turn:
                     resets.append((t, self.runner.reset(env, row)))
         for t, future in resets:
             result = future.result()
             if isinstance(result, EnvFailure):
-                self._fail(t, result)
+                t.stop, t.error = f"env_{result.kind}", result.message
                 continue
             t.messages = self.renderer.with_tools(list(result), t.env.tools)
             t.prompt = self.renderer.prompt(t.messages, t.env.tools)
-        too_long = [t for t in trajs if t.stop is None and len(t.prompt) + self.response_length > self.engine.max_len]
-        if too_long:
-            raise ValueError(f"{len(too_long)} prompts + response_length={self.response_length} exceed the engine's "
-                             f"max_model_len={self.engine.max_len}")
-        return trajs
+        return [Note(t.key, t.stop, t.error, tokens=t.prompt, single_turn=t.single_turn) for t in trajs], False
 
     # ----------------------------------------------------------------- modes
     def _run_async(self, turns: TurnEngine, by_key: dict[int, Trajectory]) -> None:
-        waiting: dict[concurrent.futures.Future, int] = {}
-        while turns.busy or waiting:
-            for fut in [f for f in waiting if f.done()]:
-                self._answer(turns, by_key[waiting.pop(fut)], fut.result())
+        waiting: Futures = {}
+        to_step: list[Trajectory] = []
+        while True:
+            # rank 0 steps the environments of the turns that just ended and gathers the
+            # answers that arrived (blocking for one when nothing can be decoded meanwhile)
+            notes, pending = self.sync.share(lambda: self._answers(by_key, waiting, to_step, block=not turns.busy))
+            to_step = []
+            for note in notes:
+                self._apply(turns, by_key[note.key], note)
             if turns.busy:
-                for out in turns.step():
-                    future = self._after_turn(turns, by_key[out.key], out)
-                    if future is not None:
-                        waiting[future] = out.key
-            elif waiting:
-                t0 = time.perf_counter()
-                concurrent.futures.wait(waiting, return_when=concurrent.futures.FIRST_COMPLETED)
-                self.stats["env_wait_s"] += time.perf_counter() - t0
+                to_step = [by_key[out.key] for out in turns.step() if self._after_turn(turns, by_key[out.key], out)]
+            elif not pending:
+                return
+
+    def _answers(self, by_key: dict[int, Trajectory], waiting: Futures, to_step: list[Trajectory],
+                 block: bool) -> tuple[list[Note], bool]:
+        """Rank 0, async mode: submit the new env steps, return the answers that are in and
+        whether others are still pending."""
+        for t in to_step:
+            waiting[self._step_env(t)] = t.key
+        if block and waiting and not any(f.done() for f in waiting):
+            t0 = time.perf_counter()
+            concurrent.futures.wait(waiting, return_when=concurrent.futures.FIRST_COMPLETED)
+            self.stats["env_wait_s"] += time.perf_counter() - t0
+        done = [f for f in waiting if f.done()]
+        notes = [self._resolve(by_key[waiting.pop(f)], f.result()) for f in done]
+        return notes, bool(waiting)
 
     def _run_sync(self, turns: TurnEngine, by_key: dict[int, Trajectory]) -> None:
         while turns.busy:
@@ -170,17 +203,22 @@ class AgentLoop:
             while turns.busy:
                 outs += turns.step()
             outs.sort(key=lambda o: o.key)
-            futures = [(by_key[o.key], self._after_turn(turns, by_key[o.key], o)) for o in outs]
-            t0 = time.perf_counter()
-            concurrent.futures.wait([f for _, f in futures if f is not None])
-            self.stats["env_wait_s"] += time.perf_counter() - t0
-            for t, future in futures:
-                if future is not None:
-                    self._answer(turns, t, future.result())
+            stepping = [by_key[o.key] for o in outs if self._after_turn(turns, by_key[o.key], o)]
+            notes, _ = self.sync.share(lambda: (self._step_all(stepping), False))
+            for note in notes:
+                self._apply(turns, by_key[note.key], note)
+
+    def _step_all(self, stepping: list[Trajectory]) -> list[Note]:
+        """Rank 0, sync mode: step every environment together, wait for all, one note each."""
+        futures = [(t, self._step_env(t)) for t in stepping]
+        t0 = time.perf_counter()
+        concurrent.futures.wait([f for _, f in futures])
+        self.stats["env_wait_s"] += time.perf_counter() - t0
+        return [self._resolve(t, f.result()) for t, f in futures]
 
     # ----------------------------------------------------------------- one turn
-    def _after_turn(self, turns: TurnEngine, t: Trajectory, out: TurnOutput):
-        """Record the model's turn; return the env's step future, or None when the trajectory ended."""
+    def _after_turn(self, turns: TurnEngine, t: Trajectory, out: TurnOutput) -> bool:
+        """Record the model's turn (every rank); True when its environment must answer."""
         t.final_turn_start = len(t.tokens)
         t.tokens += out.tokens
         t.mask += [1] * len(out.tokens)
@@ -189,41 +227,58 @@ class AgentLoop:
         t.last_turn = out.tokens
         if out.finish_reason == "length":
             full = len(t.tokens) >= self.response_length
-            return self._end(turns, t, "max_total_tokens" if full else "turn_length")
+            self._end(turns, t, "max_total_tokens" if full else "turn_length")
+            return False
         if t.single_turn:
-            return self._end(turns, t, "done")
-        text = self.renderer.turn_text(out.tokens, self._stop_ids)
+            self._end(turns, t, "done")
+            return False
+        return True
+
+    def _step_env(self, t: Trajectory) -> concurrent.futures.Future:
+        """Rank 0: hand the model's turn to the trajectory's environment."""
+        text = self.renderer.turn_text(t.last_turn, self._stop_ids)
         t.messages.append(assistant_message(text))
         return self.runner.step(t.env, text)
 
-    def _answer(self, turns: TurnEngine, t: Trajectory, result) -> None:
-        """Apply the environment's answer: end the trajectory, or append the observation and resume."""
+    def _resolve(self, t: Trajectory, result) -> Note:
+        """Rank 0: turn the environment's answer into a note (end, or the observation's tokens)."""
         if isinstance(result, EnvFailure):
-            self._fail(t, result)
-            turns.close(t.key)
-            return
-        if result.reward:
-            t.turn_rewards.append((len(t.tokens) - 1, float(result.reward)))
-        t.num_tool_calls += int(result.info.get("tool_calls", 0))
-        t.num_malformed_calls += int(result.info.get("tool_malformed", 0))
+            return Note(t.key, f"env_{result.kind}", result.message)
+        note = Note(t.key, reward=float(result.reward), tool_calls=int(result.info.get("tool_calls", 0)),
+                    malformed=int(result.info.get("tool_malformed", 0)))
         if result.done:
-            return self._end(turns, t, "done")
-        if t.num_turns >= self.config.max_turns:
-            return self._end(turns, t, "max_turns")
-        try:
-            obs = self.renderer.observation(t.messages, t.last_turn, result.observation, t.env.tools)
-        except RenderError as err:
-            t.error = str(err)
-            return self._end(turns, t, "render_error")
-        if len(obs) > self.config.max_obs_tokens:
-            return self._end(turns, t, "max_obs_tokens")
-        if len(t.tokens) + len(obs) >= self.response_length:
-            return self._end(turns, t, "max_total_tokens")
-        t.messages += result.observation
-        t.tokens += obs
-        t.mask += [0] * len(obs)
-        t.log_probs += [0.0] * len(obs)
-        turns.extend(t.key, obs, max_new_tokens=self._turn_budget(t))
+            note.stop = "done"
+        elif t.num_turns >= self.config.max_turns:
+            note.stop = "max_turns"
+        else:
+            try:
+                obs = self.renderer.observation(t.messages, t.last_turn, result.observation, t.env.tools)
+            except RenderError as err:
+                note.stop, note.error = "render_error", str(err)
+                return note
+            if len(obs) > self.config.max_obs_tokens:
+                note.stop = "max_obs_tokens"
+            elif len(t.tokens) + len(obs) >= self.response_length:
+                note.stop = "max_total_tokens"
+            else:
+                t.messages += result.observation
+                note.tokens = obs
+        return note
+
+    def _apply(self, turns: TurnEngine, t: Trajectory, note: Note) -> None:
+        """Every rank: apply rank 0's decision: end the trajectory, or append the observation and resume."""
+        if note.reward:
+            t.turn_rewards.append((len(t.tokens) - 1, note.reward))
+        t.num_tool_calls += note.tool_calls
+        t.num_malformed_calls += note.malformed
+        if note.stop is not None:
+            t.error = note.error if note.error is not None else t.error
+            self._end(turns, t, note.stop)
+            return
+        t.tokens += note.tokens
+        t.mask += [0] * len(note.tokens)
+        t.log_probs += [0.0] * len(note.tokens)
+        turns.extend(t.key, note.tokens, max_new_tokens=self._turn_budget(t))
 
     def _turn_budget(self, t: Trajectory) -> int:
         left = self.response_length - len(t.tokens)
@@ -232,15 +287,15 @@ class AgentLoop:
     def _end(self, turns: TurnEngine, t: Trajectory, reason: str) -> None:
         t.stop = reason
         turns.close(t.key)
-        return None
 
-    def _fail(self, t: Trajectory, failure: EnvFailure) -> None:
-        t.stop, t.error = f"env_{failure.kind}", failure.message
-
-    def _close_env(self, t: Trajectory) -> None:
-        failure = self.runner.close_env(t.env)
-        if failure is not None and t.error is None:
-            t.error = f"close: {failure.message}"
+    def _close_envs(self, trajs: list[Trajectory]) -> list[Note]:
+        """Rank 0: close every environment; a note for each whose close failed (its error)."""
+        opened = [t for t in trajs if t.env is not None]
+        notes = []
+        for t, failure in zip(opened, self.runner.close_envs([t.env for t in opened])):
+            if failure is not None and t.error is None:
+                notes.append(Note(t.key, error=f"close: {failure.message}"))
+        return notes
 
     # ----------------------------------------------------------------- output
     def _pack(self, prompts: DataProto, trajs: list[Trajectory]) -> DataProto:

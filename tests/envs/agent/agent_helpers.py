@@ -64,6 +64,11 @@ class BadInitEnv(CountEnv):
         raise ValueError("cannot construct")
 
 
+class BadCloseEnv(CountEnv):
+    def close(self):
+        raise OSError("cannot release")
+
+
 def tokenizer_of(path: Path):
     return load_tokenizer(path)
 

@@ -114,15 +114,20 @@ def test_bad_environments_end_only_their_trajectory(setup):
     extras = [{"env": f"agent_helpers:{name}", "env_kwargs": {}} for name in
               ("RaisingEnv", "HangingEnv", "WrongTypeEnv", "BadResetEnv", "BadInitEnv")] + [_count_env()]
     extras.append({"env": "no_such_module_xyz:Env"})
+    extras.append({"env": "agent_helpers:BadCloseEnv", "env_kwargs": {"turns": 1}})
     out = _run(setup, extras, SamplingParams(temperature=0.0, max_new_tokens=48), env_timeout_s=0.5,
                error_score=-1.0)
     stops = list(out.non_tensor_batch["agent_stop"])
-    assert stops == ["env_error", "env_timeout", "env_bad_result", "env_bad_result", "env_error", "done", "env_error"]
+    assert stops[:7] == ["env_error", "env_timeout", "env_bad_result", "env_bad_result", "env_error", "done",
+                         "env_error"]
+    assert not stops[7].startswith("env_")  # a failed close does not change how the trajectory ended
     errors = list(out.non_tensor_batch["agent_error"])
     assert "env bug" in errors[0] and "StepResult" in errors[2] and "cannot construct" in errors[4]
+    assert errors[7] == "close: OSError: cannot release"  # recorded; the trajectory keeps its result
     overrides = list(out.non_tensor_batch["score_override"])
     assert overrides[:5] == [-1.0] * 5 and math.isnan(overrides[5]) and overrides[6] == -1.0
-    assert out.meta_info["metrics"]["agent/env_errors"] == 6.0
+    assert math.isnan(overrides[7])
+    assert out.meta_info["metrics"]["agent/env_errors"] == 7.0
 
 
 def test_rows_without_env_are_single_turn_like_the_engine(setup):
