@@ -141,7 +141,8 @@ class ActorRolloutRefWorker(Worker):
                 self.hybrid.to_training()
         if counts_as_sampled_call(params, prompts.meta_info):
             self._generate_calls += 1
-        out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats)})
+        loop = {k: v for k, v in out.meta_info.get("metrics", {}).items() if k.startswith("agent_loop/")}
+        out.meta_info["metrics"] = max_over_world({**timings, **_reshard_metrics(stats), **loop})
         return out
 
     def _generate(self, prompts: DataProto, params: SamplingParams) -> DataProto:

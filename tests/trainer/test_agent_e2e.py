@@ -33,6 +33,7 @@ def _train_two_steps(cfg) -> tuple[list[dict], set[str]]:
     for record in records:
         assert_finite(record)
         assert record["agent/num_turns_mean"] > 1.0  # the environment answered and the model went on
+        assert record["agent_loop/loop_s"] > 0.0  # the loop's own timings reach the logs (slowest rank)
     return records, roles
 
 

@@ -354,6 +354,12 @@ class AgentLoop:
                "agent/obs_tokens_mean": float(np.mean([len(t.mask) - sum(t.mask) for t in trajs]))}
         for reason in STOPS:
             out[f"agent/stop_{reason}"] = float(sum(t.stop == reason for t in trajs))
-        out.update({f"agent/{k}": v for k, v in self.stats.items()})
+        out.update(self.runtime_metrics())
         return out
+
+    def runtime_metrics(self) -> dict[str, float]:
+        """Where the loop's time went (env waits, engine calls, lockstep exchanges), as
+        `agent_loop/<stat>`: per rank, so the worker reports the slowest rank's. The
+        per-trajectory means above are recomputed from the records by the reward manager."""
+        return {f"agent_loop/{k}": float(v) for k, v in self.stats.items()}
 

@@ -138,7 +138,7 @@ def test_tp2_agent_loop_equals_single_process(tmp_path, tp_model_dir):
                 assert got_records[key] == records[key], (name, rank, key)
             assert [math.isnan(x) for x in got_records["score_override"]] == \
                 [math.isnan(x) for x in records["score_override"]]
-            assert metrics["agent/lockstep_exchanges"] >= 3  # start, at least one answer round, close
+            assert metrics["agent_loop/lockstep_exchanges"] >= 3  # start, at least one answer round, close
     raising = single["raising"][1]
     assert raising["agent_stop"][1] == "env_error" and "env bug on rank 0" in raising["agent_error"][1]
     assert raising["agent_stop"][0] == raising["agent_stop"][2] == raising["agent_stop"][3] == "done"
