@@ -1,12 +1,12 @@
 """`ExternalRolloutEngine`: what the vLLM and SGLang adapters share behind `RolloutEngine`.
 
-An adapter subclasses it and talks to its engine in five methods: `_start_engine` (build
+An adapter subclasses it and talks to its engine in seven methods: `_start_engine` (build
 it from the model directory, weights not loaded), `_engine_generate` (requests in, per
 request (token ids, log-probs) out), `_engine_load` (one bucket of full Hugging Face
-tensors), `_engine_release` / `_engine_resume` (the engine's sleep / wake-up), and
-`_engine_weight_bytes`. Everything the contract asks beyond the engine call lives here,
-once, with the same helpers as the built-in backends (batch_io.py): reading prompts,
-refusing bad input with the same errors, the per-sample seeds, cutting at stops, the
+tensors), `_engine_drop_cache` (forget cached prefixes after new weights), `_engine_release`
+/ `_engine_resume` (the engine's sleep / wake-up) and `_engine_weight_bytes`. Everything
+the contract asks beyond the engine calls lives here, once, with the same helpers as the
+built-in backends (batch_io.py): reading prompts, refusing bad input with the same errors, the per-sample seeds, cutting at stops, the
 output DataProto, the weight-name and shape checks, and which parameters were loaded.
 
 Weights arrive by Hugging Face name from the HybridEngine, one parameter at a time, each
@@ -97,6 +97,7 @@ class ExternalRolloutEngine(RolloutEngine):
         self.required = engine_weight_names(self.expected, self.tied)
         self._loaded: set[str] = set()
         self._released = False
+        self._cache_stale = False
         self._calls = 0
         self._start_engine(hf_config)
         self._full_bytes = self._engine_weight_bytes()
@@ -112,8 +113,12 @@ class ExternalRolloutEngine(RolloutEngine):
         """(token ids, log-probs) per request, in order."""
 
     @abstractmethod
-    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]], last: bool) -> None:
-        """Load full HF tensors into the engine; `last`: the final bucket of this call."""
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF tensors into the engine."""
+
+    @abstractmethod
+    def _engine_drop_cache(self) -> None:
+        """Forget cached prefixes (their KV was computed with the previous weights)."""
 
     @abstractmethod
     def _engine_release(self, keep_weights: bool) -> None: ...
@@ -150,12 +155,11 @@ class ExternalRolloutEngine(RolloutEngine):
                 self._loaded.add(name)
                 yield name, self._full_tensor(name, tensor) if sharded else tensor
 
-        buckets = weight_buckets(full_tensors(), self.bucket_bytes)
-        bucket = next(buckets, None)
-        while bucket is not None:
-            following = next(buckets, None)
-            self._engine_load(bucket, last=following is None)
-            bucket = following
+        for bucket in weight_buckets(full_tensors(), self.bucket_bytes):
+            self._engine_load(bucket)
+            # The engine's prefix cache holds KV of the old weights: dropped once, before the
+            # next generate (the HybridEngine loads one parameter per call).
+            self._cache_stale = True
 
     def _full_tensor(self, name: str, piece: torch.Tensor) -> torch.Tensor:
         """The whole parameter from every TP rank's piece (a replicated one is whole already)."""
@@ -179,6 +183,9 @@ class ExternalRolloutEngine(RolloutEngine):
         requests = expand_requests(prompt_ids, params, base_seed=self.config.seed, call=self._calls)
         self._calls += 1
         stops = [stop_ids_for(r.params, self.eos_ids) for r in requests]
+        if self._cache_stale:
+            self._engine_drop_cache()
+            self._cache_stale = False
         outputs = self._engine_generate(requests, stops)
         samples = [finish(r, tokens, lps, s, self.tokenizer) for r, (tokens, lps), s in zip(requests, outputs, stops)]
         return pack_output(prompts, samples, params, self.pad_id)

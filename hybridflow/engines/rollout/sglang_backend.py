@@ -16,8 +16,8 @@ How it maps onto SGLang (docs/rollout_backends.md):
   GPU, on GPUs the colocated training ranks hold; that layout is refused at config
   validation rather than half-supported.
 - Weights: built with load_format="dummy", then `Engine.update_weights_from_tensor(
-  named_tensors=[(HF name, tensor), ...], flush_cache=...)` per bucket; the radix cache is
-  flushed with the last bucket. Tensors pass to the scheduler process through CUDA IPC
+  named_tensors=[(HF name, tensor), ...], flush_cache=False)` per bucket; the radix cache
+  is flushed (`Engine.flush_cache`) before the first generate after a load. Tensors pass to the scheduler process through CUDA IPC
   (SGLang serialises handles, not bytes).
 - Memory: enable_memory_saver=True; release_memory() is `release_memory_occupation()`
   (weights and KV cache), resume_memory() `resume_memory_occupation()`; the weights are then
@@ -66,8 +66,11 @@ class SGLangRolloutEngine(ExternalRolloutEngine):
                                        return_logprob=True)
         return [sglang_output_tokens(o) for o in outputs]
 
-    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]], last: bool) -> None:
-        self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=last)
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+
+    def _engine_drop_cache(self) -> None:
+        self.engine.flush_cache()
 
     def _engine_release(self, keep_weights: bool) -> None:
         self.engine.release_memory_occupation(tags=["kv_cache"] if keep_weights else None)

@@ -22,7 +22,8 @@ How it maps onto vLLM (docs/rollout_backends.md has the full table):
 - Weights: built with load_format="dummy" (nothing read from disk), then fed by Hugging
   Face name through `LLM.collective_rpc`, which calls `model.load_weights` on this rank's
   worker (vLLM maps q/k/v and gate/up onto its fused parameters and cuts its TP piece).
-  The prefix cache is reset after each load (its KV was computed with the old weights).
+  The prefix cache is reset before the first generate after a load (its KV was computed
+  with the old weights).
 - Memory: enable_sleep_mode=True; release_memory() is `LLM.sleep(level=2)` (weights and KV
   cache discarded: they are reloaded each step anyway), keep_weights=True is level 1
   (weights offloaded to host memory). resume_memory() wakes the weights only; the KV cache
@@ -86,10 +87,11 @@ class VLLMRolloutEngine(ExternalRolloutEngine):
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [vllm_completion_tokens(o.outputs[0]) for o in outputs]
 
-    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]], last: bool) -> None:
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc(_load_bucket, args=(bucket,))
-        if last:
-            self.llm.reset_prefix_cache()
+
+    def _engine_drop_cache(self) -> None:
+        self.llm.reset_prefix_cache()
 
     def _engine_release(self, keep_weights: bool) -> None:
         self.llm.sleep(level=1 if keep_weights else 2)
