@@ -6,8 +6,11 @@ request (token ids, log-probs) out), `_engine_load` (one bucket of full Hugging 
 tensors), `_engine_drop_cache` (forget cached prefixes after new weights), `_engine_release`
 / `_engine_resume` (the engine's sleep / wake-up) and `_engine_weight_bytes`. Everything
 the contract asks beyond the engine calls lives here, once, with the same helpers as the
-built-in backends (batch_io.py): reading prompts, refusing bad input with the same errors, the per-sample seeds, cutting at stops, the
-output DataProto, the weight-name and shape checks, and which parameters were loaded.
+built-in backends (batch_io.py): reading prompts, refusing bad input with the same errors,
+the per-sample seeds, cutting at stops, the output DataProto, the weight-name and shape
+checks, and which parameters were loaded. (tests/engines/rollout/external_reference.py
+plugs the native engine into these hooks, so the contract suite runs this shared code on
+a CPU.)
 
 Weights arrive by Hugging Face name from the HybridEngine, one parameter at a time, each
 rank with its generation tensor-parallel piece (`sharded=True`) or the full tensor. Both
@@ -71,12 +74,7 @@ class ExternalRolloutEngine(RolloutEngine):
     def __init__(self, hf_config, config: RolloutConfig = RolloutConfig(), *, process_group=None, tokenizer=None,
                  model_path: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         name = self.engine_name
-        if not is_installed(EXTERNAL_ENGINES[name].package):
-            raise ImportError(missing_package_message(name))
-        if torch.device(config.device).type != "cuda" or not torch.cuda.is_available():
-            raise RuntimeError(f"rollout backend {name!r} generates on CUDA devices only (got device "
-                               f"{config.device!r}, CUDA available: {torch.cuda.is_available()}); run with "
-                               "resources.use_gpu=true on a machine with NVIDIA GPUs, or use rollout.name=native or hf")
+        self._check_environment(config)
         if model_path is None:
             raise ValueError(f"rollout backend {name!r} builds its engine from the model directory; pass model_path")
         if config.keep_kv_cache:
@@ -103,6 +101,21 @@ class ExternalRolloutEngine(RolloutEngine):
         self._full_bytes = self._engine_weight_bytes()
 
     # ------------------------------------------------------------------ engine hooks
+    def _check_environment(self, config: RolloutConfig) -> None:
+        """Raise unless the engine's package is installed and `config.device` is a CUDA device."""
+        name = self.engine_name
+        if not is_installed(EXTERNAL_ENGINES[name].package):
+            raise ImportError(missing_package_message(name))
+        if torch.device(config.device).type != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError(f"rollout backend {name!r} generates on CUDA devices only (got device "
+                               f"{config.device!r}, CUDA available: {torch.cuda.is_available()}); run with "
+                               "resources.use_gpu=true on a machine with NVIDIA GPUs, or use rollout.name=native or hf")
+
+    def _log_prob_problem(self, p: SamplingParams) -> str | None:
+        """Why the engine cannot return `config.log_prob_mode` log-probs for `p` (None: it can)."""
+        return log_prob_mismatch(self.engine_name, self.config.log_prob_mode, greedy=p.greedy, top_k=p.top_k,
+                                 top_p=p.top_p)
+
     @abstractmethod
     def _start_engine(self, hf_config) -> None:
         """Build the engine from self.model_path with placeholder weights."""
@@ -174,8 +187,7 @@ class ExternalRolloutEngine(RolloutEngine):
         check_ready(released=self._released, missing=self.required - self._loaded, params=params,
                     tokenizer=self.tokenizer)
         for p in set(params):
-            why = log_prob_mismatch(self.engine_name, self.config.log_prob_mode, greedy=p.greedy, top_k=p.top_k,
-                                    top_p=p.top_p)
+            why = self._log_prob_problem(p)
             if why is not None:
                 raise ValueError(why.replace("rollout.", ""))
         prompt_ids = unpad_prompts(prompts)

@@ -9,7 +9,9 @@ deterministic, so all backends must produce the same tokens from the same weight
 Engines are built through the registry's factory (`build_rollout_engine`); every built-in
 backend is in BACKENDS (test_every_builtin_backend_is_tested). The external engines
 (vllm, sglang) run where their package is importable and a CUDA device is present and are
-skipped with the reason otherwise (`unavailable`); nothing here is specific to a backend
+skipped with the reason otherwise (`unavailable`); their shared code runs everywhere as
+"external_reference" (external_reference.py: the native engine behind the same hooks).
+Nothing here is specific to a backend
 but its device (`config`) and, for the log-prob test, the truncation settings whose
 log-probs the engine can return (external.log_prob_mismatch).
 Tolerances: fp32 log-probs within 1e-4 of an HF forward pass and across backends (KV-cache
@@ -21,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from external_reference import registered
 from rollout_helpers import (
     build_engine,
     char_tokenizer,
@@ -38,6 +41,8 @@ from hybridflow.engines.rollout.weights import iter_safetensors
 from hybridflow.protocol import DataProto
 
 ALL_BACKENDS = ("native", "hf", "vllm", "sglang")
+# + the shared code of the vllm/sglang adapters over the native engine (external_reference.py)
+TESTED = (*ALL_BACKENDS, "external_reference")
 OUTPUT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
                "rollout_log_probs"}
 LENGTHS = [4, 9, 2, 6]
@@ -55,8 +60,14 @@ def unavailable(backend: str) -> str | None:
 
 
 BACKENDS = tuple(pytest.param(b, marks=pytest.mark.skipif(unavailable(b) is not None, reason=str(unavailable(b))))
-                 for b in ALL_BACKENDS)
-RUNNABLE = tuple(b for b in ALL_BACKENDS if unavailable(b) is None)
+                 for b in TESTED)
+RUNNABLE = tuple(b for b in TESTED if unavailable(b) is None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reference_backend():
+    with registered():
+        yield
 
 
 def config(backend: str, **kw) -> RolloutConfig:

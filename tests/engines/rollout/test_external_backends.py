@@ -17,10 +17,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from rollout_helpers import char_tokenizer, left_padded
+from external_reference import NAME, registered
+from rollout_helpers import char_tokenizer, left_padded, save_model
 
 from hybridflow.config.schema import load_run_config
-from hybridflow.engines.models import make_tiny_config
+from hybridflow.engines.models import load_hf_config, make_tiny_config
 from hybridflow.engines.rollout import RolloutConfig, SamplingParams, build_rollout_engine, registry
 from hybridflow.engines.rollout.batch_io import pack_output, params_per_row, unpad_prompts
 from hybridflow.engines.rollout.external import check_external_backend, log_prob_mismatch
@@ -38,7 +39,7 @@ from hybridflow.engines.rollout.external_io import (
     vllm_sampling_kwargs,
     weight_buckets,
 )
-from hybridflow.engines.rollout.weights import shard_for_rank
+from hybridflow.engines.rollout.weights import iter_safetensors, shard_for_rank
 from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import RolloutWorkerConfig
@@ -245,21 +246,52 @@ def test_weight_buckets_are_bounded_and_keep_order():
         list(weight_buckets(weights, 0))
 
 
-def _gather_worker(rank: int, world: int, init_file: str, out_prefix: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    full = {"model.embed_tokens.weight": torch.arange(7 * 3.0).view(7, 3),  # 7 rows: pieces of 4 and 3
+# ------------------------------------------------------------------------------ the shared adapter code, TP
+def _uneven_gather(rank: int, world: int) -> dict:
+    """Pieces of unequal length (7 rows over 2 ranks: 4 and 3) and a row-parallel split."""
+    full = {"model.embed_tokens.weight": torch.arange(7 * 3.0).view(7, 3),
             "model.layers.0.self_attn.o_proj.weight": torch.arange(4 * 6.0).view(4, 6)}
     dims = {"model.embed_tokens.weight": 0, "model.layers.0.self_attn.o_proj.weight": 1}
-    rebuilt = {name: gather_tp_piece(shard_for_rank(t, name, rank, world), dims[name], t.shape[dims[name]],
-                                     dist.group.WORLD) for name, t in full.items()}
-    torch.save((full, rebuilt), f"{out_prefix}.{rank}")
+    return {name: (t, gather_tp_piece(shard_for_rank(t, name, rank, world), dims[name], t.shape[dims[name]],
+                                      dist.group.WORLD)) for name, t in full.items()}
+
+
+def _sharded_load_worker(rank: int, world: int, init_file: str, path: str, out_prefix: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.save(_uneven_gather(rank, world), f"{out_prefix}.gather.{rank}")
+    with registered():
+        engine = build_rollout_engine(NAME, load_hf_config(path), RolloutConfig(dtype=torch.float32),
+                                      process_group=dist.group.WORLD, tokenizer=None, model_path=path)
+        assert (engine.tp_size, engine.tp_rank) == (world, rank)
+        # what the HybridEngine hands each rank: its generation TP piece, one parameter per call
+        for name, tensor in iter_safetensors(path):
+            engine.load_weights([(name, shard_for_rank(tensor, name, rank, world))], sharded=True)
+        out = engine.generate(left_padded([5, 3], vocab=256, seed=4), SAMPLED)
+        torch.save((out.batch["responses"], out.batch["rollout_log_probs"], engine.cache_drops), f"{out_prefix}.{rank}")
     dist.destroy_process_group()
 
 
-def test_tp_pieces_are_gathered_into_the_whole_parameter(tmp_path):
-    mp.spawn(_gather_worker, args=(2, str(tmp_path / "rdzv"), str(tmp_path / "out")), nprocs=2, join=True)
+SAMPLED = SamplingParams(temperature=0.9, top_k=30, max_new_tokens=8, n=2, seed=6, ignore_eos=True)
+
+
+def test_sharded_weights_are_gathered_and_generate_like_one_process(tmp_path):
+    """The adapters' load path with t_g = 2: each rank's pieces, gathered per parameter over
+    gloo (`gather_tp_piece`, also on uneven pieces), give the engine the whole model; the
+    output equals the single-process engine's."""
+    path = str(save_model(tmp_path / "m", "qwen2", seed=3, logit_scale=4.0))
+    mp.spawn(_sharded_load_worker, args=(2, str(tmp_path / "rdzv"), path, str(tmp_path / "out")), nprocs=2,
+             join=True)
+    with registered():
+        single = build_rollout_engine(NAME, load_hf_config(path), RolloutConfig(dtype=torch.float32),
+                                      process_group=None, tokenizer=None, model_path=path)
+        single.load_weights(iter_safetensors(path))
+        ref = single.generate(left_padded([5, 3], vocab=256, seed=4), SAMPLED)
     for rank in range(2):
-        full, rebuilt = torch.load(tmp_path / f"out.{rank}")
-        for name, tensor in full.items():
-            assert torch.equal(rebuilt[name], tensor), (rank, name)
+        for name, (full, rebuilt) in torch.load(tmp_path / f"out.gather.{rank}").items():
+            assert torch.equal(rebuilt, full), (rank, name)
+        responses, log_probs, drops = torch.load(tmp_path / f"out.{rank}")
+        assert torch.equal(responses, ref.batch["responses"])
+        # fp32; one thread per process here, several in this one: summation orders differ
+        assert torch.allclose(log_probs, ref.batch["rollout_log_probs"], atol=1e-5)
+        assert drops == 1  # the engine's prefix cache is dropped once for many loads
