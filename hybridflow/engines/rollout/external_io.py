@@ -14,6 +14,7 @@ sglang_backend.py) only call the engines with what these produce.
   Stop strings are NOT given to the engines (they would need its tokenizer and trim the
   text): the response is cut afterwards at the token that completes the string, with the
   caller's tokenizer (`batch_io.cut_at_stop`), as the native engine stops.
+- `vllm_parallel_kwargs`: how t_g / d_g become vLLM's parallel settings.
 - `vllm_completion_tokens` / `sglang_output_tokens`: the (token ids, log-probs) of one
   engine output; `finish` turns them into a `batch_io.Sample` for `pack_output`.
 - `expected_weights` / `check_weight`: the Hugging Face parameter names and shapes the
@@ -155,6 +156,28 @@ def finish(req: EngineRequest, tokens: list[int], log_probs: list[float], stop_i
     """The finished sample: cut at the first stop id or stop string (kept), else at the budget."""
     n, reason = cut_at_stop(tokens, req.params, stop_ids, tokenizer)
     return Sample(req.prompt_row, req.sample_index, tokens[:n], log_probs[:n], reason)
+
+
+def vllm_parallel_kwargs(tp_size: int, *, rank: int | None, world_size: int | None
+                         ) -> tuple[dict[str, Any], dict[str, str]]:
+    """(vllm.LLM keyword arguments, environment variables) for this rank's engine.
+
+    Inside a torch.distributed world (`rank`/`world_size` given) vLLM must join that world
+    rather than start its own: distributed_executor_backend="external_launcher" with
+    tensor_parallel_size = t_g and data_parallel_size = world / t_g (d_g engines; vLLM
+    lays ranks out as [dp, tp], so a TP group is t_g consecutive ranks). The launcher reads
+    RANK / LOCAL_RANK / WORLD_SIZE from the environment; LOCAL_RANK is 0 because Ray shows
+    each worker only its own GPU. Outside one (None): a single-process engine.
+    """
+    if world_size is None or rank is None:
+        if tp_size != 1:
+            raise ValueError("tensor-parallel vLLM engines run inside a torch.distributed world")
+        return {"tensor_parallel_size": 1}, {}
+    if world_size % tp_size:
+        raise ValueError(f"tensor_parallel_size={tp_size} does not divide the world of {world_size} ranks")
+    kwargs = {"tensor_parallel_size": tp_size, "data_parallel_size": world_size // tp_size,
+              "distributed_executor_backend": "external_launcher"}
+    return kwargs, {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size)}
 
 
 # ------------------------------------------------------------------------------ weights

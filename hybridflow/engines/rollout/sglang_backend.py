@@ -17,8 +17,8 @@ How it maps onto SGLang (docs/rollout_backends.md):
   validation rather than half-supported.
 - Weights: built with load_format="dummy", then `Engine.update_weights_from_tensor(
   named_tensors=[(HF name, tensor), ...], flush_cache=False)` per bucket; the radix cache
-  is flushed (`Engine.flush_cache`) before the first generate after a load. Tensors pass to the scheduler process through CUDA IPC
-  (SGLang serialises handles, not bytes).
+  is flushed (`Engine.flush_cache`) before the first generate after a load. Tensors pass
+  to the scheduler process through CUDA IPC (SGLang serialises handles, not bytes).
 - Memory: enable_memory_saver=True; release_memory() is `release_memory_occupation()`
   (weights and KV cache), resume_memory() `resume_memory_occupation()`; the weights are then
   reloaded. keep_weights=True releases the KV cache only (tags=["kv_cache"]): the weights

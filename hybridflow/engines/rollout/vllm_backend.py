@@ -13,11 +13,11 @@ config validation (external.py). Everything that does not need vLLM (sampling
 translation, output conversion, weight checks and buckets) is in external_io.py and tested.
 
 How it maps onto vLLM (docs/rollout_backends.md has the full table):
-- Layout: one `vllm.LLM` per rank. t_g = tensor_parallel_size; with t_g > 1 the engine
-  runs on the ranks' existing torch.distributed world (distributed_executor_backend=
-  "external_launcher"), which forms TP groups of t_g consecutive ranks: d_g = world / t_g
-  engines, each generating its own prompts. With t_g = 1 it is a single-process engine
-  (uniprocessor executor). The engine core runs in this process
+- Layout: one `vllm.LLM` per rank. Inside the workers' torch.distributed world the engine
+  joins it (distributed_executor_backend="external_launcher") with tensor_parallel_size =
+  t_g and data_parallel_size = d_g = world / t_g; vLLM lays ranks out as [dp, tp], so its
+  TP groups are t_g consecutive ranks (external_io.vllm_parallel_kwargs). Outside a world
+  (one process) it is a single-process engine. The engine core runs in this process
   (VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights reach the model without serialisation.
 - Weights: built with load_format="dummy" (nothing read from disk), then fed by Hugging
   Face name through `LLM.collective_rpc`, which calls `model.load_weights` on this rank's
@@ -38,9 +38,15 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed as dist
 
 from hybridflow.engines.rollout.external_engine import ExternalRolloutEngine
-from hybridflow.engines.rollout.external_io import EngineRequest, vllm_completion_tokens, vllm_sampling_kwargs
+from hybridflow.engines.rollout.external_io import (
+    EngineRequest,
+    vllm_completion_tokens,
+    vllm_parallel_kwargs,
+    vllm_sampling_kwargs,
+)
 from hybridflow.engines.rollout.registry import register_rollout_backend
 
 
@@ -64,16 +70,18 @@ class VLLMRolloutEngine(ExternalRolloutEngine):
     gpu_memory_utilization = 0.5
 
     def _start_engine(self, hf_config) -> None:
+        distributed = dist.is_initialized()
+        parallel, env = vllm_parallel_kwargs(self.tp_size, rank=dist.get_rank() if distributed else None,
+                                             world_size=dist.get_world_size() if distributed else None)
+        os.environ.update(env)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import vllm
 
-        extra = {"distributed_executor_backend": "external_launcher"} if self.tp_size > 1 else {}
         self.llm = vllm.LLM(
             model=self.model_path, skip_tokenizer_init=True, dtype=str(self.config.dtype).removeprefix("torch."),
-            tensor_parallel_size=self.tp_size, seed=self.config.seed, max_model_len=self.max_len,
-            max_num_seqs=self.config.max_num_seqs, gpu_memory_utilization=self.gpu_memory_utilization,
-            enable_sleep_mode=True, load_format="dummy", logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True, **extra,
+            seed=self.config.seed, max_model_len=self.max_len, max_num_seqs=self.config.max_num_seqs,
+            gpu_memory_utilization=self.gpu_memory_utilization, enable_sleep_mode=True, load_format="dummy",
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **parallel,
         )
         self._sampling_params = vllm.SamplingParams
         self._kv_asleep = False

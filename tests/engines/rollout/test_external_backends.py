@@ -36,6 +36,7 @@ from hybridflow.engines.rollout.external_io import (
     sglang_output_tokens,
     sglang_sampling_dict,
     vllm_completion_tokens,
+    vllm_parallel_kwargs,
     vllm_sampling_kwargs,
     weight_buckets,
 )
@@ -295,3 +296,16 @@ def test_sharded_weights_are_gathered_and_generate_like_one_process(tmp_path):
         # fp32; one thread per process here, several in this one: summation orders differ
         assert torch.allclose(log_probs, ref.batch["rollout_log_probs"], atol=1e-5)
         assert drops == 1  # the engine's prefix cache is dropped once for many loads
+
+
+def test_vllm_joins_the_workers_world_with_t_g_and_d_g():
+    assert vllm_parallel_kwargs(1, rank=None, world_size=None) == ({"tensor_parallel_size": 1}, {})
+    kwargs, env = vllm_parallel_kwargs(2, rank=5, world_size=8)
+    assert kwargs == {"tensor_parallel_size": 2, "data_parallel_size": 4,
+                      "distributed_executor_backend": "external_launcher"}
+    assert env == {"RANK": "5", "LOCAL_RANK": "0", "WORLD_SIZE": "8"}
+    assert vllm_parallel_kwargs(1, rank=0, world_size=4)[0]["data_parallel_size"] == 4
+    with pytest.raises(ValueError, match="does not divide"):
+        vllm_parallel_kwargs(3, rank=0, world_size=4)
+    with pytest.raises(ValueError, match="inside a torch.distributed world"):
+        vllm_parallel_kwargs(2, rank=None, world_size=None)
