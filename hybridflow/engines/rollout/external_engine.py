@@ -17,7 +17,8 @@ rank with its generation tensor-parallel piece (`sharded=True`) or the full tens
 engines' loaders take full tensors and cut their own piece (vLLM's weight_loader narrows
 by its TP rank), so a piece is all-gathered over the engine's TP group first: one
 parameter is whole at a time on each rank, never the model (`_full_tensor`). Tensors are
-then sent in buckets of `bucket_bytes`.
+then sent under their checkpoint names (fused MoE experts split per expert,
+`external_io.to_checkpoint`) in buckets of `bucket_bytes`.
 
 Neither engine runs on a CPU: building an adapter without CUDA raises with the fix (the
 run config refuses it earlier, config/validation.py).
@@ -51,11 +52,13 @@ from hybridflow.engines.rollout.external import (
 from hybridflow.engines.rollout.external_io import (
     EngineRequest,
     check_weight,
+    checkpoint_shapes,
     engine_weight_names,
     expand_requests,
     expected_weights,
     finish,
     gather_tp_piece,
+    to_checkpoint,
     weight_buckets,
 )
 from hybridflow.engines.rollout.interface import RolloutEngine
@@ -90,9 +93,12 @@ class ExternalRolloutEngine(RolloutEngine):
         self.eos_ids = id_tuple(getattr(hf_config, "eos_token_id", None))
         pad = config.pad_token_id if config.pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
-        self.expected = expected_weights(hf_config)
+        module = expected_weights(hf_config)
+        # weights are accepted under the module's names (the training engine's) and the
+        # checkpoint's (a model directory), which differ for fused MoE experts
+        self.expected = {**module, **checkpoint_shapes(module)}
         self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.required = engine_weight_names(self.expected, self.tied)
+        self.required = engine_weight_names(module, self.tied)  # checkpoint names
         self._loaded: set[str] = set()
         self._released = False
         self._cache_stale = False
@@ -163,10 +169,11 @@ class ExternalRolloutEngine(RolloutEngine):
                     continue
                 check_weight(self.expected, name, tensor, dim=self.shard_dim(name), rank=self._tp_rank,
                              world=self._tp_size, sharded=sharded)
-                if name not in self.required:
-                    continue  # a tied lm_head: the engine reads the embedding
-                self._loaded.add(name)
-                yield name, self._full_tensor(name, tensor) if sharded else tensor
+                whole = self._full_tensor(name, tensor) if sharded else tensor
+                for checkpoint_name, part in to_checkpoint(name, whole):
+                    if checkpoint_name in self.required:  # not a tied lm_head: the engine reads the embedding
+                        self._loaded.add(checkpoint_name)
+                        yield checkpoint_name, part
 
         for bucket in weight_buckets(full_tensors(), self.bucket_bytes):
             self._engine_load(bucket)

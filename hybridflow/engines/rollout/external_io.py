@@ -19,7 +19,9 @@ sglang_backend.py) only call the engines with what these produce.
   engine output; `finish` turns them into a `batch_io.Sample` for `pack_output`.
 - `expected_weights` / `check_weight`: the Hugging Face parameter names and shapes the
   engines load, checked before anything is sent (the engines' own errors are deep inside
-  their workers); `engine_weight_names` drops what the engines do not take;
+  their workers); `to_checkpoint` splits transformers' fused MoE experts back into the
+  per-expert checkpoint tensors the engines read; `engine_weight_names` drops what the
+  engines do not take;
   `gather_tp_piece` rebuilds a whole parameter from the TP ranks' pieces (the engines' loaders
   cut their own piece from a whole tensor); `weight_buckets` groups tensors into bounded
   transfers.
@@ -27,6 +29,7 @@ sglang_backend.py) only call the engines with what these produce.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -192,8 +195,39 @@ def expected_weights(hf_config) -> dict[str, tuple[int, ...]]:
 
 
 def engine_weight_names(expected: Mapping[str, tuple[int, ...]], tied: bool) -> set[str]:
-    """The names an engine must receive: a tied lm_head is the embedding (sent once)."""
-    return {n for n in expected if not ignored_weight(n) and not (tied and n == "lm_head.weight")}
+    """The checkpoint names an engine must receive: a tied lm_head is the embedding (sent once)."""
+    return {n for n in checkpoint_shapes(expected)
+            if not ignored_weight(n) and not (tied and n == "lm_head.weight")}
+
+
+_FUSED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def to_checkpoint(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) pairs the engines load for one parameter of the module.
+
+    transformers 5 holds a mixture-of-experts layer's experts fused, `mlp.experts.gate_up_proj`
+    [E, 2I, H] (gate rows, then up rows) and `mlp.experts.down_proj` [E, H, I], and converts
+    the per-expert checkpoint tensors into them when it loads; the training engine's names
+    are the module's. vLLM and SGLang read checkpoint names (`mlp.experts.{e}.gate_proj.weight`
+    [I, H], `up_proj` [I, H], `down_proj` [H, I]), so fused tensors are split back into views.
+    Every other parameter is its own checkpoint tensor.
+    """
+    match = _FUSED_EXPERTS.match(name)
+    if match is None:
+        return [(name, tensor)]
+    prefix, kind = match.groups()
+    if kind == "down_proj":
+        return [(f"{prefix}.{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
+    gate, up = tensor.chunk(2, dim=1)
+    return [pair for e in range(tensor.shape[0])
+            for pair in ((f"{prefix}.{e}.gate_proj.weight", gate[e]), (f"{prefix}.{e}.up_proj.weight", up[e]))]
+
+
+def checkpoint_shapes(expected: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape of every parameter in `expected` (module names), per `to_checkpoint`."""
+    return {n: tuple(t.shape) for name, shape in expected.items()
+            for n, t in to_checkpoint(name, torch.empty(shape, device="meta"))}
 
 
 def shard_shape(full: tuple[int, ...], dim: int | None, rank: int, world: int) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from external_reference import NAME, registered
-from rollout_helpers import char_tokenizer, left_padded, save_model
+from rollout_helpers import char_tokenizer, left_padded, load_hf, save_model
 
 from hybridflow.config.schema import load_run_config
 from hybridflow.engines.models import load_hf_config, make_tiny_config
@@ -28,6 +28,7 @@ from hybridflow.engines.rollout.external import check_external_backend, log_prob
 from hybridflow.engines.rollout.external_io import (
     EngineRequest,
     check_weight,
+    checkpoint_shapes,
     engine_weight_names,
     expand_requests,
     expected_weights,
@@ -35,6 +36,7 @@ from hybridflow.engines.rollout.external_io import (
     gather_tp_piece,
     sglang_output_tokens,
     sglang_sampling_dict,
+    to_checkpoint,
     vllm_completion_tokens,
     vllm_parallel_kwargs,
     vllm_sampling_kwargs,
@@ -223,6 +225,23 @@ def test_expected_weights_and_what_the_engines_receive():
     tied_config = make_tiny_config("llama", tie_word_embeddings=True)
     tied = expected_weights(tied_config)
     assert "lm_head.weight" not in engine_weight_names(tied, tied=True)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_fused_experts_are_split_back_into_the_checkpoint_tensors(family, tmp_path):
+    """transformers' module holds MoE experts fused; the engines read the per-expert tensors
+    the checkpoint has: converting the module's state dict gives back the file exactly."""
+    path = save_model(tmp_path / family, family, seed=2)
+    on_disk = dict(iter_safetensors(path))
+    module = load_hf(path).state_dict()
+    assert any(name.endswith("mlp.experts.gate_up_proj") for name in module)
+    converted = dict(pair for name, tensor in module.items() for pair in to_checkpoint(name, tensor))
+    assert set(converted) == set(on_disk)
+    for name, tensor in on_disk.items():
+        assert torch.equal(converted[name], tensor), name
+    shapes = checkpoint_shapes(expected_weights(load_hf_config(path)))
+    assert {n: shapes[n] for n in on_disk} == {n: tuple(t.shape) for n, t in on_disk.items()}
+    assert engine_weight_names(expected_weights(load_hf_config(path)), tied=False) == set(on_disk)
 
 
 def test_weight_names_and_shapes_are_checked_before_sending():
