@@ -74,7 +74,7 @@ class VLLMRolloutEngine(ExternalRolloutEngine):
         parallel, env = vllm_parallel_kwargs(self.tp_size, rank=dist.get_rank() if distributed else None,
                                              world_size=dist.get_world_size() if distributed else None)
         os.environ.update(env)
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see above)
         import vllm
 
         self.llm = vllm.LLM(

@@ -174,8 +174,12 @@ def test_sglang_sampling_dict():
 def _vllm_completion(tokens, log_probs):
     """What vLLM's CompletionOutput carries: token_ids and, per token, {token id: Logprob}."""
     if HAS["vllm"]:
-        from vllm.logprobs import Logprob
         from vllm.outputs import CompletionOutput
+
+        try:
+            from vllm.logprobs import Logprob
+        except ImportError:  # before vLLM moved it
+            from vllm.sequence import Logprob
 
         steps = [{t: Logprob(logprob=lp, rank=1)} for t, lp in zip(tokens, log_probs)]
         return CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=steps)
