@@ -128,7 +128,8 @@ def vllm_completion_tokens(completion: Any) -> tuple[list[int], list[float]]:
     """(token ids, sampled-token log-probs) of a vLLM `CompletionOutput`.
 
     `completion.logprobs` holds, per generated token, a mapping token id -> Logprob (with
-    logprobs=0: the sampled token only, and at most one more when ranks tie).
+    logprobs=0: the sampled token only, and at most one more when ranks tie);
+    `stop_reason` is the stop token id the request ended on (None: eos, budget or a string).
     """
     tokens = [int(t) for t in completion.token_ids]
     steps = completion.logprobs
@@ -136,7 +137,16 @@ def vllm_completion_tokens(completion: Any) -> tuple[list[int], list[float]]:
         got = None if steps is None else len(steps)
         raise RuntimeError(f"vLLM returned {got} log-prob entries for {len(tokens)} tokens; the request must set "
                            "logprobs=0 (vllm_sampling_kwargs)")
+    _check_stop_kept("vLLM", tokens, getattr(completion, "stop_reason", None))
     return tokens, [float(_logprob_value(step[t])) for step, t in zip(steps, tokens)]
+
+
+def _check_stop_kept(engine: str, tokens: list[int], stopped_on: Any) -> None:
+    """An engine that ended on a stop token id must have kept it in the output: `finish`
+    finds the end by that token, and our responses keep it (engine.py)."""
+    if isinstance(stopped_on, int) and not isinstance(stopped_on, bool) and (not tokens or tokens[-1] != stopped_on):
+        raise RuntimeError(f"{engine} stopped on token {stopped_on} but left it out of the output ids "
+                           f"(last: {tokens[-1:]}); the adapter relies on it being kept")
 
 
 def _logprob_value(entry: Any) -> float:
@@ -145,12 +155,15 @@ def _logprob_value(entry: Any) -> float:
 
 def sglang_output_tokens(output: Mapping[str, Any]) -> tuple[list[int], list[float]]:
     """(token ids, log-probs) of one SGLang `Engine.generate` result dict (return_logprob=True):
-    `output_ids` and meta_info `output_token_logprobs`, a list of (logprob, token id, text)."""
+    `output_ids` and meta_info `output_token_logprobs`, a list of (logprob, token id, text);
+    meta_info `finish_reason` {"type": "stop" | "length", "matched": the stop id or string}."""
     tokens = [int(t) for t in output["output_ids"]]
-    entries = output["meta_info"]["output_token_logprobs"]
+    meta = output["meta_info"]
+    entries = meta["output_token_logprobs"]
     if len(entries) != len(tokens) or any(int(e[1]) != t for e, t in zip(entries, tokens)):
         raise RuntimeError("SGLang's output_token_logprobs do not match its output_ids; the request must set "
                            "return_logprob=True and skip_tokenizer_init")
+    _check_stop_kept("SGLang", tokens, (meta.get("finish_reason") or {}).get("matched"))
     return tokens, [float(e[0]) for e in entries]
 
 

@@ -171,8 +171,9 @@ def test_sglang_sampling_dict():
 
 
 # ------------------------------------------------------------------------------ output conversion
-def _vllm_completion(tokens, log_probs):
-    """What vLLM's CompletionOutput carries: token_ids and, per token, {token id: Logprob}."""
+def _vllm_completion(tokens, log_probs, stop_reason=None):
+    """What vLLM's CompletionOutput carries: token_ids and, per token, {token id: Logprob};
+    stop_reason: the stop token id it ended on."""
     if HAS["vllm"]:
         from vllm.outputs import CompletionOutput
 
@@ -182,20 +183,30 @@ def _vllm_completion(tokens, log_probs):
             from vllm.sequence import Logprob
 
         steps = [{t: Logprob(logprob=lp, rank=1)} for t, lp in zip(tokens, log_probs)]
-        return CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=steps)
+        return CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=steps,
+                                finish_reason="stop" if stop_reason is not None else "length",
+                                stop_reason=stop_reason)
     steps = [{t: SimpleNamespace(logprob=lp, rank=1)} for t, lp in zip(tokens, log_probs)]
-    return SimpleNamespace(token_ids=tokens, logprobs=steps)
+    return SimpleNamespace(token_ids=tokens, logprobs=steps, stop_reason=stop_reason)
 
 
 def test_vllm_outputs_become_our_samples():
     assert vllm_completion_tokens(_vllm_completion([5, 7, 2], [-0.5, -1.0, -0.25])) == ([5, 7, 2], [-0.5, -1.0, -0.25])
+    assert vllm_completion_tokens(_vllm_completion([5, 2], [-0.5, -0.1], stop_reason=2))[0] == [5, 2]
     with pytest.raises(RuntimeError, match="logprobs=0"):
-        vllm_completion_tokens(SimpleNamespace(token_ids=[5, 7], logprobs=None))
+        vllm_completion_tokens(SimpleNamespace(token_ids=[5, 7], logprobs=None, stop_reason=None))
+    with pytest.raises(RuntimeError, match="stopped on token 2 but left it out"):
+        vllm_completion_tokens(_vllm_completion([5, 7], [-0.5, -1.0], stop_reason=2))
 
 
 def test_sglang_outputs_become_our_samples():
-    out = {"output_ids": [5, 7], "meta_info": {"output_token_logprobs": [(-0.5, 5, None), (-1.5, 7, None)]}}
+    out = {"output_ids": [5, 7], "meta_info": {"output_token_logprobs": [(-0.5, 5, None), (-1.5, 7, None)],
+                                               "finish_reason": {"type": "stop", "matched": 7}}}
     assert sglang_output_tokens(out) == ([5, 7], [-0.5, -1.5])
+    out["meta_info"]["finish_reason"] = {"type": "stop", "matched": 9}
+    with pytest.raises(RuntimeError, match="stopped on token 9 but left it out"):
+        sglang_output_tokens(out)
+    out["meta_info"]["finish_reason"] = {"type": "length", "length": 2}
     out["meta_info"]["output_token_logprobs"][1] = (-1.5, 8, None)
     with pytest.raises(RuntimeError, match="do not match"):
         sglang_output_tokens(out)
