@@ -195,8 +195,8 @@ class ExternalRolloutEngine(RolloutEngine):
                     tokenizer=self.tokenizer)
         for p in set(params):
             why = self._log_prob_problem(p)
-            if why is not None:
-                raise ValueError(why.replace("rollout.", ""))
+            if why is not None:  # a call's meta_info asked for what the config check could not see
+                raise ValueError(why)
         prompt_ids = unpad_prompts(prompts)
         check_model_len(prompt_ids, params, self.max_len)
         requests = expand_requests(prompt_ids, params, base_seed=self.config.seed, call=self._calls)

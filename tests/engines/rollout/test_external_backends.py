@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from external_reference import NAME, registered
+from external_reference import NAME, ReferenceExternalEngine, registered
 from rollout_helpers import char_tokenizer, left_padded, load_hf, save_model
 
 from hybridflow.config.schema import load_run_config
@@ -343,3 +343,20 @@ def test_vllm_joins_the_workers_world_with_t_g_and_d_g():
         vllm_parallel_kwargs(3, rank=0, world_size=4)
     with pytest.raises(ValueError, match="inside a torch.distributed world"):
         vllm_parallel_kwargs(2, rank=None, world_size=None)
+
+
+def test_a_call_asking_for_log_probs_the_engine_cannot_give_is_refused(tmp_path):
+    """The config check sees the sampling defaults; a call's meta_info may ask for more."""
+
+    class VLLMLogProbs(ReferenceExternalEngine):  # the shared code, with vLLM's log-prob rule
+        def _log_prob_problem(self, p):
+            return log_prob_mismatch("vllm", self.config.log_prob_mode, greedy=p.greedy, top_k=p.top_k, top_p=p.top_p)
+
+    path = save_model(tmp_path / "m", "llama", seed=1)
+    engine = VLLMLogProbs(load_hf_config(path), RolloutConfig(dtype=torch.float32), model_path=str(path))
+    engine.load_weights(iter_safetensors(path))
+    batch = left_padded([3, 2], vocab=256)
+    engine.generate(batch, SamplingParams(temperature=0.7, max_new_tokens=2))
+    batch.meta_info.update({"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 2})
+    with pytest.raises(ValueError, match="rollout.log_prob_mode=processed"):
+        engine.generate(batch)
