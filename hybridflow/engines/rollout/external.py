@@ -120,7 +120,8 @@ def check_external_backend(name: str, *, tp_size: int, reshard_method: str, log_
         return BackendProblem("reshard_method", (
             f"vLLM forms its tensor-parallel groups from consecutive ranks, the hybrid grouping from ranks at "
             f"strides; with rollout.tensor_model_parallel_size={tp_size} set rollout.reshard_method=plain "
-            "(consecutive groups), or tensor_model_parallel_size=1"))
+            "(consecutive groups; its transition gathers the whole model on every rank, docs/reshard.md), or "
+            "tensor_model_parallel_size=1 (vLLM's data-parallel engines, weights streamed one parameter at a time)"))
     why = log_prob_mismatch(name, log_prob_mode, greedy=temperature == 0.0, top_k=top_k, top_p=top_p)
     if why is not None:
         return BackendProblem("log_prob_mode", why)
