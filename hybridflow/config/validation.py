@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hybridflow.config.algorithm import check_algorithm
 from hybridflow.config.async_schema import check_async_settings
+from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, require_gpu
 from hybridflow.engines.train.config import EngineSettings, MicroBatchConfig
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import check_role_engine, check_role_pipeline
@@ -64,6 +65,8 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     prompts = cfg.data.train_batch_size
     sequences = prompts * n
     tp_gen = cfg.rollout.tensor_model_parallel_size
+    if cfg.rollout.name in EXTERNAL_ENGINES and (why := require_gpu(cfg.rollout.name, cfg.resources.use_gpu)):
+        raise ConfigError(why, "resources.use_gpu")
     if actor_ranks % tp_gen:
         raise ConfigError(f"{tp_gen} does not divide the actor's {actor_ranks} ranks",
                           "rollout.tensor_model_parallel_size")

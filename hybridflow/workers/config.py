@@ -25,6 +25,7 @@ from typing import Any
 
 from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.method import ReshardMethod
+from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, check_external_backend
 from hybridflow.engines.rollout.registry import check_rollout_backend, multi_turn_backends
 from hybridflow.engines.rollout.settings import LOG_PROB_MODES, MATMUL_MODES, SamplingParams
 from hybridflow.envs.agent.config import AgentConfig
@@ -43,8 +44,9 @@ class RolloutWorkerConfig:
     """Generation settings of the hybrid actor (verl: `actor_rollout_ref.rollout.*`).
 
     name: generation backend, a name registered in engines/rollout/registry.py ("native":
-        hybridflow's own engine; "hf": transformers generate, t_g = 1 only) or
-        "package.module:name" for one registered outside hybridflow.
+        hybridflow's own engine; "hf": transformers generate, t_g = 1 only; "vllm" /
+        "sglang": the external engines, GPU only, package installed separately,
+        docs/rollout_backends.md) or "package.module:name" for one registered outside hybridflow.
     tensor_model_parallel_size: t_g, the generation tensor-parallel size; it must divide
         the actor's world size (the rest are micro-data-parallel generation groups).
     reshard_method: "hybrid" (HybridFlow grouping), "plain" or "gather_all" (baselines),
@@ -88,6 +90,13 @@ class RolloutWorkerConfig:
             check_rollout_backend(self.name, self.tensor_model_parallel_size)
         except ValueError as err:
             raise ConfigError(str(err), "name") from None
+        if self.name in EXTERNAL_ENGINES:  # vllm / sglang: layouts and log-probs they can give
+            sampling = self.sampling_defaults()
+            problem = check_external_backend(self.name, tp_size=self.tensor_model_parallel_size,
+                                             reshard_method=self.reshard_method, log_prob_mode=self.log_prob_mode,
+                                             temperature=sampling["temperature"], top_k=self.top_k, top_p=self.top_p)
+            if problem is not None:
+                raise ConfigError(problem.message, problem.key)
         try:
             ReshardMethod.parse(self.reshard_method)
         except ValueError as err:

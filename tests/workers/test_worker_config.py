@@ -31,7 +31,7 @@ def test_kl_loss_needs_the_reference_policy():
 @pytest.mark.parametrize("kwargs, message", [
     ({"reshard_method": "scatter"}, "reshard_method"),
     ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
-    ({"name": "vllm"}, "name"),
+    ({"name": "vlm"}, "name"),  # unknown backend
     ({"dtype": "fp16"}, "dtype"),
     ({"top_p": 0.0}, "top_p"),
     ({"response_length": 0}, "max_new_tokens"),

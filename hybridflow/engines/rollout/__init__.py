@@ -9,8 +9,11 @@ register with `@register_rollout_backend` (registry.py) and are built with
   (model.py), a preallocated KV cache (kv_cache.py), continuous batching (scheduler.py),
   per-row sampling (sampling.py), tensor parallelism, and a choice of GEMM path (gemm.py);
 - "hf", `HFRolloutEngine` (hf_backend.py): transformers `generate`, one rank, any family
-  transformers knows; a reference and a fallback.
-Both read prompts and write the output DataProto through batch_io.py.
+  transformers knows; a reference and a fallback;
+- "vllm", `VLLMRolloutEngine` (vllm_backend.py) and "sglang", `SGLangRolloutEngine`
+  (sglang_backend.py): adapters of the external engines (GPU only, packages installed
+  separately; external.py, external_engine.py, external_io.py; docs/rollout_backends.md).
+All read prompts and write the output DataProto through batch_io.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ _EXPORTS = {
     "RolloutConfig": "config",
     "NativeRolloutEngine": "engine",
     "HFRolloutEngine": "hf_backend",
+    "VLLMRolloutEngine": "vllm_backend",
+    "SGLangRolloutEngine": "sglang_backend",
     "RolloutEngine": "interface",
     "build_rollout_engine": "registry",
     "check_rollout_backend": "registry",
@@ -40,7 +45,9 @@ __all__ = [
     "NativeRolloutEngine",
     "RolloutConfig",
     "RolloutEngine",
+    "SGLangRolloutEngine",
     "SamplingParams",
+    "VLLMRolloutEngine",
     "build_rollout_engine",
     "check_rollout_backend",
     "register_rollout_backend",

@@ -5,12 +5,14 @@
 - `check_ready` / `check_model_len`: refuse to generate without weights, or past max_model_len;
 - `stop_ids_for` / `hits_stop_string` / `cut_at_stop`: when a response is finished;
 - `sample_seed`: the seed of one sample's random stream;
-- `pack_output`: the output DataProto (layout documented in engine.py).
+- `Sample` / `pack_output`: a finished sequence, and the output DataProto (layout documented
+  in engine.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -27,6 +29,17 @@ class FinishedSample(Protocol):
     tokens: list[int]
     log_probs: list[float]
     finish_reason: str | None
+
+
+@dataclass
+class Sample:
+    """A finished sequence of a backend that generates whole responses (hf, vllm, sglang)."""
+
+    prompt_row: int
+    sample_index: int
+    tokens: list[int]
+    log_probs: list[float]
+    finish_reason: str
 
 
 def params_per_row(prompts: DataProto, sp: SamplingParams | Sequence[SamplingParams] | None) -> list[SamplingParams]:

@@ -47,8 +47,6 @@ loads (engines/models.py SUPPORTED_FAMILIES).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -56,6 +54,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.rollout.batch_io import (
+    Sample,
     check_model_len,
     check_ready,
     cut_at_stop,
@@ -74,15 +73,6 @@ from hybridflow.engines.rollout.sampling import SamplingParams
 from hybridflow.engines.rollout.storage import ReleasableStorage
 from hybridflow.engines.rollout.weights import ignored_weight
 from hybridflow.protocol import DataProto
-
-
-@dataclass
-class _Sample:
-    prompt_row: int
-    sample_index: int
-    tokens: list[int]
-    log_probs: list[float]
-    finish_reason: str
 
 
 @register_rollout_backend("hf")
@@ -191,7 +181,7 @@ class HFRolloutEngine(RolloutEngine):
         groups: dict[SamplingParams, list[int]] = {}
         for row, p in enumerate(params):
             groups.setdefault(p, []).append(row)
-        samples: list[_Sample] = []
+        samples: list[Sample] = []
         for p, rows in groups.items():
             per_call = max(1, self.config.max_num_seqs // p.n)
             for start in range(0, len(rows), per_call):
@@ -201,7 +191,7 @@ class HFRolloutEngine(RolloutEngine):
         return pack_output(prompts, samples, params, self.pad_id)
 
     # ----------------------------------------------------------------- helpers
-    def _generate_rows(self, prompt_ids: list[list[int]], rows: list[int], p: SamplingParams) -> list[_Sample]:
+    def _generate_rows(self, prompt_ids: list[list[int]], rows: list[int], p: SamplingParams) -> list[Sample]:
         """One `generate` call: the prompts of `rows`, each repeated n times."""
         ids, mask = left_pad_ids([prompt_ids[r] for r in rows for _ in range(p.n)], self.pad_id, self.device)
         stop_ids = stop_ids_for(p, self.eos_ids)
@@ -221,7 +211,7 @@ class HFRolloutEngine(RolloutEngine):
         out = []
         for i, (row, k) in enumerate((r, k) for r in rows for k in range(p.n)):
             n, reason = cut_at_stop(new[i], p, stop_ids, self.tokenizer)
-            out.append(_Sample(row, k, new[i][:n], log_probs[i, :n].tolist(), reason))
+            out.append(Sample(row, k, new[i][:n], log_probs[i, :n].tolist(), reason))
         return out
 
 

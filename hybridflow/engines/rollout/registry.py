@@ -6,8 +6,10 @@
     engine = build_rollout_engine("mine", hf_config, RolloutConfig(dtype="auto"),
                                   process_group=None, tokenizer=None, model_path=None)
 
-Built in: "native" (engine.py, hybridflow's own engine) and "hf" (hf_backend.py,
-transformers `generate`), declared here by name (with whether they run tensor parallel)
+Built in: "native" (engine.py, hybridflow's own engine), "hf" (hf_backend.py,
+transformers `generate`) and the adapters of two external engines, "vllm" (vllm_backend.py)
+and "sglang" (sglang_backend.py), whose packages are not dependencies (external.py checks
+that they are installed), declared here by name (with whether they run tensor parallel)
 so that `check_rollout_backend` validates a config without importing torch; their
 modules register the classes when first built. A
 backend that lives outside hybridflow is named "package.module:name": the module is
@@ -22,6 +24,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, is_installed, missing_package_message
 from hybridflow.registry import Registry
 
 if TYPE_CHECKING:  # torch: this module is read by config validation, before torch is imported
@@ -30,12 +33,14 @@ if TYPE_CHECKING:  # torch: this module is read by config validation, before tor
     from hybridflow.engines.rollout.config import RolloutConfig
     from hybridflow.engines.rollout.interface import RolloutEngine
 
-_BUILTINS = {"native": "hybridflow.engines.rollout.engine", "hf": "hybridflow.engines.rollout.hf_backend"}
+_BUILTINS = {"native": "hybridflow.engines.rollout.engine", "hf": "hybridflow.engines.rollout.hf_backend",
+             **{name: engine.module for name, engine in EXTERNAL_ENGINES.items()}}
 # The built-ins' `supports_tensor_parallel`, for checks that must not import them
 # (tests/engines/rollout/test_registry.py compares it with the classes).
-BUILTIN_TENSOR_PARALLEL = {"native": True, "hf": False}
+BUILTIN_TENSOR_PARALLEL = {"native": True, "hf": False,
+                           **{name: engine.tensor_parallel for name, engine in EXTERNAL_ENGINES.items()}}
 # The built-ins that run multi-turn rollouts (a `turn_engine`), for the same reason.
-BUILTIN_MULTI_TURN = {"native": True, "hf": True}
+BUILTIN_MULTI_TURN = {"native": True, "hf": True, "vllm": False, "sglang": False}
 _BACKENDS: Registry[type[RolloutEngine]] = Registry("rollout backend", "rollout.name", _BUILTINS)
 
 
@@ -107,11 +112,14 @@ def _runs_turns(cls: type) -> bool:
 
 
 def check_rollout_backend(name: str, tp_size: int) -> None:
-    """ValueError if `name` is unknown or cannot run `tp_size`-way TP. A built-in's module
-    is not imported for this (the config check stays torch-free); an external
-    "module:name" is (its registration is how its name becomes known)."""
+    """ValueError if `name` is unknown, needs a package that is not installed (vllm,
+    sglang), or cannot run `tp_size`-way TP. A built-in's module is not imported for this
+    (the config check stays torch-free); an external "module:name" is (its registration
+    is how its name becomes known)."""
     short = _import_external(name)
     _BACKENDS.check(short)
+    if short in EXTERNAL_ENGINES and not is_installed(EXTERNAL_ENGINES[short].package):
+        raise ValueError(missing_package_message(short))
     if short in _BACKENDS.loaded():
         tensor_parallel = _BACKENDS.get(short).supports_tensor_parallel
     else:

@@ -78,7 +78,8 @@ def truncated_log_probs(hf, out, temp: float, top_k: int, top_p: float) -> torch
     for (i, j), tok in zip(torch.cartesian_prod(torch.arange(result.shape[0]), torch.arange(result.shape[1])),
                            out.batch["responses"].flatten()):
         row = probs[i, j]
-        order = row.argsort(descending=True)[:top_k]
+        order = row.argsort(descending=True)
+        order = order[:top_k] if top_k > 0 else order
         kept = row[order] / row[order].sum()
         n_keep = int((kept.cumsum(0) - kept < top_p).sum())
         support = order[:n_keep]

@@ -1,4 +1,4 @@
-"""The RolloutEngine contract, run against every built-in backend (native, hf).
+"""The RolloutEngine contract, run against every built-in backend (native, hf, vllm, sglang).
 
 Whatever generates, workers and the HybridEngine rely on the same behaviour: output keys,
 shapes and dtypes; response_mask, finish_reason and stop tokens that agree; log-probs
@@ -6,8 +6,14 @@ that a forward pass of the same model reproduces; n samples per prompt; weights 
 be released, resumed and reloaded (weight sync); storage accounting. Greedy decoding is
 deterministic, so all backends must produce the same tokens from the same weights.
 
-Engines are built through the registry's factory (`build_rollout_engine`). A new built-in
-backend that runs on this machine joins BACKENDS (test_every_builtin_backend_is_tested).
+Engines are built through the registry's factory (`build_rollout_engine`); every built-in
+backend is in BACKENDS (test_every_builtin_backend_is_tested). The external engines
+(vllm, sglang) run where their package is importable and a CUDA device is present and are
+skipped with the reason otherwise (`unavailable`); their shared code runs everywhere as
+"external_reference" (external_reference.py: the native engine behind the same hooks).
+Nothing here is specific to a backend
+but its device (`config`) and, for the log-prob test, the truncation settings whose
+log-probs the engine can return (external.log_prob_mismatch).
 Tolerances: fp32 log-probs within 1e-4 of an HF forward pass and across backends (KV-cache
 decoding and a full forward sum in different orders); tokens and masks exactly.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from external_reference import registered
 from rollout_helpers import (
     build_engine,
     char_tokenizer,
@@ -29,14 +36,58 @@ from rollout_helpers import (
 
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.rollout import RolloutConfig, SamplingParams, rollout_backend, rollout_backends
+from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, is_installed, log_prob_mismatch
 from hybridflow.engines.rollout.weights import iter_safetensors
 from hybridflow.protocol import DataProto
 
-BACKENDS = ("native", "hf")
-FP32 = RolloutConfig(dtype=torch.float32)
+ALL_BACKENDS = ("native", "hf", "vllm", "sglang")
+# + the shared code of the vllm/sglang adapters over the native engine (external_reference.py)
+TESTED = (*ALL_BACKENDS, "external_reference")
 OUTPUT_KEYS = {"prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
                "rollout_log_probs"}
 LENGTHS = [4, 9, 2, 6]
+
+
+def unavailable(backend: str) -> str | None:
+    """Why `backend` cannot run here (None: it can)."""
+    if backend not in EXTERNAL_ENGINES:
+        return None
+    if not is_installed(EXTERNAL_ENGINES[backend].package):
+        return f"{backend} is not installed here"
+    if not torch.cuda.is_available():
+        return f"{backend} needs a CUDA device"
+    return None
+
+
+BACKENDS = tuple(pytest.param(b, marks=pytest.mark.skipif(unavailable(b) is not None, reason=str(unavailable(b))))
+                 for b in TESTED)
+RUNNABLE = tuple(b for b in TESTED if unavailable(b) is None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reference_backend():
+    with registered():
+        yield
+
+
+def config(backend: str, **kw) -> RolloutConfig:
+    """fp32 on the backend's device: the external engines run on CUDA only."""
+    return RolloutConfig(dtype=kw.pop("dtype", torch.float32),
+                         device="cuda" if backend in EXTERNAL_ENGINES else "cpu", **kw)
+
+
+def build(backend: str, path, rollout_config: RolloutConfig | None = None, **kw):
+    return build_engine(backend, path, rollout_config or config(backend), **kw)
+
+
+@pytest.fixture(autouse=True)
+def _small_gpu_share(monkeypatch):
+    """Several engines are alive at once in a test: each external one takes a small share."""
+    for name in RUNNABLE:
+        if name in EXTERNAL_ENGINES:
+            cls = rollout_backend(name)
+            attr = "gpu_memory_utilization" if name == "vllm" else "mem_fraction_static"
+            monkeypatch.setattr(cls, attr, 0.12)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +107,7 @@ def _greedy(max_new_tokens: int = 16, **kw) -> SamplingParams:
 
 def test_every_builtin_backend_is_tested():
     builtin = {n for n in rollout_backends() if rollout_backend(n).__module__.startswith("hybridflow.")}
-    assert builtin == set(BACKENDS)
+    assert builtin == set(ALL_BACKENDS)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -64,7 +115,7 @@ def test_output_keys_shapes_and_passthrough(backend, models):
     batch = left_padded([3, 7], vocab=256, seed=22)
     batch.non_tensor_batch["uid"] = np.array(["a", "b"], dtype=object)
     batch.meta_info["step"] = 4
-    engine = build_engine(backend, models["llama"])
+    engine = build(backend, models["llama"])
     out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=6, n=3, seed=1, ignore_eos=True))
     b = out.batch
     assert set(b.keys()) == OUTPUT_KEYS and set(out.non_tensor_batch) == {"uid", "finish_reason"}
@@ -88,11 +139,11 @@ def test_response_mask_agrees_with_finish_reason_and_eos(backend, models):
     after it, a "length" row contains no eos and fills its budget; greedy and sampled."""
     path = models["llama"]
     batch = left_padded(LENGTHS, vocab=256, seed=21)
-    free = build_engine(backend, path).generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
+    free = build(backend, path).generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
     config = load_hf_config(path)
     eos = {free[1][2], free[3][4]}
     config.eos_token_id = sorted(eos)
-    engine = build_engine(backend, path, hf_config=config)
+    engine = build(backend, path, hf_config=config)
     for params in (_greedy(24), SamplingParams(temperature=1.0, max_new_tokens=24, n=4, seed=3)):
         out = engine.generate(batch, params)
         reasons = out.non_tensor_batch["finish_reason"]
@@ -115,8 +166,8 @@ def test_greedy_identical_across_backends(family, models):
     """Per-row budgets and eos on: the same tokens, masks and finish reasons everywhere."""
     batch = left_padded([5, 12, 1, 9, 3], vocab=256, seed=2)
     params = [_greedy(b) for b in (20, 7, 14, 20, 3)]
-    outs = {backend: build_engine(backend, models[family]).generate(batch, params) for backend in BACKENDS}
-    ref = outs[BACKENDS[0]]
+    outs = {backend: build(backend, models[family]).generate(batch, params) for backend in RUNNABLE}
+    ref = outs["native"]
     assert ref.batch["response_mask"].sum(1).tolist() == [20, 7, 14, 20, 3]  # the budgets bind
     for backend, out in outs.items():
         for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
@@ -130,8 +181,12 @@ def test_greedy_identical_across_backends(family, models):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rollout_log_probs_equal_a_forward_pass(backend, mode, models):
     path = models["qwen2"]
-    temp, top_k, top_p = 0.7, 20, 0.9
-    engine = build_engine(backend, path, RolloutConfig(dtype=torch.float32, log_prob_mode=mode))
+    temp = 0.7
+    # the sharpest truncation whose log-probs this backend returns in this mode
+    top_k, top_p = next((k, p) for k, p in ((20, 0.9), (20, 1.0), (-1, 0.9), (-1, 1.0))
+                        if backend not in EXTERNAL_ENGINES
+                        or log_prob_mismatch(backend, mode, greedy=False, top_k=k, top_p=p) is None)
+    engine = build(backend, path, config(backend, log_prob_mode=mode))
     out = engine.generate(left_padded([4, 11, 7], vocab=256, seed=4),
                           SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, max_new_tokens=12, n=2, seed=5,
                                          ignore_eos=True))
@@ -150,7 +205,7 @@ def test_stop_token_ids_and_stop_strings(backend, models):
     path = models["llama"]
     batch = left_padded(LENGTHS, vocab=256, seed=21)
     tokenizer, chars = char_tokenizer(256)
-    engine = build_engine(backend, path, tokenizer=tokenizer)
+    engine = build(backend, path, tokenizer=tokenizer)
     free = engine.generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
     stop_ids = {free[0][3], free[2][5]}
     stop_text = "".join(chars[t] for t in free[3][6:8])  # spans two tokens
@@ -178,7 +233,7 @@ def _string_end(text: str, stop: str) -> int | None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_n_samples_and_seeds(backend, models):
     batch = left_padded([5, 3], vocab=256, seed=9)
-    engine = build_engine(backend, models["llama"])
+    engine = build(backend, models["llama"])
     params = SamplingParams(temperature=1.0, max_new_tokens=10, n=4, seed=7, ignore_eos=True)
     out = engine.generate(batch, params)
     responses = out.batch["responses"]
@@ -197,11 +252,12 @@ def test_n_samples_and_seeds(backend, models):
 def test_release_resume_and_storage_accounting(backend, models):
     path = models["llama"]
     batch = left_padded([4, 6], vocab=256)
-    engine = build_engine(backend, path)
+    engine = build(backend, path)
     ref = engine.generate(batch, _greedy()).batch["responses"]
     full = engine.weight_storage_bytes()
     assert full == sum(t.numel() * 4 for _, t in iter_safetensors(path))  # fp32, untied: every tensor once
-    engine.release_memory(keep_weights=True)  # on CPU the weights simply stay
+    engine.release_memory(keep_weights=True)  # moved off the device (on CPU they simply stay)
+    engine.resume_memory()
     assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], ref)
     engine.release_memory()
     assert engine.weight_storage_bytes() == 0
@@ -213,7 +269,7 @@ def test_release_resume_and_storage_accounting(backend, models):
         engine.generate(batch, _greedy())
     engine.load_weights(iter_safetensors(path))
     assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], ref)
-    bf16 = build_engine(backend, path, RolloutConfig(dtype=torch.bfloat16))
+    bf16 = build(backend, path, config(backend, dtype=torch.bfloat16))
     assert bf16.weight_storage_bytes() == full // 2
 
 
@@ -222,11 +278,11 @@ def test_load_weights_twice_follows_the_weights(backend, models):
     """Weight sync: after loading another model the engine generates like that model, and
     loading the first one again brings its outputs back."""
     batch = left_padded([5, 3, 8], vocab=256, seed=5)
-    engine = build_engine(backend, models["llama"])
+    engine = build(backend, models["llama"])
     before = engine.generate(batch, _greedy())
     engine.load_weights(iter_safetensors(models["other"]))
     after = engine.generate(batch, _greedy())
-    fresh = build_engine(backend, models["other"]).generate(batch, _greedy())
+    fresh = build(backend, models["other"]).generate(batch, _greedy())
     assert torch.equal(after.batch["responses"], fresh.batch["responses"])
     assert torch.equal(after.batch["rollout_log_probs"], fresh.batch["rollout_log_probs"])
     assert not torch.equal(after.batch["responses"], before.batch["responses"])
@@ -237,7 +293,7 @@ def test_load_weights_twice_follows_the_weights(backend, models):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_meta_info_selects_greedy_and_length(backend, models):
     batch = left_padded([5, 2], vocab=256, seed=23)
-    engine = build_engine(backend, models["llama"])
+    engine = build(backend, models["llama"])
     explicit = engine.generate(batch, _greedy(5, ignore_eos=True))
     batch.meta_info.update({"do_sample": False, "response_length": 5, "ignore_eos": True, "temperature": 1.0})
     assert torch.equal(engine.generate(batch).batch["responses"], explicit.batch["responses"])
@@ -245,7 +301,7 @@ def test_meta_info_selects_greedy_and_length(backend, models):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_input_raises_clear_errors(backend, models):
-    engine = build_engine(backend, models["llama"], RolloutConfig(dtype=torch.float32, max_model_len=16))
+    engine = build(backend, models["llama"], config(backend, max_model_len=16))
     batch = left_padded([5, 2], vocab=256)
     right_padded = DataProto.from_dict(tensors={k: v.flip(1) for k, v in batch.batch.items()})
     with pytest.raises(ValueError, match="LEFT-padded"):

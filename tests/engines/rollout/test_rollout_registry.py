@@ -38,8 +38,8 @@ def test_builtin_names_resolve_to_their_classes():
 def test_unknown_name_lists_the_registered_ones():
     with pytest.raises(ValueError, match=r"unknown rollout backend 'natve'; did you mean 'native'.*known: hf, native"):
         rollout_backend("natve")
-    with pytest.raises(ConfigError, match=r"name: unknown rollout backend 'vllm'.*known: hf, native"):
-        RolloutWorkerConfig(name="vllm")
+    with pytest.raises(ConfigError, match=r"name: unknown rollout backend 'vlm'.*known: hf, native, sglang, vllm"):
+        RolloutWorkerConfig(name="vlm")
 
 
 def test_registration_rules(isolated_backend_registry):

@@ -1,0 +1,227 @@
+"""`ExternalRolloutEngine`: what the vLLM and SGLang adapters share behind `RolloutEngine`.
+
+An adapter subclasses it and talks to its engine in seven methods: `_start_engine` (build
+it from the model directory, weights not loaded), `_engine_generate` (requests in, per
+request (token ids, log-probs) out), `_engine_load` (one bucket of full Hugging Face
+tensors), `_engine_drop_cache` (forget cached prefixes after new weights), `_engine_release`
+/ `_engine_resume` (the engine's sleep / wake-up) and `_engine_weight_bytes`. Everything
+the contract asks beyond the engine calls lives here, once, with the same helpers as the
+built-in backends (batch_io.py): reading prompts, refusing bad input with the same errors,
+the per-sample seeds, cutting at stops, the output DataProto, the weight-name and shape
+checks, and which parameters were loaded. (tests/engines/rollout/external_reference.py
+plugs the native engine into these hooks, so the contract suite runs this shared code on
+a CPU.)
+
+Weights arrive by Hugging Face name from the HybridEngine, one parameter at a time, each
+rank with its generation tensor-parallel piece (`sharded=True`) or the full tensor. Both
+engines' loaders take full tensors and cut their own piece (vLLM's weight_loader narrows
+by its TP rank), so a piece is all-gathered over the engine's TP group first: one
+parameter is whole at a time on each rank, never the model (`_full_tensor`). Tensors are
+then sent under their checkpoint names (fused MoE experts split per expert,
+`external_io.to_checkpoint`) in buckets of `bucket_bytes`.
+
+Neither engine runs on a CPU: building an adapter without CUDA raises with the fix (the
+run config refuses it earlier, config/validation.py).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.engines.rollout.batch_io import (
+    check_model_len,
+    check_ready,
+    id_tuple,
+    pack_output,
+    params_per_row,
+    stop_ids_for,
+    unpad_prompts,
+)
+from hybridflow.engines.rollout.config import RolloutConfig
+from hybridflow.engines.rollout.external import (
+    EXTERNAL_ENGINES,
+    is_installed,
+    log_prob_mismatch,
+    missing_package_message,
+)
+from hybridflow.engines.rollout.external_io import (
+    EngineRequest,
+    check_weight,
+    checkpoint_shapes,
+    engine_weight_names,
+    expand_requests,
+    expected_weights,
+    finish,
+    gather_tp_piece,
+    to_checkpoint,
+    weight_buckets,
+)
+from hybridflow.engines.rollout.interface import RolloutEngine
+from hybridflow.engines.rollout.sampling import SamplingParams
+from hybridflow.engines.rollout.weights import ignored_weight
+from hybridflow.protocol import DataProto
+
+DEFAULT_BUCKET_BYTES = 512 << 20  # per engine call: large enough to amortise it, small next to a GPU
+
+
+class ExternalRolloutEngine(RolloutEngine):
+    """A `RolloutEngine` over an external engine (module docstring); subclasses name it."""
+
+    engine_name: ClassVar[str]
+
+    def __init__(self, hf_config, config: RolloutConfig = RolloutConfig(), *, process_group=None, tokenizer=None,
+                 model_path: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        name = self.engine_name
+        self._check_environment(config)
+        if model_path is None:
+            raise ValueError(f"rollout backend {name!r} builds its engine from the model directory; pass model_path")
+        if config.keep_kv_cache:
+            raise ValueError(f"rollout backend {name!r} manages its own KV cache; set keep_kv_cache=False")
+        self.config = config
+        self.group = process_group
+        self._tp_size = 1 if process_group is None else dist.get_world_size(process_group)
+        self._tp_rank = 0 if process_group is None else dist.get_rank(process_group)
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.bucket_bytes = bucket_bytes
+        self.max_len = config.max_model_len or int(hf_config.max_position_embeddings)
+        self.eos_ids = id_tuple(getattr(hf_config, "eos_token_id", None))
+        pad = config.pad_token_id if config.pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        module = expected_weights(hf_config)
+        # weights are accepted under the module's names (the training engine's) and the
+        # checkpoint's (a model directory), which differ for fused MoE experts
+        self.expected = {**module, **checkpoint_shapes(module)}
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.required = engine_weight_names(module, self.tied)  # checkpoint names
+        self._loaded: set[str] = set()
+        self._released = False
+        self._cache_stale = False
+        self._calls = 0
+        self._start_engine(hf_config)
+        self._full_bytes = self._engine_weight_bytes()
+
+    # ------------------------------------------------------------------ engine hooks
+    def _check_environment(self, config: RolloutConfig) -> None:
+        """Raise unless the engine's package is installed and `config.device` is a CUDA device."""
+        name = self.engine_name
+        if not is_installed(EXTERNAL_ENGINES[name].package):
+            raise ImportError(missing_package_message(name))
+        if torch.device(config.device).type != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError(f"rollout backend {name!r} generates on CUDA devices only (got device "
+                               f"{config.device!r}, CUDA available: {torch.cuda.is_available()}); run with "
+                               "resources.use_gpu=true on a machine with NVIDIA GPUs, or use rollout.name=native or hf")
+
+    def _log_prob_problem(self, p: SamplingParams) -> str | None:
+        """Why the engine cannot return `config.log_prob_mode` log-probs for `p` (None: it can)."""
+        return log_prob_mismatch(self.engine_name, self.config.log_prob_mode, greedy=p.greedy, top_k=p.top_k,
+                                 top_p=p.top_p)
+
+    @abstractmethod
+    def _start_engine(self, hf_config) -> None:
+        """Build the engine from self.model_path with placeholder weights."""
+
+    @abstractmethod
+    def _engine_generate(self, requests: list[EngineRequest], stop_ids: list[frozenset[int]]
+                         ) -> list[tuple[list[int], list[float]]]:
+        """(token ids, log-probs) per request, in order."""
+
+    @abstractmethod
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF tensors into the engine."""
+
+    @abstractmethod
+    def _engine_drop_cache(self) -> None:
+        """Forget cached prefixes (their KV was computed with the previous weights)."""
+
+    @abstractmethod
+    def _engine_release(self, keep_weights: bool) -> None: ...
+
+    @abstractmethod
+    def _engine_resume(self) -> None: ...
+
+    @abstractmethod
+    def _engine_weight_bytes(self) -> int:
+        """Bytes of the engine's weight tensors on this rank (while they are allocated)."""
+
+    # ------------------------------------------------------------------ RolloutEngine
+    @property
+    def tp_size(self) -> int:
+        return self._tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self._tp_rank
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, sharded: bool = False) -> None:
+        if self._released:
+            raise RuntimeError("weights are released; call resume_memory() before load_weights()")
+
+        def full_tensors():
+            for name, tensor in weights:
+                if ignored_weight(name):
+                    continue
+                check_weight(self.expected, name, tensor, dim=self.shard_dim(name), rank=self._tp_rank,
+                             world=self._tp_size, sharded=sharded)
+                whole = self._full_tensor(name, tensor) if sharded else tensor
+                for checkpoint_name, part in to_checkpoint(name, whole):
+                    if checkpoint_name in self.required:  # not a tied lm_head: the engine reads the embedding
+                        self._loaded.add(checkpoint_name)
+                        yield checkpoint_name, part
+
+        for bucket in weight_buckets(full_tensors(), self.bucket_bytes):
+            self._engine_load(bucket)
+            # The engine's prefix cache holds KV of the old weights: dropped once, before the
+            # next generate (the HybridEngine loads one parameter per call).
+            self._cache_stale = True
+
+    def _full_tensor(self, name: str, piece: torch.Tensor) -> torch.Tensor:
+        """The whole parameter from every TP rank's piece (a replicated one is whole already)."""
+        dim = self.shard_dim(name)
+        if dim is None or self._tp_size == 1:
+            return piece
+        return gather_tp_piece(piece, dim, self.expected[name][dim], self.group)
+
+    def generate(self, prompts: DataProto,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> DataProto:
+        params = params_per_row(prompts, sampling_params)
+        check_ready(released=self._released, missing=self.required - self._loaded, params=params,
+                    tokenizer=self.tokenizer)
+        for p in set(params):
+            why = self._log_prob_problem(p)
+            if why is not None:  # a call's meta_info asked for what the config check could not see
+                raise ValueError(why)
+        prompt_ids = unpad_prompts(prompts)
+        check_model_len(prompt_ids, params, self.max_len)
+        requests = expand_requests(prompt_ids, params, base_seed=self.config.seed, call=self._calls)
+        self._calls += 1
+        stops = [stop_ids_for(r.params, self.eos_ids) for r in requests]
+        if self._cache_stale:
+            self._engine_drop_cache()
+            self._cache_stale = False
+        outputs = self._engine_generate(requests, stops)
+        samples = [finish(r, tokens, lps, s, self.tokenizer) for r, (tokens, lps), s in zip(requests, outputs, stops)]
+        return pack_output(prompts, samples, params, self.pad_id)
+
+    def release_memory(self, *, keep_weights: bool = False) -> None:
+        if self._released:
+            return
+        self._engine_release(keep_weights)
+        self._released = True
+        if not keep_weights:
+            self._loaded.clear()
+
+    def resume_memory(self) -> None:
+        if not self._released:
+            return
+        self._engine_resume()
+        self._released = False
+
+    def weight_storage_bytes(self) -> int:
+        return 0 if self._released else self._full_bytes

@@ -1,0 +1,89 @@
+"""SGLang as a rollout backend ("sglang"): an adapter written against the SGLang 0.5 `Engine` API.
+
+    rollout:
+      name: sglang                     # resources.use_gpu: true; `pip install sglang` (its own CUDA torch)
+      tensor_model_parallel_size: 1    # one engine per rank (see below)
+      log_prob_mode: scaled            # with top_p = 1 (external.py)
+
+NEVER RUN HERE: no GPU and no SGLang were available in the session that wrote it; the
+contract suite runs it where both are. `sglang` is imported only when an engine is built;
+a missing package is a ConfigError at config validation (external.py). The translation
+code it uses is in external_io.py and tested without the package.
+
+How it maps onto SGLang (docs/rollout_backends.md):
+- Layout: one `sglang.Engine` per rank, on this rank's GPU (base_gpu_id), tp_size=1: d_g =
+  world engines, t_g = 1. An Engine with tp_size > 1 starts its own scheduler process per
+  GPU, on GPUs the colocated training ranks hold; that layout is refused at config
+  validation rather than half-supported.
+- Weights: built with load_format="dummy", then `Engine.update_weights_from_tensor(
+  named_tensors=[(HF name, tensor), ...], flush_cache=False)` per bucket; the radix cache
+  is flushed (`Engine.flush_cache`) before the first generate after a load. Tensors pass
+  to the scheduler process through CUDA IPC (SGLang serialises handles, not bytes).
+- Memory: enable_memory_saver=True; release_memory() is `release_memory_occupation()`
+  (weights and KV cache), resume_memory() `resume_memory_occupation()`; the weights are then
+  reloaded. keep_weights=True releases the KV cache only (tags=["kv_cache"]): the weights
+  stay on the device, so `weight_storage_bytes` stays as it was.
+- Sampling: one request per sample, seeded per sample (`sampling_seed`); log-probs from
+  return_logprob=True (external.py has their meaning). A request that ignores eos but has
+  stop ids decodes to its budget and is cut afterwards (external_io.sglang_sampling_dict).
+- Not supported: tensor parallelism, multi-turn rollouts, keep_kv_cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hybridflow.engines.rollout.external_engine import ExternalRolloutEngine
+from hybridflow.engines.rollout.external_io import EngineRequest, sglang_output_tokens, sglang_sampling_dict
+from hybridflow.engines.rollout.registry import register_rollout_backend
+
+
+@register_rollout_backend("sglang")
+class SGLangRolloutEngine(ExternalRolloutEngine):
+    """SGLang behind the RolloutEngine contract (see module docstring)."""
+
+    engine_name = "sglang"
+    supports_tensor_parallel = False
+    mem_fraction_static = 0.5  # share of the GPU for weights + KV cache; the rest is training's
+
+    def _start_engine(self, hf_config) -> None:
+        import sglang
+
+        self.engine = sglang.Engine(
+            model_path=self.model_path, skip_tokenizer_init=True, dtype=str(self.config.dtype).removeprefix("torch."),
+            tp_size=1, base_gpu_id=torch.device(self.config.device).index or 0, random_seed=self.config.seed,
+            context_length=self.max_len, max_running_requests=self.config.max_num_seqs,
+            mem_fraction_static=self.mem_fraction_static, enable_memory_saver=True, load_format="dummy",
+            log_level="error",
+        )
+        self._kept_weights = False
+
+    def _engine_generate(self, requests: list[EngineRequest], stop_ids) -> list[tuple[list[int], list[float]]]:
+        outputs = self.engine.generate(input_ids=[r.prompt_ids for r in requests],
+                                       sampling_params=[sglang_sampling_dict(r, s) for r, s in zip(requests, stop_ids)],
+                                       return_logprob=True)
+        return [sglang_output_tokens(o) for o in outputs]
+
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+
+    def _engine_drop_cache(self) -> None:
+        self.engine.flush_cache()
+
+    def _engine_release(self, keep_weights: bool) -> None:
+        self.engine.release_memory_occupation(tags=["kv_cache"] if keep_weights else None)
+        self._kept_weights = keep_weights
+
+    def _engine_resume(self) -> None:
+        self.engine.resume_memory_occupation(tags=["kv_cache"] if self._kept_weights else None)
+
+    def _engine_weight_bytes(self) -> int:
+        # The model lives in SGLang's scheduler process: count what it must hold.
+        itemsize = torch.empty((), dtype=self.config.dtype).element_size()
+        return sum(math.prod(self.expected[n]) for n in self.required) * itemsize
+
+    def weight_storage_bytes(self) -> int:
+        # keep_weights=True leaves the weights on the device (module docstring).
+        return self._full_bytes if self._released and self._kept_weights else super().weight_storage_bytes()

@@ -1,0 +1,112 @@
+"""vLLM as a rollout backend ("vllm"): an adapter written against vLLM >= 0.10.2 (V1 engine).
+
+    rollout:
+      name: vllm                       # resources.use_gpu: true; `pip install vllm` (its own CUDA torch)
+      tensor_model_parallel_size: 2    # t_g: vLLM's tensor_parallel_size
+      reshard_method: plain            # consecutive TP groups, as vLLM forms them
+      log_prob_mode: processed         # what vLLM returns (external.py)
+
+NEVER RUN HERE: no GPU and no vLLM were available in the session that wrote it; the
+contract suite (tests/engines/rollout/test_backend_contract.py) runs it where both are.
+`vllm` is imported only when an engine is built; a missing package is a ConfigError at
+config validation (external.py). Everything that does not need vLLM (sampling
+translation, output conversion, weight checks and buckets) is in external_io.py and tested.
+
+How it maps onto vLLM (docs/rollout_backends.md has the full table):
+- Layout: one `vllm.LLM` per rank. Inside the workers' torch.distributed world the engine
+  joins it (distributed_executor_backend="external_launcher") with tensor_parallel_size =
+  t_g and data_parallel_size = d_g = world / t_g; vLLM lays ranks out as [dp, tp], so its
+  TP groups are t_g consecutive ranks (external_io.vllm_parallel_kwargs). Outside a world
+  (one process) it is a single-process engine. The engine core runs in this process
+  (VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights reach the model without serialisation.
+- Weights: built with load_format="dummy" (nothing read from disk), then fed by Hugging
+  Face name through `LLM.collective_rpc`, which calls `model.load_weights` on this rank's
+  worker (vLLM maps q/k/v and gate/up onto its fused parameters and cuts its TP piece).
+  The prefix cache is reset before the first generate after a load (its KV was computed
+  with the old weights).
+- Memory: enable_sleep_mode=True; release_memory() is `LLM.sleep(level=2)` (weights and KV
+  cache discarded: they are reloaded each step anyway), keep_weights=True is level 1
+  (weights offloaded to host memory). resume_memory() wakes the weights only; the KV cache
+  is woken by the next generate, so loading weights never coexists with the KV cache.
+- Sampling: one request per sample (external_io.expand_requests), seeded per sample; stop
+  ids explicit; log-probs with logprobs=0 and logprobs_mode="processed_logprobs".
+- Not supported: multi-turn rollouts (turn_engine), keep_kv_cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from hybridflow.engines.rollout.external_engine import ExternalRolloutEngine
+from hybridflow.engines.rollout.external_io import (
+    EngineRequest,
+    vllm_completion_tokens,
+    vllm_parallel_kwargs,
+    vllm_sampling_kwargs,
+)
+from hybridflow.engines.rollout.registry import register_rollout_backend
+
+
+def _load_bucket(worker, bucket) -> None:
+    """Runs on vLLM's worker (collective_rpc): its model's own HF-name loader."""
+    worker.model_runner.model.load_weights(weights=bucket)
+
+
+def _weight_bytes(worker) -> int:
+    return sum(p.numel() * p.element_size() for p in worker.model_runner.model.parameters())
+
+
+@register_rollout_backend("vllm")
+class VLLMRolloutEngine(ExternalRolloutEngine):
+    """vLLM behind the RolloutEngine contract (see module docstring)."""
+
+    engine_name = "vllm"
+    supports_tensor_parallel = True
+    # Share of the GPU vLLM may take for weights + KV cache while it is awake; the rest is
+    # left to the colocated training state (offloaded or not) and activations.
+    gpu_memory_utilization = 0.5
+
+    def _start_engine(self, hf_config) -> None:
+        distributed = dist.is_initialized()
+        parallel, env = vllm_parallel_kwargs(self.tp_size, rank=dist.get_rank() if distributed else None,
+                                             world_size=dist.get_world_size() if distributed else None)
+        os.environ.update(env)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see above)
+        import vllm
+
+        self.llm = vllm.LLM(
+            model=self.model_path, skip_tokenizer_init=True, dtype=str(self.config.dtype).removeprefix("torch."),
+            seed=self.config.seed, max_model_len=self.max_len, max_num_seqs=self.config.max_num_seqs,
+            gpu_memory_utilization=self.gpu_memory_utilization, enable_sleep_mode=True, load_format="dummy",
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **parallel,
+        )
+        self._sampling_params = vllm.SamplingParams
+        self._kv_asleep = False
+
+    def _engine_generate(self, requests: list[EngineRequest], stop_ids) -> list[tuple[list[int], list[float]]]:
+        if self._kv_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._kv_asleep = False
+        prompts = [{"prompt_token_ids": r.prompt_ids} for r in requests]
+        params = [self._sampling_params(**vllm_sampling_kwargs(r, s)) for r, s in zip(requests, stop_ids)]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [vllm_completion_tokens(o.outputs[0]) for o in outputs]
+
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc(_load_bucket, args=(bucket,))
+
+    def _engine_drop_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def _engine_release(self, keep_weights: bool) -> None:
+        self.llm.sleep(level=1 if keep_weights else 2)
+        self._kv_asleep = True
+
+    def _engine_resume(self) -> None:
+        self.llm.wake_up(tags=["weights"])
+
+    def _engine_weight_bytes(self) -> int:
+        return int(self.llm.collective_rpc(_weight_bytes)[0])
