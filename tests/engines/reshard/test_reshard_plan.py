@@ -222,3 +222,22 @@ def test_formula_pipeline_with_equal_stages_is_the_papers():
         assert hyb.comm_bytes * tg * n == (n - tg) * m
         assert base.comm_bytes * n == (n - 1) * m and base.buffer_bytes == m
         assert hyb.buffer_bytes == 2 * 512 // tg
+
+
+def test_layout_reads_pipeline_stages_off_the_ranks_parameters():
+    """Ranks with the same names form a stage; chunks are indexed inside the stage. Sets that
+    are not equal blocks of consecutive ranks with disjoint names are refused."""
+    from hybridflow.engines.reshard import TrainingLayout
+
+    def rank(names: list[str], dim_offset_len: tuple[int, int, int]) -> list[tuple]:
+        return [(n, (8, 4), torch.float32, "(Shard(dim=0),)", dim_offset_len) for n in names]
+
+    a, b = ["model.layers.0.mlp.up_proj.weight"], ["model.layers.1.mlp.up_proj.weight"]
+    layout = TrainingLayout.from_rank_pieces([rank(a, (0, 0, 4)), rank(a, (0, 4, 4)),
+                                              rank(b, (0, 4, 4)), rank(b, (0, 0, 4))])
+    assert (layout.num_stages, layout.stage_size) == (2, 2)
+    assert [(p.name, p.stage, p.chunks) for p in layout.params] == [(a[0], 0, (0, 1)), (b[0], 1, (1, 0))]
+    for bad in ([rank(a, (0, 0, 4)), rank(b, (0, 0, 8)), rank(a, (0, 4, 4))],  # not consecutive
+                [rank(a + b, (0, 0, 8)), rank(b, (0, 0, 8))]):  # overlapping names
+        with pytest.raises(ValueError, match="neither one model nor pipeline stages"):
+            TrainingLayout.from_rank_pieces(bad)
