@@ -70,6 +70,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     if actor_ranks % tp_gen:
         raise ConfigError(f"{tp_gen} does not divide the actor's {actor_ranks} ranks",
                           "rollout.tensor_model_parallel_size")
+    _check_actor_pipeline(cfg, actor_ranks, tp_gen)
     groups = actor_ranks // tp_gen
     if prompts % groups:
         raise ConfigError(
@@ -99,6 +100,24 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     pool = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences,
                   pool)
+
+
+def _check_actor_pipeline(cfg: RunConfig, actor_ranks: int, tp_gen: int) -> None:
+    """actor.pp_size > 1: generation runs at p_g = 1 with its TP groups inside one pipeline
+    stage (engines/reshard/grouping.py), and only the colocated sync mode moves the weights
+    through the 3D-HybridEngine (the weight bridge to a separate rollout pool sends from
+    rank 0, which holds one stage)."""
+    pp = cfg.actor.pp_size
+    if pp == 1:
+        return
+    if cfg.trainer.mode != "sync":
+        raise ConfigError(f"must be 1 with trainer.mode={cfg.trainer.mode}: the weight bridge to the rollout pool "
+                          "sends from training rank 0, which holds one pipeline stage; use trainer.mode=sync or "
+                          "tensor / data parallelism for the actor", "actor.pp_size")
+    if actor_ranks % pp == 0 and (actor_ranks // pp) % tp_gen:
+        raise ConfigError(f"{tp_gen} does not divide the {actor_ranks // pp} ranks of each of the actor's {pp} "
+                          "pipeline stages (generation groups lie inside one stage: p_g = 1)",
+                          "rollout.tensor_model_parallel_size")
 
 
 def _check_model_template(cfg: RunConfig) -> None:

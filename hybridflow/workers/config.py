@@ -196,7 +196,7 @@ class RewardModelWorkerConfig:
 # Roles whose engine may carry LoRA adapters: peft adapts a causal LM, not a scoring head model.
 LORA_ROLES = ("actor",)
 # Roles that may run with pp_size > 1 in an RL run (check_role_pipeline).
-PIPELINE_ROLES = ("critic", "cost_critic")
+PIPELINE_ROLES = ("actor", "critic", "cost_critic")
 
 
 def check_role_engine(role: str, engine: TrainEngineSettings) -> None:
@@ -209,19 +209,17 @@ def check_role_engine(role: str, engine: TrainEngineSettings) -> None:
 
 
 def check_role_pipeline(role: str, engine: EngineSettings) -> None:
-    """pp_size > 1 in an RL run: the critics only (key relative to the settings).
+    """pp_size > 1 in an RL run: the actor (and with it the reference, built with its sizes)
+    and the critics (key relative to the settings).
 
-    The training engine pipelines the actor too (ActorEngine with pp_size > 1: training and
-    log-probs, tested against a single-process reference), but the actor's weights reach
-    generation through the 3D-HybridEngine, which does not gather pipeline stages yet; the
-    frozen score models (reward, cost) have no pipelined forward."""
+    The actor's log-probs and update run through the pipeline (engines/train/pipeline.py)
+    and the 3D-HybridEngine gathers its stages into generation at p_g = 1
+    (engines/reshard/grouping.py); the frozen score models (reward, cost) have no
+    pipelined forward."""
     if engine.pp_size == 1 or role in PIPELINE_ROLES:
         return
-    why = ("the actor's weight sync to generation (the 3D-HybridEngine) does not gather pipeline stages yet"
-           if role == "actor" else f"the {role}'s model has no pipelined forward")
-    raise ConfigError(f"must be 1 for the {role} in an RL run: {why}; use tp_size / data parallelism "
-                      "(pipeline training of the actor is available in the engine, engines/train/pipeline.py)",
-                      "pp_size")
+    raise ConfigError(f"must be 1 for the {role} in an RL run: the {role}'s model has no pipelined forward; use "
+                      "tp_size / data parallelism", "pp_size")
 
 
 def _check_engine(config: object, role: str) -> None:

@@ -2,7 +2,8 @@
 
 Communication convention (as in the paper's Table 2): an all-gather over a group of g
 ranks whose output holds O bytes costs each rank (g - 1) / g * O bytes, the bytes it
-receives (a ring sends as many as it receives). Only the collectives the resharder
+receives (a ring sends as many as it receives); a broadcast of O bytes costs each receiving
+rank O and the sender nothing (pipeline stages, grouping.py). Only the collectives the resharder
 issues are counted; there are no others in a transition.
 
 Memory convention: parameter bytes alive on the rank, counted by the code that
@@ -47,6 +48,16 @@ class CommMeter:
         else:
             dist.all_gather([buffer[p] for p in positions], own, group=group)
         self.bytes += (g - 1) * nbytes(own)
+        self.calls += 1
+
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: dist.ProcessGroup) -> None:
+        """`src` (a global rank) sends `tensor` (contiguous) to the group; every other member receives it."""
+        if not tensor.is_contiguous():
+            raise ValueError("broadcast needs a contiguous tensor (its bytes go over the wire as laid out)")
+        dist.broadcast(tensor, src=src, group=group)
+        if dist.get_rank() != src:
+            self.bytes += nbytes(tensor)
         self.calls += 1
 
 

@@ -13,6 +13,11 @@ untouched (on GPU the caller may offload them with `TrainEngine.offload` while
 generating). Building is collective over the training world: it shares the layout and
 creates the process groups (generation TP groups and gather groups) on every rank.
 
+Pipeline-parallel training (p > 1, each rank holding one stage's parameters) generates at
+p_g = 1: every rank's rollout engine holds its TP shard of every layer. Parameters are
+gathered inside their stage as without pipelining and broadcast over the pipeline group
+to the other stages' ranks that need the same shard (grouping.py).
+
 The rollout engine is whichever backend `backend` names (engines/rollout/registry.py); the
 HybridEngine uses only the `RolloutEngine` interface: its TP layout (`tp_size`, `tp_rank`,
 `shard_dim`), `load_weights(sharded=...)`, `release_memory` / `resume_memory` and
@@ -104,7 +109,7 @@ class HybridEngine:
         start = time.perf_counter()
         meter, ledger = CommMeter(), MemoryLedger()
         params = dict(self.named_parameters())
-        if set(params) != {s.name for s in self.plan}:
+        if set(params) != {s.name for s in self.plan if self.rank in s.members}:
             raise RuntimeError("the training parameters changed names since the HybridEngine was built")
         locals_ = {name: local_shard(p).detach() for name, p in params.items()}
         ledger.set_train(sum(nbytes(t) for t in locals_.values()))
@@ -129,7 +134,7 @@ class HybridEngine:
         # Each gather yields exactly this rank's generation shard: load it and free the
         # buffer before the next one, so at most one parameter's shard is in flight.
         for spec in self.plan:
-            piece, size = self._gather(spec, locals_[spec.name], meter, ledger)
+            piece, size = self._fetch(spec, locals_, meter, ledger)
             self.rollout.load_weights([(spec.name, piece)], sharded=spec.is_gen_shard)
             del piece
             ledger.free(size)
@@ -137,11 +142,36 @@ class HybridEngine:
     def _gather_whole_model(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger) -> None:
         # The baselines materialise every full parameter before handing them over (the
         # paper's gather-then-partition); the engine cuts its own piece from each.
-        gathered = [(spec, *self._gather(spec, locals_[spec.name], meter, ledger)) for spec in self.plan]
+        gathered = [(spec, *self._fetch(spec, locals_, meter, ledger)) for spec in self.plan]
         for spec, piece, _ in gathered:
             self.rollout.load_weights([(spec.name, piece)], sharded=spec.is_gen_shard)
         ledger.free(sum(size for _, _, size in gathered))
         del gathered
+
+    def _fetch(self, spec: GatherSpec, locals_: dict[str, torch.Tensor], meter: CommMeter,
+               ledger: MemoryLedger) -> tuple[torch.Tensor, int]:
+        """This rank's copy of one parameter as `spec` lays it out: gathered inside its pipeline
+        stage by the holders, then (with stages) broadcast over the pipeline group by `source`.
+        Returns it and its buffer bytes."""
+        holder = self.rank in spec.members
+        piece, size = self._gather(spec, locals_[spec.name], meter, ledger) if holder else (None, 0)
+        if spec.source is None:
+            return piece, size
+        # Gathers along dim d leave the tensor as a dim-d-first buffer seen through movedim:
+        # broadcast that contiguous buffer and view the received one the same way.
+        d = spec.dim or 0
+        if size == 0:
+            # Nothing gathered (a one-member group, or a rank of another stage): a buffer in
+            # the transfer dtype to broadcast from or into.
+            shape = list(spec.shape)
+            device = next(iter(locals_.values())).device  # where the training shards live
+            buffer = torch.empty([shape.pop(d), *shape], dtype=self.transfer_dtype, device=device)
+            if holder:
+                buffer.copy_(piece.movedim(d, 0))
+            piece, size = buffer.movedim(0, d), nbytes(buffer)
+            ledger.alloc(size)
+        meter.broadcast(piece.movedim(d, 0), spec.source, self.groups[spec.pipe_group])
+        return piece, size
 
     def _gather(self, spec: GatherSpec, local: torch.Tensor, meter: CommMeter,
                 ledger: MemoryLedger) -> tuple[torch.Tensor, int]:

@@ -1,19 +1,23 @@
 """The paper's Table 2 adapted to FSDP training: closed-form per-rank costs of a transition.
 
-Symbols (derivation in docs/reshard.md): N training ranks (dp x tp, FSDP over dp, TP over
-tp), t_g generation TP size, B = N / t_g the micro-DP group size, K_r = N / tp the number
-of distinct training shards of a replicated parameter (norms: FSDP shards them over dp
-only). P_s / P_r: parameters (elements) the generation engine splits / replicates; e_g,
-e_t: bytes per element in the generation (transfer) and training dtypes;
-M_s = e_g P_s, M_r = e_g P_r, M = M_s + M_r.
+Symbols (derivation in docs/reshard.md): N training ranks (p x d x t: pipeline stages,
+FSDP over d, TP over t), N_s = N / p the ranks of one stage, t_g generation TP size
+(generation p_g = 1), K_r = d the number of distinct training shards of a replicated
+parameter (norms: FSDP shards them over d only). P_s / P_r: parameters (elements) the
+generation engine splits / replicates, of the whole model; P_s^(s) / P_r^(s) those of the
+rank's pipeline stage s (the whole model when p = 1); e_g, e_t: bytes per element in the
+generation (transfer) and training dtypes; M_s = e_g P_s, M_r = e_g P_r, M = M_s + M_r.
 
-    comm   hybrid          (N - t_g) / (N t_g) * M_s + (K_r - 1) / K_r * M_r
-           plain, gather   (N - 1) / N * M_s         + (K_r - 1) / K_r * M_r
-    train shard  T = e_t (P_s / N + P_r / K_r)
-    generation   G = M_s / t_g + M_r
-    buffers hybrid: one parameter's generation shard, the largest one that needs a
-                    gather (split ones only when B > 1, replicated ones when K_r > 1)
-            plain, gather_all: the whole gathered model, M (terms whose group is 1 drop)
+    train shard   T = e_t (P_s^(s) / N_s + P_r^(s) / K_r)
+    same in e_g   S = e_g (P_s^(s) / N_s + P_r^(s) / K_r)
+    generation    G = M_s / t_g + M_r
+    comm   hybrid          G - S  ("receive what you need minus what you hold";
+                                   p = 1: (N - t_g) / (N t_g) M_s + (K_r - 1) / K_r M_r)
+           plain, gather   M - S  (p = 1: (N - 1) / N M_s + (K_r - 1) / K_r M_r)
+    buffers hybrid: one parameter's generation shard, the largest one that is staged:
+                    p = 1, split ones when N / t_g > 1, replicated ones when K_r > 1;
+                    p > 1, every one (each is broadcast to the other stages)
+            plain, gather_all: the whole gathered model, M (p = 1: terms whose group is 1 drop)
     peak = T + G + buffers
 """
 
@@ -69,26 +73,34 @@ class Costs:
 
 
 def predicted_costs(sizes: ModelSizes, method: ReshardMethod | str, *, world_size: int, train_tp: int,
-                    gen_tp: int, gen_bytes: int, train_bytes: int) -> Costs:
-    """Closed-form costs of the module docstring (exact when every size divides evenly)."""
+                    gen_tp: int, gen_bytes: int, train_bytes: int, pp_size: int = 1,
+                    stage: ModelSizes | None = None) -> Costs:
+    """Closed-form costs of the module docstring for a rank of pipeline stage `stage`
+    (its parameters' sizes; required when pp_size > 1), exact when every size divides evenly."""
     method = ReshardMethod.parse(method)
-    n, t_g = world_size, gen_tp
-    if n % train_tp or n % t_g:
-        raise ValueError(f"train_tp={train_tp} and gen_tp={t_g} must divide world_size={n}")
-    k_r, block = n // train_tp, n // t_g
+    n, t_g, p = world_size, gen_tp, pp_size
+    if n % (train_tp * p) or (n // p) % t_g:
+        raise ValueError(f"train_tp={train_tp} x pp_size={p} must divide world_size={n}, and gen_tp={t_g} "
+                         "the ranks of a stage")
+    if p > 1 and stage is None:
+        raise ValueError("pp_size > 1 needs the sizes of the rank's own pipeline stage (stage=)")
+    stage = sizes if stage is None else stage
+    n_s = n // p
+    k_r, block = n_s // train_tp, n_s // t_g
     m_s, m_r = gen_bytes * sizes.split_numel, gen_bytes * sizes.replicated_numel
-    repl_comm = Fraction(k_r - 1, k_r) * m_r
-    if method is ReshardMethod.HYBRID:
-        comm = Fraction(n - t_g, n * t_g) * m_s + repl_comm
-        buffers = max(
-            gen_bytes * sizes.largest_split_numel // t_g if block > 1 else 0,
-            gen_bytes * sizes.largest_replicated_numel if k_r > 1 else 0,
-        )
-    else:
-        comm = Fraction(n - 1, n) * m_s + repl_comm
-        buffers = (m_s if n > 1 else 0) + (m_r if k_r > 1 else 0)
-    train = Fraction(train_bytes * sizes.split_numel, n) + Fraction(train_bytes * sizes.replicated_numel, k_r)
+    held = Fraction(stage.split_numel, n_s) + Fraction(stage.replicated_numel, k_r)  # elements of the shard
     generation = Fraction(m_s, t_g) + m_r
+    comm = (generation if method is ReshardMethod.HYBRID else m_s + m_r) - gen_bytes * held
+    if method is ReshardMethod.HYBRID:
+        buffers = max(
+            gen_bytes * sizes.largest_split_numel // t_g if block > 1 or p > 1 else 0,
+            gen_bytes * sizes.largest_replicated_numel if k_r > 1 or p > 1 else 0,
+        )
+    elif p > 1:
+        buffers = m_s + m_r
+    else:
+        buffers = (m_s if n > 1 else 0) + (m_r if k_r > 1 else 0)
+    train = train_bytes * held
     return Costs(_exact(comm, "comm"), _exact(train, "train shard"), _exact(generation, "generation"), buffers)
 
 

@@ -14,8 +14,15 @@ FSDP2 gives ceil-sized pieces and a shorter (or empty) last one, FSDP x TP nests
 splits. Such a parameter is "ragged": its layout keeps each rank's (offset, length) and
 the grouping gathers it whole (grouping.py), so no method needs equal chunks for it.
 
+Pipeline stages (p > 1): a rank holds only its stage's parameters (engines/train/pipeline.py
+keeps the Hugging Face names), so the ranks fall into p blocks of N / p consecutive ranks
+(the training mesh has pp outermost) with disjoint parameter sets. Each parameter's layout
+is then read over its own stage's ranks: `ParamLayout.stage` names the block and its
+`chunks` are indexed by the rank's position inside it. With p = 1 that position is the
+global rank.
+
 `TrainingLayout.from_named_parameters` is collective: every rank computes its own chunk
-index from its DTensor and one small all-gather shares them.
+index from its DTensor and one small all-gather of (name, shape, piece) lists shares them.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ class ParamLayout:
 
     dim: the tensor dim split into chunks (None: every rank holds the whole tensor).
     num_chunks: K, the number of equal chunks along `dim` (1 when dim is None).
-    chunks: chunks[r] is the chunk index held by global rank r; with K < world size
-        several ranks hold the same chunk (e.g. norms under tensor parallelism).
+    chunks: chunks[i] is the chunk index held by rank i of the parameter's stage (the
+        global rank when there is one stage); with K < stage size several ranks hold the
+        same chunk (e.g. norms under tensor parallelism).
+    stage: the pipeline stage whose ranks hold the parameter (0 without pipelining).
     """
 
     name: str
@@ -48,6 +57,7 @@ class ParamLayout:
     # Uneven split only: (offset, length) along `dim` of each global rank's piece; chunk
     # indices then number the distinct pieces, and chunk_numel does not apply.
     ragged: tuple[tuple[int, int], ...] | None = None
+    stage: int = 0
 
     @property
     def numel(self) -> int:
@@ -61,21 +71,49 @@ class ParamLayout:
         return self.numel // self.num_chunks
 
     def holders(self, chunk: int) -> list[int]:
-        """Ranks holding `chunk`, in rank order."""
+        """Stage-local ranks holding `chunk`, in rank order."""
         return [r for r, c in enumerate(self.chunks) if c == chunk]
 
 
 @dataclass(frozen=True)
 class TrainingLayout:
-    """ParamLayout of every parameter, in the training engine's parameter order."""
+    """ParamLayout of every parameter: stage by stage, each in the training engine's order.
+
+    num_stages: p, the pipeline stages; stage s is global ranks [s N/p, (s+1) N/p).
+    """
 
     params: tuple[ParamLayout, ...]
     world_size: int
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError("TrainingLayout has duplicate parameter names")
+        if self.num_stages < 1 or self.world_size % self.num_stages:
+            raise ValueError(f"{self.num_stages} pipeline stages do not divide the {self.world_size} training ranks")
+        for p in self.params:
+            if not 0 <= p.stage < self.num_stages or len(p.chunks) != self.stage_size:
+                raise ValueError(f"{p.name}: stage {p.stage} with {len(p.chunks)} chunk entries does not fit "
+                                 f"{self.num_stages} stages of {self.stage_size} ranks")
+
+    @property
+    def stage_size(self) -> int:
+        """N / p: the ranks of one pipeline stage."""
+        return self.world_size // self.num_stages
+
+    def stage_of(self, rank: int) -> int:
+        return rank // self.stage_size
+
+    def local_rank(self, rank: int) -> int:
+        """The rank's position inside its stage."""
+        return rank % self.stage_size
+
+    def global_rank(self, stage: int, local: int) -> int:
+        return stage * self.stage_size + local
+
+    def stage_params(self, stage: int) -> list[ParamLayout]:
+        return [p for p in self.params if p.stage == stage]
 
     def by_name(self) -> dict[str, ParamLayout]:
         return {p.name: p for p in self.params}
@@ -84,16 +122,29 @@ class TrainingLayout:
     def from_named_parameters(cls, named: Iterable[tuple[str, torch.Tensor]]) -> "TrainingLayout":
         """Collective over the default group (the training world): describe every parameter.
 
-        Chunk lists are indexed by global rank, which the grouping and the process
-        groups use too.
+        Ranks holding different parameter sets are pipeline stages (module docstring);
+        chunk lists are indexed by the rank's position in its stage.
         """
-        named = list(named)
-        world = dist.get_world_size()
-        local = torch.tensor([_local_piece(p) for _, p in named], dtype=torch.int64).reshape(-1, 3)
-        everyone = torch.empty((world, *local.shape), dtype=torch.int64)
-        dist.all_gather(list(everyone.unbind(0)), local)
-        params = [_param_layout(name, p, everyone[:, i]) for i, (name, p) in enumerate(named)]
-        return cls(tuple(params), world)
+        local = [(name, tuple(p.shape), p.dtype, str(getattr(p, "placements", None)), _local_piece(p))
+                 for name, p in named]
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, local)
+        return cls.from_rank_pieces(everyone)
+
+    @classmethod
+    def from_rank_pieces(cls, everyone: list[list[tuple]]) -> "TrainingLayout":
+        """From every rank's [(name, shape, dtype, placements text, (code, offset, length))],
+        indexed by global rank; the same on every rank, so any error is raised everywhere."""
+        world = len(everyone)
+        stages = _stage_blocks([[entry[0] for entry in entries] for entries in everyone])
+        size = world // len(stages)
+        params = []
+        for s, names in enumerate(stages):
+            block = everyone[s * size:(s + 1) * size]
+            for i, (name, shape, dtype, placements, _) in enumerate(block[0]):
+                rows = torch.tensor([entries[i][4] for entries in block], dtype=torch.int64)
+                params.append(_layout_of(name, shape, dtype, placements, rows, s))
+        return cls(tuple(params), world, len(stages))
 
 
 def local_shard(param: torch.Tensor) -> torch.Tensor:
@@ -121,11 +172,40 @@ def _local_piece(param: torch.Tensor) -> tuple[int, int, int]:
     return d, offset[d], local_shape[d]
 
 
+def _stage_blocks(names_per_rank: list[list[str]]) -> list[list[str]]:
+    """The parameter names of each pipeline stage: the ranks must form equal blocks of
+    consecutive ranks holding one name list each, disjoint between blocks (one block
+    without pipelining)."""
+    world = len(names_per_rank)
+    blocks: list[list[str]] = []
+    for names in names_per_rank:
+        if not blocks or names != blocks[-1]:
+            blocks.append(names)
+    seen: set[str] = set()
+    for names in blocks:
+        if seen & set(names):
+            break
+        seen |= set(names)
+    else:
+        size = world // len(blocks)
+        if world % len(blocks) == 0 and all(names_per_rank[r] == blocks[r // size] for r in range(world)):
+            return blocks
+    raise ValueError(
+        "the training ranks hold parameter sets that are neither one model nor pipeline stages "
+        "(equal blocks of consecutive ranks with disjoint parameters): "
+        f"{[len(n) for n in names_per_rank]} parameters per rank")
+
+
 def _param_layout(name: str, param: torch.Tensor, rows: torch.Tensor) -> ParamLayout:
     """Every rank's (code, offset, length) of one parameter -> its layout; raises alike on every rank."""
-    shape, world = tuple(param.shape), rows.shape[0]
+    return _layout_of(name, tuple(param.shape), param.dtype, str(getattr(param, "placements", None)), rows, 0)
+
+
+def _layout_of(name: str, shape: tuple[int, ...], dtype: torch.dtype, placements: str, rows: torch.Tensor,
+               stage: int) -> ParamLayout:
+    """The layout of one parameter from its stage's ranks' (code, offset, length) rows."""
+    world = rows.shape[0]
     codes = set(rows[:, 0].tolist())
-    placements = getattr(param, "placements", None)
     if _MULTI_DIM in codes:
         raise ValueError(
             f"{name}: the training shard is split on more than one dim ({placements}); the "
@@ -136,16 +216,17 @@ def _param_layout(name: str, param: torch.Tensor, rows: torch.Tensor) -> ParamLa
         raise ValueError(f"{name}: the training ranks split shape {shape} on different dims ({placements})")
     dim = codes.pop()
     if dim == _REPLICATED:
-        return ParamLayout(name, shape, None, 1, (0,) * world, param.dtype)
+        return ParamLayout(name, shape, None, 1, (0,) * world, dtype, stage=stage)
     pieces = [(int(offset), int(length)) for offset, length in rows[:, 1:].tolist()]
     distinct = sorted(set(pieces))
     _check_tiling(name, shape[dim], distinct)
     lengths = {length for _, length in distinct}
     if len(lengths) == 1:  # equal chunks tiling the dim: chunk i starts at i * length
         size = lengths.pop()
-        return ParamLayout(name, shape, dim, shape[dim] // size, tuple(o // size for o, _ in pieces), param.dtype)
+        return ParamLayout(name, shape, dim, shape[dim] // size, tuple(o // size for o, _ in pieces), dtype,
+                           stage=stage)
     return ParamLayout(name, shape, dim, len(distinct), tuple(distinct.index(piece) for piece in pieces),
-                       param.dtype, ragged=tuple(pieces))
+                       dtype, ragged=tuple(pieces), stage=stage)
 
 
 def _check_tiling(name: str, size: int, pieces: list[tuple[int, int]]) -> None:

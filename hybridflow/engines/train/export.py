@@ -3,6 +3,8 @@
 The full state dict is gathered to rank 0 on the CPU (collective over all ranks), LoRA
 adapters are merged into their base weights, and the tensors are assigned to an empty
 (meta-device) Hugging Face model of the right class, which `save_pretrained` writes.
+A pipeline-parallel engine (each rank one stage, parameters under their HF names) gathers
+each stage's tensors inside the stage, and the stages' first ranks send them to rank 0.
 Tokenizer and generation files are copied from the source model directory. The export
 is written to a temporary directory and renamed into place, so a crash never leaves a
 half-written model at the destination.
@@ -15,9 +17,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import transformers
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from hybridflow.engines.models import hf_model_for_export
+from hybridflow.engines.train.distributed import TP, full_tensor
 from hybridflow.engines.train.engine import TrainEngine
 from hybridflow.engines.train.lora import hf_model_of, is_lora, merged_hf_state_dict
 
@@ -36,16 +40,39 @@ def export_hf(engine: TrainEngine, out_dir: str | Path, *, dtype: torch.dtype | 
     """
     out_dir = Path(out_dir)
     if engine.pipeline is not None:
-        raise ValueError(
-            f"export from a pipeline-parallel engine (pp_size={engine.config.pp_size}) is not supported: each rank "
-            "holds one stage; save a checkpoint, load it into an engine with pp_size=1 (checkpoints move between "
-            "layouts) and export from there"
-        )
-    full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = _pipeline_state_dict(engine)
+    else:
+        full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         _write(engine, full, out_dir, dtype)
     dist.barrier()
     return out_dir
+
+
+def _pipeline_state_dict(engine: TrainEngine) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on rank 0 ({} elsewhere): each stage's tensors gathered
+    inside the stage (collective over its dp x tp ranks), then sent to rank 0 by the stage's
+    first rank. Export is not a hot path; the object gather keeps it to one call."""
+    stage = {name: full_tensor(t).detach().cpu() for name, t in engine.model.state_dict().items()}
+    first_of_stage = engine.dp_rank == 0 and engine.device_mesh[TP].get_local_rank() == 0
+    parts: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(stage if first_of_stage else {}, parts, dst=0)
+    full: dict[str, torch.Tensor] = {}
+    for part in parts or ():
+        full.update(part)
+    return full
+
+
+def _empty_hf_model(engine: TrainEngine) -> torch.nn.Module:
+    """The meta-device HF model the state dict is assigned to; a pipeline stage is not a HF
+    model, but its config is the whole causal LM's."""
+    if engine.pipeline is None:
+        return hf_model_for_export(hf_model_of(engine.model))
+    if engine.kind != "causal_lm":
+        raise ValueError(f"export of a pipeline-parallel {engine.kind} model is not supported; load its checkpoint "
+                         "at pp_size=1 (checkpoints move between layouts) and export from there")
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(engine.model.config)
 
 
 def _write(engine: TrainEngine, full: dict[str, torch.Tensor], out_dir: Path, dtype: torch.dtype | None) -> None:
@@ -53,7 +80,7 @@ def _write(engine: TrainEngine, full: dict[str, torch.Tensor], out_dir: Path, dt
         full = merged_hf_state_dict(full, engine.config.lora)
     if dtype is not None:
         full = {k: v.to(dtype) for k, v in full.items()}
-    hf_model = hf_model_for_export(hf_model_of(engine.model))
+    hf_model = _empty_hf_model(engine)
     missing, unexpected = hf_model.load_state_dict(full, strict=False, assign=True)
     tied = {"lm_head.weight"} if getattr(hf_model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:

@@ -112,12 +112,29 @@ def shard_with_fsdp(model, world: int, aligned: bool) -> None:
     fully_shard(model, mesh=mesh, shard_placement_fn=fn)
 
 
-def predicted(model_sizes, stats, train_tp: int, gen_dtype: torch.dtype) -> dict:
+def predicted(model_sizes, stats, train_tp: int, gen_dtype: torch.dtype, pp: int = 1, stage=None) -> dict:
+    """The formula's costs (fp32 training) for a rank of pipeline stage sizes `stage` (pp > 1)."""
     from hybridflow.engines.reshard import predicted_costs
 
     costs = predicted_costs(model_sizes, stats.method, world_size=stats.world_size, train_tp=train_tp,
-                            gen_tp=stats.gen_tp, gen_bytes=gen_dtype.itemsize, train_bytes=4)
+                            gen_tp=stats.gen_tp, gen_bytes=gen_dtype.itemsize, train_bytes=4, pp_size=pp, stage=stage)
     return {**asdict(costs), "peak_bytes": costs.peak_bytes}
+
+
+def transition(hybrid, full: dict[str, torch.Tensor], ref, vocab: int, dtype: torch.dtype, predict) -> dict:
+    """One training -> generation -> training round trip, checked: generation weights vs the
+    full model, greedy generation vs `ref` (fp32 only), bytes, `predict(stats)` beside them,
+    and the generation memory released before and after."""
+    released_before = hybrid.rollout.weight_storage_bytes()
+    stats = hybrid.to_generation()
+    res = {"stats": stats.as_dict(), "predicted": predict(stats), "bad_slices": slices_equal(hybrid.rollout, full, dtype),
+           "released_before": released_before}
+    if dtype == torch.float32:
+        gen = compare_generation(hybrid.rollout, ref, vocab)
+        res.update(tokens_equal=gen["tokens_equal"], logprob_diff=gen["logprob_diff"])
+    hybrid.to_training()
+    res["released_after"] = hybrid.rollout.weight_storage_bytes()
+    return res
 
 
 def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str, bool]],
@@ -142,17 +159,9 @@ def fsdp_methods(rank: int, world: int, model_dir: str, settings: list[tuple[str
             dtype = DTYPES[dtype_name]
             hybrid = HybridEngine.build(model.named_parameters, model.config, RolloutConfig(dtype=dtype),
                                         gen_tp=gen_tp, method=method, backend=backend)
-            released_before = hybrid.rollout.weight_storage_bytes()
-            stats = hybrid.to_generation()
-            res = {"setting": (method, gen_tp, dtype_name, aligned), "stats": stats.as_dict(),
-                   "predicted": predicted(sizes, stats, 1, dtype), "bad_slices": slices_equal(hybrid.rollout, full, dtype),
-                   "released_before": released_before}
-            if dtype == torch.float32:
-                gen = compare_generation(hybrid.rollout, ref, model.config.vocab_size)
-                res.update(tokens_equal=gen["tokens_equal"], logprob_diff=gen["logprob_diff"])
-            hybrid.to_training()
-            res["released_after"] = hybrid.rollout.weight_storage_bytes()
-            results.append(res)
+            res = transition(hybrid, full, ref, model.config.vocab_size, dtype,
+                             lambda stats: predicted(sizes, stats, 1, dtype))
+            results.append({"setting": (method, gen_tp, dtype_name, aligned), **res})
     return results
 
 
@@ -294,3 +303,44 @@ def families_into_hf_backend(rank: int, world: int, model_dirs: list[str]) -> li
         hybrid.to_training()
         out.append(res)
     return out
+
+
+def stage_sizes(names, full: dict[str, torch.Tensor]):
+    """ModelSizes of the parameters `names` (one pipeline stage's) cut from the full model."""
+    from hybridflow.engines.reshard import ModelSizes
+
+    return ModelSizes.from_shapes((n, tuple(full[n].shape)) for n in names)
+
+
+def actor_engine_methods(rank: int, world: int, model_dir: str, pp: int, tp: int,
+                         settings: list[tuple[str, int, str]]) -> list[dict]:
+    """A real ActorEngine over a (pp, dp, tp) mesh (fp32, aligned FSDP), resharded into the
+    native rollout engine (p_g = 1) with each (method, gen_tp, gen dtype). Every rank checks
+    its generation weights against the full model read from disk, greedy generation (fp32)
+    against a single-process engine, and its bytes against the formula of its own stage."""
+    import transformers
+
+    from hybridflow.engines.reshard import HybridEngine, ModelSizes, aligned_shard_dim
+    from hybridflow.engines.rollout import RolloutConfig
+    from hybridflow.engines.train import ActorEngine, MicroBatchConfig, TrainEngineConfig
+
+    dp = world // (pp * tp)
+    engine = ActorEngine(TrainEngineConfig(
+        model_path=model_dir, dtype="fp32", tp_size=tp, pp_size=pp,
+        micro_batch=MicroBatchConfig(mini_batch_size=pp * dp, micro_batch_size_per_device=1)),
+        fsdp_shard_dim=aligned_shard_dim)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    full = {n: p.detach() for n, p in model.named_parameters()}
+    sizes, ref = ModelSizes.from_model(model), reference_engine(model.config, full)
+    mine = stage_sizes([n for n, _ in engine.named_sharded_parameters()], full)
+    results = []
+    for method, gen_tp, dtype_name in settings:
+        dtype = DTYPES[dtype_name]
+        hybrid = HybridEngine.build(engine.named_sharded_parameters, model.config, RolloutConfig(dtype=dtype),
+                                    gen_tp=gen_tp, method=method)
+        res = transition(hybrid, full, ref, model.config.vocab_size, dtype,
+                         lambda stats: predicted(sizes, stats, tp, dtype, pp, mine))
+        results.append({"setting": (method, gen_tp, dtype_name), "stage": engine.pp_rank,
+                        "groups": hybrid.grouping.tp_groups, **res})
+    return results
+

@@ -58,3 +58,25 @@ def local_chunk(full: torch.Tensor, p: ParamLayout, rank: int) -> torch.Tensor:
         return full
     size = p.shape[p.dim] // p.num_chunks
     return full.narrow(p.dim, p.chunks[rank] * size, size)
+
+
+def stage_of_name(name: str, num_layers: int, pp: int) -> int:
+    """The pipeline stage holding a parameter (engines/train/pipeline.py's cut): the
+    embedding on the first, final norm and lm_head on the last, layers in contiguous runs."""
+    from hybridflow.engines.train.pipeline import stage_layer_ranges
+
+    if name.startswith("model.layers."):
+        layer = int(name.split(".")[2])
+        return next(s for s, run in enumerate(stage_layer_ranges(num_layers, pp)) if layer in run)
+    return 0 if name.startswith("model.embed_tokens") else pp - 1
+
+
+def pipeline_layout(shapes: list[tuple[str, tuple[int, ...]]], pp: int, dp: int, tp: int = 1,
+                    num_layers: int = 2) -> TrainingLayout:
+    """pp stages, each sharded as `fsdp_layout` over its dp x tp ranks (pp outermost)."""
+    params = []
+    for s in range(pp):
+        mine = [(n, shape) for n, shape in shapes if stage_of_name(n, num_layers, pp) == s]
+        params += [ParamLayout(p.name, p.shape, p.dim, p.num_chunks, p.chunks, p.train_dtype, stage=s)
+                   for p in fsdp_layout(mine, dp, tp).params]
+    return TrainingLayout(tuple(params), pp * dp * tp, pp)

@@ -435,9 +435,13 @@ def _grad_error_then_updates(engine, ref, ref_opt, out: dict, *, n: int, mini: i
 def pipeline_checkpoint_across_layouts(rank: int, world: int, path: str, root: str) -> dict:
     """pp 2 <-> dp 2 through DCP: a pp=2 actor takes a step and saves; a dp=2 actor loads it
     (model, AdamW moments, step, schedule) and both take the same next step; then the dp=2
-    actor saves and a fresh pp=2 actor loads that and takes the third step with it."""
+    actor saves and a fresh pp=2 actor loads that and takes the third step with it. The pp=2
+    actor also exports to HF format after its first step (every stage's weights, exactly)."""
+    import transformers
+
     from hybridflow.engines.train import ActorEngine
     from hybridflow.engines.train.checkpoint import load_checkpoint, save_checkpoint
+    from hybridflow.engines.train.export import export_hf
 
     def engine(pp: int):
         config = _actor_config(path, tp=1, mini=4, micro=1, lr=1e-2, pp_size=pp)
@@ -456,10 +460,14 @@ def pipeline_checkpoint_across_layouts(rank: int, world: int, path: str, root: s
     pp_engine.update_policy(batches[0])  # every stage gets the whole batch (dp = 1)
     save_checkpoint(pp_engine, f"{root}/pp")
     saved = params(pp_engine)
+    export_hf(pp_engine, f"{root}/export")
+    exported = dict(transformers.AutoModelForCausalLM.from_pretrained(f"{root}/export").named_parameters())
     dp_engine = engine(1)
     load_checkpoint(dp_engine, f"{root}/pp")
     out = {"load_diff": max(float((v - saved[k]).abs().max()) for k, v in params(dp_engine).items()),
-           "names": sorted(params(dp_engine)) == sorted(saved), "step": dp_engine.global_step}
+           "names": sorted(params(dp_engine)) == sorted(saved), "step": dp_engine.global_step,
+           "export_names": sorted(exported) == sorted(saved),
+           "export_diff": max(float((exported[k].detach() - saved[k]).abs().max()) for k in saved)}
     m_pp = pp_engine.update_policy(batches[1])
     m_dp = dp_engine.update_policy(dp_shard[1])
     after_pp, after_dp = params(pp_engine), params(dp_engine)
