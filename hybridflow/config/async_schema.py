@@ -27,11 +27,19 @@ if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
-# The step programs the asynchronous trainer can run after generation (AsyncRunner.TRAIN):
-# the critic-free family and PPO with its critic. ReMax (a greedy generation per step on
-# the training side), DAPO (dynamic sampling asks for more generation rounds inside a step)
-# and Safe-RLHF (a cost model and critic) are not wired to the rollout pool.
-ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo")
+# The step programs the asynchronous data path (trainer/async_dataflow.py) computes: the
+# critic-free family, PPO with its critic, and DAPO (its dynamic sampling is a filter on
+# the stream of groups, its overlong shaping part of the worker-side reward). ReMax (a
+# greedy generation per prompt at the trained policy) and Safe-RLHF (a cost model, a cost
+# critic and a Lagrange multiplier) are not wired to the rollout pool; see REFUSED.
+ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo",
+                  "hybridflow.trainer.algorithms:dapo")
+REFUSED = {
+    "hybridflow.trainer.algorithms:remax": "ReMax's baseline is a greedy response per prompt from the policy being "
+    "trained; the rollout pool does not generate it",
+    "hybridflow.trainer.algorithms:safe_rlhf": "Safe-RLHF's cost model, cost critic and Lagrange multiplier are not "
+    "wired into the asynchronous data path",
+}
 
 
 @dataclass
@@ -73,10 +81,17 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
     if mode == "sync":
         return
-    if cfg.algorithm.spec.program not in ASYNC_PROGRAMS:
-        raise ConfigError(f"{mode} supports ppo and the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
+    program = cfg.algorithm.spec.program
+    if program not in ASYNC_PROGRAMS:
+        why = f" ({REFUSED[program]})" if program in REFUSED else ""
+        raise ConfigError(f"{mode} supports ppo, dapo and the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
                           f"reinforce_plus_plus_baseline, drgrpo); algorithm.name={cfg.algorithm.name} runs "
-                          f"{cfg.algorithm.spec.program}: use trainer.mode=sync", "trainer.mode")
+                          f"{program}{why}: use trainer.mode=sync", "trainer.mode")
+    if program.endswith(":dapo") and cfg.algorithm.dapo.filter_groups.enable and cfg.reward_model.path is not None:
+        raise ConfigError(f"{mode} filters DAPO's groups on the rollout pool by their rule-based scores; a reward "
+                          "model scores on the training pool, after the filter, so the filter would not see its "
+                          "scores: drop reward_model.path, set algorithm.dapo.filter_groups.enable=false, or use "
+                          "trainer.mode=sync", "algorithm.dapo.filter_groups.enable")
     if cfg.rollout.agent.enable:
         raise ConfigError(f"{mode} generates single-turn responses on its rollout pool; multi-turn agent rollouts "
                           "(rollout.agent.enable) run with trainer.mode=sync", "trainer.mode")

@@ -247,6 +247,42 @@ class RewardManager:
         )
 
 
+# Per-sample columns a scored sample carries when it is scored away from the batch it is
+# trained in (trainer.mode one_step_off / async: the rollout pool scores each finished
+# group; the training side reports the trained batch's reward metrics from them).
+OUTCOME_ERROR, OUTCOME_TIMEOUT = "reward_error", "reward_timeout"
+
+
+def sample_outcomes(out: RewardOutput) -> dict[str, np.ndarray]:
+    """`out`'s failures (1.0 where a sample errored / timed out) and each reward template's
+    weighted part (NaN where a sample has none), one float64 array per column."""
+    n = len(out.scores)
+    columns = {OUTCOME_ERROR: np.zeros(n), OUTCOME_TIMEOUT: np.zeros(n)}
+    for i, message in out.errors:
+        columns[OUTCOME_TIMEOUT if message.startswith("timeout:") else OUTCOME_ERROR][i] = 1.0
+    for key, values in out.extra_info.items():
+        if key.startswith("template/"):
+            columns[key] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    return columns
+
+
+def outcome_metrics(non_tensors: dict[str, np.ndarray], response_mask: torch.Tensor,
+                    worker_restarts: float) -> dict[str, float]:
+    """The metrics `RewardManager.score` reports (but reward/mean), from `sample_outcomes`
+    columns of the samples of one batch: the same numbers as scoring that batch at once."""
+    metrics = {
+        "reward/errors": float(non_tensors[OUTCOME_ERROR].sum()),
+        "reward/timeouts": float(non_tensors[OUTCOME_TIMEOUT].sum()),
+        "reward/empty_responses": float((response_mask.sum(-1) == 0).sum()),
+        "reward/worker_restarts": float(worker_restarts),
+    }
+    for key, values in non_tensors.items():
+        if key.startswith("template/"):
+            present = values[~np.isnan(values.astype(np.float64))].astype(np.float64)
+            metrics[key] = float(np.mean(present.tolist() or [0.0]))
+    return metrics
+
+
 def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tensor) -> None:
     """Fold a multi-turn rollout's environment outcome into `out` (envs/agent/loop.py):
     a failed environment's `score_override` replaces the scorer's score, and the turn

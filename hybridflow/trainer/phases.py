@@ -50,7 +50,7 @@ from hybridflow.engines.train.actor import UPDATE_KEYS as ACTOR_UPDATE_KEYS
 from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
 from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.metrics import rename_worker_metrics
+from hybridflow.trainer.metrics import BatchSummary, rename_worker_metrics
 from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,6 +83,9 @@ class Step:
     balance_dp: bool = True
     # Told each phase's name as it starts (the trainer's live status: live_status.py).
     on_phase: Callable[[str], None] | None = None
+    # Set where the batch stayed in the workers (the asynchronous modes): its metrics and
+    # sequence lengths; `batch` is then empty.
+    summary: BatchSummary | None = None
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -170,12 +173,19 @@ def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | Non
         metrics.pop("reward/mean")  # the same number as score/mean (metrics.py)
     if model is not None:
         rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
-        weighted = model_weight * rm.to(torch.float32) * _env_kept(batch)
-        placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
-        scores = placed if scores is None else scores + placed
-        metrics["reward/model_score_mean"] = float(rm.double().mean())
-        metrics["template/reward_model"] = float(weighted.double().mean())
+        scores = add_model_scores(scores, batch, rm, model_weight, metrics)
     return scores, metrics
+
+
+def add_model_scores(scores: torch.Tensor | None, batch: DataProto, rm_scores: torch.Tensor, model_weight: float,
+                     metrics: dict[str, float]) -> torch.Tensor:
+    """`scores` (None: none yet) plus the reward model's scores [B] x `model_weight` on each
+    last response token (rows whose environment failed get none); its metrics into `metrics`."""
+    weighted = model_weight * rm_scores.to(torch.float32) * _env_kept(batch)
+    placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
+    metrics["reward/model_score_mean"] = float(rm_scores.double().mean())
+    metrics["template/reward_model"] = float(weighted.double().mean())
+    return placed if scores is None else scores + placed
 
 
 def _env_kept(batch: DataProto) -> torch.Tensor:
@@ -316,11 +326,16 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
 def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
     """One policy update on the step's batch (plus the KL loss when configured; with
     `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy)."""
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
-    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/algorithms.py log_probs)
-        keys += (OLD_LOG_PROBS,)
-    out = dp_call(step, actor, "update_actor", _select(step.batch, keys))
+    out = dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
+
+
+def actor_update_keys(batch: DataProto, with_ref: bool, with_behaviour: bool) -> tuple[str, ...]:
+    """The tensors the actor's update reads from `batch` (see update_actor)."""
+    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
+    if OLD_LOG_PROBS in batch.batch:  # absent: on-policy fused (trainer/algorithms.py log_probs)
+        keys += (OLD_LOG_PROBS,)
+    return keys
 
 
 # ----------------------------------------------------------------------------- DAPO dynamic sampling

@@ -28,26 +28,42 @@ newest sync are held.
 
 `generate_stream` takes one DataProto of new prompts (or None) per rank, adds them to the
 stream, runs at most `max_steps` scheduler iterations (None: until everything queued is
-finished) and returns, per rank, the prompt groups that finished (tensor-parallel ranks
-other than 0 return []) and the weight-sync metrics of the version it loaded (if it loaded
-one). Sampling seeds follow the hybrid actor's rule (workers/generation.py), so a rollout
-pool that is never ahead of training generates exactly what the synchronous run's actor
-generates.
+finished) and returns, per rank, object refs to the prompt groups that finished (put into
+the object store by the rank; tensor-parallel ranks other than 0 return []) and a small
+steering record: per group its uid, the policy version
+of its oldest token and whether its scores differ (DAPO's filter), plus the weight-sync
+metrics of the version it loaded (if it loaded one). Sampling seeds follow the hybrid
+actor's rule (workers/generation.py), so a rollout pool that is never ahead of training
+generates exactly what the synchronous run's actor generates.
+
+**Rule-based rewards are scored here**, right after generation: with a `reward_fn` (it
+builds the run's RewardManager in this process) every finished group leaves the rank
+with its `token_level_scores` and its per-sample reward outcomes (rewards/manager.py:
+`sample_outcomes`). Scoring depends only on the group, it runs while the training pool
+trains, and it lets the steering record say whether a group is informative, so the
+controller can admit or drop groups without ever holding their tensors. The groups stay
+in Ray's object store; the controller hands their refs to the training pool
+(trainer/async_dataflow.py).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
+from hybridflow.algorithms import dynamic_sampling_filter
 from hybridflow.controller import CallFuture, Dispatch, Worker, WorkerGroup, register
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard.cross_pool import TensorMeta, TransferStats, WeightBridge
 from hybridflow.engines.rollout import build_rollout_engine
-from hybridflow.engines.rollout.partial import StreamingRollout
+from hybridflow.engines.rollout.partial import StreamingRollout, oldest_version, split_groups
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.manager import sample_outcomes
 from hybridflow.workers.common import require
 from hybridflow.workers.config import ActorRolloutRefConfig
 from hybridflow.workers.generation import (
@@ -63,10 +79,13 @@ class RolloutWorker(Worker):
 
     bridge_timeout_s = 600.0  # how long a generation call waits for the weights it names
 
-    def __init__(self, config: ActorRolloutRefConfig) -> None:
+    def __init__(self, config: ActorRolloutRefConfig, reward_fn: Callable[[], Any] | None = None) -> None:
+        """`reward_fn` builds the run's rule-based RewardManager (None: the groups leave unscored)."""
         if not isinstance(config, ActorRolloutRefConfig):
             raise TypeError(f"RolloutWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
         self.config = config
+        # Its scoring processes exit with this one (rewards/pool.py), so nothing closes it.
+        self.reward = reward_fn() if reward_fn is not None else None
         self.stream: StreamingRollout | None = None
         self.bridge: WeightBridge | None = None
         self.dp_rank = 0
@@ -159,11 +178,14 @@ class RolloutWorker(Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)
     def generate_stream(self, prompts: DataProto | None, max_steps: int | None,
-                        version: int) -> tuple[list[DataProto], dict[str, float]]:
+                        version: int) -> tuple[list[ray.ObjectRef], dict[str, Any]]:
         """Load policy `version` (waiting for it to arrive), add this rank's new prompts
-        (None: none), run up to `max_steps` iterations; return the finished prompt groups
-        (one DataProto per group batch, with policy_version; [] on tensor-parallel ranks
-        other than 0) and the loaded sync's weight_sync/* metrics ({} if none loaded)."""
+        (None: none), run up to `max_steps` iterations; return refs to the finished prompt
+        groups (one DataProto per group in the object store, with policy_version and, with a
+        reward function, their scores; [] on tensor-parallel ranks other than 0) and the
+        steering record
+        {"groups": [{uid, oldest_version, informative}], "metrics": weight_sync/* of the
+        loaded sync ({} if none loaded) and reward/worker_restarts}."""
         require(self.stream, "the rollout engine")
         metrics = self._load_version(version, timeout_s=self.bridge_timeout_s)
         if prompts is not None and len(prompts):
@@ -173,7 +195,35 @@ class RolloutWorker(Worker):
             self.stream.add(prompts, params)
         self.stream.run(max_steps)
         finished = self.stream.pop_finished()
-        return (finished if self.tp_rank == 0 else []), metrics
+        if self.tp_rank != 0:
+            return [], {"groups": [], "metrics": metrics}
+        groups, steering, restarts = self._score_groups(finished)
+        if self.reward is not None:
+            metrics["reward/worker_restarts"] = restarts
+        # Into this node's object store, owned by this process: the controller gets refs only.
+        return [ray.put(group) for group in groups], {"groups": steering, "metrics": metrics}
+
+    def _score_groups(self, finished: list[DataProto]) -> tuple[list[DataProto], list[dict[str, Any]], float]:
+        """The finished prompt groups, scored by the rule-based reward (when the run has one),
+        their steering records, and the scoring pool's worker restarts."""
+        groups, steering, restarts = [], [], 0.0
+        for batch in finished:
+            informative = None
+            if self.reward is not None:
+                out = self.reward.score(batch)
+                batch.batch["token_level_scores"] = out.token_level_scores
+                batch.non_tensor_batch.update(sample_outcomes(out))
+                restarts += out.metrics["reward/worker_restarts"]
+                informative, _ = dynamic_sampling_filter(batch.non_tensor_batch["uid"],
+                                                         out.token_level_scores.sum(-1))
+            start = 0
+            for group in split_groups(batch):
+                steering.append({"uid": str(group.non_tensor_batch["uid"][0]),
+                                 "oldest_version": oldest_version(group),
+                                 "informative": None if informative is None else bool(informative[start])})
+                groups.append(group)
+                start += len(group)
+        return groups, steering, restarts
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def restore_generate_calls(self, calls: int) -> None:

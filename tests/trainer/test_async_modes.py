@@ -23,7 +23,7 @@ def _run(config, steps=2):
 
 def _comparable(record: dict) -> dict:
     # timings and throughput differ from run to run; the async bookkeeping has no sync twin
-    skip = ("timing_s/", "perf/", "reshard/", "async/", "weight_sync/", "staleness/")
+    skip = ("timing_s/", "perf/", "reshard/", "async/", "weight_sync/", "staleness/", "controller/")
     return {k: v for k, v in record.items() if not k.startswith(skip) and k != "time"}
 
 
@@ -34,6 +34,8 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local):
         assert _comparable(a) == _comparable(s)
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
         assert a["staleness/max"] == 0 and a["async/dropped_groups"] == 0
+        # the same numbers, computed next to the data: the async controller fetched no batch tensor
+        assert a["controller/fetched_tensor_bytes"] == 0 and s["controller/fetched_tensor_bytes"] > 0
     assert asyn[-1]["weight_sync/bytes"] > 0
 
 
@@ -85,7 +87,7 @@ def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_loc
         run_dir = trainer.run_dir
     checkpoint = run_dir / "checkpoints" / "global_step_2"
     state = read_trainer_state(checkpoint)["async"]
-    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"],
+    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"], "filtered_total": 0,
                      "requeued_prompts": len(untrained)}
     assert len(untrained) > 0 and (checkpoint / PROMPTS_FILE).is_file()  # the pool was ahead of training
     with RLTrainer(resume=run_dir) as resumed:
@@ -105,5 +107,6 @@ def test_ppo_with_a_critic_in_one_step_off(tiny_config, ray_local):
                                "algorithm.name=ppo", "resources.world_size=1"), steps=2)
     for r in records:
         assert_finite(r)
-        assert "critic/vf_loss" in r and r["weight_sync/bytes"] > 0
+        assert "critic/vf_loss" in r and "values/mean" in r and r["weight_sync/bytes"] > 0
+        assert r["controller/fetched_tensor_bytes"] == 0  # values, GAE and the critic update stay in the workers
     assert [r["staleness/max"] for r in records] == [0.0, 1.0]

@@ -1,0 +1,58 @@
+"""The asynchronous modes' controller-free data path (trainer/async_dataflow.py, docs/async.md).
+
+- The controller fetches no tensor of the batch in one_step_off / async: every step's
+  `controller/fetched_tensor_bytes` (the controller's own count of what `gather` brought
+  back, controller/futures.py) is 0, where the synchronous step fetches the batch.
+  (test_async_modes.py checks the same on its sync-vs-async and PPO runs.)
+- DAPO's dynamic sampling on the stream: groups whose rule-based scores are all equal are
+  discarded as they arrive and their place goes to new prompts, so every step trains on a
+  full batch of informative groups.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_algorithms_e2e import HALF_UNIFORM_REWARD
+from test_async_modes import ONE_EACH, _run
+from trainer_helpers import assert_finite
+
+pytestmark = pytest.mark.slow  # each run starts two pools of tiny-model processes
+
+
+def test_the_controller_fetches_no_batch_tensor_in_async_mode(tiny_config, ray_local):
+    """Steering data only: the per-step count of tensor bytes the controller fetched is 0,
+    while it did fetch values (steering records, metrics) every step."""
+    records = _run(tiny_config(*ONE_EACH, "trainer.mode=async", "async_rl.max_staleness=1",
+                               "async_rl.chunk_prompts=2", "async_rl.steps_per_call=3",
+                               "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"))
+    for r in records:
+        assert_finite(r)
+        assert r["controller/fetched_tensor_bytes"] == 0 and r["controller/fetched_values"] > 0
+        # computed next to the data and reported: rewards, KL shaping, advantages, lengths, MFU
+        for key in ("score/mean", "reward/errors", "kl/penalty", "adv/std", "response_length/mean", "perf/mfu"):
+            assert key in r, key
+    # the adaptive KL controller on the controller follows the KL measured in the workers
+    assert records[0]["kl/coef"] != records[1]["kl/coef"]
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_dapo_dynamic_sampling_on_the_stream(tiny_config, ray_local, tmp_path, mode):
+    reward = tmp_path / "half_uniform.py"
+    reward.write_text(HALF_UNIFORM_REWARD, encoding="utf-8")
+    extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=4", "async_rl.max_staleness=1") \
+        if mode == "async" else ()
+    cfg = tiny_config(*ONE_EACH, f"trainer.mode={mode}", "algorithm.name=dapo", "rollout.n=4",
+                      f"reward.custom_fn_path={reward}", *extra)
+    records = _run(cfg)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert_finite(r)
+        assert r["dapo/cap_hit"] == 0 and r["dapo/trained_groups"] == cfg.data.train_batch_size
+        assert r["controller/fetched_tensor_bytes"] == 0
+        assert "dapo/overlong_penalty_mean" in r and r["dapo/overlong_penalty_mean"] <= 0
+        # every trained group is informative: the group-relative advantages are not all 0
+        assert r["adv/max"] > 0 and r["staleness/max"] <= 1
+    # half the prompts score uniformly: they were generated, discarded, and replaced
+    assert records[-1]["dapo/filtered_groups_total"] > 0
+    assert sum(r["dapo/generated_groups"] for r in records) > sum(r["dapo/kept_groups"] for r in records)
