@@ -9,7 +9,7 @@ rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the 
     rollout.init_model()
     rollout.join_weight_bridge(host, port, world, manifest, bucket_bytes)   # with the actor's
     actor.send_weights(version)                  # returns once the rollout ranks have the bytes
-    parts, metrics = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()
+    group_refs, steering = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()[rank]
 
 **Weights are received in the background.** Joining the bridge starts a receiver thread
 on every rollout rank that takes each sync as soon as the actor sends it and stages it
