@@ -28,17 +28,15 @@ if TYPE_CHECKING:
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
 # The step programs the asynchronous data path (trainer/async_dataflow.py) computes: the
-# critic-free family, PPO with its critic, and DAPO (its dynamic sampling is a filter on
-# the stream of groups, its overlong shaping part of the worker-side reward). ReMax (a
-# greedy generation per prompt at the trained policy) and Safe-RLHF (a cost model, a cost
-# critic and a Lagrange multiplier) are not wired to the rollout pool; see REFUSED.
+# critic-free family, PPO with its critic, DAPO (its dynamic sampling is a filter on the
+# stream of groups, its overlong shaping part of the worker-side reward) and Safe-RLHF
+# (costs scored beside the rewards, the cost critic on the training side, the multiplier's
+# state returned to the controller). ReMax is not wired to the rollout pool; see REFUSED.
 ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo",
-                  "hybridflow.trainer.algorithms:dapo")
+                  "hybridflow.trainer.algorithms:dapo", "hybridflow.trainer.algorithms:safe_rlhf")
 REFUSED = {
-    "hybridflow.trainer.algorithms:remax": "ReMax's baseline is a greedy response per prompt from the policy being "
-    "trained; the rollout pool does not generate it",
-    "hybridflow.trainer.algorithms:safe_rlhf": "Safe-RLHF's cost model, cost critic and Lagrange multiplier are not "
-    "wired into the asynchronous data path",
+    "hybridflow.trainer.algorithms:remax": "ReMax's baseline is one greedy response per prompt from the policy that "
+    "sampled the group; the rollout pool does not generate it",
 }
 
 
@@ -84,8 +82,9 @@ def check_async_settings(cfg: RunConfig) -> None:
     program = cfg.algorithm.spec.program
     if program not in ASYNC_PROGRAMS:
         why = f" ({REFUSED[program]})" if program in REFUSED else ""
-        raise ConfigError(f"{mode} supports ppo, dapo and the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
-                          f"reinforce_plus_plus_baseline, drgrpo); algorithm.name={cfg.algorithm.name} runs "
+        raise ConfigError(f"{mode} supports ppo, dapo, safe_rlhf and the critic-free algorithms (grpo, rloo, "
+                          "reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo); "
+                          f"algorithm.name={cfg.algorithm.name} runs "
                           f"{program}{why}: use trainer.mode=sync", "trainer.mode")
     if program.endswith(":dapo") and cfg.algorithm.dapo.filter_groups.enable and cfg.reward_model.path is not None:
         raise ConfigError(f"{mode} filters DAPO's groups on the rollout pool by their rule-based scores; a reward "

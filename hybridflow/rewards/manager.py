@@ -267,19 +267,20 @@ def sample_outcomes(out: RewardOutput) -> dict[str, np.ndarray]:
 
 
 def outcome_metrics(non_tensors: dict[str, np.ndarray], response_mask: torch.Tensor,
-                    worker_restarts: float) -> dict[str, float]:
+                    worker_restarts: float, prefix: str = "") -> dict[str, float]:
     """The metrics `RewardManager.score` reports (but reward/mean), from `sample_outcomes`
-    columns of the samples of one batch: the same numbers as scoring that batch at once."""
+    columns of the samples of one batch (stored under `prefix` + their names): the same
+    numbers as scoring that batch at once."""
     metrics = {
-        "reward/errors": float(non_tensors[OUTCOME_ERROR].sum()),
-        "reward/timeouts": float(non_tensors[OUTCOME_TIMEOUT].sum()),
+        "reward/errors": float(non_tensors[prefix + OUTCOME_ERROR].sum()),
+        "reward/timeouts": float(non_tensors[prefix + OUTCOME_TIMEOUT].sum()),
         "reward/empty_responses": float((response_mask.sum(-1) == 0).sum()),
         "reward/worker_restarts": float(worker_restarts),
     }
     for key, values in non_tensors.items():
-        if key.startswith("template/"):
+        if key.startswith(prefix + "template/"):
             present = values[~np.isnan(values.astype(np.float64))].astype(np.float64)
-            metrics[key] = float(np.mean(present.tolist() or [0.0]))
+            metrics[key.removeprefix(prefix)] = float(np.mean(present.tolist() or [0.0]))
     return metrics
 
 

@@ -58,6 +58,7 @@ from hybridflow.trainer.algorithms import AlgoState, _model_weight, _rule_reward
 from hybridflow.trainer.metrics import BatchSummary, rename_worker_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.workers.reward_model import SCORE_KEYS
+from hybridflow.workers.rollout import COST_COLUMNS
 
 # Who the tasks' failures are reported as (they belong to no worker group).
 DATAFLOW = RankInfo("dataflow", 0, "", None)
@@ -78,6 +79,10 @@ class Recipe:
     with_ref: bool
     with_behaviour: bool
     critic: bool
+    # Safe-RLHF: a copy of the Lagrange multiplier (updated by the batch's cost, its state
+    # sent back), and whether the groups carry token_level_costs from the rollout pool.
+    lagrange: Any = None
+    rule_cost: bool = False
 
     @classmethod
     def of(cls, cfg: RunConfig, roles: Roles, state: AlgoState) -> Recipe:
@@ -90,43 +95,56 @@ class Recipe:
             overlong=(cfg.rollout.response_length, overlong_buffer_len(cfg), alg.dapo.overlong_buffer.penalty_factor)
             if dapo else None,
             with_ref=cfg.actor.loss.use_kl_loss, with_behaviour=cfg.actor.loss.off_policy.enabled,
-            critic=roles.critic is not None,
+            critic=roles.critic is not None, lagrange=copy.deepcopy(state.lagrange), rule_cost=roles.cost_fn is not None,
         )
 
 
 def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, groups: list[ray.ObjectRef],
-                    version: int, reward_restarts: float) -> None:
+                    version: int, restarts: dict[str, float]) -> None:
     """Train one step on the prompt groups behind `groups` (refs into the object store),
     trained at policy `version`; the batch stays in the workers (module docstring). Fills
-    step.metrics and step.summary; `reward_restarts`: the scoring pools' worker restarts
-    reported by the rollout calls this step received."""
+    step.metrics and step.summary; `restarts`: the scoring pools' worker restarts reported
+    by the rollout calls this step received ({reward,cost}/worker_restarts)."""
     start = time.perf_counter()
     dp = roles.actor.dp_parts("update_actor") if step.balance_dp else 1
+    critics = roles.critic is not None or roles.cost_critic is not None
+    scorers = roles.reward_model is not None or roles.cost_model is not None
     batch, actor_in, critic_in, score_in, staleness = _assemble.options(num_returns=5).remote(
-        version, dp, roles.critic is not None, roles.reward_model is not None, *groups)
+        version, dp, critics, scorers, *groups)
     forward = value_future(actor_in, "dataflow.assemble", DATAFLOW)
     old = roles.actor.submit("compute_log_prob", forward) if not cfg.fuses_old_log_probs else None
     ref = roles.actor.submit("compute_ref_log_prob", forward) if cfg.use_reference else None
-    values = (roles.critic.submit("compute_values", value_future(critic_in, "dataflow.assemble", DATAFLOW))
-              if roles.critic is not None else None)
-    scores = (roles.reward_model.submit("compute_rm_score", value_future(score_in, "dataflow.assemble", DATAFLOW))
-              if roles.reward_model is not None else None)
+    values = _submit(roles.critic, "compute_values", critic_in)
+    cost_values = _submit(roles.cost_critic, "compute_values", critic_in)
+    scores = _submit(roles.reward_model, "compute_rm_score", score_in)
+    costs = _submit(roles.cost_model, "compute_rm_score", score_in)
     recipe = Recipe.of(cfg, roles, state)
-    actor_update, critic_update, report = _finish.options(num_returns=3).remote(
-        recipe, reward_restarts, batch, *(_whole(f) for f in (old, ref, values, scores)))
-    critic_out = (roles.critic.submit("update_critic", value_future(critic_update, "dataflow.finish", DATAFLOW))
-                  if roles.critic is not None else None)
+    actor_update, critic_update, cost_critic_update, report = _finish.options(num_returns=4).remote(
+        recipe, restarts, batch, *(_whole(f) for f in (old, ref, values, scores, cost_values, costs)))
+    critic_out = _submit(roles.critic, "update_critic", critic_update)
+    cost_critic_out = _submit(roles.cost_critic, "update_critic", cost_critic_update)
     actor_out = roles.actor.submit("update_actor", value_future(actor_update, "dataflow.finish", DATAFLOW))
     metrics, summary = gather([staleness, report], [DATAFLOW, DATAFLOW], "dataflow")
     step.metrics.update(metrics)
     step.metrics.update(summary.pop("step_metrics"))
     if critic_out is not None:
         step.metrics.update(rename_worker_metrics(_metrics_only(critic_out), "critic"))
+    if cost_critic_out is not None:
+        step.metrics.update(P.cost_critic_metrics(_metrics_only(cost_critic_out)))
     step.metrics.update(rename_worker_metrics(_metrics_only(actor_out), "actor"))
-    if state.kl_ctrl is not None:  # the controller's KL controller follows the batch's KL, as in sync mode
+    # The controller's cross-step state follows the batch, as in sync mode: the KL controller
+    # by the batch's KL, Safe-RLHF's multiplier as the task updated its copy.
+    if state.kl_ctrl is not None:
         state.kl_ctrl.update(step.metrics["kl/penalty"], n_steps=summary["samples"])
+    if state.lagrange is not None:
+        state.lagrange.load_state_dict(summary["lagrange"])
     step.summary = BatchSummary(summary["data"], summary["seq_lens"])
     step.metrics["timing_s/train"] = time.perf_counter() - start
+
+
+def _submit(group: WorkerGroup | None, method: str, data: ray.ObjectRef) -> CallFuture | None:
+    """`group.<method>` on the data behind `data` without waiting; None where the run has no such role."""
+    return group.submit(method, value_future(data, f"dataflow -> {method}", DATAFLOW)) if group is not None else None
 
 
 def _whole(future: CallFuture | None) -> ray.ObjectRef | None:
@@ -160,22 +178,31 @@ def _assemble(version: int, dp: int, critic: bool, reward_model: bool, *groups: 
 
 
 @ray.remote(num_cpus=0)
-def _finish(recipe: Recipe, reward_restarts: float, batch: DataProto, old: DataProto | None, ref: DataProto | None,
-            values: DataProto | None, scores: DataProto | None) -> tuple[DataProto, DataProto | None, dict[str, Any]]:
-    """Rewards, advantages and metrics of the step's batch (module docstring, point 4); the
-    actor's and critic's update inputs and the small report the controller fetches."""
+def _finish(recipe: Recipe, restarts: dict[str, float], batch: DataProto, old: DataProto | None,
+            ref: DataProto | None, values: DataProto | None, scores: DataProto | None, cost_values: DataProto | None,
+            costs: DataProto | None) -> tuple[DataProto, DataProto | None, DataProto | None, dict[str, Any]]:
+    """Rewards (and Safe-RLHF's costs), advantages and metrics of the step's batch (module
+    docstring, point 4); the actor's, critic's and cost critic's update inputs and the small
+    report the controller fetches."""
     step = Step(0, batch)
-    for out in (old, ref, values):
+    for out in (old, ref, values, scores, cost_values, costs):
         if out is not None:
             out.meta_info.pop("metrics", None)
+    for out in (old, ref, values):
+        if out is not None:
             batch.union(out)
     mask = batch.batch["response_mask"]
     if recipe.rule_reward:
-        step.metrics.update(outcome_metrics(batch.non_tensor_batch, mask, reward_restarts))
+        # (a step that received no generation call this time has no restarts to report)
+        step.metrics.update(outcome_metrics(batch.non_tensor_batch, mask, restarts.get("reward/worker_restarts", 0.0)))
     if scores is not None:
         batch.batch["token_level_scores"] = P.add_model_scores(
-            batch.batch.get("token_level_scores") if recipe.rule_reward else None, batch,
+            batch.batch["token_level_scores"] if recipe.rule_reward else None, batch,
             scores.batch["rm_scores"], recipe.model_weight, step.metrics)
+    if recipe.lagrange is not None:
+        _costs(step, recipe, restarts, costs)
+    if cost_values is not None:
+        batch.batch["cost_values"] = cost_values.batch["values"]
     if recipe.overlong is not None:
         P.add_overlong_penalty(step, *recipe.overlong)
     if recipe.kl_ctrl is not None:
@@ -183,9 +210,27 @@ def _finish(recipe: Recipe, reward_restarts: float, batch: DataProto, old: DataP
     else:
         P.rewards_are_scores(step)
     P.compute_advantages(step, recipe.estimator, recipe.advantage)
+    if recipe.lagrange is not None:
+        P.compute_safe_advantages(step, recipe.lagrange, recipe.advantage)
     actor_in = P._select(batch, P.actor_update_keys(batch, recipe.with_ref, recipe.with_behaviour))
     critic_in = P._select(batch, CRITIC_UPDATE_KEYS) if recipe.critic else None
+    cost_critic_in = P.cost_critic_input(batch) if recipe.lagrange is not None else None
     summary = BatchSummary.of(batch)
     report = {"step_metrics": step.metrics, "data": summary.metrics, "seq_lens": summary.seq_lens,
-              "samples": len(batch)}
-    return actor_in, critic_in, report
+              "samples": len(batch),
+              "lagrange": recipe.lagrange.state_dict() if recipe.lagrange is not None else None}
+    return actor_in, critic_in, cost_critic_in, report
+
+
+def _costs(step: Step, recipe: Recipe, restarts: dict[str, float], costs: DataProto | None) -> None:
+    """Safe-RLHF's token_level_costs: the rollout pool's rule-based costs plus the cost
+    model's scores, with the metrics sync mode's cost phase reports."""
+    batch, metrics = step.batch, {}
+    total = None
+    if recipe.rule_cost:
+        total = batch.batch["token_level_costs"]
+        metrics.update(outcome_metrics(batch.non_tensor_batch, batch.batch["response_mask"],
+                                       restarts.get("cost/worker_restarts", 0.0), prefix=COST_COLUMNS))
+    if costs is not None:
+        total = P.add_model_scores(total, batch, costs.batch["rm_scores"], 1.0, metrics)
+    P.set_costs(step, total, metrics)

@@ -58,7 +58,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.trainer.algorithms import AlgoState, _group_unit, _rule_reward
 from hybridflow.trainer.async_dataflow import train_on_groups
 from hybridflow.trainer.phases import Roles, Step
-from hybridflow.trainer.setup import actor_config, build_reward_manager
+from hybridflow.trainer.setup import actor_config, build_cost_manager, build_reward_manager
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
 from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
 
@@ -139,7 +139,7 @@ class AsyncRunner:
         self.untrained: dict[str, DataProto] = {}  # uid -> its prompt row: sent, not trained nor dropped yet
         self.sync_metrics: dict[str, float] = {}
         self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
-        self.reward_restarts = 0.0  # the rollout pool's scoring-process restarts since the last step
+        self.restarts: dict[str, float] = {}  # the rollout pool's scoring-process restarts since the last step
         d = cfg.algorithm.dapo
         dapo = cfg.algorithm.spec.settings == "dapo" and d.filter_groups.enable
         self.sampling = DynamicSampling((1 + d.filter_groups.max_extra_rounds) * self.batch_groups,
@@ -156,10 +156,12 @@ class AsyncRunner:
         spec = PlacementSpec(pools={"rollout_pool": [cfg.async_rl.rollout_ranks]}, use_gpu=cfg.resources.use_gpu,
                              cpus_per_slot=cpus_per_slot)
         # The rollout ranks score with the run's own rule-based reward, built in each process.
-        reward_fn = (functools.partial(build_reward_manager, cfg, roles.reward.tokenizer)
+        tokenizer = roles.reward.tokenizer
+        reward_fn = (functools.partial(build_reward_manager, cfg, tokenizer)
                      if _rule_reward(roles, cfg) is not None else None)
-        groups = build_role_groups({"rollout": RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn))},
-                                   spec)
+        cost_fn = functools.partial(build_cost_manager, cfg, tokenizer) if roles.cost_fn is not None else None
+        worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn))
+        groups = build_role_groups({"rollout": worker}, spec)
         rollout = groups["rollout"]
         try:
             rollout.init_model()
@@ -212,7 +214,9 @@ class AsyncRunner:
     def _receive(self) -> None:
         """Take the next generation call's result: group refs and steering records only."""
         outputs = self.pending.popleft().get()
-        self.reward_restarts += sum(steer["metrics"].pop("reward/worker_restarts", 0.0) for _, steer in outputs)
+        for _, steer in outputs:
+            for key in [k for k in steer["metrics"] if k.endswith("/worker_restarts")]:
+                self.restarts[key] = self.restarts.get(key, 0.0) + steer["metrics"].pop(key)
         loaded = outputs[0][1]["metrics"]
         if loaded:
             self.receive_metrics = loaded
@@ -243,6 +247,11 @@ class AsyncRunner:
                 self._receive()
             elif self.in_flight:
                 self._send(None)  # no room for new prompts: let the in-flight ones finish
+            elif self.sampling is not None and self.chunk <= self.buffer.capacity - len(self.buffer):
+                # Discarded groups left the batch short with nothing in flight: admission counts
+                # the buffered groups as trained at once, so it would wait forever. Send more; the
+                # drop rule still bounds staleness (as sync DAPO's next round).
+                self._send(self._next_prompts())
             else:
                 raise RuntimeError(f"the asynchronous trainer stalled: {len(self.buffer)} groups buffered, none in "
                                    f"flight, none may be sent (version {self.version}); raise async_rl.buffer_size")
@@ -298,8 +307,8 @@ class AsyncRunner:
                                  "dapo/filtered_groups_total": float(self.filtered)})
         self.received = self.informative = 0
         train_on_groups(step, self.roles, self.cfg, self.state, [g.ref for g in groups], self.version,
-                        self.reward_restarts)
-        self.reward_restarts = 0.0
+                        self.restarts)
+        self.restarts = {}
         self._finish_sync()
         self.version += 1
         self.sync = start_weight_sync(self.roles.actor, self.version)

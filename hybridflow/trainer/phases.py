@@ -207,6 +207,11 @@ def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = Non
 def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> None:
     """token_level_costs (Safe-RLHF) from the cost function and/or the cost model."""
     costs, metrics = score_sequences(step.batch, rule, model)
+    set_costs(step, costs, metrics)
+
+
+def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> None:
+    """token_level_costs = `costs`; the scorers' `metrics` under cost/, and the episode costs' stats."""
     step.batch.batch["token_level_costs"] = costs
     step.metrics.update({key.replace("reward/", "cost/", 1): value for key, value in metrics.items()})
     episode = costs.double().sum(-1)
@@ -315,11 +320,22 @@ def update_critic(step: Step, critic: WorkerGroup) -> None:
 @phase("update_cost_critic")
 def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
     """One update of the cost critic towards cost_returns (Safe-RLHF)."""
-    data = _select(step.batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
-    data.batch["values"], data.batch["returns"] = step.batch.batch["cost_values"], step.batch.batch["cost_returns"]
-    out = dp_call(step, cost_critic, "update_critic", data)
-    metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
-    step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
+    out = dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch))
+    step.metrics.update(cost_critic_metrics(_worker_metrics(out)))
+
+
+def cost_critic_input(batch: DataProto) -> DataProto:
+    """What the cost critic's update reads: the critic's keys, with cost_values and cost_returns
+    as its values and returns."""
+    data = _select(batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
+    data.batch["values"], data.batch["returns"] = batch.batch["cost_values"], batch.batch["cost_returns"]
+    return data
+
+
+def cost_critic_metrics(worker_metrics: dict[str, float]) -> dict[str, float]:
+    """The cost critic's update metrics under cost_critic/ (the worker reports them as critic/)."""
+    metrics = rename_worker_metrics(worker_metrics, "cost_critic")
+    return {key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()}
 
 
 @phase("update_actor")

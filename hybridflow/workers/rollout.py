@@ -74,18 +74,25 @@ from hybridflow.workers.generation import (
 )
 
 
+# Where the cost function's per-sample outcomes go (`sample_outcomes` columns under this prefix).
+COST_COLUMNS = "cost:"
+
+
 class RolloutWorker(Worker):
     """Generation only; weights from the training pool (see module docstring)."""
 
     bridge_timeout_s = 600.0  # how long a generation call waits for the weights it names
 
-    def __init__(self, config: ActorRolloutRefConfig, reward_fn: Callable[[], Any] | None = None) -> None:
-        """`reward_fn` builds the run's rule-based RewardManager (None: the groups leave unscored)."""
+    def __init__(self, config: ActorRolloutRefConfig, reward_fn: Callable[[], Any] | None = None,
+                 cost_fn: Callable[[], Any] | None = None) -> None:
+        """`reward_fn` builds the run's rule-based RewardManager (None: the groups leave
+        unscored); `cost_fn` Safe-RLHF's rule-based cost function, scored the same way."""
         if not isinstance(config, ActorRolloutRefConfig):
             raise TypeError(f"RolloutWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
         self.config = config
-        # Its scoring processes exit with this one (rewards/pool.py), so nothing closes it.
+        # Their scoring processes exit with this one (rewards/pool.py), so nothing closes them.
         self.reward = reward_fn() if reward_fn is not None else None
+        self.cost = cost_fn() if cost_fn is not None else None
         self.stream: StreamingRollout | None = None
         self.bridge: WeightBridge | None = None
         self.dp_rank = 0
@@ -198,22 +205,30 @@ class RolloutWorker(Worker):
         if self.tp_rank != 0:
             return [], {"groups": [], "metrics": metrics}
         groups, steering, restarts = self._score_groups(finished)
-        if self.reward is not None:
-            metrics["reward/worker_restarts"] = restarts
+        metrics.update(restarts)
         # Into this node's object store, owned by this process: the controller gets refs only.
         return [ray.put(group) for group in groups], {"groups": steering, "metrics": metrics}
 
-    def _score_groups(self, finished: list[DataProto]) -> tuple[list[DataProto], list[dict[str, Any]], float]:
-        """The finished prompt groups, scored by the rule-based reward (when the run has one),
-        their steering records, and the scoring pool's worker restarts."""
-        groups, steering, restarts = [], [], 0.0
+    def _score_groups(self, finished: list[DataProto]) -> tuple[list[DataProto], list[dict[str, Any]],
+                                                                dict[str, float]]:
+        """The finished prompt groups, scored by the rule-based reward and cost functions
+        (those the run has), their steering records, and the scoring pools' worker restarts
+        (reward/worker_restarts, cost/worker_restarts)."""
+        groups, steering = [], []
+        restarts = {f"{kind}/worker_restarts": 0.0 for kind, fn in (("reward", self.reward), ("cost", self.cost))
+                    if fn is not None}
         for batch in finished:
             informative = None
+            if self.cost is not None:
+                out = self.cost.score(batch)
+                batch.batch["token_level_costs"] = out.token_level_scores
+                batch.non_tensor_batch.update({COST_COLUMNS + k: v for k, v in sample_outcomes(out).items()})
+                restarts["cost/worker_restarts"] += out.metrics["reward/worker_restarts"]
             if self.reward is not None:
                 out = self.reward.score(batch)
                 batch.batch["token_level_scores"] = out.token_level_scores
                 batch.non_tensor_batch.update(sample_outcomes(out))
-                restarts += out.metrics["reward/worker_restarts"]
+                restarts["reward/worker_restarts"] += out.metrics["reward/worker_restarts"]
                 informative, _ = dynamic_sampling_filter(batch.non_tensor_batch["uid"],
                                                          out.token_level_scores.sum(-1))
             start = 0

@@ -7,15 +7,21 @@
 - DAPO's dynamic sampling on the stream: groups whose rule-based scores are all equal are
   discarded as they arrive and their place goes to new prompts, so every step trains on a
   full batch of informative groups.
+- Safe-RLHF: costs scored on the rollout pool beside the rewards, the cost critic trained
+  on the training side, and the Lagrange multiplier updated in the worker-side task from
+  each batch's cost, its state carried back to the controller's algorithm state.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from test_algorithms_e2e import HALF_UNIFORM_REWARD
+from hybridflow import RLTrainer
+from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
 from test_async_modes import ONE_EACH, _run
-from trainer_helpers import assert_finite
+from trainer_helpers import assert_finite, rl_records
 
 pytestmark = pytest.mark.slow  # each run starts two pools of tiny-model processes
 
@@ -56,3 +62,31 @@ def test_dapo_dynamic_sampling_on_the_stream(tiny_config, ray_local, tmp_path, m
     # half the prompts score uniformly: they were generated, discarded, and replaced
     assert records[-1]["dapo/filtered_groups_total"] > 0
     assert sum(r["dapo/generated_groups"] for r in records) > sum(r["dapo/kept_groups"] for r in records)
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_safe_rlhf_costs_cost_critic_and_multiplier(tiny_config, ray_local, tmp_path, mode):
+    (tmp_path / "reward.py").write_text(VARIED_REWARD, encoding="utf-8")
+    (tmp_path / "cost.py").write_text(STEPPED_COST, encoding="utf-8")  # prompts 0-3 cost 1, the others 0
+    extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=4", "async_rl.max_staleness=1") \
+        if mode == "async" else ()
+    cfg = tiny_config(*ONE_EACH, f"trainer.mode={mode}", "algorithm.name=safe_rlhf", "data.shuffle=false",
+                      f"reward.custom_fn_path={tmp_path / 'reward.py'}", f"cost_model.custom_fn_path={tmp_path / 'cost.py'}",
+                      "algorithm.safe_rlhf.cost_limit=0.5", "algorithm.safe_rlhf.lambda_init=1.0",
+                      "algorithm.safe_rlhf.lambda_lr=0.5", *extra)
+    with RLTrainer(cfg) as trainer:
+        result = trainer.train(steps=2)
+        state = trainer.state.state_dict()
+    records = rl_records(result.run_dir)
+    log_lambda = 0.0
+    for r in records:
+        assert_finite(r)
+        # ln lambda += lr * lambda * (the batch's mean episode cost - limit), each step on its own batch
+        log_lambda += 0.5 * math.exp(log_lambda) * (r["cost/mean"] - 0.5)
+        assert r["safe_rlhf/lambda"] == pytest.approx(math.exp(log_lambda))
+        for key in ("critic/vf_loss", "cost_critic/vf_loss", "cost/errors", "reward/errors", "values/mean"):
+            assert key in r, key
+        assert r["controller/fetched_tensor_bytes"] == 0
+    assert state["lagrange"]["log_value"] == pytest.approx(log_lambda)  # the controller's multiplier followed
+    if mode == "one_step_off":  # whole loader batches in order: prompts 0-3, then 4-7
+        assert [r["cost/mean"] for r in records] == [1.0, 0.0]
