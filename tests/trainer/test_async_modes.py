@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridflow import RLTrainer
+from test_algorithms_e2e import reward_model_dir  # noqa: F401 - a fixture (a random reward model)
 from trainer_helpers import assert_finite, rl_records
 
 pytestmark = pytest.mark.slow  # each run starts two pools of tiny-model processes
@@ -27,8 +28,10 @@ def _comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(skip) and k != "time"}
 
 
-def _algorithm(name: str, tmp_path) -> tuple[str, ...]:
-    """Overrides of a run of `name` whose rewards (and costs) give its special phases work."""
+def _algorithm(name: str, tmp_path, score_model) -> tuple[str, ...]:
+    """Overrides of a run of `name` that gives its special phases work: grpo with an adaptive
+    KL penalty in the reward, DAPO with half its groups uniform, Safe-RLHF with a cost
+    function plus a cost model, PPO with a reward model added to the rule-based reward."""
     from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
 
     files = {"dapo": {"reward": HALF_UNIFORM_REWARD}, "safe_rlhf": {"reward": VARIED_REWARD, "cost": STEPPED_COST}}
@@ -36,25 +39,36 @@ def _algorithm(name: str, tmp_path) -> tuple[str, ...]:
     for kind, code in files.get(name, {}).items():
         (tmp_path / f"{kind}.py").write_text(code, encoding="utf-8")
         overrides.append(f"{'reward' if kind == 'reward' else 'cost_model'}.custom_fn_path={tmp_path / f'{kind}.py'}")
-    return (*overrides, *(("rollout.n=4",) if name == "dapo" else ()))
+    overrides += {
+        "grpo": ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
+        "dapo": ["rollout.n=4"],
+        "safe_rlhf": [f"cost_model.path={score_model}"],
+        "ppo": [f"reward_model.path={score_model}", "reward_model.add_rule_reward=true"],
+    }[name]
+    return tuple(overrides)
 
 
 # The keys of one mode only: DAPO's rounds (sync) and the groups discarded over the run (async).
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf"])
-def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, algorithm):
-    """The controller-free data path computes what the synchronous program computes: for
-    DAPO the discarded groups' places go to the next prompts as sync's next round does,
-    for Safe-RLHF the costs, cost critic and multiplier follow the same batches."""
-    chosen = _algorithm(algorithm, tmp_path)
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo"])
+def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, algorithm):
+    """The controller-free data path computes what the synchronous program computes, and the
+    async controller fetches no tensor of the batch (the sync one fetches it): the KL
+    controller follows the workers' KL, DAPO's discarded groups' places go to the next
+    prompts as sync's next round does, Safe-RLHF's costs (function + model), cost critic and
+    multiplier follow the same batches, a reward model's scores add to the rule's."""
+    chosen = _algorithm(algorithm, tmp_path, reward_model_dir)
     sync = _run(tiny_config(*ONE_EACH, *chosen))
     asyn = _run(tiny_config(*ONE_EACH, *chosen, "trainer.mode=async", "async_rl.max_staleness=0"))
     for s, a in zip(sync, asyn, strict=True):
         assert {k: v for k, v in _comparable(a).items() if k not in ONE_MODE_ONLY} == \
             {k: v for k, v in _comparable(s).items() if k not in ONE_MODE_ONLY}
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
+        special = {"grpo": "kl/coef", "dapo": "dapo/kept_groups", "safe_rlhf": "cost_critic/vf_loss",
+                   "ppo": "reward/model_score_mean"}[algorithm]
+        assert special in s, special
         assert a["staleness/max"] == 0
         # DAPO: informative groups beyond the batch (the last round's surplus, which sync's step
         # leaves out too) are stale at the next version and dropped; nothing else is
