@@ -29,15 +29,13 @@ if TYPE_CHECKING:
 TRAINER_MODES = ("sync", "one_step_off", "async")
 # The step programs the asynchronous data path (trainer/async_dataflow.py) computes: the
 # critic-free family, PPO with its critic, DAPO (its dynamic sampling is a filter on the
-# stream of groups, its overlong shaping part of the worker-side reward) and Safe-RLHF
-# (costs scored beside the rewards, the cost critic on the training side, the multiplier's
-# state returned to the controller). ReMax is not wired to the rollout pool; see REFUSED.
+# stream of groups, its overlong shaping part of the worker-side reward), Safe-RLHF (costs
+# scored beside the rewards, the cost critic on the training side, the multiplier's state
+# returned to the controller) and ReMax (the greedy baseline generated and scored on the
+# rollout pool with the group it belongs to).
 ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo",
-                  "hybridflow.trainer.algorithms:dapo", "hybridflow.trainer.algorithms:safe_rlhf")
-REFUSED = {
-    "hybridflow.trainer.algorithms:remax": "ReMax's baseline is one greedy response per prompt from the policy that "
-    "sampled the group; the rollout pool does not generate it",
-}
+                  "hybridflow.trainer.algorithms:dapo", "hybridflow.trainer.algorithms:safe_rlhf",
+                  "hybridflow.trainer.algorithms:remax")
 
 
 @dataclass
@@ -81,11 +79,13 @@ def check_async_settings(cfg: RunConfig) -> None:
         return
     program = cfg.algorithm.spec.program
     if program not in ASYNC_PROGRAMS:
-        why = f" ({REFUSED[program]})" if program in REFUSED else ""
-        raise ConfigError(f"{mode} supports ppo, dapo, safe_rlhf and the critic-free algorithms (grpo, rloo, "
-                          "reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo); "
-                          f"algorithm.name={cfg.algorithm.name} runs "
-                          f"{program}{why}: use trainer.mode=sync", "trainer.mode")
+        raise ConfigError(f"{mode} supports ppo, dapo, safe_rlhf, remax and the critic-free algorithms (grpo, "
+                          "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo); "
+                          f"algorithm.name={cfg.algorithm.name} runs {program}: use trainer.mode=sync", "trainer.mode")
+    if program.endswith(":remax") and cfg.reward_model.path is not None:
+        raise ConfigError(f"{mode} scores ReMax's greedy baseline on the rollout pool with the rule-based reward; a "
+                          "reward model scores on the training pool and would be missing from the baseline: drop "
+                          "reward_model.path or use trainer.mode=sync", "trainer.mode")
     if program.endswith(":dapo") and cfg.algorithm.dapo.filter_groups.enable and cfg.reward_model.path is not None:
         raise ConfigError(f"{mode} filters DAPO's groups on the rollout pool by their rule-based scores; a reward "
                           "model scores on the training pool, after the filter, so the filter would not see its "

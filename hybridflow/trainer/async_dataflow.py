@@ -83,6 +83,8 @@ class Recipe:
     # sent back), and whether the groups carry token_level_costs from the rollout pool.
     lagrange: Any = None
     rule_cost: bool = False
+    # ReMax: the groups carry baseline_rewards (their greedy response's score, rollout pool)
+    greedy_baseline: bool = False
 
     @classmethod
     def of(cls, cfg: RunConfig, roles: Roles, state: AlgoState) -> Recipe:
@@ -96,6 +98,7 @@ class Recipe:
             if dapo else None,
             with_ref=cfg.actor.loss.use_kl_loss, with_behaviour=cfg.actor.loss.off_policy.enabled,
             critic=roles.critic is not None, lagrange=copy.deepcopy(state.lagrange), rule_cost=roles.cost_fn is not None,
+            greedy_baseline=alg.spec.program.endswith(":remax"),
         )
 
 
@@ -209,7 +212,10 @@ def _finish(recipe: Recipe, restarts: dict[str, float], batch: DataProto, old: D
         P.rewards_with_kl_penalty(step, recipe.kl_ctrl, recipe.kl_type)  # updates the copy; the controller its own
     else:
         P.rewards_are_scores(step)
-    P.compute_advantages(step, recipe.estimator, recipe.advantage)
+    if recipe.greedy_baseline:
+        step.metrics["remax/baseline_mean"] = float(batch.batch["baseline_rewards"].double().mean())
+    P.compute_advantages(step, recipe.estimator, recipe.advantage,
+                         ("baseline_rewards",) if recipe.greedy_baseline else ())
     if recipe.lagrange is not None:
         P.compute_safe_advantages(step, recipe.lagrange, recipe.advantage)
     actor_in = P._select(batch, P.actor_update_keys(batch, recipe.with_ref, recipe.with_behaviour))

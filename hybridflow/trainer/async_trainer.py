@@ -160,7 +160,8 @@ class AsyncRunner:
         reward_fn = (functools.partial(build_reward_manager, cfg, tokenizer)
                      if _rule_reward(roles, cfg) is not None else None)
         cost_fn = functools.partial(build_cost_manager, cfg, tokenizer) if roles.cost_fn is not None else None
-        worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn))
+        remax = cfg.algorithm.spec.program.endswith(":remax")  # its greedy baselines come from the rollout pool
+        worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn, remax))
         groups = build_role_groups({"rollout": worker}, spec)
         rollout = groups["rollout"]
         try:

@@ -52,6 +52,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 import torch.distributed as dist
@@ -76,6 +77,8 @@ from hybridflow.workers.generation import (
 
 # Where the cost function's per-sample outcomes go (`sample_outcomes` columns under this prefix).
 COST_COLUMNS = "cost:"
+# The uid suffix of ReMax's greedy response to a prompt (it never leaves the rollout rank).
+GREEDY_SUFFIX = "#greedy"
 
 
 class RolloutWorker(Worker):
@@ -84,12 +87,21 @@ class RolloutWorker(Worker):
     bridge_timeout_s = 600.0  # how long a generation call waits for the weights it names
 
     def __init__(self, config: ActorRolloutRefConfig, reward_fn: Callable[[], Any] | None = None,
-                 cost_fn: Callable[[], Any] | None = None) -> None:
+                 cost_fn: Callable[[], Any] | None = None, greedy_baseline: bool = False) -> None:
         """`reward_fn` builds the run's rule-based RewardManager (None: the groups leave
-        unscored); `cost_fn` Safe-RLHF's rule-based cost function, scored the same way."""
+        unscored); `cost_fn` Safe-RLHF's rule-based cost function, scored the same way;
+        `greedy_baseline` (ReMax): every prompt also gets one greedy response, whose score
+        becomes its group's `baseline_rewards` (needs `reward_fn`)."""
         if not isinstance(config, ActorRolloutRefConfig):
             raise TypeError(f"RolloutWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
+        if greedy_baseline and reward_fn is None:
+            raise ValueError("a greedy baseline is scored by the rule-based reward: pass reward_fn")
         self.config = config
+        self.greedy_baseline = greedy_baseline
+        # ReMax: finished groups waiting for their greedy response, and greedy scores waiting
+        # for their group: uid -> (group, its oldest version) / (baseline score, its oldest version)
+        self._held: dict[str, tuple[DataProto, int]] = {}
+        self._baselines: dict[str, tuple[float, int]] = {}
         # Their scoring processes exit with this one (rewards/pool.py), so nothing closes them.
         self.reward = reward_fn() if reward_fn is not None else None
         self.cost = cost_fn() if cost_fn is not None else None
@@ -200,6 +212,8 @@ class RolloutWorker(Worker):
             if counts_as_sampled_call(params, prompts.meta_info):
                 self._generate_calls += 1
             self.stream.add(prompts, params)
+            if self.greedy_baseline:
+                self._add_greedy(prompts)
         self.stream.run(max_steps)
         finished = self.stream.pop_finished()
         if self.tp_rank != 0:
@@ -208,6 +222,34 @@ class RolloutWorker(Worker):
         metrics.update(restarts)
         # Into this node's object store, owned by this process: the controller gets refs only.
         return [ray.put(group) for group in groups], {"groups": steering, "metrics": metrics}
+
+    def _add_greedy(self, prompts: DataProto) -> None:
+        """ReMax: one greedy response per prompt, marked by its uid (it draws no seed)."""
+        meta = {**prompts.meta_info, "do_sample": False, "n": 1}
+        params = call_sampling_params(self.config.rollout, meta, self._generate_calls, self.dp_rank)
+        uids = [f"{uid}{GREEDY_SUFFIX}" for uid in prompts.non_tensor_batch["uid"]]
+        greedy = DataProto(batch=prompts.batch, non_tensor_batch={**prompts.non_tensor_batch,
+                                                                   "uid": np.array(uids, dtype=object)}, meta_info=meta)
+        self.stream.add(greedy, params)
+
+    def _pair_with_baselines(self, groups: list[DataProto], versions: list[int]) -> tuple[list[DataProto], list[int]]:
+        """ReMax: take the greedy responses out of `groups` (their scores become baselines) and
+        return the sampled groups whose baseline is known, with baseline_rewards [n]; the
+        others wait for theirs. A group's oldest version covers its greedy response too."""
+        for group, version in zip(groups, versions):
+            uid = str(group.non_tensor_batch["uid"][0])
+            if uid.endswith(GREEDY_SUFFIX):
+                score = float(group.batch["token_level_scores"].sum())
+                self._baselines[uid.removesuffix(GREEDY_SUFFIX)] = (score, version)
+            else:
+                self._held[uid] = (group, version)
+        ready, ready_versions = [], []
+        for uid in [u for u in self._held if u in self._baselines]:
+            (group, version), (baseline, greedy_version) = self._held.pop(uid), self._baselines.pop(uid)
+            group.batch["baseline_rewards"] = torch.full((len(group),), baseline, dtype=torch.float32)
+            ready.append(group)
+            ready_versions.append(min(version, greedy_version))
+        return ready, ready_versions
 
     def _score_groups(self, finished: list[DataProto]) -> tuple[list[DataProto], list[dict[str, Any]],
                                                                 dict[str, float]]:
@@ -233,11 +275,14 @@ class RolloutWorker(Worker):
                                                          out.token_level_scores.sum(-1))
             start = 0
             for group in split_groups(batch):
-                steering.append({"uid": str(group.non_tensor_batch["uid"][0]),
-                                 "oldest_version": oldest_version(group),
-                                 "informative": None if informative is None else bool(informative[start])})
                 groups.append(group)
+                steering.append({"uid": str(group.non_tensor_batch["uid"][0]), "oldest_version": oldest_version(group),
+                                 "informative": None if informative is None else bool(informative[start])})
                 start += len(group)
+        if self.greedy_baseline:
+            groups, versions = self._pair_with_baselines(groups, [info["oldest_version"] for info in steering])
+            steering = [{"uid": str(g.non_tensor_batch["uid"][0]), "oldest_version": v, "informative": None}
+                        for g, v in zip(groups, versions)]
         return groups, steering, restarts
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

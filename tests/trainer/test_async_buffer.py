@@ -65,7 +65,7 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["trainer.mode=async", "algorithm.name=remax"], "trainer.mode"),
+    (["trainer.mode=async", "algorithm.name=remax", "reward_model.path=/nonexistent"], "trainer.mode"),
     (["trainer.mode=async", "algorithm.name=dapo", "reward_model.path=/nonexistent"],
      "algorithm.dapo.filter_groups.enable"),
     (["trainer.mode=async", "rollout.agent.enable=true"], "trainer.mode"),

@@ -12,6 +12,8 @@ the reward), dapo, safe_rlhf (cost function + cost model) and ppo (reward model 
 - Safe-RLHF: costs scored on the rollout pool beside the rewards, the cost critic trained
   on the training side, and the Lagrange multiplier updated in the worker-side task from
   each batch's cost, its state carried back to the controller's algorithm state.
+- ReMax: each prompt's greedy response is generated and scored on the rollout pool beside
+  its group (partial rollouts included) and travels as the group's baseline_rewards.
 """
 
 from __future__ import annotations
@@ -76,3 +78,19 @@ def test_safe_rlhf_costs_cost_critic_and_multiplier(tiny_config, ray_local, tmp_
     assert state["lagrange"]["log_value"] == pytest.approx(log_lambda)  # the controller's multiplier followed
     if mode == "one_step_off":  # whole loader batches in order: prompts 0-3, then 4-7
         assert [r["cost/mean"] for r in records] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_remax_greedy_baselines_from_the_rollout_pool(tiny_config, ray_local, tmp_path, mode):
+    (tmp_path / "reward.py").write_text(VARIED_REWARD, encoding="utf-8")
+    extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=3", "async_rl.max_staleness=1") \
+        if mode == "async" else ()
+    records = _run(tiny_config(*ONE_EACH, f"trainer.mode={mode}", "algorithm.name=remax",
+                               f"reward.custom_fn_path={tmp_path / 'reward.py'}", *extra))
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert_finite(r)
+        assert "remax/baseline_mean" in r and r["staleness/max"] <= 1
+        assert r["controller/fetched_tensor_bytes"] == 0
+    # the varied reward gives greedy responses non-zero scores: a baseline that was really scored
+    assert any(r["remax/baseline_mean"] != 0 for r in records)
