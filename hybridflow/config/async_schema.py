@@ -91,9 +91,9 @@ def check_async_settings(cfg: RunConfig) -> None:
                           "model scores on the training pool, after the filter, so the filter would not see its "
                           "scores: drop reward_model.path, set algorithm.dapo.filter_groups.enable=false, or use "
                           "trainer.mode=sync", "algorithm.dapo.filter_groups.enable")
-    if cfg.rollout.agent.enable:
-        raise ConfigError(f"{mode} generates single-turn responses on its rollout pool; multi-turn agent rollouts "
-                          "(rollout.agent.enable) run with trainer.mode=sync", "trainer.mode")
+    if cfg.rollout.agent.enable and program.endswith(":remax"):
+        raise ConfigError(f"{mode} generates ReMax's greedy baseline single-turn; with multi-turn agent rollouts "
+                          "(rollout.agent.enable) use trainer.mode=sync", "trainer.mode")
     if cfg.rollout.name != "native":
         raise ConfigError(f"{mode} needs the native engine (partial rollouts); got {cfg.rollout.name!r}", "rollout.name")
     tp = cfg.rollout.tensor_model_parallel_size

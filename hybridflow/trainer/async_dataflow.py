@@ -194,10 +194,9 @@ def _finish(recipe: Recipe, restarts: dict[str, float], batch: DataProto, old: D
     for out in (old, ref, values):
         if out is not None:
             batch.union(out)
-    mask = batch.batch["response_mask"]
     if recipe.rule_reward:
         # (a step that received no generation call this time has no restarts to report)
-        step.metrics.update(outcome_metrics(batch.non_tensor_batch, mask, restarts.get("reward/worker_restarts", 0.0)))
+        step.metrics.update(outcome_metrics(batch, restarts.get("reward/worker_restarts", 0.0)))
     if scores is not None:
         batch.batch["token_level_scores"] = P.add_model_scores(
             batch.batch["token_level_scores"] if recipe.rule_reward else None, batch,
@@ -235,8 +234,7 @@ def _costs(step: Step, recipe: Recipe, restarts: dict[str, float], costs: DataPr
     total = None
     if recipe.rule_cost:
         total = batch.batch["token_level_costs"]
-        metrics.update(outcome_metrics(batch.non_tensor_batch, batch.batch["response_mask"],
-                                       restarts.get("cost/worker_restarts", 0.0), prefix=COST_COLUMNS))
+        metrics.update(outcome_metrics(batch, restarts.get("cost/worker_restarts", 0.0), prefix=COST_COLUMNS))
     if costs is not None:
         total = P.add_model_scores(total, batch, costs.batch["rm_scores"], 1.0, metrics)
     P.set_costs(step, total, metrics)

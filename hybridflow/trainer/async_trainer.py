@@ -215,9 +215,10 @@ class AsyncRunner:
     def _receive(self) -> None:
         """Take the next generation call's result: group refs and steering records only."""
         outputs = self.pending.popleft().get()
-        for _, steer in outputs:
-            for key in [k for k in steer["metrics"] if k.endswith("/worker_restarts")]:
-                self.restarts[key] = self.restarts.get(key, 0.0) + steer["metrics"].pop(key)
+        for rank in range(0, len(outputs), self.tp):  # what tp rank 0 of each generation group reports
+            metrics = outputs[rank][1]["metrics"]
+            for key in [k for k in metrics if k.endswith("/worker_restarts")]:
+                self.restarts[key] = self.restarts.get(key, 0.0) + metrics.pop(key)
         loaded = outputs[0][1]["metrics"]
         if loaded:
             self.receive_metrics = loaded

@@ -61,8 +61,9 @@ from hybridflow.algorithms import dynamic_sampling_filter
 from hybridflow.controller import CallFuture, Dispatch, Worker, WorkerGroup, register
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard.cross_pool import TensorMeta, TransferStats, WeightBridge
-from hybridflow.engines.rollout import build_rollout_engine
-from hybridflow.engines.rollout.partial import StreamingRollout, oldest_version, split_groups
+from hybridflow.engines.rollout import SamplingParams, build_rollout_engine
+from hybridflow.engines.rollout.partial import POLICY_VERSION, StreamingRollout, oldest_version, split_groups
+from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager import sample_outcomes
 from hybridflow.workers.common import require
@@ -207,21 +208,45 @@ class RolloutWorker(Worker):
         loaded sync ({} if none loaded) and reward/worker_restarts}."""
         require(self.stream, "the rollout engine")
         metrics = self._load_version(version, timeout_s=self.bridge_timeout_s)
+        finished: list[DataProto] = []
         if prompts is not None and len(prompts):
             params = call_sampling_params(self.config.rollout, prompts.meta_info, self._generate_calls, self.dp_rank)
             if counts_as_sampled_call(params, prompts.meta_info):
                 self._generate_calls += 1
-            self.stream.add(prompts, params)
-            if self.greedy_baseline:
-                self._add_greedy(prompts)
-        self.stream.run(max_steps)
-        finished = self.stream.pop_finished()
+            if self.config.rollout.agent.enable:
+                finished.append(self._run_agents(prompts, params))
+            else:
+                self.stream.add(prompts, params)
+                if self.greedy_baseline:
+                    self._add_greedy(prompts)
+        if not self.config.rollout.agent.enable:
+            self.stream.run(max_steps)
+            finished = self.stream.pop_finished()
         if self.tp_rank != 0:
             return [], {"groups": [], "metrics": metrics}
         groups, steering, restarts = self._score_groups(finished)
         metrics.update(restarts)
         # Into this node's object store, owned by this process: the controller gets refs only.
         return [ray.put(group) for group in groups], {"groups": steering, "metrics": metrics}
+
+    def _run_agents(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        """Multi-turn rollouts (rollout.agent.enable): the agent loop runs every trajectory
+        of this call to its end under the loaded version (no partial rollouts: a call is
+        never paused between turns), so each token's version is the call's. The loop's own
+        metrics are dropped, as the hybrid actor drops them: the batch's agent/* metrics come
+        from its multi-turn fields (rewards/manager.py `environment_metrics`)."""
+        require(self.stream, "the rollout engine")
+        engine, r = self.stream.engine, self.config.rollout
+        if engine.tokenizer is None:
+            raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in {self.config.model_path}")
+        if self.stream.in_flight:
+            raise RuntimeError("multi-turn rollouts run whole calls, but single-turn requests are in flight")
+        response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
+        out = AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
+        out.meta_info.pop("metrics", None)
+        versions = torch.full_like(out.batch["responses"], self.version)
+        out.batch[POLICY_VERSION] = versions.masked_fill(out.batch["response_mask"] == 0, -1)
+        return out
 
     def _add_greedy(self, prompts: DataProto) -> None:
         """ReMax: one greedy response per prompt, marked by its uid (it draws no seed)."""

@@ -14,6 +14,8 @@ the reward), dapo, safe_rlhf (cost function + cost model) and ppo (reward model 
   each batch's cost, its state carried back to the controller's algorithm state.
 - ReMax: each prompt's greedy response is generated and scored on the rollout pool beside
   its group (partial rollouts included) and travels as the group's baseline_rewards.
+- Multi-turn agent rollouts: the rollout pool runs the agent loop (guess_number) for whole
+  calls; the environment's turns and rewards reach the trainer with the groups.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import pytest
 
 from hybridflow import RLTrainer
+from test_agent_e2e import _guess_number_config
 from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
 from test_async_modes import ONE_EACH, _run
 from trainer_helpers import assert_finite, rl_records
@@ -94,3 +97,17 @@ def test_remax_greedy_baselines_from_the_rollout_pool(tiny_config, ray_local, tm
         assert r["controller/fetched_tensor_bytes"] == 0
     # the varied reward gives greedy responses non-zero scores: a baseline that was really scored
     assert any(r["remax/baseline_mean"] != 0 for r in records)
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_multi_turn_agent_rollouts_on_the_rollout_pool(tiny_config, turn_model_dir, ray_local, mode):
+    extra = ("async_rl.chunk_prompts=2", "async_rl.max_staleness=1") if mode == "async" else ()
+    cfg = _guess_number_config(tiny_config, turn_model_dir, *ONE_EACH, f"trainer.mode={mode}",
+                               "rollout.agent.max_turns=4", "rollout.temperature=0.5", *extra)
+    records = _run(cfg)
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert_finite(r)
+        assert r["agent/num_turns_mean"] > 1.0  # the environment answered and the model went on
+        assert r["staleness/max"] <= 1 and r["controller/fetched_tensor_bytes"] == 0
+    assert any(k.startswith("agent/stop_") for k in records[0])

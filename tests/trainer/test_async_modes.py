@@ -28,16 +28,17 @@ def _comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(skip) and k != "time"}
 
 
-def _algorithm(name: str, tmp_path, score_model) -> tuple[str, ...]:
+def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
     """Overrides of a run of `name` that gives its special phases work: grpo with an adaptive
     KL penalty in the reward, DAPO with half its groups uniform, Safe-RLHF with a cost
     function plus a cost model, PPO with a reward model added to the rule-based reward, ReMax
-    with a reward that varies by response (its greedy baseline is not 0)."""
+    with a reward that varies by response (its greedy baseline is not 0), grpo on multi-turn
+    agent rollouts (guess_number, the turn model)."""
     from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
 
     files = {"dapo": {"reward": HALF_UNIFORM_REWARD}, "safe_rlhf": {"reward": VARIED_REWARD, "cost": STEPPED_COST},
              "remax": {"reward": VARIED_REWARD}}
-    overrides = [f"algorithm.name={name}"]
+    overrides = [f"algorithm.name={'grpo' if name == 'agent' else name}"]
     for kind, code in files.get(name, {}).items():
         (tmp_path / f"{kind}.py").write_text(code, encoding="utf-8")
         overrides.append(f"{'reward' if kind == 'reward' else 'cost_model'}.custom_fn_path={tmp_path / f'{kind}.py'}")
@@ -47,6 +48,9 @@ def _algorithm(name: str, tmp_path, score_model) -> tuple[str, ...]:
         "safe_rlhf": [f"cost_model.path={score_model}"],
         "ppo": [f"reward_model.path={score_model}", "reward_model.add_rule_reward=true"],
         "remax": [],
+        "agent": [f"model.path={turn_model}", "rollout.response_length=40", "rollout.agent.enable=true",
+                  "rollout.agent.default_env=guess_number", "rollout.agent.env_kwargs={low: 0, high: 200}",
+                  "rollout.agent.max_turns=4", "rollout.temperature=0.5"],
     }[name]
     return tuple(overrides)
 
@@ -55,15 +59,17 @@ def _algorithm(name: str, tmp_path, score_model) -> tuple[str, ...]:
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax"])
-def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, algorithm):
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent"])
+def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, turn_model_dir,
+                                                 algorithm):
     """The controller-free data path computes what the synchronous program computes, and the
     async controller fetches no tensor of the batch (the sync one fetches it): the KL
     controller follows the workers' KL, DAPO's discarded groups' places go to the next
     prompts as sync's next round does, Safe-RLHF's costs (function + model), cost critic and
     multiplier follow the same batches, a reward model's scores add to the rule's, ReMax's
-    greedy baselines (generated beside the groups on the rollout pool) equal sync's."""
-    chosen = _algorithm(algorithm, tmp_path, reward_model_dir)
+    greedy baselines (generated beside the groups on the rollout pool) equal sync's, and the
+    agent loop on the rollout pool plays the same episodes as the hybrid actor's."""
+    chosen = _algorithm(algorithm, tmp_path, reward_model_dir, turn_model_dir)
     sync = _run(tiny_config(*ONE_EACH, *chosen))
     asyn = _run(tiny_config(*ONE_EACH, *chosen, "trainer.mode=async", "async_rl.max_staleness=0"))
     for s, a in zip(sync, asyn, strict=True):
@@ -71,7 +77,7 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
             {k: v for k, v in _comparable(s).items() if k not in ONE_MODE_ONLY}
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
         special = {"grpo": "kl/coef", "dapo": "dapo/kept_groups", "safe_rlhf": "cost_critic/vf_loss",
-                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean"}[algorithm]
+                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean"}[algorithm]
         assert special in s, special
         assert a["staleness/max"] == 0
         # DAPO: informative groups beyond the batch (the last round's surplus, which sync's step
