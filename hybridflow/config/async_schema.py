@@ -12,7 +12,9 @@ The YAML section is `async_rl` (`async` is a Python keyword, so it cannot be a f
       bucket_mb: 64           # weight-sync bucket size
 
 one_step_off is async with max_staleness 1, whole batches per generation call and no
-partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call).
+partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call). Partial
+rollouts need the native engine's scheduler: other rollout backends (rollout.name) and
+multi-turn agent rollouts generate whole calls, and steps_per_call does not apply.
 `check_async_settings` holds the cross-section rules.
 """
 
@@ -94,8 +96,6 @@ def check_async_settings(cfg: RunConfig) -> None:
     if cfg.rollout.agent.enable and program.endswith(":remax"):
         raise ConfigError(f"{mode} generates ReMax's greedy baseline single-turn; with multi-turn agent rollouts "
                           "(rollout.agent.enable) use trainer.mode=sync", "trainer.mode")
-    if cfg.rollout.name != "native":
-        raise ConfigError(f"{mode} needs the native engine (partial rollouts); got {cfg.rollout.name!r}", "rollout.name")
     tp = cfg.rollout.tensor_model_parallel_size
     if a.rollout_ranks % tp:
         raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",

@@ -106,7 +106,8 @@ class RolloutWorker(Worker):
         # Their scoring processes exit with this one (rewards/pool.py), so nothing closes them.
         self.reward = reward_fn() if reward_fn is not None else None
         self.cost = cost_fn() if cost_fn is not None else None
-        self.stream: StreamingRollout | None = None
+        self.engine: Any = None  # the rollout engine (rollout.name)
+        self.stream: StreamingRollout | None = None  # over the native engine: partial rollouts
         self.bridge: WeightBridge | None = None
         self.dp_rank = 0
         self.tp_rank = 0
@@ -135,7 +136,11 @@ class RolloutWorker(Worker):
                                       process_group=groups[self.dp_rank] if groups else None,
                                       tokenizer=tokenizer_if_present(self.config.model_path),
                                       model_path=self.config.model_path)
-        self.stream = StreamingRollout(engine, slots=r.max_num_seqs, max_len=engine.max_len)
+        self.engine = engine
+        # Partial rollouts need the native continuous-batching scheduler; other backends (and
+        # multi-turn rollouts) generate whole calls (`_whole_call`).
+        if r.name == "native" and not r.agent.enable:
+            self.stream = StreamingRollout(engine, slots=r.max_num_seqs, max_len=engine.max_len)
 
     @property
     def dp_size(self) -> int:
@@ -170,7 +175,7 @@ class RolloutWorker(Worker):
     def _load_version(self, version: int, timeout_s: float) -> dict[str, float]:
         """Wait until `version` is staged, load it and drop older staged versions; {} when
         the engine already holds it. Metrics under weight_sync/*."""
-        require(self.stream, "the rollout engine")
+        require(self.engine, "the rollout engine")
         if version == self.version:
             return {}
         if version < self.version:
@@ -186,8 +191,11 @@ class RolloutWorker(Worker):
             tensors, stats = self._staged.pop(version)
             for old in [v for v in self._staged if v < version]:
                 del self._staged[old]
-        in_flight = self.stream.in_flight
-        self.stream.load_weights(tensors, version=version)
+        in_flight = self.stream.in_flight if self.stream is not None else 0
+        if self.stream is not None:
+            self.stream.load_weights(tensors, version=version)
+        else:
+            self.engine.load_weights(tensors)
         self.version = version
         return {**stats.as_metrics("weight_sync/receive"), "weight_sync/in_flight": float(in_flight)}
 
@@ -206,20 +214,20 @@ class RolloutWorker(Worker):
         steering record
         {"groups": [{uid, oldest_version, informative}], "metrics": weight_sync/* of the
         loaded sync ({} if none loaded) and reward/worker_restarts}."""
-        require(self.stream, "the rollout engine")
+        require(self.engine, "the rollout engine")
         metrics = self._load_version(version, timeout_s=self.bridge_timeout_s)
         finished: list[DataProto] = []
         if prompts is not None and len(prompts):
             params = call_sampling_params(self.config.rollout, prompts.meta_info, self._generate_calls, self.dp_rank)
             if counts_as_sampled_call(params, prompts.meta_info):
                 self._generate_calls += 1
-            if self.config.rollout.agent.enable:
-                finished.append(self._run_agents(prompts, params))
+            calls = [(prompts, params), *([self._greedy(prompts)] if self.greedy_baseline else [])]
+            if self.stream is not None:
+                for call in calls:
+                    self.stream.add(*call)
             else:
-                self.stream.add(prompts, params)
-                if self.greedy_baseline:
-                    self._add_greedy(prompts)
-        if not self.config.rollout.agent.enable:
+                finished = [self._whole_call(*call) for call in calls]
+        if self.stream is not None:
             self.stream.run(max_steps)
             finished = self.stream.pop_finished()
         if self.tp_rank != 0:
@@ -229,33 +237,35 @@ class RolloutWorker(Worker):
         # Into this node's object store, owned by this process: the controller gets refs only.
         return [ray.put(group) for group in groups], {"groups": steering, "metrics": metrics}
 
-    def _run_agents(self, prompts: DataProto, params: SamplingParams) -> DataProto:
-        """Multi-turn rollouts (rollout.agent.enable): the agent loop runs every trajectory
-        of this call to its end under the loaded version (no partial rollouts: a call is
-        never paused between turns), so each token's version is the call's. The loop's own
-        metrics are dropped, as the hybrid actor drops them: the batch's agent/* metrics come
-        from its multi-turn fields (rewards/manager.py `environment_metrics`)."""
-        require(self.stream, "the rollout engine")
-        engine, r = self.stream.engine, self.config.rollout
-        if engine.tokenizer is None:
-            raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in {self.config.model_path}")
-        if self.stream.in_flight:
-            raise RuntimeError("multi-turn rollouts run whole calls, but single-turn requests are in flight")
-        response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
-        out = AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
+    def _whole_call(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        """Generate every response of `prompts` to its end under the loaded version (no
+        partial rollouts: the call is never paused), so each token's version is the call's:
+        a non-native backend's `generate`, or the multi-turn agent loop (rollout.agent.enable,
+        envs/agent/loop.py, as the hybrid actor runs it). The loop's own metrics are dropped,
+        as the hybrid actor drops them: the batch's agent/* metrics come from its multi-turn
+        fields (rewards/manager.py `environment_metrics`)."""
+        engine, r = self.engine, self.config.rollout
+        if not r.agent.enable:
+            out = engine.generate(prompts, params)
+        else:
+            if engine.tokenizer is None:
+                raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in "
+                                   f"{self.config.model_path}")
+            response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
+            out = AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
         out.meta_info.pop("metrics", None)
         versions = torch.full_like(out.batch["responses"], self.version)
         out.batch[POLICY_VERSION] = versions.masked_fill(out.batch["response_mask"] == 0, -1)
         return out
 
-    def _add_greedy(self, prompts: DataProto) -> None:
+    def _greedy(self, prompts: DataProto) -> tuple[DataProto, SamplingParams]:
         """ReMax: one greedy response per prompt, marked by its uid (it draws no seed)."""
         meta = {**prompts.meta_info, "do_sample": False, "n": 1}
         params = call_sampling_params(self.config.rollout, meta, self._generate_calls, self.dp_rank)
         uids = [f"{uid}{GREEDY_SUFFIX}" for uid in prompts.non_tensor_batch["uid"]]
         greedy = DataProto(batch=prompts.batch, non_tensor_batch={**prompts.non_tensor_batch,
                                                                    "uid": np.array(uids, dtype=object)}, meta_info=meta)
-        self.stream.add(greedy, params)
+        return greedy, params
 
     def _pair_with_baselines(self, groups: list[DataProto], versions: list[int]) -> tuple[list[DataProto], list[int]]:
         """ReMax: take the greedy responses out of `groups` (their scores become baselines) and
@@ -323,9 +333,9 @@ class RolloutWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def in_flight(self) -> int:
-        """Sequences queued or being generated on this rank."""
-        require(self.stream, "the rollout engine")
-        return self.stream.in_flight
+        """Sequences queued or being generated on this rank (0 between whole calls)."""
+        require(self.engine, "the rollout engine")
+        return self.stream.in_flight if self.stream is not None else 0
 
     @register(dispatch=Dispatch.RANK_ZERO)
     def generation_weights(self) -> dict[str, torch.Tensor]:

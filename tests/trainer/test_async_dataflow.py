@@ -16,6 +16,7 @@ the reward), dapo, safe_rlhf (cost function + cost model) and ppo (reward model 
   its group (partial rollouts included) and travels as the group's baseline_rewards.
 - Multi-turn agent rollouts: the rollout pool runs the agent loop (guess_number) for whole
   calls; the environment's turns and rewards reach the trainer with the groups.
+- A non-native rollout backend (hf): whole calls, weights loaded between them.
 """
 
 from __future__ import annotations
@@ -111,3 +112,18 @@ def test_multi_turn_agent_rollouts_on_the_rollout_pool(tiny_config, turn_model_d
         assert r["agent/num_turns_mean"] > 1.0  # the environment answered and the model went on
         assert r["staleness/max"] <= 1 and r["controller/fetched_tensor_bytes"] == 0
     assert any(k.startswith("agent/stop_") for k in records[0])
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_hf_rollout_backend_generates_whole_calls(tiny_config, ray_local, mode):
+    extra = ("async_rl.chunk_prompts=2", "async_rl.max_staleness=1") if mode == "async" else ()
+    records = _run(tiny_config(*ONE_EACH, f"trainer.mode={mode}", "rollout.name=hf", *extra), steps=3)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert_finite(r)
+        assert r["staleness/max"] <= 1 and r["controller/fetched_tensor_bytes"] == 0
+        assert r["weight_sync/in_flight"] == 0  # whole calls: nothing is in flight when weights load
+    # the trained weights reached the hf engine: a generation call loaded version 1
+    assert max(r["weight_sync/receive/version"] for r in records) >= 1
+    if mode == "one_step_off":
+        assert [r["staleness/max"] for r in records] == [0.0, 1.0, 1.0]

@@ -38,7 +38,7 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 
     files = {"dapo": {"reward": HALF_UNIFORM_REWARD}, "safe_rlhf": {"reward": VARIED_REWARD, "cost": STEPPED_COST},
              "remax": {"reward": VARIED_REWARD}}
-    overrides = [f"algorithm.name={'grpo' if name == 'agent' else name}"]
+    overrides = [f"algorithm.name={'grpo' if name in ('agent', 'hf') else name}"]
     for kind, code in files.get(name, {}).items():
         (tmp_path / f"{kind}.py").write_text(code, encoding="utf-8")
         overrides.append(f"{'reward' if kind == 'reward' else 'cost_model'}.custom_fn_path={tmp_path / f'{kind}.py'}")
@@ -48,6 +48,7 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
         "safe_rlhf": [f"cost_model.path={score_model}"],
         "ppo": [f"reward_model.path={score_model}", "reward_model.add_rule_reward=true"],
         "remax": [],
+        "hf": ["rollout.name=hf"],
         "agent": [f"model.path={turn_model}", "rollout.response_length=40", "rollout.agent.enable=true",
                   "rollout.agent.default_env=guess_number", "rollout.agent.env_kwargs={low: 0, high: 200}",
                   "rollout.agent.max_turns=4", "rollout.temperature=0.5"],
@@ -59,7 +60,7 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent", "hf"])
 def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, turn_model_dir,
                                                  algorithm):
     """The controller-free data path computes what the synchronous program computes, and the
@@ -67,8 +68,9 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
     controller follows the workers' KL, DAPO's discarded groups' places go to the next
     prompts as sync's next round does, Safe-RLHF's costs (function + model), cost critic and
     multiplier follow the same batches, a reward model's scores add to the rule's, ReMax's
-    greedy baselines (generated beside the groups on the rollout pool) equal sync's, and the
-    agent loop on the rollout pool plays the same episodes as the hybrid actor's."""
+    greedy baselines (generated beside the groups on the rollout pool) equal sync's, the
+    agent loop on the rollout pool plays the same episodes as the hybrid actor's, and a
+    non-native backend generating whole calls samples what the hybrid actor's samples."""
     chosen = _algorithm(algorithm, tmp_path, reward_model_dir, turn_model_dir)
     sync = _run(tiny_config(*ONE_EACH, *chosen))
     asyn = _run(tiny_config(*ONE_EACH, *chosen, "trainer.mode=async", "async_rl.max_staleness=0"))
@@ -77,7 +79,7 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
             {k: v for k, v in _comparable(s).items() if k not in ONE_MODE_ONLY}
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
         special = {"grpo": "kl/coef", "dapo": "dapo/kept_groups", "safe_rlhf": "cost_critic/vf_loss",
-                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean"}[algorithm]
+                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean", "hf": "actor/entropy"}[algorithm]
         assert special in s, special
         assert a["staleness/max"] == 0
         # DAPO: informative groups beyond the batch (the last round's surplus, which sync's step
