@@ -93,9 +93,6 @@ def check_async_settings(cfg: RunConfig) -> None:
                           "model scores on the training pool, after the filter, so the filter would not see its "
                           "scores: drop reward_model.path, set algorithm.dapo.filter_groups.enable=false, or use "
                           "trainer.mode=sync", "algorithm.dapo.filter_groups.enable")
-    if cfg.rollout.agent.enable and program.endswith(":remax"):
-        raise ConfigError(f"{mode} generates ReMax's greedy baseline single-turn; with multi-turn agent rollouts "
-                          "(rollout.agent.enable) use trainer.mode=sync", "trainer.mode")
     tp = cfg.rollout.tensor_model_parallel_size
     if a.rollout_ranks % tp:
         raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",

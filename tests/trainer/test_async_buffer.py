@@ -68,7 +68,6 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
     (["trainer.mode=async", "algorithm.name=remax", "reward_model.path=/nonexistent"], "trainer.mode"),
     (["trainer.mode=async", "algorithm.name=dapo", "reward_model.path=/nonexistent"],
      "algorithm.dapo.filter_groups.enable"),
-    (["trainer.mode=async", "rollout.agent.enable=true", "algorithm.name=remax"], "trainer.mode"),
     (["trainer.mode=async", "async_rl.buffer_size=2"], "async_rl.buffer_size"),
     (["trainer.mode=async", "async_rl.rollout_ranks=2", "async_rl.chunk_prompts=3"], "async_rl.chunk_prompts"),
     (["trainer.mode=one_step_off", "async_rl.max_staleness=-1"], "async_rl.max_staleness"),

@@ -38,10 +38,13 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 
     files = {"dapo": {"reward": HALF_UNIFORM_REWARD}, "safe_rlhf": {"reward": VARIED_REWARD, "cost": STEPPED_COST},
              "remax": {"reward": VARIED_REWARD}}
-    overrides = [f"algorithm.name={'grpo' if name in ('agent', 'hf') else name}"]
+    overrides = [f"algorithm.name={ {'agent': 'grpo', 'hf': 'grpo', 'remax_agent': 'remax'}.get(name, name)}"]
     for kind, code in files.get(name, {}).items():
         (tmp_path / f"{kind}.py").write_text(code, encoding="utf-8")
         overrides.append(f"{'reward' if kind == 'reward' else 'cost_model'}.custom_fn_path={tmp_path / f'{kind}.py'}")
+    agent = [f"model.path={turn_model}", "rollout.response_length=40", "rollout.agent.enable=true",
+             "rollout.agent.default_env=guess_number", "rollout.agent.env_kwargs={low: 0, high: 200}",
+             "rollout.agent.max_turns=4", "rollout.temperature=0.5"]
     overrides += {
         "grpo": ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
         "dapo": ["rollout.n=4"],
@@ -49,9 +52,8 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
         "ppo": [f"reward_model.path={score_model}", "reward_model.add_rule_reward=true"],
         "remax": [],
         "hf": ["rollout.name=hf"],
-        "agent": [f"model.path={turn_model}", "rollout.response_length=40", "rollout.agent.enable=true",
-                  "rollout.agent.default_env=guess_number", "rollout.agent.env_kwargs={low: 0, high: 200}",
-                  "rollout.agent.max_turns=4", "rollout.temperature=0.5"],
+        "agent": agent,
+        "remax_agent": agent,
     }[name]
     return tuple(overrides)
 
@@ -60,7 +62,7 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent", "hf"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent", "remax_agent", "hf"])
 def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, turn_model_dir,
                                                  algorithm):
     """The controller-free data path computes what the synchronous program computes, and the
@@ -79,7 +81,7 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
             {k: v for k, v in _comparable(s).items() if k not in ONE_MODE_ONLY}
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
         special = {"grpo": "kl/coef", "dapo": "dapo/kept_groups", "safe_rlhf": "cost_critic/vf_loss",
-                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean", "hf": "actor/entropy"}[algorithm]
+                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean", "remax_agent": "remax/baseline_mean", "hf": "actor/entropy"}[algorithm]
         assert special in s, special
         assert a["staleness/max"] == 0
         # DAPO: informative groups beyond the batch (the last round's surplus, which sync's step
