@@ -1,9 +1,13 @@
 """`RolloutWorker`: a generation-only role on its own pool (trainer.mode one_step_off / async).
 
-Each rank holds a native rollout engine (tensor parallel over consecutive ranks when
-rollout.tensor_model_parallel_size > 1) and a `StreamingRollout` over it, so generation
-can stop between scheduler iterations, take new weights and continue the same sequences
-(partial rollouts, engines/rollout/partial.py). Weights arrive from the actor's training
+Each rank holds a rollout engine (tensor parallel over consecutive ranks when
+rollout.tensor_model_parallel_size > 1). With the native engine and single-turn prompts a
+`StreamingRollout` runs over it, so generation can stop between scheduler iterations,
+take new weights and continue the same sequences (partial rollouts,
+engines/rollout/partial.py); another backend (rollout.name) or multi-turn agent rollouts
+(rollout.agent.enable) generate whole calls under the version they loaded. ReMax
+(`greedy_baseline`) adds one greedy response per prompt, scored here and released with
+its group as `baseline_rewards`. Weights arrive from the actor's training
 rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the controller:
 
     rollout.init_model()

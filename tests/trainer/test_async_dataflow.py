@@ -1,5 +1,9 @@
 """The asynchronous modes' controller-free data path (trainer/async_dataflow.py, docs/async.md).
 
+Each algorithm path runs here in one_step_off and, where the reproduction test in
+test_async_modes.py does not already run it in async mode (2 steps, max_staleness=0, equal
+to sync), in async mode with partial rollouts and staleness 1 too (DAPO, ReMax).
+
 Every run checks that the controller fetched no tensor of the batch: each step's
 `controller/fetched_tensor_bytes` (the controller's own count of what `gather` brought back,
 controller/futures.py) is 0. test_async_modes.py checks it too, beside sync runs that fetch
@@ -56,16 +60,14 @@ def test_dapo_dynamic_sampling_on_the_stream(tiny_config, ray_local, tmp_path, m
     assert sum(r["dapo/generated_groups"] for r in records) > sum(r["dapo/kept_groups"] for r in records)
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
-def test_safe_rlhf_costs_cost_critic_and_multiplier(tiny_config, ray_local, tmp_path, mode):
+def test_safe_rlhf_costs_cost_critic_and_multiplier_in_one_step_off(tiny_config, ray_local, tmp_path):
+    """(async mode: test_async_modes.py's reproduction test, with a cost model too)"""
     (tmp_path / "reward.py").write_text(VARIED_REWARD, encoding="utf-8")
     (tmp_path / "cost.py").write_text(STEPPED_COST, encoding="utf-8")  # prompts 0-3 cost 1, the others 0
-    extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=4", "async_rl.max_staleness=1") \
-        if mode == "async" else ()
-    cfg = tiny_config(*ONE_EACH, f"trainer.mode={mode}", "algorithm.name=safe_rlhf", "data.shuffle=false",
+    cfg = tiny_config(*ONE_EACH, "trainer.mode=one_step_off", "algorithm.name=safe_rlhf", "data.shuffle=false",
                       f"reward.custom_fn_path={tmp_path / 'reward.py'}", f"cost_model.custom_fn_path={tmp_path / 'cost.py'}",
                       "algorithm.safe_rlhf.cost_limit=0.5", "algorithm.safe_rlhf.lambda_init=1.0",
-                      "algorithm.safe_rlhf.lambda_lr=0.5", *extra)
+                      "algorithm.safe_rlhf.lambda_lr=0.5")
     with RLTrainer(cfg) as trainer:
         result = trainer.train(steps=2)
         state = trainer.state.state_dict()
@@ -80,8 +82,7 @@ def test_safe_rlhf_costs_cost_critic_and_multiplier(tiny_config, ray_local, tmp_
             assert key in r, key
         assert r["controller/fetched_tensor_bytes"] == 0
     assert state["lagrange"]["log_value"] == pytest.approx(log_lambda)  # the controller's multiplier followed
-    if mode == "one_step_off":  # whole loader batches in order: prompts 0-3, then 4-7
-        assert [r["cost/mean"] for r in records] == [1.0, 0.0]
+    assert [r["cost/mean"] for r in records] == [1.0, 0.0]  # whole loader batches in order: prompts 0-3, then 4-7
 
 
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
@@ -100,11 +101,10 @@ def test_remax_greedy_baselines_from_the_rollout_pool(tiny_config, ray_local, tm
     assert any(r["remax/baseline_mean"] != 0 for r in records)
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
-def test_multi_turn_agent_rollouts_on_the_rollout_pool(tiny_config, turn_model_dir, ray_local, mode):
-    extra = ("async_rl.chunk_prompts=2", "async_rl.max_staleness=1") if mode == "async" else ()
-    cfg = _guess_number_config(tiny_config, turn_model_dir, *ONE_EACH, f"trainer.mode={mode}",
-                               "rollout.agent.max_turns=4", "rollout.temperature=0.5", *extra)
+def test_multi_turn_agent_rollouts_on_the_rollout_pool_in_one_step_off(tiny_config, turn_model_dir, ray_local):
+    """(async mode: the reproduction test's agent and remax_agent cases)"""
+    cfg = _guess_number_config(tiny_config, turn_model_dir, *ONE_EACH, "trainer.mode=one_step_off",
+                               "rollout.agent.max_turns=4", "rollout.temperature=0.5")
     records = _run(cfg)
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
@@ -114,10 +114,9 @@ def test_multi_turn_agent_rollouts_on_the_rollout_pool(tiny_config, turn_model_d
     assert any(k.startswith("agent/stop_") for k in records[0])
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
-def test_hf_rollout_backend_generates_whole_calls(tiny_config, ray_local, mode):
-    extra = ("async_rl.chunk_prompts=2", "async_rl.max_staleness=1") if mode == "async" else ()
-    records = _run(tiny_config(*ONE_EACH, f"trainer.mode={mode}", "rollout.name=hf", *extra), steps=3)
+def test_hf_rollout_backend_generates_whole_calls_in_one_step_off(tiny_config, ray_local):
+    """(async mode: the reproduction test's hf case)"""
+    records = _run(tiny_config(*ONE_EACH, "trainer.mode=one_step_off", "rollout.name=hf"), steps=3)
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert_finite(r)
@@ -125,5 +124,4 @@ def test_hf_rollout_backend_generates_whole_calls(tiny_config, ray_local, mode):
         assert r["weight_sync/in_flight"] == 0  # whole calls: nothing is in flight when weights load
     # the trained weights reached the hf engine: a generation call loaded version 1
     assert max(r["weight_sync/receive/version"] for r in records) >= 1
-    if mode == "one_step_off":
-        assert [r["staleness/max"] for r in records] == [0.0, 1.0, 1.0]
+    assert [r["staleness/max"] for r in records] == [0.0, 1.0, 1.0]
