@@ -12,7 +12,9 @@ The YAML section is `async_rl` (`async` is a Python keyword, so it cannot be a f
       bucket_mb: 64           # weight-sync bucket size
 
 one_step_off is async with max_staleness 1, whole batches per generation call and no
-partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call).
+partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call). Partial
+rollouts need the native engine's scheduler: other rollout backends (rollout.name) and
+multi-turn agent rollouts generate whole calls, and steps_per_call does not apply.
 `check_async_settings` holds the cross-section rules.
 """
 
@@ -27,11 +29,15 @@ if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
-# The step programs the asynchronous trainer can run after generation (AsyncRunner.TRAIN):
-# the critic-free family and PPO with its critic. ReMax (a greedy generation per step on
-# the training side), DAPO (dynamic sampling asks for more generation rounds inside a step)
-# and Safe-RLHF (a cost model and critic) are not wired to the rollout pool.
-ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo")
+# The step programs the asynchronous data path (trainer/async_dataflow.py) computes: the
+# critic-free family, PPO with its critic, DAPO (its dynamic sampling is a filter on the
+# stream of groups, its overlong shaping part of the worker-side reward), Safe-RLHF (costs
+# scored beside the rewards, the cost critic on the training side, the multiplier's state
+# returned to the controller) and ReMax (the greedy baseline generated and scored on the
+# rollout pool with the group it belongs to).
+ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo",
+                  "hybridflow.trainer.algorithms:dapo", "hybridflow.trainer.algorithms:safe_rlhf",
+                  "hybridflow.trainer.algorithms:remax")
 
 
 @dataclass
@@ -73,15 +79,20 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
     if mode == "sync":
         return
-    if cfg.algorithm.spec.program not in ASYNC_PROGRAMS:
-        raise ConfigError(f"{mode} supports ppo and the critic-free algorithms (grpo, rloo, reinforce_plus_plus, "
-                          f"reinforce_plus_plus_baseline, drgrpo); algorithm.name={cfg.algorithm.name} runs "
-                          f"{cfg.algorithm.spec.program}: use trainer.mode=sync", "trainer.mode")
-    if cfg.rollout.agent.enable:
-        raise ConfigError(f"{mode} generates single-turn responses on its rollout pool; multi-turn agent rollouts "
-                          "(rollout.agent.enable) run with trainer.mode=sync", "trainer.mode")
-    if cfg.rollout.name != "native":
-        raise ConfigError(f"{mode} needs the native engine (partial rollouts); got {cfg.rollout.name!r}", "rollout.name")
+    program = cfg.algorithm.spec.program
+    if program not in ASYNC_PROGRAMS:
+        raise ConfigError(f"{mode} supports ppo, dapo, safe_rlhf, remax and the critic-free algorithms (grpo, "
+                          "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo); "
+                          f"algorithm.name={cfg.algorithm.name} runs {program}: use trainer.mode=sync", "trainer.mode")
+    if program.endswith(":remax") and cfg.reward_model.path is not None:
+        raise ConfigError(f"{mode} scores ReMax's greedy baseline on the rollout pool with the rule-based reward; a "
+                          "reward model scores on the training pool and would be missing from the baseline: drop "
+                          "reward_model.path or use trainer.mode=sync", "trainer.mode")
+    if program.endswith(":dapo") and cfg.algorithm.dapo.filter_groups.enable and cfg.reward_model.path is not None:
+        raise ConfigError(f"{mode} filters DAPO's groups on the rollout pool by their rule-based scores; a reward "
+                          "model scores on the training pool, after the filter, so the filter would not see its "
+                          "scores: drop reward_model.path, set algorithm.dapo.filter_groups.enable=false, or use "
+                          "trainer.mode=sync", "algorithm.dapo.filter_groups.enable")
     tp = cfg.rollout.tensor_model_parallel_size
     if a.rollout_ranks % tp:
         raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",

@@ -14,7 +14,8 @@
     out = group.double(batch)                     # split by rank, run, concatenated back
 
 See `decorator` for the dispatch modes, `colocate` for several roles in one set of
-processes, `futures` for non-blocking calls and `errors` for what failures look like.
+processes, `futures` for non-blocking calls (and `FETCHED`, the count of what the controller
+fetched from workers) and `errors` for what failures look like.
 """
 
 from hybridflow.controller.colocate import create_colocated_worker_groups
@@ -29,7 +30,8 @@ from hybridflow.controller.decorator import (
 )
 from hybridflow.controller.dispatch import DispatchContext, Split
 from hybridflow.controller.errors import CallTimeoutError, DispatchError, WorkerError
-from hybridflow.controller.futures import CallFuture, DataProtoFuture
+from hybridflow.controller.futures import LEDGER as FETCHED
+from hybridflow.controller.futures import CallFuture, DataProtoFuture, FetchLedger, value_future
 from hybridflow.controller.host import RoleSpec
 from hybridflow.controller.ray_runtime import RayRuntime, describe_ray, init_ray
 from hybridflow.controller.resource_pool import ResourcePool, Slot
@@ -40,6 +42,8 @@ from hybridflow.controller.worker_group import WorkerGroup
 __all__ = [
     "CallFuture",
     "DataProtoFuture",
+    "FETCHED",
+    "FetchLedger",
     "Dispatch",
     "DispatchContext",
     "CallTimeoutError",
@@ -64,4 +68,5 @@ __all__ = [
     "register_dispatch_mode",
     "registered_methods",
     "run_selfcheck",
+    "value_future",
 ]

@@ -9,7 +9,12 @@ each return one data-parallel part). Passed to another group's call, the future'
 to the workers as they are: Ray resolves them inside the worker processes, and the
 controller neither waits for nor copies the data. When the receiving call needs a
 different split, a small Ray task (no CPU reserved, so it always schedules) regroups the
-parts next to the data.
+parts next to the data. `value_future` wraps any object ref (a Ray task's output) the same
+way, so data made outside a worker group can be passed into one.
+
+**What the controller fetches is counted** (`LEDGER`, a `FetchLedger`): every value that
+`gather` brings to the controller adds its tensor and array bytes, so a program can show
+(and a test assert) that a data path keeps batches off the controller.
 """
 
 from __future__ import annotations
@@ -19,14 +24,48 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import ray
+import torch
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from hybridflow.controller.errors import CallTimeoutError, DispatchError, WorkerError
+from hybridflow.protocol import DataProto
 
 if TYPE_CHECKING:
     from hybridflow.controller.decorator import DispatchMode
     from hybridflow.controller.dispatch import DispatchContext
+
+@dataclass
+class FetchLedger:
+    """What the controller fetched from workers: values, and the bytes of the tensors and
+    numpy arrays inside them (nested in DataProtos, dicts, lists and tuples)."""
+
+    values: int = 0
+    tensor_bytes: int = 0
+
+    def add(self, value: Any) -> None:
+        self.values += 1
+        self.tensor_bytes += payload_bytes(value)
+
+
+LEDGER = FetchLedger()
+
+
+def payload_bytes(value: Any) -> int:
+    """Bytes of the torch tensors and numpy arrays in `value` (0 for plain scalars and strings)."""
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, DataProto):
+        return payload_bytes(value.batch) + payload_bytes(value.non_tensor_batch) + payload_bytes(value.meta_info)
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v) for v in value)
+    return 0
+
 
 # How often a pending call re-checks for a failed rank; it bounds how late a death is seen.
 POLL_S = 0.2
@@ -72,11 +111,13 @@ def _fetch(ready: list[ray.ObjectRef], position: dict, results: list[Any]) -> li
     if values is not None:
         for ref, value in zip(ready, values):
             results[position[ref]] = value
+            LEDGER.add(value)
         return []
     failures = []
     for ref in ready:  # one failed: fetch one by one to know which
         try:
             results[position[ref]] = ray.get(ref)
+            LEDGER.add(results[position[ref]])
         except RayError as err:
             failures.append((position[ref], err))
     return failures
@@ -197,6 +238,17 @@ class CallFuture:
         return self._whole
 
 
+def value_future(ref: ray.ObjectRef, label: str, owner: RankInfo) -> CallFuture:
+    """A future of the value behind `ref` (e.g. a Ray task's output, made outside any
+    worker group): passed into a call it is split like any future, and `get()` names
+    `owner` when it failed."""
+    from hybridflow.controller.decorator import Dispatch
+    from hybridflow.controller.dispatch import DispatchContext
+
+    ctx = DispatchContext(label=label, mode=Dispatch.RANK_ZERO.name, world_size=1)
+    return CallFuture(method=label, mode=Dispatch.RANK_ZERO, ctx=ctx, refs=[ref], owners=[owner], selected=[0])
+
+
 class DataProtoFuture(CallFuture):
     """A future whose collected parts are one DataProto per data-parallel rank.
 
@@ -226,8 +278,6 @@ def _collect_task(mode: DispatchMode, ctx: DispatchContext, pad_size: int, *outp
 
 @ray.remote(num_cpus=0)
 def _regroup_task(n: int, pad: bool, source_pad: int, label: str, *sources: Any) -> tuple:
-    from hybridflow.protocol import DataProto
-
     for source in sources:
         if not isinstance(source, DataProto):
             raise DispatchError(f"{label}: a future passed as data-parallel input holds a "

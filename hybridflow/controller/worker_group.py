@@ -20,6 +20,7 @@ HYBRIDFLOW_FAULT environment variable of the controller and handed to every work
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import uuid
 from collections.abc import Callable, Mapping
@@ -180,6 +181,14 @@ class WorkerGroup:
             self._hosts.kill()
 
     # -------------------------------------------------------------------------- calls
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> CallFuture:
+        """Call registered `method` without waiting, whether or not it is registered as
+        blocking: its future goes on into other calls (or `get()`)."""
+        spec = registered_methods(self.worker_cls).get(method)
+        if spec is None:
+            raise ValueError(f"{self.role}.{method} is not a registered method of {self.worker_cls.__qualname__}")
+        return self._call(method, dataclasses.replace(spec, blocking=False), args, kwargs)
 
     def _bind(self, name: str, spec: MethodSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -247,6 +247,43 @@ class RewardManager:
         )
 
 
+# Per-sample columns a scored sample carries when it is scored away from the batch it is
+# trained in (trainer.mode one_step_off / async: the rollout pool scores each finished
+# group; the training side reports the trained batch's reward metrics from them).
+OUTCOME_ERROR, OUTCOME_TIMEOUT = "reward_error", "reward_timeout"
+
+
+def sample_outcomes(out: RewardOutput) -> dict[str, np.ndarray]:
+    """`out`'s failures (1.0 where a sample errored / timed out) and each reward template's
+    weighted part (NaN where a sample has none), one float64 array per column."""
+    n = len(out.scores)
+    columns = {OUTCOME_ERROR: np.zeros(n), OUTCOME_TIMEOUT: np.zeros(n)}
+    for i, message in out.errors:
+        columns[OUTCOME_TIMEOUT if message.startswith("timeout:") else OUTCOME_ERROR][i] = 1.0
+    for key, values in out.extra_info.items():
+        if key.startswith("template/"):
+            columns[key] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    return columns
+
+
+def outcome_metrics(batch: DataProto, worker_restarts: float, prefix: str = "") -> dict[str, float]:
+    """The metrics `RewardManager.score` reports (but reward/mean), from the `sample_outcomes`
+    columns of the samples of `batch` (stored under `prefix` + their names) and its
+    multi-turn fields: the same numbers as scoring that batch at once."""
+    non_tensors, response_mask = batch.non_tensor_batch, batch.batch["response_mask"]
+    metrics = {
+        "reward/errors": float(non_tensors[prefix + OUTCOME_ERROR].sum()),
+        "reward/timeouts": float(non_tensors[prefix + OUTCOME_TIMEOUT].sum()),
+        "reward/empty_responses": float((response_mask.sum(-1) == 0).sum()),
+        "reward/worker_restarts": float(worker_restarts),
+    }
+    for key, values in non_tensors.items():
+        if key.startswith(prefix + "template/"):
+            present = values[~np.isnan(values.astype(np.float64))].astype(np.float64)
+            metrics[key.removeprefix(prefix)] = float(np.mean(present.tolist() or [0.0]))
+    return {**metrics, **environment_metrics(batch)}
+
+
 def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tensor) -> None:
     """Fold a multi-turn rollout's environment outcome into `out` (envs/agent/loop.py):
     a failed environment's `score_override` replaces the scorer's score, and the turn
@@ -259,21 +296,29 @@ def add_environment_rewards(out: RewardOutput, data: DataProto, last: torch.Tens
         out.token_level_scores[rows, last[rows]] = override[rows]
         out.metrics["reward/mean"] = float(out.scores.mean()) if len(out.scores) else 0.0
     if "env_rewards" in data.batch:
-        env = data.batch["env_rewards"].to(torch.float32)
-        out.token_level_scores += env
-        out.metrics["reward/env_mean"] = float(env.sum(-1).mean())
+        out.token_level_scores += data.batch["env_rewards"].to(torch.float32)
+    out.metrics.update(environment_metrics(data))
+
+
+def environment_metrics(data: DataProto) -> dict[str, float]:
+    """A multi-turn batch's reward/env_mean (its turn rewards) and agent/* statistics
+    (turns, tool calls, parse rate, stop reasons); {} for a single-turn batch."""
+    nt, metrics = data.non_tensor_batch, {}
+    if "env_rewards" in data.batch:
+        metrics["reward/env_mean"] = float(data.batch["env_rewards"].to(torch.float32).sum(-1).mean())
     for key in ("num_turns", "num_tool_calls"):
         if key in nt:
-            out.metrics[f"agent/{key}_mean"] = float(np.mean([float(v) for v in nt[key]]))
+            metrics[f"agent/{key}_mean"] = float(np.mean([float(v) for v in nt[key]]))
     if "num_tool_calls" in nt:
-        out.metrics["agent/tool_call_rate"] = float(np.mean([float(v) > 0 for v in nt["num_tool_calls"]]))
+        metrics["agent/tool_call_rate"] = float(np.mean([float(v) > 0 for v in nt["num_tool_calls"]]))
     if "num_malformed_calls" in nt:  # share of tool calls the environment could parse (1 with none)
         calls = sum(float(v) for v in nt["num_tool_calls"])
-        out.metrics["agent/tool_calls_total"] = calls
-        out.metrics["agent/tool_parse_rate"] = 1.0 - sum(float(v) for v in nt["num_malformed_calls"]) / max(calls, 1.0)
+        metrics["agent/tool_calls_total"] = calls
+        metrics["agent/tool_parse_rate"] = 1.0 - sum(float(v) for v in nt["num_malformed_calls"]) / max(calls, 1.0)
     if "agent_stop" in nt:
         for reason in sorted({str(v) for v in nt["agent_stop"]}):
-            out.metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))
+            metrics[f"agent/stop_{reason}"] = float(np.mean([str(v) == reason for v in nt["agent_stop"]]))
+    return metrics
 
 
 def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:

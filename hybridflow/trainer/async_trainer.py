@@ -19,11 +19,16 @@ would train it is dropped and counted (async/dropped_groups). With s = 0 the poo
 ever generates the next batch with the current weights, as the synchronous loop does,
 and a run reproduces sync mode's metrics for the same seed (tests/trainer/test_async_modes.py).
 
-The controller steers and does not carry weights: generation calls and weight syncs are
-non-blocking worker-group calls (CallFutures); weights go from training rank 0 to the
-rollout ranks over a WeightBridge (torch.distributed). It does fetch the finished groups,
-to score them with the reward function and to compute advantages (both run on the
-controller in this framework), then trains with the sync program's own phases.
+The controller steers and carries neither weights nor batches: generation calls and weight
+syncs are non-blocking worker-group calls (CallFutures); weights go from training rank 0
+to the rollout ranks over a WeightBridge (torch.distributed). The rollout pool scores each
+finished group with the rule-based reward and leaves it in Ray's object store; the
+controller receives refs and a steering record per group (uid, oldest token's policy
+version, whether its scores differ) and decides by them; the step passes the refs on to
+the training pool, where rewards, advantages and updates are computed
+(trainer/async_dataflow.py). DAPO's dynamic sampling is a steering decision: a group whose
+scores are all equal is discarded when it arrives (counted in dapo/*), and its place goes
+to new prompts.
 
 Every generation call names the policy version it generates with (the newest one whose
 sync was started when it was issued); the rollout ranks receive syncs in a background
@@ -36,9 +41,10 @@ seed, not of timing.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,46 +52,38 @@ from typing import Any
 import numpy as np
 import ray
 
-from hybridflow.algorithms.off_policy import staleness_metrics
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
-from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import AlgoState, _model_weight, _rule_reward, train_critic_free, train_ppo
+from hybridflow.trainer.algorithms import AlgoState, _group_unit, _rule_reward
+from hybridflow.trainer.async_dataflow import train_on_groups
 from hybridflow.trainer.phases import Roles, Step
-from hybridflow.trainer.setup import actor_config
+from hybridflow.trainer.setup import actor_config, build_cost_manager, build_reward_manager
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
 from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
 
-
-# What a step does after the batch is scored, by the algorithm's step program
-# (config/async_schema.py: ASYNC_PROGRAMS lists the same programs).
-TRAIN: dict[str, Callable[[Step, Roles, RunConfig, AlgoState], None]] = {
-    "hybridflow.trainer.algorithms:critic_free": train_critic_free,
-    "hybridflow.trainer.algorithms:ppo": train_ppo,
-}
 PROMPTS_FILE = "async_prompts.dp"  # in a checkpoint: the prompts sent but not trained yet
 
 
-@dataclass
+@dataclass(frozen=True)
 class Group:
-    """The samples of one prompt, and the policy version of their oldest token."""
+    """A finished prompt group as the controller knows it: the steering record the rollout
+    pool sent, and the ref of its samples in the object store (never fetched here)."""
 
-    data: DataProto
-    oldest_version: int
+    uid: str
+    oldest_version: int  # policy version of its oldest response token
+    ref: ray.ObjectRef | None = None
+    informative: bool | None = None  # its scores differ (None: not scored on the rollout pool)
 
 
-def split_groups(batch: DataProto) -> list[Group]:
-    """The prompt groups of a generated batch (samples of one uid are adjacent), in order."""
-    uids = batch.non_tensor_batch["uid"]
-    starts = [0] + [i for i in range(1, len(uids)) if uids[i] != uids[i - 1]] + [len(uids)]
-    groups = []
-    for a, b in zip(starts[:-1], starts[1:]):
-        part = batch[a:b]
-        versions = part.batch[POLICY_VERSION][part.batch["response_mask"].bool()]
-        groups.append(Group(part, int(versions.min())))
-    return groups
+@dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO's filter in the asynchronous modes: groups whose scores are all equal are
+    discarded on arrival; a step that has received `cap` groups without filling its batch
+    trains on the informative groups it has, cut to whole actor mini-batches (`unit` groups)."""
+
+    cap: int
+    unit: int
 
 
 class RolloutBuffer:
@@ -139,9 +137,15 @@ class AsyncRunner:
         self.sync: CallFuture | None = None
         self.leftover: DataProto | None = None
         self.untrained: dict[str, DataProto] = {}  # uid -> its prompt row: sent, not trained nor dropped yet
-        self.train = TRAIN[cfg.algorithm.spec.program]
         self.sync_metrics: dict[str, float] = {}
         self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
+        self.restarts: dict[str, float] = {}  # the rollout pool's scoring-process restarts since the last step
+        d = cfg.algorithm.dapo
+        dapo = cfg.algorithm.spec.settings == "dapo" and d.filter_groups.enable
+        self.sampling = DynamicSampling((1 + d.filter_groups.max_extra_rounds) * self.batch_groups,
+                                        _group_unit(cfg)) if dapo else None
+        self.filtered = 0  # groups discarded by dynamic sampling, over the whole run
+        self.received = self.informative = 0  # groups that arrived since the last step, and those kept
 
     @classmethod
     def start(cls, cfg: RunConfig, roles: Roles, policy_path: str, prompts: Iterator[DataProto],
@@ -151,7 +155,14 @@ class AsyncRunner:
         resume, the checkpoint's) as the current version."""
         spec = PlacementSpec(pools={"rollout_pool": [cfg.async_rl.rollout_ranks]}, use_gpu=cfg.resources.use_gpu,
                              cpus_per_slot=cpus_per_slot)
-        groups = build_role_groups({"rollout": RoleSpec(RolloutWorker, (actor_config(cfg, policy_path),))}, spec)
+        # The rollout ranks score with the run's own rule-based reward, built in each process.
+        tokenizer = roles.reward.tokenizer
+        reward_fn = (functools.partial(build_reward_manager, cfg, tokenizer)
+                     if _rule_reward(roles, cfg) is not None else None)
+        cost_fn = functools.partial(build_cost_manager, cfg, tokenizer) if roles.cost_fn is not None else None
+        remax = cfg.algorithm.spec.program.endswith(":remax")  # its greedy baselines come from the rollout pool
+        worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn, remax))
+        groups = build_role_groups({"rollout": worker}, spec)
         rollout = groups["rollout"]
         try:
             rollout.init_model()
@@ -167,7 +178,7 @@ class AsyncRunner:
         # Dropped groups were never trained: their place in the schedule goes to new prompts.
         limit = (self.version + self.max_staleness + 1) * self.batch_groups
         room = self.buffer.capacity - len(self.buffer) - self.in_flight
-        return self.sent - self.buffer.dropped + self.chunk <= limit and self.chunk <= room
+        return self.sent - self.buffer.dropped - self.filtered + self.chunk <= limit and self.chunk <= room
 
     def _next_prompts(self) -> DataProto:
         """`chunk` prompts from the loader's batches (a batch may be cut across calls)."""
@@ -202,22 +213,34 @@ class AsyncRunner:
             self._send(None)  # keep the pool generating while the trainer trains
 
     def _receive(self) -> None:
+        """Take the next generation call's result: group refs and steering records only."""
         outputs = self.pending.popleft().get()
-        loaded = outputs[0][1]
+        for rank in range(0, len(outputs), self.tp):  # what tp rank 0 of each generation group reports
+            metrics = outputs[rank][1]["metrics"]
+            for key in [k for k in metrics if k.endswith("/worker_restarts")]:
+                self.restarts[key] = self.restarts.get(key, 0.0) + metrics.pop(key)
+        loaded = outputs[0][1]["metrics"]
         if loaded:
             self.receive_metrics = loaded
         for rank in range(0, len(outputs), self.tp):  # tp rank 0 of each generation group, dp order
-            for batch in outputs[rank][0]:
-                for group in split_groups(batch):
-                    self.buffer.put(group)
-                    self.in_flight -= 1
+            refs, steering = outputs[rank]
+            for ref, info in zip(refs, steering["groups"], strict=True):
+                self.in_flight -= 1
+                self.received += 1
+                group = Group(info["uid"], info["oldest_version"], ref, info["informative"])
+                if self.sampling is not None and not group.informative:
+                    self.filtered += 1  # all-equal scores: no signal; its place goes to new prompts
+                    del self.untrained[group.uid]
+                    continue
+                self.informative += 1
+                self.buffer.put(group)
 
     # ------------------------------------------------------------------ a step
     def _next_batch(self) -> list[Group]:
         while True:
-            groups = self.buffer.take(self.batch_groups, self.version)
+            groups = self.buffer.take(self._wanted(), self.version)
             for group in [*self.buffer.discarded, *(groups or [])]:
-                del self.untrained[group.data.non_tensor_batch["uid"][0]]
+                del self.untrained[group.uid]
             self.buffer.discarded.clear()
             if groups is not None:
                 return groups
@@ -226,9 +249,29 @@ class AsyncRunner:
                 self._receive()
             elif self.in_flight:
                 self._send(None)  # no room for new prompts: let the in-flight ones finish
+            elif self.sampling is not None and self.chunk <= self.buffer.capacity - len(self.buffer):
+                # Discarded groups left the batch short with nothing in flight: admission counts
+                # the buffered groups as trained at once, so it would wait forever. Send more; the
+                # drop rule still bounds staleness (as sync DAPO's next round).
+                self._send(self._next_prompts())
             else:
                 raise RuntimeError(f"the asynchronous trainer stalled: {len(self.buffer)} groups buffered, none in "
                                    f"flight, none may be sent (version {self.version}); raise async_rl.buffer_size")
+
+    def _wanted(self) -> int:
+        """Groups the step trains on: data.train_batch_size, unless dynamic sampling has
+        received its cap of groups for this step; then the informative groups buffered, cut
+        to whole actor mini-batches (as the synchronous DAPO step does after its last round)."""
+        if self.sampling is None or self.received < self.sampling.cap:
+            return self.batch_groups
+        self.buffer.take(0, self.version)  # drops the stale ones first
+        usable = min(len(self.buffer), self.batch_groups)
+        if usable < self.sampling.unit:
+            raise RuntimeError(
+                f"dynamic sampling received {self.received} groups for this step and kept {self.informative}, fewer "
+                f"than the {self.sampling.unit} one actor mini-batch needs: every other group scored all-equal. Raise "
+                "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups")
+        return usable - usable % self.sampling.unit
 
     def step(self, index: int) -> Step:
         """One training step on the next batch of fresh groups; returns it with its metrics.
@@ -259,11 +302,15 @@ class AsyncRunner:
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start
-        step.batch = P.concat_generated([g.data for g in groups])
-        mask = step.batch.batch["response_mask"]
-        step.metrics.update(staleness_metrics(step.batch.batch[POLICY_VERSION], mask, self.version))
-        P.compute_reward(step, _rule_reward(self.roles, self.cfg), self.roles.reward_model, _model_weight(self.cfg))
-        self.train(step, self.roles, self.cfg, self.state)
+        if self.sampling is not None:
+            step.metrics.update({"dapo/generated_groups": float(self.received), "dapo/kept_groups": float(self.informative),
+                                 "dapo/trained_groups": float(len(groups)),
+                                 "dapo/cap_hit": float(len(groups) < self.batch_groups),
+                                 "dapo/filtered_groups_total": float(self.filtered)})
+        self.received = self.informative = 0
+        train_on_groups(step, self.roles, self.cfg, self.state, [g.ref for g in groups], self.version,
+                        self.restarts)
+        self.restarts = {}
         self._finish_sync()
         self.version += 1
         self.sync = start_weight_sync(self.roles.actor, self.version)
@@ -297,12 +344,14 @@ class AsyncRunner:
         if rows:
             DataProto.concat(rows).save(checkpoint_dir / PROMPTS_FILE)
         return {"version": self.version, "calls": self.calls, "dropped_total": self.buffer.dropped,
-                "requeued_prompts": sum(len(r) for r in rows)}
+                "filtered_total": self.filtered, "requeued_prompts": sum(len(r) for r in rows)}
 
     def load_state(self, state: dict[str, Any], checkpoint_dir: Path) -> None:
         """Continue from `save_state`'s record (before the first step of the resumed run)."""
         self.version, self.calls, self.buffer.dropped = state["version"], state["calls"], state["dropped_total"]
-        self.sent = self.version * self.batch_groups + self.buffer.dropped  # the trained and the dropped groups
+        self.filtered = state.get("filtered_total", 0)  # absent in checkpoints written before dynamic sampling
+        # the trained, the dropped and the filtered groups
+        self.sent = self.version * self.batch_groups + self.buffer.dropped + self.filtered
         path = checkpoint_dir / PROMPTS_FILE
         self.leftover = DataProto.load(path) if state["requeued_prompts"] else None
         if self.leftover is not None and len(self.leftover) != state["requeued_prompts"]:

@@ -74,6 +74,25 @@ def data_metrics(batch: DataProto) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
+class BatchSummary:
+    """What the per-step metrics need of a trained batch: its `data_metrics` and every
+    sequence's length (prompt + response tokens). The asynchronous modes compute it next
+    to the data (trainer/async_dataflow.py), so the controller never holds the batch."""
+
+    metrics: dict[str, float]
+    seq_lens: list[int]
+
+    @classmethod
+    def of(cls, batch: DataProto) -> BatchSummary:
+        return cls(data_metrics(batch), sequence_lengths(batch))
+
+
+def sequence_lengths(batch: DataProto) -> list[int]:
+    """Prompt + response tokens of every sequence of `batch`."""
+    return batch.batch["attention_mask"].sum(-1).tolist()
+
+
+@dataclass(frozen=True)
 class FlopModel:
     """The models of a step and the peak they run against, as the workers reported them.
 
@@ -87,11 +106,11 @@ class FlopModel:
     scorers: tuple[FlopFacts, ...]
     peak_flops: float
 
-    def step_flops(self, batch: DataProto, *, actor_forwards: int, actor_update_epochs: int,
+    def step_flops(self, seq_lens: list[int], *, actor_forwards: int, actor_update_epochs: int,
                    critic_update_epochs: int) -> float:
         """Generation + `actor_forwards` actor scoring passes (old and reference log-probs)
-        + one forward of every critic and scorer + the actor's and critics' updates."""
-        seq_lens = batch.batch["attention_mask"].sum(-1).tolist()
+        + one forward of every critic and scorer + the actor's and critics' updates, over
+        sequences of `seq_lens` tokens (prompt + response, `BatchSummary.seq_lens`)."""
         actor = self.actor.training_flops(seq_lens)
         # A forward is a third of forward + backward; generation is one forward per token.
         total = (1 + actor_forwards) * actor / 3 + actor_update_epochs * actor
@@ -138,9 +157,9 @@ def total_peak_flops(peaks: Iterable[tuple[Hashable, float]]) -> float:
     return sum(best.values())
 
 
-def throughput_metrics(batch: DataProto, step_seconds: float, flops: float, peak_flops: float) -> dict[str, float]:
-    """perf/tokens_per_s, perf/mfu (`flops` over the step time x `peak_flops`) and perf/step_flops."""
-    tokens = float(batch.batch["attention_mask"].sum())
+def throughput_metrics(tokens: float, step_seconds: float, flops: float, peak_flops: float) -> dict[str, float]:
+    """perf/tokens_per_s (`tokens` of the step's sequences over its time), perf/mfu (`flops`
+    over the step time x `peak_flops`) and perf/step_flops."""
     seconds = max(step_seconds, 1e-9)
     return {
         "perf/tokens_per_s": tokens / seconds,

@@ -50,7 +50,7 @@ from hybridflow.engines.train.actor import UPDATE_KEYS as ACTOR_UPDATE_KEYS
 from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
 from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.metrics import rename_worker_metrics
+from hybridflow.trainer.metrics import BatchSummary, rename_worker_metrics
 from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,6 +83,9 @@ class Step:
     balance_dp: bool = True
     # Told each phase's name as it starts (the trainer's live status: live_status.py).
     on_phase: Callable[[str], None] | None = None
+    # Set where the batch stayed in the workers (the asynchronous modes): its metrics and
+    # sequence lengths; `batch` is then empty.
+    summary: BatchSummary | None = None
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -170,12 +173,19 @@ def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | Non
         metrics.pop("reward/mean")  # the same number as score/mean (metrics.py)
     if model is not None:
         rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
-        weighted = model_weight * rm.to(torch.float32) * _env_kept(batch)
-        placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
-        scores = placed if scores is None else scores + placed
-        metrics["reward/model_score_mean"] = float(rm.double().mean())
-        metrics["template/reward_model"] = float(weighted.double().mean())
+        scores = add_model_scores(scores, batch, rm, model_weight, metrics)
     return scores, metrics
+
+
+def add_model_scores(scores: torch.Tensor | None, batch: DataProto, rm_scores: torch.Tensor, model_weight: float,
+                     metrics: dict[str, float]) -> torch.Tensor:
+    """`scores` (None: none yet) plus the reward model's scores [B] x `model_weight` on each
+    last response token (rows whose environment failed get none); its metrics into `metrics`."""
+    weighted = model_weight * rm_scores.to(torch.float32) * _env_kept(batch)
+    placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
+    metrics["reward/model_score_mean"] = float(rm_scores.double().mean())
+    metrics["template/reward_model"] = float(weighted.double().mean())
+    return placed if scores is None else scores + placed
 
 
 def _env_kept(batch: DataProto) -> torch.Tensor:
@@ -197,6 +207,11 @@ def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = Non
 def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> None:
     """token_level_costs (Safe-RLHF) from the cost function and/or the cost model."""
     costs, metrics = score_sequences(step.batch, rule, model)
+    set_costs(step, costs, metrics)
+
+
+def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> None:
+    """token_level_costs = `costs`; the scorers' `metrics` under cost/, and the episode costs' stats."""
     step.batch.batch["token_level_costs"] = costs
     step.metrics.update({key.replace("reward/", "cost/", 1): value for key, value in metrics.items()})
     episode = costs.double().sum(-1)
@@ -305,22 +320,38 @@ def update_critic(step: Step, critic: WorkerGroup) -> None:
 @phase("update_cost_critic")
 def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
     """One update of the cost critic towards cost_returns (Safe-RLHF)."""
-    data = _select(step.batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
-    data.batch["values"], data.batch["returns"] = step.batch.batch["cost_values"], step.batch.batch["cost_returns"]
-    out = dp_call(step, cost_critic, "update_critic", data)
-    metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
-    step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
+    out = dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch))
+    step.metrics.update(cost_critic_metrics(_worker_metrics(out)))
+
+
+def cost_critic_input(batch: DataProto) -> DataProto:
+    """What the cost critic's update reads: the critic's keys, with cost_values and cost_returns
+    as its values and returns."""
+    data = _select(batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
+    data.batch["values"], data.batch["returns"] = batch.batch["cost_values"], batch.batch["cost_returns"]
+    return data
+
+
+def cost_critic_metrics(worker_metrics: dict[str, float]) -> dict[str, float]:
+    """The cost critic's update metrics under cost_critic/ (the worker reports them as critic/)."""
+    metrics = rename_worker_metrics(worker_metrics, "cost_critic")
+    return {key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()}
 
 
 @phase("update_actor")
 def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
     """One policy update on the step's batch (plus the KL loss when configured; with
     `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy)."""
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
-    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/algorithms.py log_probs)
-        keys += (OLD_LOG_PROBS,)
-    out = dp_call(step, actor, "update_actor", _select(step.batch, keys))
+    out = dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
+
+
+def actor_update_keys(batch: DataProto, with_ref: bool, with_behaviour: bool) -> tuple[str, ...]:
+    """The tensors the actor's update reads from `batch` (see update_actor)."""
+    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
+    if OLD_LOG_PROBS in batch.batch:  # absent: on-policy fused (trainer/algorithms.py log_probs)
+        keys += (OLD_LOG_PROBS,)
+    return keys
 
 
 # ----------------------------------------------------------------------------- DAPO dynamic sampling

@@ -24,6 +24,7 @@ itself, up to trainer.max_restarts times (recovery.py). <run>/status.json tells
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 
 from hybridflow.config import ConfigError
 from hybridflow.config.schema import RunConfig, load_run_config
-from hybridflow.controller import WorkerError, WorkerGroup
+from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
 from hybridflow.trainer.algorithms import build_algo_state, step_program
 from hybridflow.trainer.async_trainer import AsyncRunner
@@ -59,7 +60,7 @@ from hybridflow.trainer.lifecycle import (
     resume_point,
 )
 from hybridflow.trainer.live_status import LiveStatus
-from hybridflow.trainer.metrics import data_metrics, flop_model, throughput_metrics
+from hybridflow.trainer.metrics import BatchSummary, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
@@ -233,7 +234,7 @@ class RLTrainer:
             self.global_step += 1
             done = steps - (end - self.global_step)
             self.status.update(step=self.global_step)
-            start = time.perf_counter()
+            start, fetched = time.perf_counter(), dataclasses.replace(FETCHED)
             if self.async_runner is not None:
                 step = self.async_runner.step(self.global_step)
             else:
@@ -241,6 +242,9 @@ class RLTrainer:
                             balance_dp=cfg.trainer.balance_batch, on_phase=self.status.phase)
                 algorithm(step, self.roles, cfg, self.state)
             step.metrics["timing_s/step"] = time.perf_counter() - start
+            # What the controller fetched from the workers during the step (controller/futures.py).
+            step.metrics["controller/fetched_tensor_bytes"] = float(FETCHED.tensor_bytes - fetched.tensor_bytes)
+            step.metrics["controller/fetched_values"] = float(FETCHED.values - fetched.values)
             metrics = self._step_metrics(step)
             if self._due(cfg.trainer.test_freq) and done < steps:  # the last step is evaluated below
                 metrics.update(self._val_metrics())
@@ -294,14 +298,16 @@ class RLTrainer:
     def _step_metrics(self, step: Step) -> dict[str, float]:
         cfg = self.config
         metrics = dict(step.metrics)
-        metrics.update(data_metrics(step.batch))
+        summary = step.summary if step.summary is not None else BatchSummary.of(step.batch)
+        metrics.update(summary.metrics)
         # Every role over the trained batch, each at its own size (metrics.flop_model). Not
         # counted: ReMax's greedy generation and the groups DAPO generated and dropped.
         flops = self.flop_model.step_flops(
-            step.batch, actor_forwards=1 + int(cfg.use_reference), actor_update_epochs=cfg.actor.micro_batch.epochs,
+            summary.seq_lens, actor_forwards=1 + int(cfg.use_reference), actor_update_epochs=cfg.actor.micro_batch.epochs,
             critic_update_epochs=cfg.critic.micro_batch.epochs,
         )
-        metrics.update(throughput_metrics(step.batch, metrics["timing_s/step"], flops, self.flop_model.peak_flops))
+        metrics.update(throughput_metrics(sum(summary.seq_lens), metrics["timing_s/step"], flops,
+                                          self.flop_model.peak_flops))
         return metrics
 
     def _due(self, freq: int) -> bool:

@@ -1,15 +1,19 @@
 """`RolloutWorker`: a generation-only role on its own pool (trainer.mode one_step_off / async).
 
-Each rank holds a native rollout engine (tensor parallel over consecutive ranks when
-rollout.tensor_model_parallel_size > 1) and a `StreamingRollout` over it, so generation
-can stop between scheduler iterations, take new weights and continue the same sequences
-(partial rollouts, engines/rollout/partial.py). Weights arrive from the actor's training
+Each rank holds a rollout engine (tensor parallel over consecutive ranks when
+rollout.tensor_model_parallel_size > 1). With the native engine and single-turn prompts a
+`StreamingRollout` runs over it, so generation can stop between scheduler iterations,
+take new weights and continue the same sequences (partial rollouts,
+engines/rollout/partial.py); another backend (rollout.name) or multi-turn agent rollouts
+(rollout.agent.enable) generate whole calls under the version they loaded. ReMax
+(`greedy_baseline`) adds one greedy response per prompt, scored here and released with
+its group as `baseline_rewards`. Weights arrive from the actor's training
 rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the controller:
 
     rollout.init_model()
     rollout.join_weight_bridge(host, port, world, manifest, bucket_bytes)   # with the actor's
     actor.send_weights(version)                  # returns once the rollout ranks have the bytes
-    parts, metrics = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()
+    group_refs, steering = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()[rank]
 
 **Weights are received in the background.** Joining the bridge starts a receiver thread
 on every rollout rank that takes each sync as soon as the actor sends it and stages it
@@ -28,26 +32,44 @@ newest sync are held.
 
 `generate_stream` takes one DataProto of new prompts (or None) per rank, adds them to the
 stream, runs at most `max_steps` scheduler iterations (None: until everything queued is
-finished) and returns, per rank, the prompt groups that finished (tensor-parallel ranks
-other than 0 return []) and the weight-sync metrics of the version it loaded (if it loaded
-one). Sampling seeds follow the hybrid actor's rule (workers/generation.py), so a rollout
-pool that is never ahead of training generates exactly what the synchronous run's actor
-generates.
+finished) and returns, per rank, object refs to the prompt groups that finished (put into
+the object store by the rank; tensor-parallel ranks other than 0 return []) and a small
+steering record: per group its uid, the policy version
+of its oldest token and whether its scores differ (DAPO's filter), plus the weight-sync
+metrics of the version it loaded (if it loaded one). Sampling seeds follow the hybrid
+actor's rule (workers/generation.py), so a rollout pool that is never ahead of training
+generates exactly what the synchronous run's actor generates.
+
+**Rule-based rewards are scored here**, right after generation: with a `reward_fn` (it
+builds the run's RewardManager in this process) every finished group leaves the rank
+with its `token_level_scores` and its per-sample reward outcomes (rewards/manager.py:
+`sample_outcomes`). Scoring depends only on the group, it runs while the training pool
+trains, and it lets the steering record say whether a group is informative, so the
+controller can admit or drop groups without ever holding their tensors. The groups stay
+in Ray's object store; the controller hands their refs to the training pool
+(trainer/async_dataflow.py).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
+import ray
 import torch
 import torch.distributed as dist
 
+from hybridflow.algorithms import dynamic_sampling_filter
 from hybridflow.controller import CallFuture, Dispatch, Worker, WorkerGroup, register
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard.cross_pool import TensorMeta, TransferStats, WeightBridge
-from hybridflow.engines.rollout import build_rollout_engine
-from hybridflow.engines.rollout.partial import StreamingRollout
+from hybridflow.engines.rollout import SamplingParams, build_rollout_engine
+from hybridflow.engines.rollout.partial import POLICY_VERSION, StreamingRollout, oldest_version, split_groups
+from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.protocol import DataProto
+from hybridflow.rewards.manager import sample_outcomes
 from hybridflow.workers.common import require
 from hybridflow.workers.config import ActorRolloutRefConfig
 from hybridflow.workers.generation import (
@@ -58,16 +80,38 @@ from hybridflow.workers.generation import (
 )
 
 
+# Where the cost function's per-sample outcomes go (`sample_outcomes` columns under this prefix).
+COST_COLUMNS = "cost:"
+# The uid suffix of ReMax's greedy response to a prompt (it never leaves the rollout rank).
+GREEDY_SUFFIX = "#greedy"
+
+
 class RolloutWorker(Worker):
     """Generation only; weights from the training pool (see module docstring)."""
 
     bridge_timeout_s = 600.0  # how long a generation call waits for the weights it names
 
-    def __init__(self, config: ActorRolloutRefConfig) -> None:
+    def __init__(self, config: ActorRolloutRefConfig, reward_fn: Callable[[], Any] | None = None,
+                 cost_fn: Callable[[], Any] | None = None, greedy_baseline: bool = False) -> None:
+        """`reward_fn` builds the run's rule-based RewardManager (None: the groups leave
+        unscored); `cost_fn` Safe-RLHF's rule-based cost function, scored the same way;
+        `greedy_baseline` (ReMax): every prompt also gets one greedy response, whose score
+        becomes its group's `baseline_rewards` (needs `reward_fn`)."""
         if not isinstance(config, ActorRolloutRefConfig):
             raise TypeError(f"RolloutWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
+        if greedy_baseline and reward_fn is None:
+            raise ValueError("a greedy baseline is scored by the rule-based reward: pass reward_fn")
         self.config = config
-        self.stream: StreamingRollout | None = None
+        self.greedy_baseline = greedy_baseline
+        # ReMax: finished groups waiting for their greedy response, and greedy scores waiting
+        # for their group: uid -> (group, its oldest version) / (baseline score, its oldest version)
+        self._held: dict[str, tuple[DataProto, int]] = {}
+        self._baselines: dict[str, tuple[float, int]] = {}
+        # Their scoring processes exit with this one (rewards/pool.py), so nothing closes them.
+        self.reward = reward_fn() if reward_fn is not None else None
+        self.cost = cost_fn() if cost_fn is not None else None
+        self.engine: Any = None  # the rollout engine (rollout.name)
+        self.stream: StreamingRollout | None = None  # over the native engine: partial rollouts
         self.bridge: WeightBridge | None = None
         self.dp_rank = 0
         self.tp_rank = 0
@@ -96,7 +140,11 @@ class RolloutWorker(Worker):
                                       process_group=groups[self.dp_rank] if groups else None,
                                       tokenizer=tokenizer_if_present(self.config.model_path),
                                       model_path=self.config.model_path)
-        self.stream = StreamingRollout(engine, slots=r.max_num_seqs, max_len=engine.max_len)
+        self.engine = engine
+        # Partial rollouts need the native continuous-batching scheduler; other backends (and
+        # multi-turn rollouts) generate whole calls (`_whole_call`).
+        if r.name == "native" and not r.agent.enable:
+            self.stream = StreamingRollout(engine, slots=r.max_num_seqs, max_len=engine.max_len)
 
     @property
     def dp_size(self) -> int:
@@ -131,7 +179,7 @@ class RolloutWorker(Worker):
     def _load_version(self, version: int, timeout_s: float) -> dict[str, float]:
         """Wait until `version` is staged, load it and drop older staged versions; {} when
         the engine already holds it. Metrics under weight_sync/*."""
-        require(self.stream, "the rollout engine")
+        require(self.engine, "the rollout engine")
         if version == self.version:
             return {}
         if version < self.version:
@@ -147,8 +195,11 @@ class RolloutWorker(Worker):
             tensors, stats = self._staged.pop(version)
             for old in [v for v in self._staged if v < version]:
                 del self._staged[old]
-        in_flight = self.stream.in_flight
-        self.stream.load_weights(tensors, version=version)
+        in_flight = self.stream.in_flight if self.stream is not None else 0
+        if self.stream is not None:
+            self.stream.load_weights(tensors, version=version)
+        else:
+            self.engine.load_weights(tensors)
         self.version = version
         return {**stats.as_metrics("weight_sync/receive"), "weight_sync/in_flight": float(in_flight)}
 
@@ -159,21 +210,119 @@ class RolloutWorker(Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)
     def generate_stream(self, prompts: DataProto | None, max_steps: int | None,
-                        version: int) -> tuple[list[DataProto], dict[str, float]]:
+                        version: int) -> tuple[list[ray.ObjectRef], dict[str, Any]]:
         """Load policy `version` (waiting for it to arrive), add this rank's new prompts
-        (None: none), run up to `max_steps` iterations; return the finished prompt groups
-        (one DataProto per group batch, with policy_version; [] on tensor-parallel ranks
-        other than 0) and the loaded sync's weight_sync/* metrics ({} if none loaded)."""
-        require(self.stream, "the rollout engine")
+        (None: none), run up to `max_steps` iterations; return refs to the finished prompt
+        groups (one DataProto per group in the object store, with policy_version and, with a
+        reward function, their scores; [] on tensor-parallel ranks other than 0) and the
+        steering record
+        {"groups": [{uid, oldest_version, informative}], "metrics": weight_sync/* of the
+        loaded sync ({} if none loaded) and reward/worker_restarts}."""
+        require(self.engine, "the rollout engine")
         metrics = self._load_version(version, timeout_s=self.bridge_timeout_s)
+        finished: list[DataProto] = []
         if prompts is not None and len(prompts):
             params = call_sampling_params(self.config.rollout, prompts.meta_info, self._generate_calls, self.dp_rank)
             if counts_as_sampled_call(params, prompts.meta_info):
                 self._generate_calls += 1
-            self.stream.add(prompts, params)
-        self.stream.run(max_steps)
-        finished = self.stream.pop_finished()
-        return (finished if self.tp_rank == 0 else []), metrics
+            calls = [(prompts, params), *([self._greedy(prompts)] if self.greedy_baseline else [])]
+            if self.stream is not None:
+                for call in calls:
+                    self.stream.add(*call)
+            else:
+                finished = [self._whole_call(*call) for call in calls]
+        if self.stream is not None:
+            self.stream.run(max_steps)
+            finished = self.stream.pop_finished()
+        if self.tp_rank != 0:
+            return [], {"groups": [], "metrics": metrics}
+        groups, steering, restarts = self._score_groups(finished)
+        metrics.update(restarts)
+        # Into this node's object store, owned by this process: the controller gets refs only.
+        return [ray.put(group) for group in groups], {"groups": steering, "metrics": metrics}
+
+    def _whole_call(self, prompts: DataProto, params: SamplingParams) -> DataProto:
+        """Generate every response of `prompts` to its end under the loaded version (no
+        partial rollouts: the call is never paused), so each token's version is the call's:
+        a non-native backend's `generate`, or the multi-turn agent loop (rollout.agent.enable,
+        envs/agent/loop.py, as the hybrid actor runs it). The loop's own metrics are dropped,
+        as the hybrid actor drops them: the batch's agent/* metrics come from its multi-turn
+        fields (rewards/manager.py `environment_metrics`)."""
+        engine, r = self.engine, self.config.rollout
+        if not r.agent.enable:
+            out = engine.generate(prompts, params)
+        else:
+            if engine.tokenizer is None:
+                raise RuntimeError(f"multi-turn rollouts need a tokenizer with a chat template in "
+                                   f"{self.config.model_path}")
+            response_length = int(prompts.meta_info.get("response_length", params.max_new_tokens))
+            out = AgentLoop(engine, engine.tokenizer, r.agent, response_length, engine.pad_id).run(prompts, params)
+        out.meta_info.pop("metrics", None)
+        versions = torch.full_like(out.batch["responses"], self.version)
+        out.batch[POLICY_VERSION] = versions.masked_fill(out.batch["response_mask"] == 0, -1)
+        return out
+
+    def _greedy(self, prompts: DataProto) -> tuple[DataProto, SamplingParams]:
+        """ReMax: one greedy response per prompt, marked by its uid (it draws no seed)."""
+        meta = {**prompts.meta_info, "do_sample": False, "n": 1}
+        params = call_sampling_params(self.config.rollout, meta, self._generate_calls, self.dp_rank)
+        uids = [f"{uid}{GREEDY_SUFFIX}" for uid in prompts.non_tensor_batch["uid"]]
+        greedy = DataProto(batch=prompts.batch, non_tensor_batch={**prompts.non_tensor_batch,
+                                                                   "uid": np.array(uids, dtype=object)}, meta_info=meta)
+        return greedy, params
+
+    def _pair_with_baselines(self, groups: list[DataProto], versions: list[int]) -> tuple[list[DataProto], list[int]]:
+        """ReMax: take the greedy responses out of `groups` (their scores become baselines) and
+        return the sampled groups whose baseline is known, with baseline_rewards [n]; the
+        others wait for theirs. A group's oldest version covers its greedy response too."""
+        for group, version in zip(groups, versions):
+            uid = str(group.non_tensor_batch["uid"][0])
+            if uid.endswith(GREEDY_SUFFIX):
+                score = float(group.batch["token_level_scores"].sum())
+                self._baselines[uid.removesuffix(GREEDY_SUFFIX)] = (score, version)
+            else:
+                self._held[uid] = (group, version)
+        ready, ready_versions = [], []
+        for uid in [u for u in self._held if u in self._baselines]:
+            (group, version), (baseline, greedy_version) = self._held.pop(uid), self._baselines.pop(uid)
+            group.batch["baseline_rewards"] = torch.full((len(group),), baseline, dtype=torch.float32)
+            ready.append(group)
+            ready_versions.append(min(version, greedy_version))
+        return ready, ready_versions
+
+    def _score_groups(self, finished: list[DataProto]) -> tuple[list[DataProto], list[dict[str, Any]],
+                                                                dict[str, float]]:
+        """The finished prompt groups, scored by the rule-based reward and cost functions
+        (those the run has), their steering records, and the scoring pools' worker restarts
+        (reward/worker_restarts, cost/worker_restarts)."""
+        groups, steering = [], []
+        restarts = {f"{kind}/worker_restarts": 0.0 for kind, fn in (("reward", self.reward), ("cost", self.cost))
+                    if fn is not None}
+        for batch in finished:
+            informative = None
+            if self.cost is not None:
+                out = self.cost.score(batch)
+                batch.batch["token_level_costs"] = out.token_level_scores
+                batch.non_tensor_batch.update({COST_COLUMNS + k: v for k, v in sample_outcomes(out).items()})
+                restarts["cost/worker_restarts"] += out.metrics["reward/worker_restarts"]
+            if self.reward is not None:
+                out = self.reward.score(batch)
+                batch.batch["token_level_scores"] = out.token_level_scores
+                batch.non_tensor_batch.update(sample_outcomes(out))
+                restarts["reward/worker_restarts"] += out.metrics["reward/worker_restarts"]
+                informative, _ = dynamic_sampling_filter(batch.non_tensor_batch["uid"],
+                                                         out.token_level_scores.sum(-1))
+            start = 0
+            for group in split_groups(batch):
+                groups.append(group)
+                steering.append({"uid": str(group.non_tensor_batch["uid"][0]), "oldest_version": oldest_version(group),
+                                 "informative": None if informative is None else bool(informative[start])})
+                start += len(group)
+        if self.greedy_baseline:
+            groups, versions = self._pair_with_baselines(groups, [info["oldest_version"] for info in steering])
+            steering = [{"uid": str(g.non_tensor_batch["uid"][0]), "oldest_version": v, "informative": None}
+                        for g, v in zip(groups, versions)]
+        return groups, steering, restarts
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def restore_generate_calls(self, calls: int) -> None:
@@ -188,9 +337,9 @@ class RolloutWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def in_flight(self) -> int:
-        """Sequences queued or being generated on this rank."""
-        require(self.stream, "the rollout engine")
-        return self.stream.in_flight
+        """Sequences queued or being generated on this rank (0 between whole calls)."""
+        require(self.engine, "the rollout engine")
+        return self.stream.in_flight if self.stream is not None else 0
 
     @register(dispatch=Dispatch.RANK_ZERO)
     def generation_weights(self) -> dict[str, torch.Tensor]:

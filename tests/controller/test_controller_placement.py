@@ -111,6 +111,30 @@ def test_whole_value_future_is_split_with_padding(split_groups):
     assert out.non_tensor_batch["uid"].tolist() == expected.non_tensor_batch["uid"].tolist()
 
 
+def test_submit_and_value_futures_keep_the_data_off_the_controller(split_groups):
+    """A blocking method submitted without waiting, fed from an object ref made outside any
+    group: the controller's fetch count grows only by what it finally collects."""
+    import ray
+
+    from hybridflow.controller import FETCHED, value_future
+    from hybridflow.controller.futures import RankInfo, payload_bytes
+
+    producer, consumer, _ = split_groups
+    batch = make_batch(6)
+    before = (FETCHED.values, FETCHED.tensor_bytes)
+    scored = consumer.submit("score", value_future(ray.put(batch), "test.put", RankInfo("test", 0, "", None)))
+    assert isinstance(scored, DataProtoFuture) and (FETCHED.values, FETCHED.tensor_bytes) == before
+    echoed = consumer.submit("echo_producer_rank", producer.generate(batch))
+    assert (FETCHED.values, FETCHED.tensor_bytes) == before  # nothing fetched while calls pass futures on
+    out = scored.get()
+    assert torch.equal(out.batch["scores"], batch.batch["input_ids"].sum(-1))
+    assert FETCHED.values == before[0] + 3  # one part per rank, and the regrouped input's padding size (an int)
+    assert FETCHED.tensor_bytes - before[1] == payload_bytes(out.batch) + payload_bytes(out.non_tensor_batch)
+    assert echoed.get().batch["producer_rank"].tolist() == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(ValueError, match="not a registered method"):
+        consumer.submit("nope", batch)
+
+
 def test_a_second_group_on_full_slots_is_refused_at_once(split_groups):
     producer, _, _ = split_groups
     # max_colocate_count=1 and the producer holds these slots: Ray would wait forever.

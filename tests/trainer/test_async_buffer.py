@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from hybridflow.engines.rollout.partial import POLICY_VERSION
+from hybridflow.engines.rollout.partial import POLICY_VERSION, oldest_version, split_groups
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.async_trainer import Group, RolloutBuffer, split_groups
+from hybridflow.trainer.async_trainer import Group, RolloutBuffer
 
 
 def _generated(uids: list[str], versions: list[list[int]]) -> DataProto:
@@ -24,13 +24,13 @@ def _generated(uids: list[str], versions: list[list[int]]) -> DataProto:
 def test_split_groups_keeps_order_and_finds_the_oldest_token():
     batch = _generated(["a", "a", "b", "b", "c", "c"], [[3, 3], [2, 3], [3, 3], [3, 3], [1, 2], [2, 2]])
     groups = split_groups(batch)
-    assert [g.data.non_tensor_batch["uid"].tolist() for g in groups] == [["a", "a"], ["b", "b"], ["c", "c"]]
-    assert [g.oldest_version for g in groups] == [2, 3, 1]  # padding (-1) is not a token
-    assert torch.equal(groups[1].data.batch["responses"], batch.batch["responses"][2:4])
+    assert [g.non_tensor_batch["uid"].tolist() for g in groups] == [["a", "a"], ["b", "b"], ["c", "c"]]
+    assert [oldest_version(g) for g in groups] == [2, 3, 1]  # padding (-1) is not a token
+    assert torch.equal(groups[1].batch["responses"], batch.batch["responses"][2:4])
 
 
 def _group(name: str, version: int) -> Group:
-    return split_groups(_generated([name, name], [[version, version + 1]] * 2))[0]
+    return Group(name, version)
 
 
 def test_buffer_is_fifo_and_waits_for_a_full_batch():
@@ -39,7 +39,7 @@ def test_buffer_is_fifo_and_waits_for_a_full_batch():
         buf.put(_group(name, 0))
     assert buf.take(4, version=0) is None and len(buf) == 3  # not enough yet: nothing taken
     taken = buf.take(2, version=1)
-    assert [g.data.non_tensor_batch["uid"][0] for g in taken] == ["a", "b"]
+    assert [g.uid for g in taken] == ["a", "b"]
     assert len(buf) == 1 and buf.dropped == 0
 
 
@@ -49,7 +49,7 @@ def test_staler_groups_are_dropped_and_counted():
         buf.put(_group(name, version))
     # at version 3: "old" lags 3 > 2 (dropped), "mid" lags 2 (kept)
     taken = buf.take(2, version=3)
-    assert [g.data.non_tensor_batch["uid"][0] for g in taken] == ["mid", "new"]
+    assert [g.uid for g in taken] == ["mid", "new"]
     assert buf.dropped == 1
     # dropping happens even when no batch can be taken
     assert buf.take(2, version=6) is None and buf.dropped == 2 and len(buf) == 0
@@ -61,13 +61,13 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
     buf.put(_group("b", 5))
     with pytest.raises(RuntimeError, match="overflow"):
         buf.put(_group("c", 5))
-    assert [g.data.non_tensor_batch["uid"][0] for g in buf.take(1, version=5)] == ["b"] and buf.dropped == 1
+    assert [g.uid for g in buf.take(1, version=5)] == ["b"] and buf.dropped == 1
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["trainer.mode=async", "algorithm.name=remax"], "trainer.mode"),
-    (["trainer.mode=one_step_off", "algorithm.name=dapo"], "trainer.mode"),
-    (["trainer.mode=async", "rollout.agent.enable=true"], "trainer.mode"),
+    (["trainer.mode=async", "algorithm.name=remax", "reward_model.path=/nonexistent"], "trainer.mode"),
+    (["trainer.mode=async", "algorithm.name=dapo", "reward_model.path=/nonexistent"],
+     "algorithm.dapo.filter_groups.enable"),
     (["trainer.mode=async", "async_rl.buffer_size=2"], "async_rl.buffer_size"),
     (["trainer.mode=async", "async_rl.rollout_ranks=2", "async_rl.chunk_prompts=3"], "async_rl.chunk_prompts"),
     (["trainer.mode=one_step_off", "async_rl.max_staleness=-1"], "async_rl.max_staleness"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridflow import RLTrainer
+from test_algorithms_e2e import reward_model_dir  # noqa: F401 - a fixture (a random reward model)
 from trainer_helpers import assert_finite, rl_records
 
 pytestmark = pytest.mark.slow  # each run starts two pools of tiny-model processes
@@ -23,17 +24,71 @@ def _run(config, steps=2):
 
 def _comparable(record: dict) -> dict:
     # timings and throughput differ from run to run; the async bookkeeping has no sync twin
-    skip = ("timing_s/", "perf/", "reshard/", "async/", "weight_sync/", "staleness/")
+    skip = ("timing_s/", "perf/", "reshard/", "async/", "weight_sync/", "staleness/", "controller/")
     return {k: v for k, v in record.items() if not k.startswith(skip) and k != "time"}
 
 
-def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local):
-    sync = _run(tiny_config(*ONE_EACH))
-    asyn = _run(tiny_config(*ONE_EACH, "trainer.mode=async", "async_rl.max_staleness=0"))
+def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
+    """Overrides of a run of `name` that gives its special phases work: grpo with an adaptive
+    KL penalty in the reward, DAPO with half its groups uniform, Safe-RLHF with a cost
+    function plus a cost model, PPO with a reward model added to the rule-based reward, ReMax
+    with a reward that varies by response (its greedy baseline is not 0), grpo on multi-turn
+    agent rollouts (guess_number, the turn model)."""
+    from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
+
+    files = {"dapo": {"reward": HALF_UNIFORM_REWARD}, "safe_rlhf": {"reward": VARIED_REWARD, "cost": STEPPED_COST},
+             "remax": {"reward": VARIED_REWARD}}
+    overrides = [f"algorithm.name={ {'agent': 'grpo', 'hf': 'grpo', 'remax_agent': 'remax'}.get(name, name)}"]
+    for kind, code in files.get(name, {}).items():
+        (tmp_path / f"{kind}.py").write_text(code, encoding="utf-8")
+        overrides.append(f"{'reward' if kind == 'reward' else 'cost_model'}.custom_fn_path={tmp_path / f'{kind}.py'}")
+    agent = [f"model.path={turn_model}", "rollout.response_length=40", "rollout.agent.enable=true",
+             "rollout.agent.default_env=guess_number", "rollout.agent.env_kwargs={low: 0, high: 200}",
+             "rollout.agent.max_turns=4", "rollout.temperature=0.5"]
+    overrides += {
+        "grpo": ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
+        "dapo": ["rollout.n=4"],
+        "safe_rlhf": [f"cost_model.path={score_model}"],
+        "ppo": [f"reward_model.path={score_model}", "reward_model.add_rule_reward=true"],
+        "remax": [],
+        "hf": ["rollout.name=hf"],
+        "agent": agent,
+        "remax_agent": agent,
+    }[name]
+    return tuple(overrides)
+
+
+# The keys of one mode only: DAPO's rounds (sync) and the groups discarded over the run (async).
+ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent", "remax_agent", "hf"])
+def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, turn_model_dir,
+                                                 algorithm):
+    """The controller-free data path computes what the synchronous program computes, and the
+    async controller fetches no tensor of the batch (the sync one fetches it): the KL
+    controller follows the workers' KL, DAPO's discarded groups' places go to the next
+    prompts as sync's next round does, Safe-RLHF's costs (function + model), cost critic and
+    multiplier follow the same batches, a reward model's scores add to the rule's, ReMax's
+    greedy baselines (generated beside the groups on the rollout pool) equal sync's, the
+    agent loop on the rollout pool plays the same episodes as the hybrid actor's, and a
+    non-native backend generating whole calls samples what the hybrid actor's samples."""
+    chosen = _algorithm(algorithm, tmp_path, reward_model_dir, turn_model_dir)
+    sync = _run(tiny_config(*ONE_EACH, *chosen))
+    asyn = _run(tiny_config(*ONE_EACH, *chosen, "trainer.mode=async", "async_rl.max_staleness=0"))
     for s, a in zip(sync, asyn, strict=True):
-        assert _comparable(a) == _comparable(s)
+        assert {k: v for k, v in _comparable(a).items() if k not in ONE_MODE_ONLY} == \
+            {k: v for k, v in _comparable(s).items() if k not in ONE_MODE_ONLY}
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
-        assert a["staleness/max"] == 0 and a["async/dropped_groups"] == 0
+        special = {"grpo": "kl/coef", "dapo": "dapo/kept_groups", "safe_rlhf": "cost_critic/vf_loss",
+                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean", "remax_agent": "remax/baseline_mean", "hf": "actor/entropy"}[algorithm]
+        assert special in s, special
+        assert a["staleness/max"] == 0
+        # DAPO: informative groups beyond the batch (the last round's surplus, which sync's step
+        # leaves out too) are stale at the next version and dropped; nothing else is
+        assert a["async/dropped_groups"] == 0 or algorithm == "dapo"
+        # the same numbers, computed next to the data: the async controller fetched no batch tensor
+        assert a["controller/fetched_tensor_bytes"] == 0 and s["controller/fetched_tensor_bytes"] > 0
     assert asyn[-1]["weight_sync/bytes"] > 0
 
 
@@ -85,7 +140,7 @@ def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_loc
         run_dir = trainer.run_dir
     checkpoint = run_dir / "checkpoints" / "global_step_2"
     state = read_trainer_state(checkpoint)["async"]
-    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"],
+    assert state == {"version": 2, "calls": calls, "dropped_total": state["dropped_total"], "filtered_total": 0,
                      "requeued_prompts": len(untrained)}
     assert len(untrained) > 0 and (checkpoint / PROMPTS_FILE).is_file()  # the pool was ahead of training
     with RLTrainer(resume=run_dir) as resumed:
@@ -105,5 +160,6 @@ def test_ppo_with_a_critic_in_one_step_off(tiny_config, ray_local):
                                "algorithm.name=ppo", "resources.world_size=1"), steps=2)
     for r in records:
         assert_finite(r)
-        assert "critic/vf_loss" in r and r["weight_sync/bytes"] > 0
+        assert "critic/vf_loss" in r and "values/mean" in r and r["weight_sync/bytes"] > 0
+        assert r["controller/fetched_tensor_bytes"] == 0  # values, GAE and the critic update stay in the workers
     assert [r["staleness/max"] for r in records] == [0.0, 1.0]

@@ -10,7 +10,7 @@ import torch
 
 from hybridflow.engines.train.flops import FlopFacts, training_flops
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.metrics import FlopModel, throughput_metrics, total_peak_flops
+from hybridflow.trainer.metrics import FlopModel, sequence_lengths, throughput_metrics, total_peak_flops
 
 
 def test_peaks_add_up_per_process_whatever_the_nodes_are():
@@ -40,7 +40,9 @@ def test_step_flops_count_every_role_at_its_own_size():
     s = training_flops(3000, 4, 16, lengths)
     # generation + 2 actor forwards + 3 actor epochs; each critic: forward + 2 epochs; scorer: forward.
     want = a / 3 + 2 * a / 3 + 3 * a + 2 * (c / 3 + 2 * c) + s / 3
-    got = model.step_flops(_batch(lengths), actor_forwards=2, actor_update_epochs=3, critic_update_epochs=2)
+    seq_lens = sequence_lengths(_batch(lengths))
+    assert seq_lens == lengths
+    got = model.step_flops(seq_lens, actor_forwards=2, actor_update_epochs=3, critic_update_epochs=2)
     assert got == pytest.approx(want, rel=1e-12)
-    perf = throughput_metrics(_batch(lengths), 2.0, got, model.peak_flops)
+    perf = throughput_metrics(sum(seq_lens), 2.0, got, model.peak_flops)
     assert perf["perf/mfu"] == pytest.approx(got / 2.0 / 3e9) and perf["perf/tokens_per_s"] == 7.0

@@ -7,11 +7,13 @@ process; weights cross by the WeightBridge (torch.distributed gloo), not the con
 from __future__ import annotations
 
 import pytest
+import ray
 import torch
 from safetensors.torch import load_file
 
 from hybridflow.controller import RoleSpec
 from hybridflow.engines.rollout.partial import POLICY_VERSION
+from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker, PlacementSpec, build_role_groups, shutdown_role_groups
 from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
 from workers_setup import actor_config, make_prompts
@@ -68,9 +70,12 @@ def test_transferred_weights_equal_the_trained_ones_bit_for_bit(pools, tmp_path)
 def test_stream_generates_with_policy_versions(pools):
     rollout = pools["rollout"]
     prompts = make_prompts([3, 5], n=2, max_new_tokens=6)
-    ((parts, loaded),) = rollout.generate_stream([prompts], [None], [1]).get()  # version 1 is loaded already
-    (out,) = parts
-    assert len(out) == 4 and set(out.non_tensor_batch["uid"].tolist()) == {"u0", "u1"} and loaded == {}
+    ((refs, steering),) = rollout.generate_stream([prompts], [None], [1]).get()  # version 1 is loaded already
+    groups = ray.get(refs)  # one DataProto per prompt group, in the object store; the call returned refs
+    assert [g.non_tensor_batch["uid"].tolist() for g in groups] == [["u0", "u0"], ["u1", "u1"]]
+    assert steering["metrics"] == {}  # no weights loaded, no reward function on this pool
+    assert steering["groups"] == [{"uid": u, "oldest_version": 1, "informative": None} for u in ("u0", "u1")]
+    out = DataProto.concat(groups)
     mask = out.batch["response_mask"].bool()
     assert bool((out.batch[POLICY_VERSION][mask] == 1).all())
 
@@ -83,5 +88,6 @@ def test_syncs_are_received_while_generation_is_queued(pools):
     for version in (2, 3):
         assert start_weight_sync(actor, version).get()[0]["weight_sync/version"] == version
     busy.get()
-    ((_, loaded),) = rollout.generate_stream([make_prompts([3], n=1, max_new_tokens=4)], [None], [3]).get()
+    ((_, steering),) = rollout.generate_stream([make_prompts([3], n=1, max_new_tokens=4)], [None], [3]).get()
+    loaded = steering["metrics"]
     assert loaded["weight_sync/receive/version"] == 3 and rollout.staged_versions()[0] == []  # 2 was skipped

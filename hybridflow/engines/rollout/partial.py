@@ -182,3 +182,15 @@ class _Local:
     def __init__(self, row: int, request: _Tracked) -> None:
         self.prompt_row, self.tokens, self.log_probs = row, request.tokens, request.log_probs
         self.finish_reason, self.versions = request.finish_reason, request.versions
+
+
+def split_groups(batch: DataProto) -> list[DataProto]:
+    """The prompt groups of a generated batch (the samples of one `uid` are adjacent), in order."""
+    uids = batch.non_tensor_batch["uid"]
+    starts = [0] + [i for i in range(1, len(uids)) if uids[i] != uids[i - 1]] + [len(uids)]
+    return [batch[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+
+def oldest_version(group: DataProto) -> int:
+    """The policy version of the oldest response token of `group` (padding, -1, is no token)."""
+    return int(group.batch[POLICY_VERSION][group.batch["response_mask"].bool()].min())
