@@ -24,7 +24,8 @@ def _run(config, steps=2):
 
 def _comparable(record: dict) -> dict:
     # timings and throughput differ from run to run; the async bookkeeping has no sync twin
-    skip = ("timing_s/", "perf/", "reshard/", "async/", "weight_sync/", "staleness/", "controller/")
+    skip = ("timing_s/", "perf/", "reshard/", "async/", "weight_sync/", "staleness/", "controller/",
+            "agent_loop/")  # the generation worker's own loop costs (sync: one call per step)
     return {k: v for k, v in record.items() if not k.startswith(skip) and k != "time"}
 
 
