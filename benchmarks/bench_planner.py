@@ -2,9 +2,11 @@
 against measured step times on this machine.
 
     PYTHONPATH=. python benchmarks/bench_planner.py                 # paper scale + search time
-    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE # + predicted vs measured (leave-one-out),
-        FILE: measurements of calibrate.PROFILES, e.g. ~/.cache/hybridflow/planner/cpu.json after
-        `hybridflow plan --calibrate`
+    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE [FILE ...]
+        # + predicted vs measured (leave-one-out) and the ranking check. FILE: measurements of
+        # calibrate.PROFILES with the device they ran on, e.g. ~/.cache/hybridflow/planner/cpu.json
+        # after `hybridflow plan --calibrate`; several files (rounds of the same profiles): the
+        # geometric mean of each time over the rounds, the mean of the devices' measurements
 
 Paper scale (simulated, every input below): PPO with actor, critic, reference and reward
 model of one Llama size (7B, 13B, 34B, 70B) on 16..128 A100-80GB (8 per node), 1024
@@ -20,7 +22,11 @@ comparison with the paper's findings. Writes JSON with the machine description.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
+import math
+import statistics
 import sys
 import tempfile
 import time
@@ -78,30 +84,54 @@ def paper_scale(rm_dir: Path) -> list[dict]:
     return rows
 
 
-def predicted_vs_measured(path: Path) -> list[dict]:
-    from hybridflow.planner.calibrate import cases_of, leave_one_out
-    from hybridflow.planner.devices import measure_cpu
+def geometric_mean_rounds(rounds: list[dict]) -> dict:
+    """One measurement per profile from several rounds: the geometric mean of each time
+    (a ratio error stays a ratio error), the mean lengths, the highest load."""
+    out = {}
+    for name in rounds[0]:
+        ms = [r[name] for r in rounds]
+        keys = set.intersection(*(set(m["times"]) for m in ms))
+        times = {k: math.exp(statistics.fmean(math.log(max(m["times"][k], 1e-9)) for m in ms)) for k in keys}
+        out[name] = {"times": times, "load_avg_1": max(m["load_avg_1"] for m in ms),
+                     "steps": sum(m["steps"] for m in ms), "rounds": [m.get("run_dir") for m in ms]}
+        if all("lengths" in m for m in ms):
+            out[name]["lengths"] = {k: statistics.fmean(m["lengths"][k] for m in ms) for k in ms[0]["lengths"]}
+    return out
 
-    measured = json.loads(path.read_text())
-    measured = measured.get("measured", measured)  # a calibration file holds them under "measured"
-    device = measure_cpu()
+
+def predicted_vs_measured(paths: list[Path]) -> dict:
+    from hybridflow.planner.calibrate import cases_of, leave_one_out
+    from hybridflow.planner.devices import DeviceSpec, measure_cpu
+    from hybridflow.trainer.profiles import mean_device
+
+    files = [json.loads(p.read_text()) for p in paths]
+    measured = geometric_mean_rounds([f.get("measured", f) for f in files])  # a calibration file: under "measured"
+    devices = [DeviceSpec(**f["device"]) for f in files if "device" in f]
+    device = functools.reduce(mean_device, devices) if devices else measure_cpu()
+    print(f"device: {device.peak_flops / 1e9:.0f} GFLOP/s, {device.mem_bw / 1e9:.0f} GB/s, shared_flops "
+          f"{device.shared_flops:.2f}, shared_bw {device.shared_bw:.2f} ({len(devices)} stored measurements)")
     cases = cases_of(measured, device, Path(tempfile.mkdtemp()))
     loo = leave_one_out(cases, device)
     rows = [{"profile": n, **r, "error": r["predicted_s"] / r["measured_s"] - 1,
              "load_avg_1": measured[n]["load_avg_1"]} for n, r in loo.items()]
-    print(f"{'mapping':32} {'measured s':>10} {'predicted s':>11} {'error':>7} {'load':>5}")
+    print(f"{'mapping':32} {'measured s':>10} {'predicted s':>11} {'error':>7} {'load':>5}   (leave-one-out)")
     for r in rows:
         print(f"{r['profile']:32} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} {r['error']:+7.1%} "
               f"{r['load_avg_1']:5.1f}")
     by_measured = [r["profile"] for r in sorted(rows, key=lambda r: r["measured_s"])]
     by_predicted = [r["profile"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
-    print("same ranking:", by_measured == by_predicted)
-    return rows
+    within = sum(abs(r["error"]) <= 0.25 for r in rows)
+    print(f"within 25 %: {within} of {len(rows)}; same ranking: {by_measured == by_predicted}")
+    if by_measured != by_predicted:
+        print("  measured order: ", " < ".join(by_measured))
+        print("  predicted order:", " < ".join(by_predicted))
+    return {"files": [str(p) for p in paths], "device": dataclasses.asdict(device), "rows": rows,
+            "within_25pct": within, "same_ranking": by_measured == by_predicted}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measured", type=Path, default=None)
+    parser.add_argument("--measured", type=Path, nargs="+", default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/planner.json"))
     args = parser.parse_args()
     out = {"machine": machine()}

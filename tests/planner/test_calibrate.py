@@ -21,7 +21,7 @@ def test_profile_config_and_mapping_round_trip(name, tmp_path):
 
 
 def test_fit_recovers_times_made_by_known_factors(tmp_path):
-    truth = dataclasses.replace(CPU_DEFAULT, train=0.05, call_s=0.2, micro_batch_s=0.03, decode_step_s=0.004,
+    truth = dataclasses.replace(CPU_DEFAULT, train=0.05, call_s=0.2, sync_collective_s=3e-3, decode_step_s=0.004,
                                 per_step_s=0.4)
     names = list(PROFILES)[:4]
     cases = cases_of({n: {"times": {}} for n in names}, DEVICE, tmp_path)
