@@ -100,7 +100,7 @@ def geometric_mean_rounds(rounds: list[dict]) -> dict:
 
 
 def predicted_vs_measured(paths: list[Path]) -> dict:
-    from hybridflow.planner.calibrate import cases_of, leave_one_out
+    from hybridflow.planner.calibrate import cases_of, fit, leave_one_out, loo_report
     from hybridflow.planner.devices import DeviceSpec, measure_cpu
     from hybridflow.trainer.profiles import mean_device
 
@@ -112,21 +112,30 @@ def predicted_vs_measured(paths: list[Path]) -> dict:
           f"{device.shared_flops:.2f}, shared_bw {device.shared_bw:.2f} ({len(devices)} stored measurements)")
     cases = cases_of(measured, device, Path(tempfile.mkdtemp()))
     loo = leave_one_out(cases, device)
+    report, within, same = loo_report(loo, {n: m["load_avg_1"] for n, m in measured.items()})
+    print(report)
     rows = [{"profile": n, **r, "error": r["predicted_s"] / r["measured_s"] - 1,
              "load_avg_1": measured[n]["load_avg_1"]} for n, r in loo.items()]
-    print(f"{'mapping':32} {'measured s':>10} {'predicted s':>11} {'error':>7} {'load':>5}   (leave-one-out)")
-    for r in rows:
-        print(f"{r['profile']:32} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} {r['error']:+7.1%} "
-              f"{r['load_avg_1']:5.1f}")
-    by_measured = [r["profile"] for r in sorted(rows, key=lambda r: r["measured_s"])]
-    by_predicted = [r["profile"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
-    within = sum(abs(r["error"]) <= 0.25 for r in rows)
-    print(f"within 25 %: {within} of {len(rows)}; same ranking: {by_measured == by_predicted}")
-    if by_measured != by_predicted:
-        print("  measured order: ", " < ".join(by_measured))
-        print("  predicted order:", " < ".join(by_predicted))
+    eff = fit(list(cases.values()))
+    phases = phase_table(cases, eff)
     return {"files": [str(p) for p in paths], "device": dataclasses.asdict(device), "rows": rows,
-            "within_25pct": within, "same_ranking": by_measured == by_predicted}
+            "fitted_on_all": eff.to_dict(), "phases_fitted_on_all": phases, "within_25pct": within,
+            "same_ranking": same}
+
+
+def phase_table(cases: dict, eff) -> dict[str, dict[str, list[float]]]:
+    """Predicted / measured seconds per phase (and the parts the workers time) of every
+    profile under the factors fitted on all of them; printed as one line per profile."""
+    from hybridflow.planner.calibrate import predict
+
+    print("phase by phase, factors fitted on all profiles (predicted / measured s):")
+    out = {}
+    for name, (problem, mapping, times) in cases.items():
+        m = predict(problem, mapping, eff)
+        predicted = {**m.phase_s, **m.within_s, "step": m.step_s}
+        out[name] = {k: [p, times[k]] for k, p in predicted.items() if k in times}
+        print(f"  {name:30} " + "  ".join(f"{k} {p:.3f}/{t:.3f}" for k, (p, t) in out[name].items()))
+    return out
 
 
 def main() -> None:

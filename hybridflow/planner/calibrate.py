@@ -150,6 +150,23 @@ def leave_one_out(cases: dict[str, tuple], device: DeviceSpec) -> dict[str, dict
     return rows
 
 
+def loo_report(loo: dict[str, dict[str, float]], loads: dict[str, float]) -> tuple[str, int, bool]:
+    """The leave-one-out table (measured, predicted, error, 1-minute load per profile), the
+    number within 25 % and whether the predicted ranking equals the measured one."""
+    lines = [f"{'mapping':32} {'measured s':>10} {'predicted s':>11} {'error':>7} {'load':>5}   (leave-one-out)"]
+    for name, row in loo.items():
+        err = row["predicted_s"] / row["measured_s"] - 1
+        lines.append(f"{name:32} {row['measured_s']:10.3f} {row['predicted_s']:11.3f} {err:+7.1%} {loads[name]:5.1f}")
+    within = sum(abs(r["predicted_s"] / r["measured_s"] - 1) <= 0.25 for r in loo.values())
+    by_measured = sorted(loo, key=lambda n: loo[n]["measured_s"])
+    by_predicted = sorted(loo, key=lambda n: loo[n]["predicted_s"])
+    same = by_measured == by_predicted
+    lines.append(f"within 25 %: {within} of {len(loo)}; same ranking: {same}")
+    if not same:
+        lines += [f"  measured order:  {' < '.join(by_measured)}", f"  predicted order: {' < '.join(by_predicted)}"]
+    return "\n".join(lines), within, same
+
+
 def fit_and_store(measured: dict[str, dict[str, Any]], device: DeviceSpec, output_dir: Path) -> tuple[Path, str]:
     """Fit the factors on every profile of `measured`, store them with the device and the
     measurements; the report is the leave-one-out comparison."""
@@ -158,8 +175,6 @@ def fit_and_store(measured: dict[str, dict[str, Any]], device: DeviceSpec, outpu
                               f"{len(cases)} profiles (load {os.getloadavg()[0]:.1f})")
     loo = leave_one_out(cases, device)
     path = save_calibration(device, eff, {"measured": measured, "leave_one_out": loo})
-    lines = [f"{'profile':32} {'measured s':>10} {'predicted s':>11} {'error':>7}  (leave-one-out)"]
-    for name, row in loo.items():
-        err = row["predicted_s"] / row["measured_s"] - 1
-        lines.append(f"{name:32} {row['measured_s']:10.3f} {row['predicted_s']:11.3f} {err:+7.1%}")
-    return path, "\n".join(lines)
+    report, _, _ = loo_report(loo, {n: m["load_avg_1"] for n, m in measured.items()})
+    factors = ", ".join(f"{k} {v:.3g}" for k, v in eff.to_dict().items() if k != "source")
+    return path, f"{report}\nfitted on all {len(cases)}: {factors}\ndevice: {device.source}"
