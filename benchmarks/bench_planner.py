@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import statistics
@@ -107,7 +106,7 @@ def predicted_vs_measured(paths: list[Path]) -> dict:
     files = [json.loads(p.read_text()) for p in paths]
     measured = geometric_mean_rounds([f.get("measured", f) for f in files])  # a calibration file: under "measured"
     devices = [DeviceSpec(**f["device"]) for f in files if "device" in f]
-    device = functools.reduce(mean_device, devices) if devices else measure_cpu()
+    device = mean_device(*devices) if devices else measure_cpu()
     print(f"device: {device.peak_flops / 1e9:.0f} GFLOP/s, {device.mem_bw / 1e9:.0f} GB/s, shared_flops "
           f"{device.shared_flops:.2f}, shared_bw {device.shared_bw:.2f} ({len(devices)} stored measurements)")
     cases = cases_of(measured, device, Path(tempfile.mkdtemp()))

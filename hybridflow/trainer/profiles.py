@@ -41,21 +41,29 @@ def measure(cfg: RunConfig) -> dict[str, Any]:
 def calibrate(output_dir: Path | None = None) -> tuple[Path, str]:
     """Run PROFILES here, fit, store (planner.calibrate.fit_and_store); the stored path and a report.
 
-    The device is measured before and after the profiles and the two averaged: how much of
-    a core a rank keeps while the other computes (DeviceSpec.shared_flops) was seen to
-    change from one minute to the next on this shared virtual machine (0.5 to 1)."""
+    The device is measured before every profile and after the last, and the measurements
+    averaged: how much of a core a rank keeps while the other computes
+    (DeviceSpec.shared_flops) was seen to change from one minute to the next on this
+    shared virtual machine (0.5 to 1)."""
     from hybridflow.trainer.setup import start_ray
 
     output_dir = Path(output_dir or tempfile.mkdtemp(prefix="hybridflow-calibrate-"))
-    before = measure_cpu()
+    devices = []
     start_ray(None, 2)
-    measured = {name: measure(profile_config(o, output_dir)) for name, o in PROFILES.items()}
-    return fit_and_store(measured, mean_device(before, measure_cpu()), output_dir)
+    measured = {}
+    for name, overrides in PROFILES.items():
+        devices.append(measure_cpu())
+        measured[name] = measure(profile_config(overrides, output_dir))
+    devices.append(measure_cpu())
+    return fit_and_store(measured, mean_device(*devices), output_dir)
 
 
-def mean_device(a: DeviceSpec, b: DeviceSpec) -> DeviceSpec:
-    """The mean of two measurements of one device (rates and shares), both sources kept."""
-    mean = {f: (getattr(a, f) + getattr(b, f)) / 2 for f in ("peak_flops", "mem_bw", "intra_bw", "inter_bw",
-                                                               "shared_flops", "shared_bw")}
-    return dataclasses.replace(a, **mean, source=f"mean of before the profiles ({a.source}, shared_flops "
-                               f"{a.shared_flops:.2f}) and after ({b.source}, shared_flops {b.shared_flops:.2f})")
+def mean_device(*devices: DeviceSpec) -> DeviceSpec:
+    """The mean of measurements of one device (rates and shares), their shares in the source."""
+    if len(devices) == 1:
+        return devices[0]
+    fields = ("peak_flops", "mem_bw", "intra_bw", "inter_bw", "shared_flops", "shared_bw")
+    mean = {f: statistics.fmean(getattr(d, f) for d in devices) for f in fields}
+    shares = ", ".join(f"{d.shared_flops:.2f}" for d in devices)
+    return dataclasses.replace(devices[0], **mean, source=f"mean of {len(devices)} measurements ({devices[0].source}); "
+                               f"shared_flops of each: {shares}")

@@ -34,3 +34,13 @@ def test_fit_recovers_times_made_by_known_factors(tmp_path):
         assert predict(problem, mapping, eff).step_s == pytest.approx(times["step"], rel=0.05)
     start_error = max(abs(predict(p, m, CPU_DEFAULT).step_s / t["step"] - 1) for p, m, t in measured.values())
     assert start_error > 0.2  # the fit had something to do
+
+
+def test_mean_device_averages_rates_and_shares():
+    from hybridflow.trainer.profiles import mean_device
+
+    a = dataclasses.replace(DEVICE, shared_flops=0.5, shared_bw=0.6)
+    b = dataclasses.replace(DEVICE, peak_flops=4e10, shared_flops=1.0, shared_bw=0.8)
+    m = mean_device(a, b)
+    assert (m.peak_flops, m.shared_flops, m.shared_bw) == (3e10, 0.75, pytest.approx(0.7))
+    assert "0.50, 1.00" in m.source and mean_device(a) is a
