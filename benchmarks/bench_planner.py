@@ -87,7 +87,10 @@ def geometric_mean_rounds(rounds: list[dict]) -> dict:
     """One measurement per profile from several rounds: the geometric mean of each time
     (a ratio error stays a ratio error), the mean lengths, the highest load."""
     out = {}
-    for name in rounds[0]:
+    common = [n for n in rounds[0] if all(n in r for r in rounds)]
+    if len(common) < max(len(r) for r in rounds):
+        print(f"profiles in every round: {len(common)} (the others are left out)")
+    for name in common:
         ms = [r[name] for r in rounds]
         keys = set.intersection(*(set(m["times"]) for m in ms))
         times = {k: math.exp(statistics.fmean(math.log(max(m["times"][k], 1e-9)) for m in ms)) for k in keys}

@@ -40,7 +40,7 @@ from hybridflow.planner.simulate import Mapping, Pool, simulate
 # median of 5 is robust to one slow step), nothing but training.
 BASE = ["trainer.console=none", "trainer.total_steps=6", "trainer.test_freq=0", "trainer.save_final_model=false",
         "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1"]
-# Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2.
+# Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2; and PPO on 1 rank.
 PROFILES: dict[str, list[str]] = {
     "ppo colocated dp2 t_g1": ["algorithm.name=ppo"],
     "ppo colocated dp2 t_g2": ["algorithm.name=ppo", "rollout.tensor_model_parallel_size=2"],
@@ -48,6 +48,10 @@ PROFILES: dict[str, list[str]] = {
     "ppo split 1|1": ["algorithm.name=ppo", "resources.placement=split", "resources.critic_ranks=1"],
     "grpo colocated dp2 t_g1": ["algorithm.name=grpo"],
     "grpo colocated tp2 t_g2": ["algorithm.name=grpo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
+    # One rank of one thread: every phase alone on a core, no collectives. Besides the
+    # split profile the only one that shows single-rank compute, so that leaving either
+    # out still leaves the fit a measurement of it.
+    "ppo 1 rank": ["algorithm.name=ppo", "resources.world_size=1", "resources.threads_per_rank=1"],
 }
 _FLOOR = 1e-7  # seconds or fraction: a factor the fit drove to 0 can still grow back
 _FIT = ("train", "forward", "prefill", "collective_s", "sync_collective_s", "dtensor_collective_s", "call_s",
