@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,10 @@ def load_device(name: str) -> tuple[DeviceSpec, Efficiency]:
     (and, for cpu, the measured device) when calibration_path(name) exists, else defaults."""
     path = calibration_path(name)
     stored = json.loads(path.read_text()) if path.is_file() else None
+    if stored and not _current(stored):
+        warnings.warn(f"{path} was fitted by an older cost model (it lacks factors the model now has); "
+                      "it is ignored: run `hybridflow plan --calibrate` again", stacklevel=2)
+        stored = None
     if name == "cpu":
         device = DeviceSpec(**stored["device"]) if stored else measure_cpu()
     elif name in DEVICES:
@@ -184,6 +189,13 @@ def load_device(name: str) -> tuple[DeviceSpec, Efficiency]:
     if stored:
         return device, Efficiency(**stored["efficiency"])
     return device, Efficiency() if name != "cpu" else CPU_DEFAULT
+
+
+def _current(stored: dict[str, Any]) -> bool:
+    """Whether a calibration file has every field of today's DeviceSpec and Efficiency
+    (factors fitted without a term absorbed what it costs: they cannot be mixed with it)."""
+    return ({f.name for f in dataclasses.fields(DeviceSpec)} <= set(stored["device"])
+            and {f.name for f in dataclasses.fields(Efficiency)} <= set(stored["efficiency"]))
 
 
 def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str, Any]) -> Path:

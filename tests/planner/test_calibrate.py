@@ -4,6 +4,7 @@ profile's run config and its mapping translate into each other."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -44,3 +45,19 @@ def test_mean_device_averages_rates_and_shares():
     m = mean_device(a, b)
     assert (m.peak_flops, m.shared_flops, m.shared_bw) == (3e10, 0.75, pytest.approx(0.7))
     assert "0.50, 1.00" in m.source and mean_device(a) is a
+
+
+def test_a_calibration_of_an_older_cost_model_is_ignored(tmp_path, monkeypatch):
+    from hybridflow.planner.devices import Efficiency, load_device, save_calibration
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
+    fitted = dataclasses.replace(CPU_DEFAULT, train=0.42)
+    path = save_calibration(dataclasses.replace(DEVICE, shared_flops=0.5), fitted, {})
+    device, eff = load_device("cpu")
+    assert eff.train == 0.42 and device.shared_flops == 0.5
+    stored = json.loads(path.read_text())
+    del stored["efficiency"]["dtensor_collective_s"], stored["device"]["shared_flops"]
+    path.write_text(json.dumps(stored))
+    with pytest.warns(UserWarning, match="older cost model"):
+        device, eff = load_device("cpu")
+    assert eff == CPU_DEFAULT and isinstance(eff, Efficiency)
