@@ -14,7 +14,7 @@ benchmarks/bench_planner.py shows the same comparison as a table.
 
 Two factors are not fitted, because these profiles cannot tell them apart from others:
 micro_batch_s (the micro-batches a rank runs grow with its sequences, as its compute
-does, so it trades against the training efficiency; it stays at CPU_DEFAULT's 2 ms, and
+does, so it trades against the training efficiency; it stays at FIT_START's 2 ms, and
 the leave-one-out errors barely move for any value from 0.5 to 8 ms) and decode_bw (six
 decode steps of a 0.26 M-parameter model are bound by overheads, never by bandwidth).
 The device's `shared_flops` / `shared_bw` are measured, not fitted (devices.measure_cpu):
@@ -105,7 +105,14 @@ def _loss(cases: list[tuple[Problem, Mapping, dict[str, float]]], eff: Efficienc
     return total
 
 
-def fit(cases: list[tuple[Problem, Mapping, dict[str, float]]], start: Efficiency = CPU_DEFAULT,
+# Where the fit starts: round guesses, not CPU_DEFAULT (fitted on the shipped measurements,
+# so a leave-one-out fit started there would know the profile it leaves out).
+FIT_START = Efficiency(train=0.3, forward=0.3, prefill=0.3, decode_bw=0.3, comm=0.5, collective_s=1e-3,
+                       sync_collective_s=1e-3, dtensor_collective_s=1e-3, call_s=0.05, micro_batch_s=2e-3,
+                       decode_step_s=0.01, controller_per_seq_s=1e-3, per_step_s=0.1, source="fit start")
+
+
+def fit(cases: list[tuple[Problem, Mapping, dict[str, float]]], start: Efficiency = FIT_START,
         rounds: int = 40) -> Efficiency:
     """Coordinate descent in log space over the _FIT factors (module docstring): coarse
     steps until none helps, then finer ones (a factor known to a few per cent)."""

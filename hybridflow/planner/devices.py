@@ -21,9 +21,10 @@ GPU efficiencies are not fitted here (no GPU): training 0.45 and scoring 0.5 of 
 bandwidth, NCCL at 0.7 of link bandwidth; overheads 5 ms per call, 2 ms per micro-batch,
 20 ms per decode step (a Python-driven decode loop); collective latencies 10 us back to
 back, 20 us inside a pass, 30 us for a DTensor collective in training (our estimates of
-NCCL's small-message latency within a node, not measured here). `hybridflow plan
---calibrate` fits the CPU factors from short runs on this machine and stores them
-(calibration_path()).
+NCCL's small-message latency within a node, not measured here). CPU factors before any
+calibration (CPU_DEFAULT): the fit on the development machine's quiet measurements
+(docs/planner.md). `hybridflow plan --calibrate` fits them from short runs on this machine
+and stores them (calibration_path()).
 """
 
 from __future__ import annotations
@@ -209,8 +210,10 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
     return path
 
 
-# CPU before calibration: tiny models are dominated by per-call Python and Ray costs.
-CPU_DEFAULT = Efficiency(train=0.3, forward=0.3, prefill=0.3, decode_bw=0.3, comm=0.5, collective_s=1e-3,
-                         sync_collective_s=1e-3, dtensor_collective_s=1e-3, call_s=0.05, micro_batch_s=2e-3,
-                         decode_step_s=0.01, controller_per_seq_s=1e-3, per_step_s=0.1,
-                         source="uncalibrated CPU guesses; run `hybridflow plan --calibrate`")
+# CPU before calibration: the factors fitted on the quiet rounds of 2026-11-24 on the 2-vCPU
+# development machine (docs/planner.md; decode_bw and micro_batch_s are not fitted there).
+CPU_DEFAULT = Efficiency(train=0.41, forward=0.42, prefill=0.75, decode_bw=0.3, comm=0.5, collective_s=8e-4,
+                         sync_collective_s=1.3e-3, dtensor_collective_s=2.1e-3, call_s=5e-3, micro_batch_s=2e-3,
+                         decode_step_s=3e-4, controller_per_seq_s=5e-5, per_step_s=1e-3,
+                         source="fitted on 6 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_quiet_"
+                                "round*.json); run `hybridflow plan --calibrate` for this one")

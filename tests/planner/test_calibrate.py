@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hybridflow.planner.apply import mapping_config
-from hybridflow.planner.calibrate import PROFILES, cases_of, fit, mapping_of, predict, profile_config
+from hybridflow.planner.calibrate import FIT_START, PROFILES, cases_of, fit, mapping_of, predict, profile_config
 from hybridflow.planner.devices import CPU_DEFAULT, DeviceSpec
 
 DEVICE = DeviceSpec("cpu", 2e10, 5e9, 4e9, 1e9, 1e9, "test")
@@ -22,7 +22,7 @@ def test_profile_config_and_mapping_round_trip(name, tmp_path):
 
 
 def test_fit_recovers_times_made_by_known_factors(tmp_path):
-    truth = dataclasses.replace(CPU_DEFAULT, train=0.05, call_s=0.2, sync_collective_s=3e-3, decode_step_s=0.004,
+    truth = dataclasses.replace(FIT_START, train=0.05, call_s=0.2, sync_collective_s=3e-3, decode_step_s=0.004,
                                 per_step_s=0.4)
     names = list(PROFILES)[:4]
     cases = cases_of({n: {"times": {}} for n in names}, DEVICE, tmp_path)
@@ -33,7 +33,7 @@ def test_fit_recovers_times_made_by_known_factors(tmp_path):
     eff = fit(list(measured.values()))
     for problem, mapping, times in measured.values():
         assert predict(problem, mapping, eff).step_s == pytest.approx(times["step"], rel=0.05)
-    start_error = max(abs(predict(p, m, CPU_DEFAULT).step_s / t["step"] - 1) for p, m, t in measured.values())
+    start_error = max(abs(predict(p, m, FIT_START).step_s / t["step"] - 1) for p, m, t in measured.values())
     assert start_error > 0.2  # the fit had something to do
 
 
