@@ -40,7 +40,7 @@ from hybridflow.planner.simulate import Mapping, Pool, simulate
 # median of 5 is robust to one slow step), nothing but training.
 BASE = ["trainer.console=none", "trainer.total_steps=6", "trainer.test_freq=0", "trainer.save_final_model=false",
         "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1"]
-# Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2; and PPO on 1 rank.
+# Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2; and GRPO on 1 rank.
 PROFILES: dict[str, list[str]] = {
     "ppo colocated dp2 t_g1": ["algorithm.name=ppo"],
     "ppo colocated dp2 t_g2": ["algorithm.name=ppo", "rollout.tensor_model_parallel_size=2"],
@@ -50,8 +50,9 @@ PROFILES: dict[str, list[str]] = {
     "grpo colocated tp2 t_g2": ["algorithm.name=grpo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
     # One rank of one thread: every phase alone on a core, no collectives. Besides the
     # split profile the only one that shows single-rank compute, so that leaving either
-    # out still leaves the fit a measurement of it.
-    "ppo 1 rank": ["algorithm.name=ppo", "resources.world_size=1", "resources.threads_per_rank=1"],
+    # out still leaves the fit a measurement of it (GRPO, not PPO: PPO on one rank costs
+    # what split 1|1 costs, a tie the ranking check would settle by noise).
+    "grpo 1 rank": ["algorithm.name=grpo", "resources.world_size=1", "resources.threads_per_rank=1"],
 }
 _FLOOR = 1e-7  # seconds or fraction: a factor the fit drove to 0 can still grow back
 _FIT = ("train", "forward", "prefill", "collective_s", "sync_collective_s", "dtensor_collective_s", "call_s",
