@@ -19,12 +19,17 @@ with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e byte
              max_num_seqs sequences, max(FLOPs / (t_g peak eff.prefill),
              (e P + b c 2 L d_kv e) / t_g / (bw eff.decode_bw)) at mean context c, plus
              2 all-reduces per layer; reshard: comm bytes of engines/reshard/formulas.py
-    latency  eff.collective_s per collective call (`collectives`): bytes / bandwidth is
-             what a large message costs, the latency is what a small one costs, and a
-             tiny model or a decode step sends many small ones
+    latency  per collective call (counted below; bytes / bandwidth is what a large
+             message costs, the latency what a small one costs, and a tiny model or a
+             decode step sends many small ones): eff.collective_s back to back,
+             eff.sync_collective_s inside a pass (it waits for the slower rank's compute
+             too), eff.dtensor_collective_s for DTensor's in training; FSDP's run
+             asynchronously and count only where they outlast the compute
     overhead eff.call_s per call, eff.micro_batch_s per micro-batch, eff.decode_step_s per step
 
-A collective runs at intra-node bandwidth when its group fits in one node, else inter-node.
+Peak FLOP/s and memory bandwidth are scaled by the device's share (DeviceSpec.shared_*)
+when more than one device of a node computes at once (`shared`). A collective runs at
+intra-node bandwidth when its group fits in one node, else inter-node.
 
 Collective calls per phase (what the engines here issue, counted in torch profiler traces
 of the calibration profiles; L layers per pipeline stage, m micro-batches per rank):
