@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.dataflow import FlowPhase
 from hybridflow.planner.cost import Parallel, PhaseCost, phase_cost
 from hybridflow.planner.memory import RoleMemory, role_memory
 from hybridflow.planner.problem import Problem
@@ -85,7 +86,7 @@ def role_profile(problem: Problem, role: str, par: Parallel) -> tuple[dict[str, 
     return costs, role_memory(load, par, problem.workload, phases)
 
 
-def worker_parts(phase, cost: PhaseCost, call_s: float) -> dict[str, float]:
+def worker_parts(phase: FlowPhase, cost: PhaseCost, call_s: float) -> dict[str, float]:
     """What the workers time inside `phase` (hybridflow/workers/actor_rollout_ref.py,
     trainer/metrics.py): generation's reshard and sampling, an update without its call."""
     if phase.kind == "generate":
