@@ -27,8 +27,8 @@ with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e byte
              asynchronously and count only where they outlast the compute
     overhead eff.call_s per call, eff.micro_batch_s per micro-batch, eff.decode_step_s per step
 
-Peak FLOP/s and memory bandwidth are scaled by the device's share (DeviceSpec.shared_*)
-when more than one device of a node computes at once (`shared`). A collective runs at
+Peak FLOP/s and memory bandwidth are scaled by the device's share (DeviceSpec.shared_*,
+corrected by eff.share_scale) when more than one device of a node computes at once (`shared`). A collective runs at
 intra-node bandwidth when its group fits in one node, else inter-node.
 
 Collective calls per phase (what the engines here issue, counted in torch profiler traces
@@ -111,11 +111,13 @@ def link_bw(group: int, span: int, cluster: Cluster) -> float:
 
 def shared(devices: int, cluster: Cluster) -> tuple[float, float]:
     """The fractions of its own FLOP rate and memory bandwidth a device keeps while
-    `devices` devices compute at once: DeviceSpec.shared_* when more than one of them sit
-    on a node (this machine's 2 vCPUs share a core's vector units; GPUs: 1), else 1."""
+    `devices` devices compute at once: DeviceSpec.shared_* x eff.share_scale (at most 1)
+    when more than one of them sit on a node (this machine's 2 vCPUs share a core; GPUs:
+    1), else 1."""
     if min(devices, cluster.devices_per_node) <= 1:
         return 1.0, 1.0
-    return cluster.device.shared_flops, cluster.device.shared_bw
+    scale = cluster.efficiency.share_scale
+    return min(1.0, cluster.device.shared_flops * scale), min(1.0, cluster.device.shared_bw * scale)
 
 
 def ring_bytes(group: int, nbytes: float) -> float:

@@ -67,7 +67,9 @@ class Efficiency:
     bookkeeping all-reduces); sync_collective_s inside a model pass (generation tensor
     parallel, FSDP's gathers, pipeline sends), which also waits for the slowest rank's
     compute since the last one; dtensor_collective_s a DTensor tensor-parallel collective in
-    training, with its redistribution and autograd work. call_s: per worker-group
+    training, with its redistribution and autograd work. share_scale: correction of the
+    device's measured shared_flops / shared_bw that calibration fits (what the ranks'
+    work sees of the sharing, capped at a full share). call_s: per worker-group
     call (dispatch, collect); micro_batch_s: per micro-batch a rank runs; decode_step_s: per
     decode step of a generation wave; controller_per_seq_s: rule-based scoring per sequence;
     per_step_s: the controller's own work per step (advantages, batch bookkeeping, metrics).
@@ -81,6 +83,7 @@ class Efficiency:
     collective_s: float = 1e-5
     sync_collective_s: float = 2e-5
     dtensor_collective_s: float = 3e-5
+    share_scale: float = 1.0
     call_s: float = 5e-3
     micro_batch_s: float = 2e-3
     decode_step_s: float = 2e-2
@@ -212,8 +215,8 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
 
 # CPU before calibration: the factors fitted on the quiet rounds of 2026-11-24 on the 2-vCPU
 # development machine (docs/planner.md; decode_bw and micro_batch_s are not fitted there).
-CPU_DEFAULT = Efficiency(train=0.41, forward=0.42, prefill=0.75, decode_bw=0.3, comm=0.5, collective_s=8e-4,
-                         sync_collective_s=1.3e-3, dtensor_collective_s=2.1e-3, call_s=5e-3, micro_batch_s=2e-3,
+CPU_DEFAULT = Efficiency(train=0.41, forward=0.42, prefill=0.75, decode_bw=0.3, comm=0.5, share_scale=1.0,
+                         collective_s=8e-4, sync_collective_s=1.3e-3, dtensor_collective_s=2.1e-3, call_s=5e-3, micro_batch_s=2e-3,
                          decode_step_s=3e-4, controller_per_seq_s=5e-5, per_step_s=1e-3,
                          source="fitted on 6 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_quiet_"
                                 "round*.json); run `hybridflow plan --calibrate` for this one")

@@ -105,6 +105,13 @@ def test_shared_device_slows_a_pool_that_computes_together():
     assert gen_half.parts["decode_s"] == pytest.approx(2 * gen_full.parts["decode_s"])
 
 
+def test_share_scale_corrects_the_measured_share_up_to_a_full_share():
+    lower = cluster(2, shared=0.5, eff=dataclasses.replace(EFF, share_scale=0.8))
+    assert train_cost(load(), Parallel(2), WORK, lower).compute_s == pytest.approx(620544 / 2 / 5e8 / 0.4)
+    full = cluster(2, shared=0.5, eff=dataclasses.replace(EFF, share_scale=4.0))
+    assert train_cost(load(), Parallel(2), WORK, full).compute_s == pytest.approx(620544 / 2 / 5e8)
+
+
 def test_worker_parts():
     cost = generate_cost(load(), Parallel(2, gen_tp=1), WORK, cluster(2))
     parts = worker_parts(FlowPhase("gen", "actor", "generate"), cost, 0.1)
