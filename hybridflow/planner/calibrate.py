@@ -59,8 +59,8 @@ PROFILES: dict[str, list[str]] = {
     "grpo 1 rank": ["algorithm.name=grpo", "resources.world_size=1", "resources.threads_per_rank=1"],
 }
 _FLOOR = 1e-7  # seconds or fraction: a factor the fit drove to 0 can still grow back
-_FIT = ("train", "forward", "prefill", "share_scale", "collective_s", "sync_collective_s", "dtensor_collective_s", "call_s",
-        "decode_step_s", "controller_per_seq_s", "per_step_s")
+_FIT = ("train", "forward", "prefill", "share_scale", "collective_s", "sync_collective_s", "dtensor_collective_s",
+        "call_s", "decode_step_s", "controller_per_seq_s", "per_step_s")
 
 
 def profile_config(overrides: list[str], output_dir: Path, world_size: int = 2) -> RunConfig:
