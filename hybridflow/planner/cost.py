@@ -163,7 +163,8 @@ def forward_collectives(shape: ModelShape, par: Parallel, micro: int) -> Calls:
 
 def blocking_latency_s(calls: Calls, eff: Efficiency) -> float:
     """Seconds of the collectives that hold the pass up (all but FSDP's, which hide under compute)."""
-    return calls.plain * eff.collective_s + calls.tensor * eff.dtensor_collective_s + calls.sends * eff.sync_collective_s
+    return (calls.plain * eff.collective_s + calls.tensor * eff.dtensor_collective_s
+            + calls.sends * eff.sync_collective_s)
 
 
 def reshard_collectives(shape: ModelShape, par: Parallel) -> int:
@@ -210,7 +211,8 @@ def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster
     s, S = work.seq_len, work.sequences
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
     micro = _micro_batches(S, par.dp, load.forward_micro_batch)
-    compute = flops / (par.devices * dev.peak_flops * eff.forward * shared(par.devices, cluster)[0]) * (1 + (par.pp - 1) / micro)
+    rate = par.devices * dev.peak_flops * eff.forward * shared(par.devices, cluster)[0]
+    compute = flops / rate * (1 + (par.pp - 1) / micro)
     e = load.dtype_bytes
     gather = ring_bytes(par.dp, e * shape.params / (par.tp * par.pp)) * micro / link_bw(par.dp, par.devices, cluster)
     calls = forward_collectives(shape, par, micro)

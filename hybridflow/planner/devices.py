@@ -160,7 +160,8 @@ def measure_cpu(seconds: float = 0.3, rounds: int = 3) -> DeviceSpec:
     finally:
         torch.set_num_threads(threads)
     flops, bw = (statistics.median(r[k] for r in solo) for k in (0, 1))
-    shared_flops, shared_bw = (min(1.0, statistics.median(r[k] for r in together) / v) for k, v in ((0, flops), (1, bw)))
+    shared_flops, shared_bw = (min(1.0, statistics.median(r[k] for r in together) / alone)
+                               for k, alone in ((0, flops), (1, bw)))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / cores
     # gloo over loopback: a memory copy through the kernel, about a quarter of copy bandwidth.
     return DeviceSpec("cpu", flops, bw, memory, bw / 4, bw / 4,
@@ -215,8 +216,8 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
 
 # CPU before calibration: the factors fitted on the quiet rounds of 2026-11-24 on the 2-vCPU
 # development machine (docs/planner.md; decode_bw and micro_batch_s are not fitted there).
-CPU_DEFAULT = Efficiency(train=0.41, forward=0.42, prefill=0.75, decode_bw=0.3, comm=0.5, share_scale=1.0,
-                         collective_s=8e-4, sync_collective_s=1.3e-3, dtensor_collective_s=2.1e-3, call_s=5e-3, micro_batch_s=2e-3,
-                         decode_step_s=3e-4, controller_per_seq_s=5e-5, per_step_s=1e-3,
+CPU_DEFAULT = Efficiency(train=0.41, forward=0.43, prefill=0.66, decode_bw=0.3, comm=0.5, share_scale=0.99,
+                         collective_s=8e-4, sync_collective_s=1.36e-3, dtensor_collective_s=2.12e-3, call_s=5.3e-3,
+                         micro_batch_s=2e-3, decode_step_s=0.0, controller_per_seq_s=5e-5, per_step_s=0.0,
                          source="fitted on 6 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_quiet_"
                                 "round*.json); run `hybridflow plan --calibrate` for this one")
