@@ -2,9 +2,11 @@
 against measured step times on this machine.
 
     PYTHONPATH=. python benchmarks/bench_planner.py                 # paper scale + search time
-    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE # + predicted vs measured (leave-one-out),
-        FILE: measurements of calibrate.PROFILES, e.g. ~/.cache/hybridflow/planner/cpu.json after
-        `hybridflow plan --calibrate`
+    PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE [FILE ...]
+        # + predicted vs measured (leave-one-out) and the ranking check. FILE: measurements of
+        # calibrate.PROFILES with the device they ran on, e.g. ~/.cache/hybridflow/planner/cpu.json
+        # after `hybridflow plan --calibrate`; several files (rounds of the same profiles): the
+        # geometric mean of each time over the rounds, the mean of the devices' measurements
 
 Paper scale (simulated, every input below): PPO with actor, critic, reference and reward
 model of one Llama size (7B, 13B, 34B, 70B) on 16..128 A100-80GB (8 per node), 1024
@@ -20,7 +22,10 @@ comparison with the paper's findings. Writes JSON with the machine description.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+import statistics
 import sys
 import tempfile
 import time
@@ -78,30 +83,66 @@ def paper_scale(rm_dir: Path) -> list[dict]:
     return rows
 
 
-def predicted_vs_measured(path: Path) -> list[dict]:
-    from hybridflow.planner.calibrate import cases_of, leave_one_out
-    from hybridflow.planner.devices import measure_cpu
+def geometric_mean_rounds(rounds: list[dict]) -> dict:
+    """One measurement per profile from several rounds: the geometric mean of each time
+    (a ratio error stays a ratio error), the mean lengths, the highest load."""
+    out = {}
+    common = [n for n in rounds[0] if all(n in r for r in rounds)]
+    if len(common) < max(len(r) for r in rounds):
+        print(f"profiles in every round: {len(common)} (the others are left out)")
+    for name in common:
+        ms = [r[name] for r in rounds]
+        keys = set.intersection(*(set(m["times"]) for m in ms))
+        times = {k: math.exp(statistics.fmean(math.log(max(m["times"][k], 1e-9)) for m in ms)) for k in keys}
+        out[name] = {"times": times, "load_avg_1": max(m["load_avg_1"] for m in ms),
+                     "steps": sum(m["steps"] for m in ms), "rounds": [m.get("run_dir") for m in ms]}
+        if all("lengths" in m for m in ms):
+            out[name]["lengths"] = {k: statistics.fmean(m["lengths"][k] for m in ms) for k in ms[0]["lengths"]}
+    return out
 
-    measured = json.loads(path.read_text())
-    measured = measured.get("measured", measured)  # a calibration file holds them under "measured"
-    device = measure_cpu()
+
+def predicted_vs_measured(paths: list[Path]) -> dict:
+    from hybridflow.planner.calibrate import cases_of, fit, leave_one_out, loo_report
+    from hybridflow.planner.devices import DeviceSpec, measure_cpu
+    from hybridflow.trainer.profiles import mean_device
+
+    files = [json.loads(p.read_text()) for p in paths]
+    measured = geometric_mean_rounds([f.get("measured", f) for f in files])  # a calibration file: under "measured"
+    devices = [DeviceSpec(**f["device"]) for f in files if "device" in f]
+    device = mean_device(*devices) if devices else measure_cpu()
+    print(f"device: {device.peak_flops / 1e9:.0f} GFLOP/s, {device.mem_bw / 1e9:.0f} GB/s, shared_flops "
+          f"{device.shared_flops:.2f}, shared_bw {device.shared_bw:.2f} ({len(devices)} stored measurements)")
     cases = cases_of(measured, device, Path(tempfile.mkdtemp()))
     loo = leave_one_out(cases, device)
+    report, within, same = loo_report(loo, {n: m["load_avg_1"] for n, m in measured.items()})
+    print(report)
     rows = [{"profile": n, **r, "error": r["predicted_s"] / r["measured_s"] - 1,
              "load_avg_1": measured[n]["load_avg_1"]} for n, r in loo.items()]
-    print(f"{'mapping':32} {'measured s':>10} {'predicted s':>11} {'error':>7} {'load':>5}")
-    for r in rows:
-        print(f"{r['profile']:32} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} {r['error']:+7.1%} "
-              f"{r['load_avg_1']:5.1f}")
-    by_measured = [r["profile"] for r in sorted(rows, key=lambda r: r["measured_s"])]
-    by_predicted = [r["profile"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
-    print("same ranking:", by_measured == by_predicted)
-    return rows
+    eff = fit(list(cases.values()))
+    phases = phase_table(cases, eff)
+    return {"files": [str(p) for p in paths], "device": dataclasses.asdict(device), "rows": rows,
+            "fitted_on_all": eff.to_dict(), "phases_fitted_on_all": phases, "within_25pct": within,
+            "same_ranking": same}
+
+
+def phase_table(cases: dict, eff) -> dict[str, dict[str, list[float]]]:
+    """Predicted / measured seconds per phase (and the parts the workers time) of every
+    profile under the factors fitted on all of them; printed as one line per profile."""
+    from hybridflow.planner.calibrate import predict
+
+    print("phase by phase, factors fitted on all profiles (predicted / measured s):")
+    out = {}
+    for name, (problem, mapping, times) in cases.items():
+        m = predict(problem, mapping, eff)
+        predicted = {**m.phase_s, **m.within_s, "step": m.step_s}
+        out[name] = {k: [p, times[k]] for k, p in predicted.items() if k in times}
+        print(f"  {name:30} " + "  ".join(f"{k} {p:.3f}/{t:.3f}" for k, (p, t) in out[name].items()))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measured", type=Path, default=None)
+    parser.add_argument("--measured", type=Path, nargs="+", default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/planner.json"))
     args = parser.parse_args()
     out = {"machine": machine()}

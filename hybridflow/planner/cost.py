@@ -4,9 +4,9 @@ For a role on n = dp x tp x pp devices, S sequences of s = prompt + response tok
 with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e bytes/element:
 
     train    FLOPs  6 N S s + 12 L d S s^2 (engines/train/flops.py), x4/3 with gradient
-                    checkpointing, + a forward when the update computes old_log_probs
-                    itself; / (n peak eff.train); x (1 + (pp-1)/m) pipeline bubble
-                    (m micro-batches per rank)
+                    checkpointing (the fused on-policy update reuses its own log-probs:
+                    no extra forward); / (n peak eff.train); x (1 + (pp-1)/m) pipeline
+                    bubble (m micro-batches per rank)
              comm   FSDP: per micro-batch an all-gather of the weights for forward and
                     for backward, 2 e P / (tp pp) (dp-1)/dp bytes, prefetched under the
                     compute (only what exceeds it counts); per optimizer step a gradient
@@ -19,20 +19,55 @@ with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e byte
              max_num_seqs sequences, max(FLOPs / (t_g peak eff.prefill),
              (e P + b c 2 L d_kv e) / t_g / (bw eff.decode_bw)) at mean context c, plus
              2 all-reduces per layer; reshard: comm bytes of engines/reshard/formulas.py
+    latency  per collective call (counted below; bytes / bandwidth is what a large
+             message costs, the latency what a small one costs, and a tiny model or a
+             decode step sends many small ones): eff.collective_s back to back,
+             eff.sync_collective_s inside a pass (it waits for the slower rank's compute
+             too), eff.dtensor_collective_s for DTensor's in training; FSDP's run
+             asynchronously and count only where they outlast the compute
     overhead eff.call_s per call, eff.micro_batch_s per micro-batch, eff.decode_step_s per step
 
-A collective runs at intra-node bandwidth when its group fits in one node, else inter-node.
+Peak FLOP/s and memory bandwidth are scaled by the device's share (DeviceSpec.shared_*,
+corrected by eff.share_scale) when more than one device of a node computes at once (`shared`). A collective runs at
+intra-node bandwidth when its group fits in one node, else inter-node.
+
+Collective calls per phase (what the engines here issue, counted in torch profiler traces
+of the calibration profiles; L layers per pipeline stage, m micro-batches per rank):
+    FSDP, dp > 1    per update call (3 L + 1) m + 1: per micro-batch an all-gather per
+                    layer in forward and again in backward and a gradient reduce-scatter
+                    per layer and the root; the root's all-gather once per call. Per
+                    scoring call L m + 1
+    tensor parallel per update micro-batch 7 L + 3: forward 2 per layer (o_proj, down_proj
+                    all-reduce) + the vocabulary-parallel embedding and the gathered
+                    logits; backward one input-gradient all-reduce per column-parallel
+                    projection (q, k, v, gate, up: 5 per layer) + lm_head; gradient
+                    checkpointing repeats the forward's 2 L + 2. Per scoring micro-batch 2 L + 2
+    pipeline        per micro-batch a send forward and one backward (scoring: forward only)
+    grad norm       per optimizer step one all-reduce per sharded weight tensor (the
+                    norm of a sharded DTensor is reduced before it is squared:
+                    engines/train/optim.py grad_norm): every tensor with dp > 1, the
+                    tensor-parallel ones with tp > 1
+    bookkeeping     n > 1 ranks: per update call 4 (batch-size checks, metric reductions)
+                    and 4 per optimizer step (token counts, micro-batch check); per
+                    scoring call 2
+    generate        t_g > 1: per forward pass (prefill and each decode step) 2 L + 3
+                    (embedding, 2 per layer, logits gather, token broadcast); reshard: one
+                    all-gather per weight tensor whose gather group has > 1 member
+                    (engines/reshard/grouping.py): the 7 L + 2 split tensors when
+                    d_g = n / t_g > 1, the 2 L + 1 norms when n / (tp pp) > 1
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from hybridflow.config.dataflow import FlowPhase
 from hybridflow.engines.reshard.formulas import Costs, ModelSizes, predicted_costs
 from hybridflow.engines.train.flops import training_flops
 from hybridflow.planner.devices import Efficiency
+from hybridflow.planner.model import ModelShape
 from hybridflow.planner.problem import Cluster, RoleLoad, Workload
 
 
@@ -74,9 +109,68 @@ def link_bw(group: int, span: int, cluster: Cluster) -> float:
     return bw * cluster.efficiency.comm
 
 
+def shared(devices: int, cluster: Cluster) -> tuple[float, float]:
+    """The fractions of its own FLOP rate and memory bandwidth a device keeps while
+    `devices` devices compute at once: DeviceSpec.shared_* x eff.share_scale (at most 1)
+    when more than one of them sit on a node (this machine's 2 vCPUs share a core; GPUs:
+    1), else 1."""
+    if min(devices, cluster.devices_per_node) <= 1:
+        return 1.0, 1.0
+    scale = cluster.efficiency.share_scale
+    return min(1.0, cluster.device.shared_flops * scale), min(1.0, cluster.device.shared_bw * scale)
+
+
 def ring_bytes(group: int, nbytes: float) -> float:
     """Bytes each rank sends in a ring all-gather / reduce-scatter of `nbytes` in total."""
     return 0.0 if group <= 1 else nbytes * (group - 1) / group
+
+
+class Calls(NamedTuple):
+    """Collective calls of one phase call on one rank, by how they meet the compute
+    (module docstring)."""
+
+    plain: int = 0  # back to back, no compute in between (checks, metrics, grad norm): eff.collective_s
+    fsdp: int = 0  # FSDP2's all-gathers / reduce-scatters: asynchronous, hidden under compute
+    tensor: int = 0  # DTensor's tensor-parallel collectives in a training pass: eff.dtensor_collective_s
+    sends: int = 0  # pipeline sends between stages: eff.sync_collective_s
+
+
+def train_collectives(shape: ModelShape, par: Parallel, micro: int, optimizer_steps: int,
+                      checkpointing: bool) -> Calls:
+    """Collective calls of one update call on one rank (module docstring)."""
+    if par.devices == 1:
+        return Calls()
+    layers = shape.layers // par.pp
+    plain, fsdp, tensor = 4 + 4 * optimizer_steps, 0, 0
+    if par.dp > 1:
+        plain += shape.tensors // par.pp * optimizer_steps
+        fsdp = (3 * layers + 1) * micro + 1
+    elif par.tp > 1:
+        plain += shape.tp_tensors // par.pp * optimizer_steps
+    if par.tp > 1:
+        tensor += (7 * layers + 3 + (2 * layers + 2 if checkpointing else 0)) * micro
+    return Calls(plain, fsdp, tensor, 2 * micro if par.pp > 1 else 0)
+
+
+def forward_collectives(shape: ModelShape, par: Parallel, micro: int) -> Calls:
+    """Collective calls of one scoring call on one rank (module docstring)."""
+    if par.devices == 1:
+        return Calls()
+    layers = shape.layers // par.pp
+    return Calls(2, layers * micro + 1 if par.dp > 1 else 0, (2 * layers + 2) * micro if par.tp > 1 else 0,
+                 micro if par.pp > 1 else 0)
+
+
+def blocking_latency_s(calls: Calls, eff: Efficiency) -> float:
+    """Seconds of the collectives that hold the pass up (all but FSDP's, which hide under compute)."""
+    return (calls.plain * eff.collective_s + calls.tensor * eff.dtensor_collective_s
+            + calls.sends * eff.sync_collective_s)
+
+
+def reshard_collectives(shape: ModelShape, par: Parallel) -> int:
+    """All-gathers of the training -> generation reshard (module docstring)."""
+    split = shape.split_tensors if par.devices // par.gen_tp > 1 else 0
+    return split + (shape.replicated_tensors if par.devices // (par.tp * par.pp) > 1 else 0)
 
 
 def _micro_batches(sequences: int, dp: int, per_device: int) -> int:
@@ -89,13 +183,11 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) 
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) * load.epochs
     if load.gradient_checkpointing:
         flops *= 4 / 3
-    if load.fused_forward:  # one more forward pass per sequence for old_log_probs
-        flops += training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
     micro = _micro_batches(S, par.dp, load.micro_batch) * load.epochs
     optimizer_steps = max(1, S // max(1, load.mini_batch)) * load.epochs
     # The pipeline drains at every optimizer step: its bubble is (pp - 1) / (micro-batches per step).
     bubble = 1 + (par.pp - 1) / max(1, micro // optimizer_steps)
-    compute = flops / (par.devices * dev.peak_flops * eff.train) * bubble
+    compute = flops / (par.devices * dev.peak_flops * eff.train * shared(par.devices, cluster)[0]) * bubble
     e = load.dtype_bytes
     shard_group = shape.params / (par.tp * par.pp)
     dp_bw = link_bw(par.dp, par.devices, cluster)
@@ -105,9 +197,13 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) 
     reduce = ring_bytes(par.dp, 4 * shard_group) * optimizer_steps / dp_bw
     act = load.micro_batch * s * shape.hidden * e
     tp = 4 * shape.layers / par.pp * 2 * ring_bytes(par.tp, act) * micro / link_bw(par.tp, par.tp, cluster)
+    calls = train_collectives(shape, par, micro, optimizer_steps, load.gradient_checkpointing)
+    gather += calls.fsdp * eff.sync_collective_s
+    latency = blocking_latency_s(calls, eff)
     exposed = max(0.0, gather - compute)
-    return PhaseCost(compute, exposed + reduce + tp, eff.call_s + eff.micro_batch_s * micro,
-                     {"fsdp_gather_s": gather, "grad_reduce_s": reduce, "tp_comm_s": tp, "micro_batches": micro})
+    return PhaseCost(compute, exposed + reduce + tp + latency, eff.call_s + eff.micro_batch_s * micro,
+                     {"fsdp_gather_s": gather, "grad_reduce_s": reduce, "tp_comm_s": tp, "latency_s": latency,
+                      "collectives": sum(calls), "micro_batches": micro})
 
 
 def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) -> PhaseCost:
@@ -115,13 +211,18 @@ def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster
     s, S = work.seq_len, work.sequences
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
     micro = _micro_batches(S, par.dp, load.forward_micro_batch)
-    compute = flops / (par.devices * dev.peak_flops * eff.forward) * (1 + (par.pp - 1) / micro)
+    rate = par.devices * dev.peak_flops * eff.forward * shared(par.devices, cluster)[0]
+    compute = flops / rate * (1 + (par.pp - 1) / micro)
     e = load.dtype_bytes
     gather = ring_bytes(par.dp, e * shape.params / (par.tp * par.pp)) * micro / link_bw(par.dp, par.devices, cluster)
+    calls = forward_collectives(shape, par, micro)
+    gather += calls.fsdp * eff.sync_collective_s
+    latency = blocking_latency_s(calls, eff)
     act = load.forward_micro_batch * s * shape.hidden * e
     tp = 2 * shape.layers / par.pp * 2 * ring_bytes(par.tp, act) * micro / link_bw(par.tp, par.tp, cluster)
-    return PhaseCost(compute, max(0.0, gather - compute) + tp, eff.call_s + eff.micro_batch_s * micro,
-                     {"fsdp_gather_s": gather, "tp_comm_s": tp, "micro_batches": micro})
+    return PhaseCost(compute, max(0.0, gather - compute) + tp + latency, eff.call_s + eff.micro_batch_s * micro,
+                     {"fsdp_gather_s": gather, "tp_comm_s": tp, "latency_s": latency, "collectives": sum(calls),
+                      "micro_batches": micro})
 
 
 def reshard_costs(sizes: ModelSizes, par: Parallel, gen_bytes: int, train_bytes: int) -> Costs:
@@ -146,7 +247,10 @@ def generate_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluste
     batch = math.ceil(work.prompts * per_prompt / replicas)
     e, p, r = work.gen_dtype_bytes, work.prompt_len, work.response_len
     prefill = (2 * shape.matmul_params * batch * p + 4 * shape.layers * shape.hidden * batch * p * p)
-    compute = prefill / (t_g * dev.peak_flops * eff.prefill)
+    flops_s, bytes_s = t_g * dev.peak_flops * eff.prefill, t_g * dev.mem_bw * eff.decode_bw
+    share_flops, share_bw = shared(par.devices, cluster)
+    flops_s, bytes_s = flops_s * share_flops, bytes_s * share_bw
+    compute = prefill / flops_s
     waves = math.ceil(batch / work.max_num_seqs)
     decode = 0.0
     comm = 0.0
@@ -155,14 +259,19 @@ def generate_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluste
         ctx = p + (r + 1) / 2  # mean context over the steps (cost is linear in it)
         flops = 2 * shape.matmul_params * b + 4 * shape.layers * shape.hidden * b * ctx
         nbytes = e * shape.params + b * ctx * 2 * shape.layers * shape.kv_dim * e
-        step = max(flops / (t_g * dev.peak_flops * eff.prefill), nbytes / t_g / (dev.mem_bw * eff.decode_bw))
+        step = max(flops / flops_s, nbytes / bytes_s)
         decode += r * step
         comm += r * 2 * shape.layers * 2 * ring_bytes(t_g, b * shape.hidden * e) / link_bw(t_g, t_g, cluster)
+    # A forward pass per generated token (the prefill yields the first) in every wave.
+    calls = (2 * shape.layers + 3) * r * waves if t_g > 1 else 0
+    comm += calls * eff.sync_collective_s
     reshard = reshard_costs(shape.reshard_sizes(), par, e, load.dtype_bytes).comm_bytes
     # Micro-DP groups are t_g ranks at stride: inside a node when the actor's devices are.
-    reshard_s = reshard / link_bw(par.devices // t_g, par.devices, cluster)
+    reshard_calls = reshard_collectives(shape, par)
+    reshard_s = reshard / link_bw(par.devices // t_g, par.devices, cluster) + reshard_calls * eff.collective_s
     return PhaseCost(compute + decode, comm + reshard_s, eff.call_s + eff.decode_step_s * r * waves,
-                     {"prefill_s": compute, "decode_s": decode, "reshard_s": reshard_s})
+                     {"prefill_s": compute, "decode_s": decode, "reshard_s": reshard_s,
+                      "collectives": calls + reshard_calls})
 
 
 def controller_cost(work: Workload, eff: Efficiency) -> PhaseCost:

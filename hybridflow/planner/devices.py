@@ -12,13 +12,19 @@ decode step). Shipped defaults:
 - h100: NVIDIA H100 SXM5 data sheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB,
   NVLink 4 900 GB/s bidirectional (450 per direction); inter-node 400 Gb/s (ConnectX-7, 50 GB/s).
 - cpu: this machine, measured (`measure_cpu`): one core per rank (the workers run one
-  thread each), fp32 matmul rate and copy bandwidth; memory = RAM / cores.
+  thread each), fp32 matmul rate and copy bandwidth; memory = RAM / cores; and the share
+  of both a core keeps while every core works (this machine's 2 vCPUs: about half of the
+  matmul rate each, so 2 ranks compute no faster than one).
 
 GPU efficiencies are not fitted here (no GPU): training 0.45 and scoring 0.5 of peak
 (Megatron-LM and verl report 40-55 % MFU for dense 7-70B training), decode at 0.6 of HBM
 bandwidth, NCCL at 0.7 of link bandwidth; overheads 5 ms per call, 2 ms per micro-batch,
-20 ms per decode step (a Python-driven decode loop). `hybridflow plan --calibrate` fits the
-CPU factors from short runs on this machine and stores them (calibration_path()).
+20 ms per decode step (a Python-driven decode loop); collective latencies 10 us back to
+back, 20 us inside a pass, 30 us for a DTensor collective in training (our estimates of
+NCCL's small-message latency within a node, not measured here). CPU factors before any
+calibration (CPU_DEFAULT): the fit on the development machine's quiet measurements
+(docs/planner.md). `hybridflow plan --calibrate` fits them from short runs on this machine
+and stores them (calibration_path()).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +50,10 @@ class DeviceSpec:
     intra_bw: float
     inter_bw: float
     source: str
+    # Of its own FLOP rate / memory bandwidth, what a device keeps while the other devices
+    # of its node work too (GPUs: 1; cores that share vector units or memory channels: less).
+    shared_flops: float = 1.0
+    shared_bw: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,15 @@ class Efficiency:
     """Achieved fraction of the roofline per phase kind, and fixed overheads in seconds.
 
     train / forward / prefill: fraction of peak FLOP/s; decode_bw: fraction of memory
-    bandwidth while decoding; comm: fraction of link bandwidth; call_s: per worker-group
+    bandwidth while decoding; comm: fraction of link bandwidth. Latency of one collective
+    call, what a message too small to be bandwidth-bound costs (cost.py counts the calls):
+    collective_s back to back with no compute between (reshard gathers, grad-norm and
+    bookkeeping all-reduces); sync_collective_s inside a model pass (generation tensor
+    parallel, FSDP's gathers, pipeline sends), which also waits for the slowest rank's
+    compute since the last one; dtensor_collective_s a DTensor tensor-parallel collective in
+    training, with its redistribution and autograd work. share_scale: correction of the
+    device's measured shared_flops / shared_bw that calibration fits (what the ranks'
+    work sees of the sharing, capped at a full share). call_s: per worker-group
     call (dispatch, collect); micro_batch_s: per micro-batch a rank runs; decode_step_s: per
     decode step of a generation wave; controller_per_seq_s: rule-based scoring per sequence;
     per_step_s: the controller's own work per step (advantages, batch bookkeeping, metrics).
@@ -61,6 +80,10 @@ class Efficiency:
     prefill: float = 0.5
     decode_bw: float = 0.6
     comm: float = 0.7
+    collective_s: float = 1e-5
+    sync_collective_s: float = 2e-5
+    dtensor_collective_s: float = 3e-5
+    share_scale: float = 1.0
     call_s: float = 5e-3
     micro_batch_s: float = 2e-3
     decode_step_s: float = 2e-2
@@ -81,31 +104,69 @@ DEVICES: dict[str, DeviceSpec] = {
 }
 
 
-def measure_cpu(seconds: float = 0.3) -> DeviceSpec:
-    """This machine as a device: one core's fp32 matmul rate and copy bandwidth, RAM per core."""
+def _rates(threads: int, seconds: float) -> tuple[float, float]:
+    """Median per-thread fp32 matmul FLOP/s (512^3) and copy bytes/s (32 MiB, read + write)
+    of `threads` Python threads working at once (torch releases the GIL in both)."""
+    import threading
+
     import torch
 
-    from hybridflow.engines.train.flops import measure_matmul_flops
+    def run(kind: str, out: list[float], i: int) -> None:
+        torch.set_num_threads(1)  # per thread: a new thread would otherwise use every core
+        if kind == "matmul":
+            a, b = torch.randn(512, 512), torch.randn(512, 512)
+            work, nbytes = (lambda: torch.mm(a, b)), 2 * 512**3
+        else:
+            src = torch.empty(8 * 2**20)
+            dst = torch.empty_like(src)
+            work, nbytes = (lambda: dst.copy_(src)), 2 * src.numel() * 4
+        work()  # warm-up: page faults, kernel choice
+        iters, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            work()
+            iters += 1
+        out[i] = nbytes * iters / (time.perf_counter() - start)
+
+    rates = []
+    for kind in ("matmul", "copy"):
+        out = [0.0] * threads
+        workers = [threading.Thread(target=run, args=(kind, out, i)) for i in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        rates.append(sorted(out)[threads // 2])
+    return rates[0], rates[1]
+
+
+def measure_cpu(seconds: float = 0.3, rounds: int = 3) -> DeviceSpec:
+    """This machine as a device: one core's fp32 matmul rate and copy bandwidth, RAM per
+    core, and what a core keeps of both while every core works at once (`shared_flops`,
+    `shared_bw`: the ranks of a colocated pool compute together). Solo and all-cores runs
+    alternate `rounds` times; the medians are kept, so a passing burst of other work moves
+    them less."""
+    import statistics
+
+    import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a rank runs one thread (controller/host.py)
+    cores = os.cpu_count() or 1
     try:
-        flops = measure_matmul_flops(torch.float32, size=512, seconds=seconds)
-        src = torch.empty(8 * 2**20, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        iters, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            dst.copy_(src)
-            iters += 1
-        bw = 2 * src.numel() * 4 * iters / (time.perf_counter() - start)  # read + write
+        solo, together = [], []
+        for _ in range(rounds):
+            solo.append(_rates(1, seconds))
+            together.append(_rates(cores, seconds) if cores > 1 else solo[-1])
     finally:
         torch.set_num_threads(threads)
-    cores = os.cpu_count() or 1
+    flops, bw = (statistics.median(r[k] for r in solo) for k in (0, 1))
+    shared_flops, shared_bw = (min(1.0, statistics.median(r[k] for r in together) / alone)
+                               for k, alone in ((0, flops), (1, bw)))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / cores
     # gloo over loopback: a memory copy through the kernel, about a quarter of copy bandwidth.
     return DeviceSpec("cpu", flops, bw, memory, bw / 4, bw / 4,
-                      f"measured on this machine (1 thread, fp32 512^3 matmul, 32 MiB copy), load {os.getloadavg()[0]:.1f}")
+                      f"measured on this machine (1 thread, fp32 512^3 matmul, 32 MiB copy; alone and on all "
+                      f"{cores} cores at once), load {os.getloadavg()[0]:.1f}", shared_flops, shared_bw)
 
 
 def calibration_path(device: str) -> Path:
@@ -120,6 +181,10 @@ def load_device(name: str) -> tuple[DeviceSpec, Efficiency]:
     (and, for cpu, the measured device) when calibration_path(name) exists, else defaults."""
     path = calibration_path(name)
     stored = json.loads(path.read_text()) if path.is_file() else None
+    if stored and not _current(stored):
+        warnings.warn(f"{path} was fitted by an older cost model (it lacks factors the model now has); "
+                      "it is ignored: run `hybridflow plan --calibrate` again", stacklevel=2)
+        stored = None
     if name == "cpu":
         device = DeviceSpec(**stored["device"]) if stored else measure_cpu()
     elif name in DEVICES:
@@ -129,6 +194,13 @@ def load_device(name: str) -> tuple[DeviceSpec, Efficiency]:
     if stored:
         return device, Efficiency(**stored["efficiency"])
     return device, Efficiency() if name != "cpu" else CPU_DEFAULT
+
+
+def _current(stored: dict[str, Any]) -> bool:
+    """Whether a calibration file has every field of today's DeviceSpec and Efficiency
+    (factors fitted without a term absorbed what it costs: they cannot be mixed with it)."""
+    return ({f.name for f in dataclasses.fields(DeviceSpec)} <= set(stored["device"])
+            and {f.name for f in dataclasses.fields(Efficiency)} <= set(stored["efficiency"]))
 
 
 def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str, Any]) -> Path:
@@ -142,7 +214,10 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
     return path
 
 
-# CPU before calibration: tiny models are dominated by per-call Python and Ray costs.
-CPU_DEFAULT = Efficiency(train=0.3, forward=0.3, prefill=0.3, decode_bw=0.3, comm=0.5, call_s=0.05,
-                         micro_batch_s=0.01, decode_step_s=0.01, controller_per_seq_s=1e-3, per_step_s=0.1,
-                         source="uncalibrated CPU guesses; run `hybridflow plan --calibrate`")
+# CPU before calibration: the factors fitted on the quiet rounds of 2026-11-24 on the 2-vCPU
+# development machine (docs/planner.md; decode_bw and micro_batch_s are not fitted there).
+CPU_DEFAULT = Efficiency(train=0.41, forward=0.43, prefill=0.66, decode_bw=0.3, comm=0.5, share_scale=0.99,
+                         collective_s=8e-4, sync_collective_s=1.36e-3, dtensor_collective_s=2.12e-3, call_s=5.3e-3,
+                         micro_batch_s=2e-3, decode_step_s=0.0, controller_per_seq_s=5e-5, per_step_s=0.0,
+                         source="fitted on 6 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_quiet_"
+                                "round*.json); run `hybridflow plan --calibrate` for this one")

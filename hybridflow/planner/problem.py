@@ -9,7 +9,7 @@ reward_model.*; batch sizes from data, rollout and the roles' micro_batch sectio
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hybridflow.config.dataflow import FlowPhase
 from hybridflow.config.schema import RunConfig
@@ -80,7 +80,6 @@ class RoleLoad:
     mini_batch: int  # sequences per optimizer step over all dp ranks
     epochs: int = 1
     gradient_checkpointing: bool = False
-    fused_forward: bool = False  # the update also computes old_log_probs (RunConfig.fuses_old_log_probs)
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ def problem_from_config(cfg: RunConfig, cluster: Cluster, caps: Capabilities | N
                         mini_batch=getattr(mb, "mini_batch_size", 0), epochs=getattr(mb, "epochs", 1),
                         gradient_checkpointing=bool(getattr(section, "gradient_checkpointing", False)))
 
-    roles: dict[str, RoleLoad] = {"actor": replace(load(cfg.actor, policy, True), fused_forward=cfg.fuses_old_log_probs)}
+    roles: dict[str, RoleLoad] = {"actor": load(cfg.actor, policy, True)}
     needed = {p.role for p in phases}
     if "reference" in needed:
         roles["reference"] = load(cfg.actor, policy, False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.dataflow import FlowPhase
 from hybridflow.planner.cost import Parallel, PhaseCost, phase_cost
 from hybridflow.planner.memory import RoleMemory, role_memory
 from hybridflow.planner.problem import Problem
@@ -43,6 +44,9 @@ class Mapping:
     parallel: dict[str, Parallel]
     step_s: float = float("nan")
     phase_s: dict[str, float] = field(default_factory=dict)
+    # Parts of phases the workers time on their own (timing_s/reshard_to_generation and
+    # generate inside gen, update_<role>_in_worker): a phase less its call overhead.
+    within_s: dict[str, float] = field(default_factory=dict)
     stage_s: list[float] = field(default_factory=list)
     peak_bytes: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0
@@ -59,7 +63,7 @@ class Mapping:
                 "parallel": {r: {"dp": q.dp, "tp": q.tp, "pp": q.pp, **({"gen_tp": q.gen_tp} if q.gen_tp else {})}
                              for r, q in self.parallel.items()},
                 "step_s": self.step_s, "tokens_per_s": self.tokens_per_s,
-                "phase_s": self.phase_s, "stage_s": self.stage_s}
+                "phase_s": self.phase_s, "within_s": self.within_s, "stage_s": self.stage_s}
 
 
 class Infeasible(ValueError):
@@ -80,6 +84,17 @@ def role_profile(problem: Problem, role: str, par: Parallel) -> tuple[dict[str, 
     phases = role_phases(problem, role)
     costs = {p.name: phase_cost(p, load, par, problem.workload, problem.cluster) for p in phases}
     return costs, role_memory(load, par, problem.workload, phases)
+
+
+def worker_parts(phase: FlowPhase, cost: PhaseCost, call_s: float) -> dict[str, float]:
+    """What the workers time inside `phase` (hybridflow/workers/actor_rollout_ref.py,
+    trainer/metrics.py): generation's reshard and sampling, an update without its call."""
+    if phase.kind == "generate":
+        reshard = cost.parts["reshard_s"]
+        return {"reshard_to_generation": reshard, "generate": cost.seconds - reshard - call_s}
+    if phase.kind == "train":
+        return {f"{phase.name}_in_worker": cost.seconds - call_s}
+    return {}
 
 
 def fmt_bytes(n: float) -> str:
@@ -115,6 +130,7 @@ def simulate(problem: Problem, mapping: Mapping) -> Mapping:
     n_stages = 3
     stage_by_pool = [[0.0] * n_stages for _ in range(len(mapping.pools) + 1)]  # last: controller
     phase_s: dict[str, float] = {}
+    within: dict[str, float] = {}
     memories: list[dict[str, RoleMemory]] = [{} for _ in mapping.pools]
     for role in problem.roles:
         costs, mem = role_profile(problem, role, mapping.parallel[role])
@@ -122,6 +138,8 @@ def simulate(problem: Problem, mapping: Mapping) -> Mapping:
         for phase in role_phases(problem, role):
             stage_by_pool[where[role]][phase.stage] += costs[phase.name].seconds
             phase_s[phase.name] = phase_s.get(phase.name, 0.0) + costs[phase.name].seconds
+            for name, seconds in worker_parts(phase, costs[phase.name], problem.cluster.efficiency.call_s).items():
+                within[name] = within.get(name, 0.0) + seconds
     for phase in role_phases(problem, CONTROLLER):
         cost = phase_cost(phase, None, None, problem.workload, problem.cluster)
         stage_by_pool[-1][phase.stage] += cost.seconds
@@ -132,7 +150,7 @@ def simulate(problem: Problem, mapping: Mapping) -> Mapping:
             raise Infeasible(reason)
     step_s, mapping.stage_s = combine(stage_by_pool, problem.caps.overlap)
     mapping.step_s = step_s + problem.cluster.efficiency.per_step_s
-    mapping.phase_s = phase_s
+    mapping.phase_s, mapping.within_s = phase_s, within
     mapping.peak_bytes = [sum(m.resident for m in mems.values()) + max(m.peak_transient for m in mems.values())
                           for mems in memories]
     work = problem.workload

@@ -4,11 +4,12 @@ profile's run config and its mapping translate into each other."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from hybridflow.planner.apply import mapping_config
-from hybridflow.planner.calibrate import PROFILES, cases_of, fit, mapping_of, predict, profile_config
+from hybridflow.planner.calibrate import FIT_START, PROFILES, cases_of, fit, mapping_of, predict, profile_config
 from hybridflow.planner.devices import CPU_DEFAULT, DeviceSpec
 
 DEVICE = DeviceSpec("cpu", 2e10, 5e9, 4e9, 1e9, 1e9, "test")
@@ -21,7 +22,7 @@ def test_profile_config_and_mapping_round_trip(name, tmp_path):
 
 
 def test_fit_recovers_times_made_by_known_factors(tmp_path):
-    truth = dataclasses.replace(CPU_DEFAULT, train=0.05, call_s=0.2, micro_batch_s=0.03, decode_step_s=0.004,
+    truth = dataclasses.replace(FIT_START, train=0.05, call_s=0.2, sync_collective_s=3e-3, decode_step_s=0.004,
                                 per_step_s=0.4)
     names = list(PROFILES)[:4]
     cases = cases_of({n: {"times": {}} for n in names}, DEVICE, tmp_path)
@@ -32,5 +33,33 @@ def test_fit_recovers_times_made_by_known_factors(tmp_path):
     eff = fit(list(measured.values()))
     for problem, mapping, times in measured.values():
         assert predict(problem, mapping, eff).step_s == pytest.approx(times["step"], rel=0.05)
-    start_error = max(abs(predict(p, m, CPU_DEFAULT).step_s / t["step"] - 1) for p, m, t in measured.values())
+    start_error = max(abs(predict(p, m, FIT_START).step_s / t["step"] - 1) for p, m, t in measured.values())
     assert start_error > 0.2  # the fit had something to do
+
+
+def test_mean_device_averages_rates_and_shares():
+    from hybridflow.trainer.profiles import mean_device
+
+    a = dataclasses.replace(DEVICE, shared_flops=0.5, shared_bw=0.6)
+    b = dataclasses.replace(DEVICE, peak_flops=4e10, shared_flops=1.0, shared_bw=0.8)
+    m = mean_device(a, b)
+    assert (m.peak_flops, m.shared_flops, m.shared_bw) == (3e10, 0.75, pytest.approx(0.7))
+    assert "0.50, 1.00" in m.source and mean_device(a) is a
+
+
+def test_a_calibration_of_an_older_cost_model_is_ignored(tmp_path, monkeypatch):
+    from hybridflow.planner import devices
+    from hybridflow.planner.devices import Efficiency, load_device, save_calibration
+
+    monkeypatch.setenv("HYBRIDFLOW_CACHE", str(tmp_path))
+    monkeypatch.setattr(devices, "measure_cpu", lambda: DEVICE)  # the fallback's measurement: not under test
+    fitted = dataclasses.replace(CPU_DEFAULT, train=0.42)
+    path = save_calibration(dataclasses.replace(DEVICE, shared_flops=0.5), fitted, {})
+    device, eff = load_device("cpu")
+    assert eff.train == 0.42 and device.shared_flops == 0.5
+    stored = json.loads(path.read_text())
+    del stored["efficiency"]["dtensor_collective_s"], stored["device"]["shared_flops"]
+    path.write_text(json.dumps(stored))
+    with pytest.warns(UserWarning, match="older cost model"):
+        device, eff = load_device("cpu")
+    assert eff == CPU_DEFAULT and isinstance(eff, Efficiency) and device == DEVICE
