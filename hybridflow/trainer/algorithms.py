@@ -98,14 +98,14 @@ def step_program(spec: AlgorithmSpec) -> Program:
 # ----------------------------------------------------------------------------- shared parts
 
 
-def _rule_reward(roles: Roles, cfg: RunConfig) -> Any:
+def rule_reward_manager(roles: Roles, cfg: RunConfig) -> Any:
     """The rule-based reward manager, or None where the reward model replaces it (a
     reward.templates list naming reward_model keeps both: it composes them)."""
     replaced = not cfg.reward_model.add_rule_reward and model_weight(cfg.reward.templates) is None
     return None if roles.reward_model is not None and replaced else roles.reward
 
 
-def _model_weight(cfg: RunConfig) -> float:
+def reward_model_weight(cfg: RunConfig) -> float:
     """The reward model's weight: its reward.templates entry's, else 1."""
     weight = model_weight(cfg.reward.templates)
     return 1.0 if weight is None else weight
@@ -113,13 +113,13 @@ def _model_weight(cfg: RunConfig) -> float:
 
 def _score(batch: DataProto, roles: Roles, cfg: RunConfig) -> torch.Tensor:
     """Token-level scores of any generated batch, from the run's reward sources."""
-    return P.score_sequences(batch, _rule_reward(roles, cfg), roles.reward_model, _model_weight(cfg))[0]
+    return P.score_sequences(batch, rule_reward_manager(roles, cfg), roles.reward_model, reward_model_weight(cfg))[0]
 
 
 def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0) -> None:
     """rollout.n responses per prompt and their token_level_scores from the run's reward sources."""
     P.generate(step, roles.actor, cfg.rollout.n, round=round)
-    P.compute_reward(step, _rule_reward(roles, cfg), roles.reward_model, _model_weight(cfg))
+    P.compute_reward(step, rule_reward_manager(roles, cfg), roles.reward_model, reward_model_weight(cfg))
 
 
 def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
@@ -151,7 +151,7 @@ def train_critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState
                    with_behaviour=cfg.actor.loss.off_policy.enabled)
 
 
-def _group_unit(cfg: RunConfig) -> int:
+def group_unit(cfg: RunConfig) -> int:
     """Fewest groups whose samples fill whole actor mini-batches (rollout.n samples a group)."""
     mini = cfg.actor.micro_batch.mini_batch_size
     return mini // math.gcd(mini, cfg.rollout.n)
@@ -181,7 +181,7 @@ def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     d = cfg.algorithm.dapo
     if d.filter_groups.enable:
         P.sample_informative_groups(step, lambda part, r: generate_and_score(part, roles, cfg, round=r),
-                                    cfg.data.train_batch_size, d.filter_groups.max_extra_rounds, _group_unit(cfg))
+                                    cfg.data.train_batch_size, d.filter_groups.max_extra_rounds, group_unit(cfg))
     else:
         generate_and_score(step, roles, cfg)
     if d.overlong_buffer.enable:

@@ -54,7 +54,7 @@ from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.rewards.manager import outcome_metrics
 from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import AlgoState, _model_weight, _rule_reward
+from hybridflow.trainer.algorithms import AlgoState, reward_model_weight, rule_reward_manager
 from hybridflow.trainer.metrics import BatchSummary, rename_worker_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.workers.reward_model import SCORE_KEYS
@@ -93,7 +93,7 @@ class Recipe:
         return cls(
             estimator="gae" if roles.critic is not None else alg.estimator, advantage=alg.advantage_config(),
             kl_ctrl=copy.deepcopy(state.kl_ctrl) if alg.use_kl_in_reward else None, kl_type=alg.kl_penalty,
-            rule_reward=_rule_reward(roles, cfg) is not None, model_weight=_model_weight(cfg),
+            rule_reward=rule_reward_manager(roles, cfg) is not None, model_weight=reward_model_weight(cfg),
             overlong=(cfg.rollout.response_length, overlong_buffer_len(cfg), alg.dapo.overlong_buffer.penalty_factor)
             if dapo else None,
             with_ref=cfg.actor.loss.use_kl_loss, with_behaviour=cfg.actor.loss.off_policy.enabled,

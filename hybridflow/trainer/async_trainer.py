@@ -55,7 +55,7 @@ import ray
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.algorithms import AlgoState, _group_unit, _rule_reward
+from hybridflow.trainer.algorithms import AlgoState, group_unit, rule_reward_manager
 from hybridflow.trainer.async_dataflow import train_on_groups
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.setup import actor_config, build_cost_manager, build_reward_manager
@@ -143,7 +143,7 @@ class AsyncRunner:
         d = cfg.algorithm.dapo
         dapo = cfg.algorithm.spec.settings == "dapo" and d.filter_groups.enable
         self.sampling = DynamicSampling((1 + d.filter_groups.max_extra_rounds) * self.batch_groups,
-                                        _group_unit(cfg)) if dapo else None
+                                        group_unit(cfg)) if dapo else None
         self.filtered = 0  # groups discarded by dynamic sampling, over the whole run
         self.received = self.informative = 0  # groups that arrived since the last step, and those kept
 
@@ -158,7 +158,7 @@ class AsyncRunner:
         # The rollout ranks score with the run's own rule-based reward, built in each process.
         tokenizer = roles.reward.tokenizer
         reward_fn = (functools.partial(build_reward_manager, cfg, tokenizer)
-                     if _rule_reward(roles, cfg) is not None else None)
+                     if rule_reward_manager(roles, cfg) is not None else None)
         cost_fn = functools.partial(build_cost_manager, cfg, tokenizer) if roles.cost_fn is not None else None
         remax = cfg.algorithm.spec.program.endswith(":remax")  # its greedy baselines come from the rollout pool
         worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn, remax))
