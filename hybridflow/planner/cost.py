@@ -43,10 +43,11 @@ of the calibration profiles; L layers per pipeline stage, m micro-batches per ra
                     projection (q, k, v, gate, up: 5 per layer) + lm_head; gradient
                     checkpointing repeats the forward's 2 L + 2. Per scoring micro-batch 2 L + 2
     pipeline        per micro-batch a send forward and one backward (scoring: forward only)
-    grad norm       per optimizer step one all-reduce per sharded weight tensor (the
-                    norm of a sharded DTensor is reduced before it is squared:
-                    engines/train/optim.py grad_norm): every tensor with dp > 1, the
-                    tensor-parallel ones with tp > 1
+    grad norm       per optimizer step one all-reduce per sharded mesh dimension of each
+                    group of gradients with one layout (engines/train/optim.py grad_norm):
+                    dp > 1: the group tensor parallelism leaves whole (sharded on dp); tp > 1:
+                    the column- and row-parallel groups, on tp and, with dp > 1, on dp too;
+                    pp > 1: the stages' sum
     bookkeeping     n > 1 ranks: per update call 4 (batch-size checks, metric reductions)
                     and 4 per optimizer step (token counts, micro-batch check); per
                     scoring call 2
@@ -142,14 +143,18 @@ def train_collectives(shape: ModelShape, par: Parallel, micro: int, optimizer_st
         return Calls()
     layers = shape.layers // par.pp
     plain, fsdp, tensor = 4 + 4 * optimizer_steps, 0, 0
+    plain += grad_norm_collectives(par) * optimizer_steps
     if par.dp > 1:
-        plain += shape.tensors // par.pp * optimizer_steps
         fsdp = (3 * layers + 1) * micro + 1
-    elif par.tp > 1:
-        plain += shape.tp_tensors // par.pp * optimizer_steps
     if par.tp > 1:
         tensor += (7 * layers + 3 + (2 * layers + 2 if checkpointing else 0)) * micro
     return Calls(plain, fsdp, tensor, 2 * micro if par.pp > 1 else 0)
+
+
+def grad_norm_collectives(par: Parallel) -> int:
+    """All-reduces of one gradient norm (module docstring)."""
+    sharded_dims = 1 + (par.dp > 1)
+    return (par.dp > 1) + (2 * sharded_dims if par.tp > 1 else 0) + (par.pp > 1)
 
 
 def forward_collectives(shape: ModelShape, par: Parallel, micro: int) -> Calls:

@@ -67,19 +67,6 @@ class ModelShape:
         return 7 * self.layers + (1 if self.tied else 2)
 
     @property
-    def tensors(self) -> int:
-        """Every weight tensor: 9 per layer (7 projections, 2 norms), embedding, final norm
-        and the head (an untied lm_head; a value head's weight and bias)."""
-        head = 2 if self.head == "value" else (0 if self.tied else 1)
-        return 9 * self.layers + 2 + head
-
-    @property
-    def tp_tensors(self) -> int:
-        """Tensors tensor parallelism shards (engines/train/parallelize.py): the projections,
-        the embedding and an untied lm_head (a value head stays whole)."""
-        return 7 * self.layers + 1 + (1 if self.head == "lm" and not self.tied else 0)
-
-    @property
     def replicated_tensors(self) -> int:
         """Weight tensors every generation rank holds whole: the norms."""
         return 2 * self.layers + 1

@@ -1,6 +1,6 @@
 """The latency terms of the cost model against counts and seconds worked out by hand
-(planner_cases.SHAPE: L=2 layers, untied lm head, so 9*2+3 = 21 weight tensors, 7*2+2 = 16
-tensor-parallel ones, 16 split and 5 replicated in the generation layout), the device
+(planner_cases.SHAPE: L=2 layers, untied lm head, so 16 split and 5 replicated weight
+tensors in the generation layout), the device
 share of a pool's compute, and the parts of a phase the workers time on their own."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from hybridflow.planner.cost import (
     Calls,
     Parallel,
     forward_collectives,
+    grad_norm_collectives,
     forward_cost,
     generate_cost,
     reshard_collectives,
@@ -31,28 +32,35 @@ BUILTIN = ModelShape(layers=4, hidden=64, intermediate=256, heads=4, kv_heads=2,
 
 
 def test_tensor_counts():
-    assert (SHAPE.tensors, SHAPE.tp_tensors, SHAPE.split_tensors, SHAPE.replicated_tensors) == (21, 16, 16, 5)
-    value = SHAPE.with_head("value")  # score weight and bias, not tensor-parallel, never resharded
-    assert (value.tensors, value.tp_tensors) == (22, 15)
-    # The demo's critic: 40 weight tensors, one grad-norm all-reduce each in the traces.
-    assert BUILTIN.with_head("value").tensors == 40
+    assert (SHAPE.split_tensors, SHAPE.replicated_tensors) == (16, 5)
+
+
+def test_grad_norm_collectives_by_hand():
+    # One all-reduce per sharded mesh dimension of each layout group, as counted on the real
+    # engines (Qwen2, tests/engines/train/test_grad_norm.py for the rule): FSDP's one
+    # group on dp; TP's column and row groups on tp; dp x tp: both on both, plus the group
+    # TP leaves whole on dp.
+    assert [grad_norm_collectives(p) for p in (Parallel(1), Parallel(2), Parallel(1, tp=2),
+                                               Parallel(2, tp=2))] == [0, 1, 2, 5]
 
 
 def test_train_collectives_by_hand():
-    # dp2, one micro-batch, one optimizer step: bookkeeping 4 + 4, grad norm 21 tensors;
+    # dp2, one micro-batch, one optimizer step: bookkeeping 4 + 4, grad norm 1;
     # FSDP (3*2 + 1) * 1 + 1 = 8.
-    assert train_collectives(SHAPE, Parallel(2), 1, 1, False) == Calls(29, 8, 0, 0)
-    # tp2, two micro-batches: grad norm over the 16 sharded tensors; DTensor (7*2 + 3) * 2;
+    assert train_collectives(SHAPE, Parallel(2), 1, 1, False) == Calls(9, 8, 0, 0)
+    # tp2, two micro-batches: grad norm 2; DTensor (7*2 + 3) * 2;
     # gradient checkpointing adds the forward's 2*2 + 2 per micro-batch.
-    assert train_collectives(SHAPE, Parallel(1, tp=2), 2, 1, False) == Calls(24, 0, 34, 0)
-    assert train_collectives(SHAPE, Parallel(1, tp=2), 2, 1, True) == Calls(24, 0, 46, 0)
-    # Two stages: a send forward and one backward per micro-batch; one rank: none at all.
-    assert train_collectives(SHAPE, Parallel(1, pp=2), 3, 2, False) == Calls(12, 0, 0, 6)
+    assert train_collectives(SHAPE, Parallel(1, tp=2), 2, 1, False) == Calls(10, 0, 34, 0)
+    assert train_collectives(SHAPE, Parallel(1, tp=2), 2, 1, True) == Calls(10, 0, 46, 0)
+    # Two stages: a send forward and one backward per micro-batch, the stages' norms summed
+    # once per optimizer step; one rank: none at all.
+    assert train_collectives(SHAPE, Parallel(1, pp=2), 3, 2, False) == Calls(14, 0, 0, 6)
     assert train_collectives(SHAPE, Parallel(1), 4, 1, False) == Calls()
-    # The demo's PPO critic on dp2 (2 micro-batches of 32): 75 collectives, as a torch
-    # profiler trace of the calibration profile counted them (48 all-reduces issued by the
-    # engine, 17 FSDP all-gathers, 10 reduce-scatters).
-    assert sum(train_collectives(BUILTIN.with_head("value"), Parallel(2), 2, 1, False)) == 75
+    # The demo's PPO critic on dp2 (2 micro-batches of 32): a torch profiler trace of the
+    # calibration profile counted 48 all-reduces issued by the engine (8 bookkeeping, 40 of
+    # the per-tensor gradient norm that one all-reduce replaced), 17 FSDP all-gathers and
+    # 10 reduce-scatters: 75 then, 8 + 1 + 27 = 36 now.
+    assert sum(train_collectives(BUILTIN.with_head("value"), Parallel(2), 2, 1, False)) == 36
 
 
 def test_forward_and_reshard_collectives_by_hand():
@@ -71,13 +79,13 @@ def test_forward_and_reshard_collectives_by_hand():
 
 def test_train_cost_latency_by_hand():
     # dp2: FSDP's 8 calls at 2e-4 join the all-gather bytes (5.92e-4 s) under 6.2e-4 s of
-    # compute, 2.192e-3 - 6.20544e-4 exposed; 29 plain calls at 1e-4; reduce-scatter 2.96e-4.
+    # compute, 2.192e-3 - 6.20544e-4 exposed; 9 plain calls at 1e-4; reduce-scatter 2.96e-4.
     cost = train_cost(load(), Parallel(2), WORK, cluster(2, eff=LAT))
-    assert cost.parts["latency_s"] == pytest.approx(29e-4)
-    assert cost.comm_s == pytest.approx(2.192e-3 - 620544 / 2 / 5e8 + 2.96e-4 + 29e-4)
-    # tp2, 2 micro-batches of 4 (one dp rank holds all 8 sequences): 24 plain + 34 DTensor calls.
+    assert cost.parts["latency_s"] == pytest.approx(9e-4)
+    assert cost.comm_s == pytest.approx(2.192e-3 - 620544 / 2 / 5e8 + 2.96e-4 + 9e-4)
+    # tp2, 2 micro-batches of 4 (one dp rank holds all 8 sequences): 10 plain + 34 DTensor calls.
     cost = train_cost(load(), Parallel(1, tp=2), WORK, cluster(2, eff=LAT))
-    assert cost.parts["latency_s"] == pytest.approx(24e-4 + 34 * 3e-4)
+    assert cost.parts["latency_s"] == pytest.approx(10e-4 + 34 * 3e-4)
 
 
 def test_forward_and_generate_latency_by_hand():

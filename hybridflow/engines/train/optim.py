@@ -5,8 +5,11 @@ holds the sharded DTensor parameters, and its state is sharded like them.
 
 Gradient norm: after FSDP2 (and TP) every gradient is a DTensor, but not all on the
 same mesh (dp-only for parameters TP left alone, (dp, tp) for TP-sharded ones), so
-`torch.nn.utils.clip_grad_norm_` cannot stack them. We sum squared norms per
-(mesh, placements) group, reduce each group once, and add the groups on the host.
+`torch.nn.utils.clip_grad_norm_` cannot stack them. We sum the squares of each rank's
+local shards per (mesh, placements) group and all-reduce that one number over the mesh
+dimensions the group is sharded on (its replicated dimensions hold copies: reducing over
+them would count a shard twice). The norm of a sharded DTensor itself would be reduced
+tensor by tensor: one collective per gradient (40 per update of a 4-layer model).
 """
 
 from __future__ import annotations
@@ -84,16 +87,36 @@ def grad_norm(parameters: list[nn.Parameter], pp_group: dist.ProcessGroup | None
         if isinstance(g, DTensor):
             groups[(g.device_mesh, g.placements)].append(g)
         else:
-            plain.append(g.detach().float())
-    # One foreach norm over the plain gradients instead of a kernel chain per tensor.
-    total = torch.stack(torch._foreach_norm(plain)).square().sum().cpu() if plain else torch.zeros(())
-    for grads in groups.values():
-        sq = torch.stack([torch.linalg.vector_norm(g.float()) ** 2 for g in grads]).sum()
-        total = total + sq.full_tensor().cpu()
+            plain.append(g.detach())
+    total = _sum_of_squares(plain)
+    for (mesh, placements), grads in groups.items():
+        total = total + _sharded_sum_of_squares(mesh, placements, grads)
     if pp_group is not None:
         total = total.to(torch.float64)
         dist.all_reduce(total, group=pp_group)
     return total.sqrt()
+
+
+def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Sum of squared entries (0-dim fp32 on the host): one foreach norm, not a kernel chain per tensor."""
+    if not tensors:
+        return torch.zeros(())
+    return torch.stack(torch._foreach_norm([t.float() for t in tensors])).square().sum().cpu()
+
+
+def _sharded_sum_of_squares(mesh, placements: tuple, grads: list[DTensor]) -> torch.Tensor:
+    """Sum of squares of DTensors that share a mesh and placements: local shards' squares,
+    then one all-reduce over the sharded mesh dimensions (module docstring)."""
+    if any(p.is_partial() for p in placements):
+        # A pending reduction: the local parts' squares do not add up to the whole's.
+        return torch.stack([torch.linalg.vector_norm(g.full_tensor().float()) ** 2 for g in grads]).sum().cpu()
+    local = _sum_of_squares([g.to_local() for g in grads]).to(mesh.device_type)
+    for dim, placement in enumerate(placements):
+        # Every placement left is a shard: Shard, or FSDP2-over-TP's _StridedShard (whose
+        # is_shard() is False); a dimension of size 1 has nothing to add.
+        if not placement.is_replicate() and mesh.size(dim) > 1:
+            dist.all_reduce(local, group=mesh.get_group(dim))
+    return local.cpu()
 
 
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float,
@@ -106,7 +129,7 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float,
     norm = float(grad_norm(parameters, pp_group))
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
-        for p in parameters:
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        # Scale the local shards in one foreach call (a DTensor op per gradient costs a dispatch each).
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in parameters if p.grad is not None]
+        torch._foreach_mul_(grads, scale)
     return norm
