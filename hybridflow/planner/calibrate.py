@@ -40,9 +40,9 @@ from hybridflow.planner.devices import CPU_DEFAULT, DeviceSpec, Efficiency, save
 from hybridflow.planner.problem import Capabilities, Cluster, Problem, problem_from_config
 from hybridflow.planner.simulate import Mapping, Pool, simulate
 
-# The run every profile shares: the built-in demo task, 6 steps (the first is warm-up; the
-# median of 5 is robust to one slow step), nothing but training.
-BASE = ["trainer.console=none", "trainer.total_steps=6", "trainer.test_freq=0", "trainer.save_final_model=false",
+# The run every profile shares: the built-in demo task, 12 steps (the first is warm-up; the
+# median of 11 is robust to a few slow steps), nothing but training.
+BASE = ["trainer.console=none", "trainer.total_steps=12", "trainer.test_freq=0", "trainer.save_final_model=false",
         "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1"]
 # Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2; and GRPO on 1 rank.
 PROFILES: dict[str, list[str]] = {

@@ -24,7 +24,8 @@ with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e byte
              decode step sends many small ones): eff.collective_s back to back,
              eff.sync_collective_s inside a pass (it waits for the slower rank's compute
              too), eff.dtensor_collective_s for DTensor's in training; FSDP's run
-             asynchronously and count only where they outlast the compute
+             asynchronously and count only where they outlast the compute, on devices
+             whose collectives run beside the compute (GPUs; on a CPU they add to it)
     overhead eff.call_s per call, eff.micro_batch_s per micro-batch, eff.decode_step_s per step
 
 Peak FLOP/s and memory bandwidth are scaled by the device's share (DeviceSpec.shared_*,
@@ -67,7 +68,7 @@ from typing import NamedTuple
 from hybridflow.config.dataflow import FlowPhase
 from hybridflow.engines.reshard.formulas import Costs, ModelSizes, predicted_costs
 from hybridflow.engines.train.flops import training_flops
-from hybridflow.planner.devices import Efficiency
+from hybridflow.planner.devices import DeviceSpec, Efficiency
 from hybridflow.planner.model import ModelShape
 from hybridflow.planner.problem import Cluster, RoleLoad, Workload
 
@@ -119,6 +120,12 @@ def shared(devices: int, cluster: Cluster) -> tuple[float, float]:
         return 1.0, 1.0
     scale = cluster.efficiency.share_scale
     return min(1.0, cluster.device.shared_flops * scale), min(1.0, cluster.device.shared_bw * scale)
+
+
+def exposed_gather_s(gather_s: float, compute_s: float, device: DeviceSpec) -> float:
+    """What FSDP's prefetched all-gathers add to a pass: what outlasts the compute where
+    collectives run beside it, all of it where they share its cores (DeviceSpec)."""
+    return max(0.0, gather_s - compute_s) if device.comm_overlaps_compute else gather_s
 
 
 def ring_bytes(group: int, nbytes: float) -> float:
@@ -205,7 +212,7 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) 
     calls = train_collectives(shape, par, micro, optimizer_steps, load.gradient_checkpointing)
     gather += calls.fsdp * eff.sync_collective_s
     latency = blocking_latency_s(calls, eff)
-    exposed = max(0.0, gather - compute)
+    exposed = exposed_gather_s(gather, compute, dev)
     return PhaseCost(compute, exposed + reduce + tp + latency, eff.call_s + eff.micro_batch_s * micro,
                      {"fsdp_gather_s": gather, "grad_reduce_s": reduce, "tp_comm_s": tp, "latency_s": latency,
                       "collectives": sum(calls), "micro_batches": micro})
@@ -225,7 +232,7 @@ def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster
     latency = blocking_latency_s(calls, eff)
     act = load.forward_micro_batch * s * shape.hidden * e
     tp = 2 * shape.layers / par.pp * 2 * ring_bytes(par.tp, act) * micro / link_bw(par.tp, par.tp, cluster)
-    return PhaseCost(compute, max(0.0, gather - compute) + tp + latency, eff.call_s + eff.micro_batch_s * micro,
+    return PhaseCost(compute, exposed_gather_s(gather, compute, dev) + tp + latency, eff.call_s + eff.micro_batch_s * micro,
                      {"fsdp_gather_s": gather, "tp_comm_s": tp, "latency_s": latency, "collectives": sum(calls),
                       "micro_batches": micro})
 

@@ -55,6 +55,14 @@ class DeviceSpec:
     shared_flops: float = 1.0
     shared_bw: float = 1.0
 
+    @property
+    def comm_overlaps_compute(self) -> bool:
+        """Whether collectives run beside the compute: a GPU's on their own engines (NCCL),
+        so FSDP's prefetched all-gathers hide under the layers; a CPU's gloo collectives
+        take the cores the compute runs on, so they add to it (measured here: the demo
+        actor's update on 2 ranks costs its compute plus every FSDP call)."""
+        return self.name != "cpu"
+
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -214,10 +222,10 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
     return path
 
 
-# CPU before calibration: the factors fitted on the quiet rounds of 2026-11-24 on the 2-vCPU
-# development machine (docs/planner.md; decode_bw and micro_batch_s are not fitted there).
-CPU_DEFAULT = Efficiency(train=0.41, forward=0.43, prefill=0.66, decode_bw=0.3, comm=0.5, share_scale=0.99,
-                         collective_s=8e-4, sync_collective_s=1.36e-3, dtensor_collective_s=2.12e-3, call_s=5.3e-3,
-                         micro_batch_s=2e-3, decode_step_s=0.0, controller_per_seq_s=5e-5, per_step_s=0.0,
-                         source="fitted on 6 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_quiet_"
-                                "round*.json); run `hybridflow plan --calibrate` for this one")
+# CPU before calibration: the factors fitted on two quiet rounds of 2026-11-24 12:40 on the
+# 2-vCPU development machine (docs/planner.md; decode_bw and micro_batch_s are not fitted there).
+CPU_DEFAULT = Efficiency(train=0.40, forward=0.44, prefill=0.71, decode_bw=0.3, comm=0.5, share_scale=0.78,
+                         collective_s=7e-4, sync_collective_s=1.45e-3, dtensor_collective_s=2.14e-3, call_s=4.8e-3,
+                         micro_batch_s=2e-3, decode_step_s=6e-4, controller_per_seq_s=5e-5, per_step_s=0.0,
+                         source="fitted on 7 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_"
+                                "124{0,2}_quiet.json); run `hybridflow plan --calibrate` for this one")

@@ -88,6 +88,17 @@ def test_train_cost_latency_by_hand():
     assert cost.parts["latency_s"] == pytest.approx(10e-4 + 34 * 3e-4)
 
 
+def test_fsdp_gathers_add_to_compute_on_a_cpu():
+    # The dp2 case above on a device named cpu: gloo's all-gathers take the compute's cores,
+    # so the whole 2.192e-3 s of gathers adds to the pass instead of what outlasts 6.2e-4 s.
+    gpu = cluster(2, eff=LAT)
+    cpu = dataclasses.replace(gpu, device=dataclasses.replace(gpu.device, name="cpu"))
+    assert not cpu.device.comm_overlaps_compute and gpu.device.comm_overlaps_compute
+    assert train_cost(load(), Parallel(2), WORK, cpu).comm_s == pytest.approx(2.192e-3 + 2.96e-4 + 9e-4)
+    hidden = forward_cost(load(), Parallel(2), WORK, gpu).comm_s
+    assert forward_cost(load(), Parallel(2), WORK, cpu).comm_s > hidden
+
+
 def test_forward_and_generate_latency_by_hand():
     # Scoring on dp2, 1 micro-batch of 4: 2 plain calls, FSDP 2 + 1 hidden under compute.
     cost = forward_cost(load(), Parallel(2), WORK, cluster(2, eff=LAT))
