@@ -28,8 +28,9 @@ interleaved (TRL, ours per layout, TRL, ours, ...) for `--repeats` rounds. Threa
 total are equal: TRL gets `--threads` torch threads; hybridflow runs each layout RxT
 (R ranks of T threads, R*T = --threads: resources.world_size=R,
 resources.threads_per_rank=T; 1xT is what a run picks by itself on a T-core machine). Ray runs its workers at niceness 15 unless --ray-worker-niceness says otherwise
-(it matters only when other jobs share the cores; the niceness seen is recorded). The allocator is the same for all (glibc malloc,
-or jemalloc through LD_PRELOAD with --allocator jemalloc). While a run lasts, a sampler
+(it matters only when other jobs share the cores; the niceness seen is recorded). The allocator is the same for all (glibc malloc
+with the mmap / trim thresholds hybridflow's workers set, hybridflow/controller/malloc.py,
+given to every process of both systems; or jemalloc through LD_PRELOAD with --allocator jemalloc). While a run lasts, a sampler
 in this process sums RSS and PSS over the run's whole process tree (for hybridflow: the
 controller, Ray's processes and actors, the reward workers) and measures the CPU time
 other processes took (foreign CPU, in cores) and the load average. Step time is the
@@ -532,6 +533,13 @@ def main() -> None:
            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("OMP_NUM_THREADS", None)  # each runner sets its own torch threads
     allocator = "glibc malloc"
+    if args.allocator == "system":
+        # hybridflow's workers set glibc's mmap / trim thresholds (controller/malloc.py); every
+        # process of both systems starts with the same ones, so the allocator is the same.
+        from hybridflow.controller.malloc import env_settings
+
+        env.update(env_settings())
+        allocator = f"glibc malloc ({', '.join(f'{k}={v}' for k, v in env_settings().items())})"
     if args.allocator == "jemalloc":
         lib = find_jemalloc()
         if lib is None:

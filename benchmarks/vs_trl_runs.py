@@ -150,6 +150,11 @@ def run_trl(spec: dict) -> dict:
             phases.clear()
             tokens.update(prompt=0, completion=0, samples=0)
 
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            # logging_steps=1: the step's mean reward over its samples (TRL's "reward").
+            if logs and "reward" in logs and records:
+                records[-1]["reward_mean"] = float(logs["reward"])
+
     batch = spec["prompts_per_step"] * spec["n"]
     config = GRPOConfig(
         output_dir=str(Path(spec["work_dir"]) / "trl_out"),
@@ -265,6 +270,7 @@ def run_hybridflow(spec: dict) -> dict:
         records.append({
             "step": m["step"], "end_time": m["time"], "own_step_s": m["timing_s/step"], "phases": split,
             "prompt_tokens": prompt_mean * batch, "completion_tokens": response_mean * batch, "samples": batch,
+            "reward_mean": m["score/mean"],
         })
     return {"records": records, "startup": {"import_hybridflow_s": import_s, "train_call_total_s": build_and_train_s},
             "config": hybridflow_config(spec)}

@@ -31,6 +31,7 @@ from hybridflow.engines.train.config import TrainEngineConfig
 from hybridflow.engines.train.distributed import DP, PP, TP, build_device_mesh, current_device, device_type
 from hybridflow.engines.train.flops import matmul_parameter_count, peak_flops
 from hybridflow.engines.train.lora import apply_lora, hf_model_of, hf_name
+from hybridflow.engines.train.packed_attention import for_packing
 from hybridflow.engines.train.optim import (
     build_lr_scheduler,
     build_optimizer,
@@ -99,7 +100,8 @@ class TrainEngine:
         cfg = self.config
         torch.manual_seed(cfg.seed)
         store_dtype = torch.float32 if self.trainable else self.compute_dtype
-        model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=cfg.attn_implementation)
+        attention = for_packing(cfg.attn_implementation) if cfg.pack_sequences else cfg.attn_implementation
+        model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=attention)
         if cfg.pp_size > 1:
             if self.kind == "reward" or cfg.lora.enabled:
                 raise ValueError(f"pipeline parallelism (pp_size={cfg.pp_size}) is supported for a causal LM (actor, "
