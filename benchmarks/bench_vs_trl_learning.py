@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of both systems")
-    parser.add_argument("--sft-steps", type=int, default=100, help="warm-start SFT steps (hybridflow sft)")
+    parser.add_argument("--sft-steps", type=int, default=400, help="warm-start SFT steps (hybridflow sft)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", default="/tmp/bench_vs_trl_learning")
     parser.add_argument("--note", default="")

@@ -225,7 +225,7 @@ def hybridflow_config(spec: dict) -> dict:
                             "forward_micro_batch_size_per_device": min(per_rank, spec["forward_micro_batch_per_rank"])},
             "loss": {"use_kl_loss": False},
         },
-        "rollout": {"n": spec["n"], "temperature": spec["temperature"], "top_p": 1.0, "top_k": -1,
+        "rollout": {"n": spec["n"], "seed": spec["seed"], "temperature": spec["temperature"], "top_p": 1.0, "top_k": -1,
                     "response_length": spec["max_new_tokens"], "dtype": spec["dtype"]},
         "reward": {"custom_fn_path": str(Path(__file__).resolve()), "custom_fn_name": "compute_score",
                    "manager": {"num_workers": 1, "timeout_s": 30.0}},

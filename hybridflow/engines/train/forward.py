@@ -6,6 +6,11 @@ the logits at t - 1, so the response tokens (positions S-R .. S-1) use the logit
 positions S-R-1 .. S-2. Only those R positions go through the lm_head (never the full
 [B, S, V]), and log-softmax / entropy upcast them to fp32 `chunk_size` rows at a time.
 Values follow the same shift (the value of the state before each response token).
+
+A padded micro-batch first drops the columns that are padding in every row (`trim`):
+responses are padded to the generation's max_new_tokens and prompts to the batch's
+longest, so a micro-batch whose sequences all end early computed on nothing. The outputs
+are padded back to R with zeros (masked downstream), so nothing else sees the difference.
 """
 
 from __future__ import annotations
@@ -30,6 +35,27 @@ def response_length(batch: Mapping[str, Tensor]) -> int:
             f"responses length {r} must be in (0, {s}) = (0, input_ids length): input_ids holds prompt + response"
         )
     return r
+
+
+def trim(batch: Mapping[str, Tensor], r: int) -> tuple[dict[str, Tensor], int]:
+    """The batch without the columns that are padding in every row, at both ends (keeping
+    the last prompt column, whose logits predict the first response token, and one
+    response column), and its response length R' <= R."""
+    valid = batch["attention_mask"].bool().any(dim=0).nonzero().flatten()
+    s = batch["input_ids"].shape[1]
+    prompt_width = s - r
+    first = min(int(valid[0]), prompt_width - 1) if len(valid) else prompt_width - 1
+    end = max(int(valid[-1]) + 1, prompt_width + 1) if len(valid) else prompt_width + 1
+    if first == 0 and end == s:
+        return dict(batch), r
+    out = {k: batch[k][:, first:end] for k in ("input_ids", "attention_mask", "position_ids")}
+    out["responses"] = batch["responses"][:, : end - prompt_width]
+    return out, end - prompt_width
+
+
+def pad_responses(values: Tensor, r: int) -> Tensor:
+    """[B, R'] -> [B, R], zeros after R' (positions that `trim` cut: padding in every row)."""
+    return values if values.shape[1] == r else nn.functional.pad(values, (0, r - values.shape[1]))
 
 
 def _response_slice(full: Tensor, r: int) -> Tensor:
@@ -84,16 +110,17 @@ def causal_lm_log_probs(
             ent = _response_slice(unpack(entropy, packed, keep), r)
         return lp, ent
 
+    short, r_kept = trim(batch, r)
     logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=batch["position_ids"],
+        input_ids=short["input_ids"],
+        attention_mask=short["attention_mask"],
+        position_ids=short["position_ids"],
         use_cache=False,
-        logits_to_keep=r + 1,
+        logits_to_keep=r_kept + 1,
     ).logits[:, :-1]
-    labels = input_ids[:, -r:]
-    lp = logprobs_from_logits(logits, labels, temperature, chunk_size)
-    ent = entropy_from_logits(logits, chunk_size, temperature) if with_entropy else None
+    labels = short["input_ids"][:, -r_kept:]
+    lp = pad_responses(logprobs_from_logits(logits, labels, temperature, chunk_size), r)
+    ent = pad_responses(entropy_from_logits(logits, chunk_size, temperature), r) if with_entropy else None
     return lp, ent
 
 
@@ -110,7 +137,10 @@ def token_scores(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequence
 def critic_values(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequences: bool) -> Tensor:
     """Values [B, R] (fp32): the critic's output at the position before each response token."""
     r = response_length(batch)
-    return _response_slice(token_scores(model, batch, pack_sequences=pack_sequences), r)
+    if pack_sequences:
+        return _response_slice(token_scores(model, batch, pack_sequences=True), r)
+    short, r_kept = trim(batch, r)
+    return pad_responses(_response_slice(token_scores(model, short, pack_sequences=False), r_kept), r)
 
 
 def reward_scores(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequences: bool) -> Tensor:
