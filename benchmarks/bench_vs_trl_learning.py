@@ -12,12 +12,16 @@ with `hybridflow sft` on the built-in arithmetic task (--sft-steps; the same 1.0
 Qwen2 and character tokenizer), and both systems run GRPO from that directory with the
 tiny workload's settings (8 prompts x 8 samples, <= 8 new tokens, no KL, one optimizer step
 per RL step, token-mean loss, clip 0.2, grad clip 1.0) except the learning rate (--lr, the
-same for both), on the same prompts in the same order. Each seed is one run per system;
-within a seed the two systems sample differently, so the comparison is over seeds: per
-system, the mean reward of each step over the seeds, and per seed the mean over the last
-half of the steps and the gain (last half minus first half). "Within noise": the
-difference of the systems' mean gains is at most twice its standard error (Welch). Step
-times are reported beside it (hybridflow at 1 rank x --threads threads, what a run picks).
+same for both), on the same prompts in the same order, both with the glibc settings
+hybridflow's workers use (hybridflow/controller/malloc.py). Each seed is one run per
+system; the two systems sample differently, so the comparison is over seeds: per system,
+the mean reward of each step over the seeds, and per seed the mean over the last half of
+the steps and the gain (last half minus first half). Seed s of both systems sees the same
+prompts at the same steps, so the gains are compared in pairs: the mean of the per-seed
+differences (hybridflow - TRL) with its 95 % confidence interval (Student t); "within
+noise" means the interval holds 0, and its width is how close the two are shown to be.
+Step times are reported beside it (hybridflow at 1 rank x --threads threads, what a run
+picks).
 Prints a table and writes benchmarks/results/vs_trl_learning.json (curves, per-seed
 numbers, machine description) and a plot next to it.
 """
@@ -37,6 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_trl import WORKLOADS, base_spec, machine, model_dir, prompt_rows, run_once  # noqa: E402
+
+from hybridflow.controller.malloc import env_settings  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,11 +77,20 @@ def curve_stats(curves: dict[int, list[float]]) -> dict:
             "last_half_mean": statistics.fmean(v["last_half"] for v in per_seed.values())}
 
 
-def within_noise(a: dict, b: dict, n_a: int, n_b: int) -> tuple[float, float, bool]:
-    """Difference of mean gains, its standard error (Welch), and |difference| <= 2 SE."""
-    diff = a["gain_mean"] - b["gain_mean"]
-    se = math.sqrt(a["gain_sd"] ** 2 / n_a + b["gain_sd"] ** 2 / n_b)
-    return diff, se, abs(diff) <= 2 * se
+# Two-sided 95 % Student t quantiles by degrees of freedom (1..10; above: 2.0, slightly
+# generous). No SciPy in the benchmark's dependencies.
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def paired_gain_difference(a: dict, b: dict) -> tuple[float, float, float]:
+    """Mean of the per-seed gain differences a - b and its 95 % interval (low, high)."""
+    seeds = sorted(set(a["per_seed"]) & set(b["per_seed"]))
+    diffs = [a["per_seed"][s]["gain"] - b["per_seed"][s]["gain"] for s in seeds]
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return mean, -math.inf, math.inf
+    half = T95.get(len(diffs) - 1, 2.0) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half
 
 
 def plot(curves: dict[str, dict[int, list[float]]], path: Path) -> None:
@@ -114,6 +129,9 @@ def main() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     env.pop("OMP_NUM_THREADS", None)
+    env.update(env_settings())
+    if args.steps < 3:
+        raise SystemExit("--steps must be >= 3 (step times are medians of the intervals after step 1)")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     workload = replace(WORKLOADS["tiny"], lr=args.lr)
@@ -140,14 +158,15 @@ def main() -> None:
             ends = [r["end_time"] for r in records]
             step_s[system].append(statistics.median(b - a for a, b in zip(ends[1:], ends[2:])))
     stats = {s: curve_stats(c) for s, c in curves.items()}
-    diff, se, same = within_noise(stats["hybridflow"], stats["trl"], len(seeds), len(seeds))
+    diff, low, high = paired_gain_difference(stats["hybridflow"], stats["trl"])
+    same = low <= 0.0 <= high
     print(f"\n{'system':11} {'first half':>10} {'last half':>10} {'gain':>14} {'step s':>7}   (mean over {len(seeds)} seeds)")
     for system, st in stats.items():
         first = statistics.fmean(v["first_half"] for v in st["per_seed"].values())
         print(f"{system:11} {first:10.3f} {st['last_half_mean']:10.3f} {st['gain_mean']:+8.3f} sd {st['gain_sd']:.3f}"
               f" {statistics.median(step_s[system]):7.3f}")
-    print(f"gain difference (hybridflow - trl): {diff:+.3f}, standard error {se:.3f}: "
-          f"{'within noise' if same else 'NOT within noise'} (|diff| <= 2 SE)")
+    print(f"gain difference (hybridflow - trl), paired by seed: {diff:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}]: "
+          f"{'within noise' if same else 'NOT within noise'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plot(curves, out.with_suffix(".png"))
@@ -156,7 +175,8 @@ def main() -> None:
         "workload": {**base_spec(workload, "fp32", model, prompts, args.steps, 0), "sft_steps": args.sft_steps},
         "seeds": seeds, "curves": {s: {str(k): v for k, v in c.items()} for s, c in curves.items()},
         "stats": stats, "median_step_s": {s: statistics.median(v) for s, v in step_s.items()},
-        "gain_difference": diff, "standard_error": se, "within_noise": same, "machine": machine("glibc malloc"),
+        "gain_difference": diff, "gain_difference_95": [low, high], "within_noise": same,
+        "machine": machine(f"glibc malloc ({env_settings()})"),
     }, indent=1))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 

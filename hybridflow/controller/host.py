@@ -70,7 +70,8 @@ class WorkerHost:
         import torch
 
         torch.set_num_threads(threads)
-        keep_freed_memory()  # reuse freed pages instead of fresh zeroed ones every step (malloc.py)
+        if not ray.get_gpu_ids():  # CPU ranks: reuse freed pages, not fresh zeroed ones every step (malloc.py)
+            keep_freed_memory()
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "ip": ray.util.get_node_ip_address()}
 

@@ -12,8 +12,10 @@ trimming at 2 GiB it spent 11.6 s, and the steps ran ~8 % faster; RSS stays near
 step's peak (4.3 GB instead of 3.5 GB there; TRL's process peaks at 10 GB on the same
 work). Blocks above 32 MiB are still mapped and unmapped by glibc.
 
-The same settings as environment variables, for a process that starts with them
-(bench_vs_trl.py gives them to TRL's runs too): `env_settings()`.
+Only CPU ranks set them (controller/host.py): a GPU rank's activations live on the
+device, and its host memory (offload, pinned buffers) is better given back. The same
+settings as environment variables, for a process that starts with them (bench_vs_trl.py
+gives them to TRL's runs too): `env_settings()`.
 """
 
 from __future__ import annotations

@@ -131,6 +131,7 @@ class ActorEngine(TrainEngine):
             chunk_size=self.config.logits_chunk_size,
             pack_sequences=self.config.pack_sequences,
             with_entropy=self._update_needs_entropy(OLD_LOG_PROBS not in mb),
+            entropy_grad=self.loss_config.entropy_coeff > 0,  # else only the fused path's metric
         )
         return self._loss(log_prob, entropy, mb, agg)
 

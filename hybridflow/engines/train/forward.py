@@ -81,11 +81,13 @@ def causal_lm_log_probs(
     chunk_size: int,
     pack_sequences: bool,
     with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs [B, R] (fp32) of the response tokens, and their entropy if asked.
 
-    Gradients flow when called under grad mode. Positions outside response_mask hold
-    finite garbage (masked downstream).
+    Gradients flow when called under grad mode (to the entropy only with `entropy_grad`:
+    a metric-only entropy keeps no softmax over the vocabulary for the backward).
+    Positions outside response_mask hold finite garbage (masked downstream).
     """
     r = response_length(batch)
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
@@ -106,7 +108,7 @@ def causal_lm_log_probs(
         lp = _response_slice(unpack(log_probs, packed, keep), r)
         ent = None
         if with_entropy:
-            entropy = entropy_from_logits(logits, chunk_size, temperature)
+            entropy = _entropy(logits, chunk_size, temperature, entropy_grad)
             ent = _response_slice(unpack(entropy, packed, keep), r)
         return lp, ent
 
@@ -120,8 +122,15 @@ def causal_lm_log_probs(
     ).logits[:, :-1]
     labels = short["input_ids"][:, -r_kept:]
     lp = pad_responses(logprobs_from_logits(logits, labels, temperature, chunk_size), r)
-    ent = pad_responses(entropy_from_logits(logits, chunk_size, temperature), r) if with_entropy else None
+    ent = pad_responses(_entropy(logits, chunk_size, temperature, entropy_grad), r) if with_entropy else None
     return lp, ent
+
+
+def _entropy(logits: Tensor, chunk_size: int, temperature: float, grad: bool) -> Tensor:
+    if grad:
+        return entropy_from_logits(logits, chunk_size, temperature)
+    with torch.no_grad():
+        return entropy_from_logits(logits.detach(), chunk_size, temperature)
 
 
 def token_scores(model: nn.Module, batch: Mapping[str, Tensor], *, pack_sequences: bool) -> Tensor:

@@ -13,7 +13,8 @@ sequences of ~150 tokens, micro-batches of 4 packed, 2 threads): the masked atte
 sdpa's mask builder for the batches that are not packed) and returns its name, which the
 training engine loads models with when `pack_sequences` is on. Any call that is not a
 packed row (a padded batch of several rows, a decode step against a KV cache, a row
-without restarts) or that a sliding window shorter than a sequence limits goes to
+without restarts), that a sliding window shorter than a sequence limits, that runs off
+the CPU or with an option the per-sequence calls do not carry (_PLAIN_ONLY) goes to
 transformers' own sdpa unchanged.
 """
 
@@ -30,7 +31,7 @@ PACKED_SDPA = "hybridflow_packed_sdpa"
 def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                           attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; [1, H, N, D] packed rows run per sequence."""
-    starts = sequence_starts(kwargs.get("position_ids"), query, key)
+    starts = None if _needs_plain_sdpa(query, kwargs) else sequence_starts(kwargs.get("position_ids"), query, key)
     ends = None if starts is None else starts[1:] + [query.shape[2]]
     window = getattr(module, "sliding_window", None) or kwargs.get("sliding_window")
     if ends is None or (window and max(b - a for a, b in zip(starts, ends)) > window):
@@ -41,6 +42,18 @@ def packed_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     outputs = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
                                       is_causal=True, **options)[0] for a, b in zip(starts, ends)]
     return torch.cat(outputs, dim=1), None
+
+
+# Attention options the per-sequence calls do not carry: with any of them set, plain sdpa
+# handles (or refuses) the call as transformers does.
+_PLAIN_ONLY = ("softcap", "position_bias", "s_aux", "sinks")
+
+
+def _needs_plain_sdpa(query: torch.Tensor, kwargs: dict) -> bool:
+    """Calls this kernel leaves alone: off the CPU (a GPU would wait on the host for the
+    sequence starts of every layer, and runs its own varlen kernels), or with an option
+    in _PLAIN_ONLY."""
+    return query.device.type != "cpu" or any(kwargs.get(k) is not None for k in _PLAIN_ONLY)
 
 
 def sequence_starts(position_ids: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> list[int] | None:

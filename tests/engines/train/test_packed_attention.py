@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from hybridflow.engines.train import ActorEngine, MicroBatchConfig, TrainEngineConfig
@@ -77,6 +78,9 @@ def test_calls_that_are_not_packed_rows_go_to_plain_sdpa():
     plain = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask, scale=D ** -0.5).transpose(1, 2)
     assert (out - plain).abs().max() < 1e-6
+    # An option the per-sequence calls would drop: plain sdpa refuses it, as transformers does.
+    with pytest.raises(ValueError, match="softcap"):
+        packed_sdpa_attention(MODULE, q, k, v, None, position_ids=position_ids, softcap=30.0)
 
 
 def test_packing_engine_loads_the_kernel(tiny_llama_dir, single_process_group):
