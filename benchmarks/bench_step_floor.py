@@ -111,10 +111,12 @@ def square_ceiling(repeats: int, threads: int) -> float:
 
 
 def trl_measurements(paths: list[Path], workload: str) -> dict:
-    """Median TRL step time and tokens of `workload` over the TRL runs in the JSONs."""
+    """Median TRL step time and tokens of `workload` over the TRL runs in the JSONs (fp32
+    runs only: the floor is of fp32 matmuls)."""
     rows = []
     for path in paths:
-        rows += [r for r in json.loads(path.read_text())["runs"] if r["workload"] == workload and r["system"] == "trl"]
+        rows += [r for r in json.loads(path.read_text())["runs"]
+                 if r["workload"] == workload and r["system"] == "trl" and r.get("dtype", "fp32") == "fp32"]
     if not rows:
         raise SystemExit(f"no TRL run of {workload} in {[str(p) for p in paths]}; run bench_vs_trl.py first")
     s = [r["summary"] for r in rows]
