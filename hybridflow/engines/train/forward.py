@@ -37,7 +37,7 @@ def response_length(batch: Mapping[str, Tensor]) -> int:
     return r
 
 
-def trim(batch: Mapping[str, Tensor], r: int) -> tuple[dict[str, Tensor], int]:
+def trim(batch: Mapping[str, Tensor], r: int) -> tuple[Mapping[str, Tensor], int]:
     """The batch without the columns that are padding in every row, at both ends (keeping
     the last prompt column, whose logits predict the first response token, and one
     response column), and its response length R' <= R."""
@@ -47,7 +47,7 @@ def trim(batch: Mapping[str, Tensor], r: int) -> tuple[dict[str, Tensor], int]:
     first = min(int(valid[0]), prompt_width - 1) if len(valid) else prompt_width - 1
     end = max(int(valid[-1]) + 1, prompt_width + 1) if len(valid) else prompt_width + 1
     if first == 0 and end == s:
-        return dict(batch), r
+        return batch, r
     out = {k: batch[k][:, first:end] for k in ("input_ids", "attention_mask", "position_ids")}
     out["responses"] = batch["responses"][:, : end - prompt_width]
     return out, end - prompt_width

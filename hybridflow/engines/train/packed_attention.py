@@ -72,10 +72,10 @@ def sequence_starts(position_ids: torch.Tensor | None, query: torch.Tensor, key:
 
 def for_packing(attn_implementation: str) -> str:
     """The kernel a packing engine loads its model with: this one in place of "sdpa"
-    (registered with transformers on first use), any other kernel unchanged."""
+    (registered with transformers here; registering again replaces it with itself), any
+    other kernel unchanged."""
     if attn_implementation != "sdpa":
         return attn_implementation
-    if PACKED_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
-        AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+    AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
     return PACKED_SDPA
