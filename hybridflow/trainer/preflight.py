@@ -46,6 +46,10 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
         raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
                           "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
                           "trainer.run_dir")
+    if cfg.resources.use_gpu and cfg.resources.ray_address is None:
+        import torch
+
+        check_gpu_count(cfg, torch.cuda.device_count())
     if cfg.model.path is not None:
         check_model_dir(cfg.model.path, "model.path", tokenizer=True)
     if cfg.critic.model_path is not None and cfg.use_critic:
@@ -73,6 +77,25 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
         records = prompt_records(cfg.data.val_files, "data.val_files", cfg)
         if reward_fn is None:
             check_scorers((r.data_source for r in records), "data.val_files")
+
+
+def check_gpu_count(cfg: RunConfig, visible: int) -> None:
+    """An embedded Ray has this machine's GPUs only: a run that needs more would wait for
+    them until the pool's reservation times out (seen on one H100 with trainer.mode=async:
+    the rollout pool's GPU beside the training rank's). Refuse before anything starts."""
+    train = cfg.resources.resolved_world_size()
+    rollout = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
+    if train + rollout <= visible:
+        return
+    if rollout:
+        raise ConfigError(
+            f"trainer.mode={cfg.trainer.mode} runs a generation pool of async_rl.rollout_ranks={rollout} GPU(s) "
+            f"beside {train} training rank(s): {train + rollout} GPUs, and this machine has {visible}; use "
+            "trainer.mode=sync here, fewer resources.world_size ranks, or a Ray cluster (resources.ray_address)",
+            "trainer.mode")
+    raise ConfigError(f"{train} ranks with resources.use_gpu=true need {train} GPUs, and this machine has "
+                      f"{visible}; set resources.world_size to at most {visible}, or join a Ray cluster "
+                      "(resources.ray_address)", "resources.world_size")
 
 
 # ----------------------------------------------------------------------------- model directories

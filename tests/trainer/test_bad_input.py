@@ -190,3 +190,22 @@ def test_eval_of_a_run_without_checkpoints_uses_its_final_model(good, tmp_path):
     source = resolve_source(run_dir, ["trainer.validation.n=2"])
     assert source.model_path == str(run_dir / "final_model") and source.checkpoint is None
     assert source.run_dir == run_dir and source.cfg.trainer.validation.n == 2
+
+
+@pytest.mark.parametrize("mode", ["async", "one_step_off"])
+def test_an_async_run_needing_more_gpus_than_the_machine_has_is_refused(mode):
+    # On one H100 such a run waited for a second GPU (benchmarks/results/gpu_check_h100.json).
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.errors import ConfigError
+    from hybridflow.trainer.preflight import check_gpu_count
+
+    cfg = load_run_config(None, ["resources.use_gpu=true", "resources.world_size=1", f"trainer.mode={mode}"])
+    with pytest.raises(ConfigError) as info:
+        check_gpu_count(cfg, visible=1)
+    assert info.value.key == "trainer.mode" and "2 GPUs" in str(info.value) and "has 1" in str(info.value)
+    check_gpu_count(cfg, visible=2)  # a generation GPU beside the training one: fine
+    sync = load_run_config(None, ["resources.use_gpu=true", "resources.world_size=2"])
+    with pytest.raises(ConfigError) as info:
+        check_gpu_count(sync, visible=1)
+    assert info.value.key == "resources.world_size"
+    check_gpu_count(sync, visible=2)

@@ -125,6 +125,10 @@ class TrainEngine:
         if self._wraps_fsdp(mixed):
             apply_fsdp(model, self.device_mesh[DP], mp_policy=mp_policy,
                        shard_placement_fn=self._shard_placement_fn(model))
+        else:
+            # FSDP2 puts its shards on the mesh's device; the plain module must be moved
+            # (found by benchmarks/gpu_check.py: a lone bf16 reference stayed on the host).
+            model.to(self.device)
         return model
 
     def _wraps_fsdp(self, mixed: bool) -> bool:
