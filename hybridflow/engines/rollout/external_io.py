@@ -75,7 +75,7 @@ def _top_k(p: SamplingParams) -> int:
 
 
 def vllm_sampling_kwargs(req: EngineRequest, stop_ids: Iterable[int]) -> dict[str, Any]:
-    """Keyword arguments of `vllm.SamplingParams` for one request (vLLM >= 0.10.2).
+    """Keyword arguments of `vllm.SamplingParams` for one request (vLLM 0.32.0).
 
     ignore_eos=True switches vLLM's own eos (read from the model directory) off; our stop
     ids, eos included unless the request ignores it, end the sequence instead and are kept
@@ -100,7 +100,7 @@ def vllm_sampling_kwargs(req: EngineRequest, stop_ids: Iterable[int]) -> dict[st
 
 
 def sglang_sampling_dict(req: EngineRequest, stop_ids: Iterable[int]) -> dict[str, Any]:
-    """SGLang's `sampling_params` dict for one request (SGLang >= 0.4.6).
+    """SGLang's `sampling_params` dict for one request (SGLang 0.5.21).
 
     SGLang's ignore_eos also disables stop_token_ids, so: a request that stops on eos gets
     ignore_eos=False and our stop ids (SGLang adds the model's eos, the same ids as ours when
