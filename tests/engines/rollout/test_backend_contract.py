@@ -122,7 +122,7 @@ def build(backend: str, path, rollout_config: RolloutConfig | None = None, **kw)
 
 @pytest.fixture(autouse=True)
 def _small_gpu_share(monkeypatch):
-    """Several engines are alive at once in a test: each external one takes a small share."""
+    """An external engine takes a small share of the GPU: other test processes may hold one too."""
     for name in RUNNABLE:
         if name in EXTERNAL_ENGINES:
             cls = rollout_backend(name)
