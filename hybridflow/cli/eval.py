@@ -65,6 +65,8 @@ def print_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from hybridflow.config.dtypes import dtype_summary
+    from hybridflow.config.loader import config_to_dict
     from hybridflow.trainer.display import per_source
 
     src, metrics = report.source, report.metrics
@@ -78,3 +80,4 @@ def print_report(report) -> None:
     for name, values in rows:
         table.add_row(name, str(int(values["samples"])), f"{values['accuracy']:.1%}", f"{values['score']:.4f}")
     Console().print(table)
+    print(f"dtype: {dtype_summary(config_to_dict(src.cfg))}")  # the precision it was scored in

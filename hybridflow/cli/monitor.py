@@ -102,8 +102,12 @@ def live(run_dir: str | None, workers: list, interval_s: float, duration_s: floa
 
 def _status(run_dir: str | None) -> dict | None:
     from hybridflow.trainer.live_status import read_status
+    from hybridflow.trainer.monitor import run_dtypes
 
-    return read_status(run_dir) if run_dir is not None else None
+    status = read_status(run_dir) if run_dir is not None else None
+    if status is not None:
+        status["dtype"] = run_dtypes(run_dir)
+    return status
 
 
 def _table(workers: list, samples: list, devices: list, status: dict | None, first: dict | None, watched_s: float):
@@ -115,6 +119,8 @@ def _table(workers: list, samples: list, devices: list, status: dict | None, fir
         done = status["steps_done"] - (first or status)["steps_done"]
         title = (f"{status['state']} - step {status['step']}, phase {status['phase'] or '-'} for {elapsed:.1f} s - "
                  f"{done / max(watched_s, 1e-9) * 60:.1f} steps/min - restarts {status['restarts']}")
+        if status.get("dtype"):
+            title += f"\ndtype: {status['dtype']}"
     table = Table(title=title)
     for column in ("role", "rank", "node", "pid", "CPU %", "RSS MiB"):
         table.add_column(column, justify="right" if column in ("rank", "pid", "CPU %", "RSS MiB") else "left")

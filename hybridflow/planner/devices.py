@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridflow.cache import cache_path
+
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -180,8 +182,7 @@ def measure_cpu(seconds: float = 0.3, rounds: int = 3) -> DeviceSpec:
 def calibration_path(device: str) -> Path:
     """Where `hybridflow plan --calibrate` stores fitted factors: $HYBRIDFLOW_CACHE or
     ~/.cache/hybridflow, then planner/<device>.json."""
-    root = Path(os.environ.get("HYBRIDFLOW_CACHE", Path.home() / ".cache" / "hybridflow"))
-    return root / "planner" / f"{device}.json"
+    return cache_path("planner", f"{device}.json")
 
 
 def load_device(name: str) -> tuple[DeviceSpec, Efficiency]:

@@ -129,7 +129,8 @@ def run_settings(cfg: RunConfig) -> dict[str, bool]:
 
 
 def _dtype_bytes(name: str, use_gpu: bool) -> int:
-    # engines/precision.py: "auto" is bf16 on GPUs, fp32 on CPUs.
+    # "auto" is bf16 on GPUs. On CPUs a run measures it (config/dtypes.py); the plan counts
+    # fp32 there, the precision the CPU efficiency factors were fitted in (devices.py).
     return 4 if name == "fp32" or (name == "auto" and not use_gpu) else 2
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config import ConfigError, config_to_dict, load_config
+from hybridflow.config.dtypes import keep_dtypes
 from hybridflow.config.schema import BuiltinModelSection, RunConfig, load_run_config, resolve_run_config
 from hybridflow.data import make_builtin_model_dir
 from hybridflow.engines.pretrained import pretrained_model_dir
@@ -209,7 +210,7 @@ def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:
     saved = resolve_run_config(load_config(RunConfig, run_config_path(checkpoint_dir)))
     if cfg is None:
         return saved
-    cfg = resolve_run_config(cfg)
+    cfg = resolve_run_config(keep_dtypes(cfg, saved))  # dtype: auto stays what the run measured
     # The run continues in the checkpoint's directory; keep the saved values so that the
     # config only differs where the user changed something.
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(

@@ -227,6 +227,22 @@ class ProfileReport:
     steps: int = 0
     overhead: dict[str, float] = field(default_factory=dict)  # the monitor's own CPU use
     traces: dict[str, str] = field(default_factory=dict)  # label -> torch profiler trace (under out_dir)
+    dtype: str | None = None  # the run's resolved dtypes (config.yaml), e.g. "actor fp32, rollout fp32"
+
+
+def run_dtypes(run_dir: str | Path | None) -> str | None:
+    """The run's resolved dtypes from its config.yaml ("actor fp32, rollout fp32, ..."), None if unreadable."""
+    import yaml
+
+    from hybridflow.config.dtypes import dtype_summary
+
+    if run_dir is None:
+        return None
+    try:
+        tree = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return dtype_summary(tree) if isinstance(tree, dict) else None
 
 
 def run_ended(run_dir: str | Path) -> bool:
@@ -318,6 +334,7 @@ def profile(run_dir: str | Path, duration_s: float, interval_s: float, out_dir: 
         report.traces = collect_traces(run_dir, workers, out_dir)
     used = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
     report.overhead = {"monitor_cpu_s": used, "monitor_cpu_share_of_one_core": used / (end - start)}
+    report.dtype = run_dtypes(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(asdict(report), indent=1), encoding="utf-8")
     (out_dir / "report.md").write_text(report_markdown(report), encoding="utf-8")
@@ -349,6 +366,7 @@ def collect_traces(run_dir: str | Path, workers: list[WatchedWorker], out_dir: P
 def report_markdown(report: ProfileReport) -> str:
     wall = report.end - report.start
     lines = [f"# Profile: {wall:.1f} s, {report.steps} step(s), a sample every {report.interval_s:g} s", "",
+             *([f"dtype: {report.dtype}", ""] if report.dtype else []),
              "## Where the time went, per phase (CPU % of one core, mean over each role's workers)", ""]
     roles = sorted({r for by_role in report.role_cpu.values() for r in by_role})
     lines += ["| phase | seconds | share | " + " | ".join(f"{r} CPU %" for r in roles) + " |",

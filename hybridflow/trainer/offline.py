@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 
+from hybridflow.config.dtypes import resolved_dtypes
 from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
@@ -112,7 +113,8 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:
-    return dataclasses.replace(cfg, resources=resolved_resources(cfg.resources))
+    # dtype: auto as the run would resolve it (a run's own config.yaml holds its value already)
+    return resolved_dtypes(dataclasses.replace(cfg, resources=resolved_resources(cfg.resources)))
 
 
 def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: int | None,

@@ -21,6 +21,7 @@ import ray
 
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
+from hybridflow.config.dtypes import auto_note, auto_sections
 from hybridflow.config.schema import ComputeSection, RunConfig, resolve_run_config
 from hybridflow.config.validation import Layout, validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
@@ -84,6 +85,7 @@ class RunContext:
             from hybridflow.planner.apply import resolve_auto_placement
 
             cfg, mapping = resolve_auto_placement(cfg)
+        autos = auto_sections(cfg)
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
@@ -91,6 +93,7 @@ class RunContext:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
             display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
             display.message(f"run directory: [bold]{run_dir}[/bold]")
+            display.message(auto_note(cfg, autos))  # the resolved precision, once (also in config.yaml)
             if mapping is not None:
                 save_plan(run_dir, mapping)
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")

@@ -51,7 +51,7 @@ class RolloutWorkerConfig:
         the actor's world size (the rest are micro-data-parallel generation groups).
     reshard_method: "hybrid" (HybridFlow grouping), "plain" or "gather_all" (baselines),
         see docs/reshard.md.
-    dtype: generation weight dtype ("auto" = bf16 where native, fp32 elsewhere).
+    dtype: generation weight dtype ("auto": bf16 on GPUs, the measured faster on CPUs; precision.py).
     max_num_seqs / max_model_len / prefill_token_budget / log_prob_mode / matmul: engine
         knobs (engines/rollout/engine.py; matmul "auto" runs bf16 products as fp32 panels on
         CPUs without native bf16, engines/rollout/gemm.py).

@@ -51,6 +51,7 @@ def _check_eval_of_the_checkpoint(run_dir, root, expected: dict, capsys) -> None
     assert report["metrics"] == expected
     table = capsys.readouterr().out
     assert "always_right" in table and "arithmetic" in table and "100.0%" in table
+    assert "dtype: actor fp32, rollout fp32" in table  # the precision it scored in (the tiny model's preset)
     # The report is never overwritten.
     assert cli_main(["eval", str(run_dir), "--output", str(out)]) == 2
     assert "exists" in capsys.readouterr().err and json.loads(out.read_text()) == report

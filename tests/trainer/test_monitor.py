@@ -107,6 +107,7 @@ def test_monitor_profiles_a_live_two_rank_run(ray_local, tiny_config, tmp_path):
     assert report["role_cpu"] and report["overhead"]["monitor_cpu_s"] >= 0
     text = (out / "report.md").read_text()
     assert all(f"| {name} |" in text for name in report["phases"]) and "| actor/1 |" in text
+    assert report["dtype"].startswith("actor fp32, rollout fp32") and f"dtype: {report['dtype']}" in text
     # --trace: each actor process recorded a torch profiler trace of the window, with its calls.
     assert sorted(report["traces"]) == ["actor/0", "actor/1"] and not (run_dir / TRACE_REQUEST_FILE).exists()
     for path in report["traces"].values():

@@ -7,6 +7,13 @@
     out = hybrid.rollout.generate(prompts, sampling)
     hybrid.to_training()                  # release the generation copy
 
+Weights reach the rollout engine one parameter per `load_weights` call, or, with
+`bucket_bytes` (by default the engine's `sync_bucket_bytes`: the external engines, where a
+call is an RPC), in buckets of up to that many bytes, already converted to the rollout
+dtype: a few calls per transition instead of one per parameter, for at most `bucket_bytes`
+more of staged buffers (counted in `buffer_bytes`; the formulas of formulas.py are those of
+the unbucketed stream).
+
 `to_generation` reads the training parameters afresh every time, so the weights an
 optimizer step just changed are the ones generation uses. The training shards are left
 untouched (on GPU the caller may offload them with `TrainEngine.offload` while
@@ -26,6 +33,7 @@ HybridEngine uses only the `RolloutEngine` interface: its TP layout (`tp_size`, 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -72,7 +80,7 @@ class HybridEngine:
 
     def __init__(self, named_parameters: NamedParameters, rollout: RolloutEngine, layout: TrainingLayout,
                  grouping: GenerationGrouping, groups: dict[tuple[int, ...], dist.ProcessGroup],
-                 transfer_dtype: torch.dtype) -> None:
+                 transfer_dtype: torch.dtype, bucket_bytes: int | None = None) -> None:
         self.named_parameters = named_parameters
         self.rollout = rollout
         self.layout = layout
@@ -81,6 +89,10 @@ class HybridEngine:
         self.plan: list[GatherSpec] = plan_for_rank(layout, grouping, self.rank)
         self.groups = groups
         self.transfer_dtype = transfer_dtype
+        if bucket_bytes is not None and bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1 (or None: one parameter per call), got {bucket_bytes}")
+        self.bucket_bytes = bucket_bytes
+        self.load_calls = 0  # load_weights calls of the last transition
         self._check_rollout()
         # Training owns the memory until the first transition.
         self.rollout.release_memory()
@@ -88,11 +100,13 @@ class HybridEngine:
     @classmethod
     def build(cls, named_parameters: NamedParameters, hf_config, rollout_config: RolloutConfig, *,
               gen_tp: int, method: ReshardMethod | str, backend: str = "native", tokenizer=None,
-              model_path: str | None = None) -> "HybridEngine":
+              model_path: str | None = None, bucket_bytes: int | None | str = "engine") -> "HybridEngine":
         """Collective: describe the layout, create process groups, build the rollout engine.
 
         `backend` is a registered rollout backend name (`rollout.name`); it is built on this
         rank's generation TP group, with `tokenizer` (stop strings) and `model_path`.
+        `bucket_bytes`: "engine" takes the backend's `sync_bucket_bytes`; None streams one
+        parameter per call; a number stages buckets of that size (module docstring).
         """
         layout = TrainingLayout.from_named_parameters(named_parameters())
         grouping = GenerationGrouping.build(layout, gen_tp, method)
@@ -100,7 +114,8 @@ class HybridEngine:
         tp_group = groups.get(grouping.tp_group_of(dist.get_rank()))
         rollout = build_rollout_engine(backend, hf_config, rollout_config, process_group=tp_group,
                                        tokenizer=tokenizer, model_path=model_path)
-        return cls(named_parameters, rollout, layout, grouping, groups, rollout_config.dtype)
+        bucket = rollout.sync_bucket_bytes if bucket_bytes == "engine" else bucket_bytes
+        return cls(named_parameters, rollout, layout, grouping, groups, rollout_config.dtype, bucket)
 
     # ------------------------------------------------------------------ transitions
     @torch.no_grad()
@@ -115,10 +130,13 @@ class HybridEngine:
         ledger.set_train(sum(nbytes(t) for t in locals_.values()))
         self.rollout.resume_memory()
         ledger.set_generation(self.rollout.weight_storage_bytes())
+        bucket = _Bucket(self.rollout, self.bucket_bytes, self.transfer_dtype, ledger)
         if self.grouping.method is ReshardMethod.HYBRID:
-            self._stream(locals_, meter, ledger)
+            self._stream(locals_, meter, ledger, bucket)
         else:
-            self._gather_whole_model(locals_, meter, ledger)
+            self._gather_whole_model(locals_, meter, ledger, bucket)
+        bucket.flush()
+        self.load_calls = bucket.calls
         return TransitionStats(
             method=self.grouping.method.value, world_size=self.layout.world_size, gen_tp=self.grouping.tp_size,
             comm_bytes=meter.bytes, comm_calls=meter.calls, train_shard_bytes=ledger.train,
@@ -130,22 +148,23 @@ class HybridEngine:
         """Release the generation copy (and KV cache); training state is untouched."""
         self.rollout.release_memory()
 
-    def _stream(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger) -> None:
-        # Each gather yields exactly this rank's generation shard: load it and free the
-        # buffer before the next one, so at most one parameter's shard is in flight.
+    def _stream(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger,
+                bucket: "_Bucket") -> None:
+        # Each gather yields exactly this rank's generation shard: handed over (unbucketed:
+        # loaded and its buffer freed) before the next gather, so without buckets at most
+        # one parameter's shard is in flight.
         for spec in self.plan:
             piece, size = self._fetch(spec, locals_, meter, ledger)
-            self.rollout.load_weights([(spec.name, piece)], sharded=spec.is_gen_shard)
+            bucket.add(spec, piece, size)
             del piece
-            ledger.free(size)
 
-    def _gather_whole_model(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger) -> None:
+    def _gather_whole_model(self, locals_: dict[str, torch.Tensor], meter: CommMeter, ledger: MemoryLedger,
+                            bucket: "_Bucket") -> None:
         # The baselines materialise every full parameter before handing them over (the
         # paper's gather-then-partition); the engine cuts its own piece from each.
         gathered = [(spec, *self._fetch(spec, locals_, meter, ledger)) for spec in self.plan]
-        for spec, piece, _ in gathered:
-            self.rollout.load_weights([(spec.name, piece)], sharded=spec.is_gen_shard)
-        ledger.free(sum(size for _, _, size in gathered))
+        for spec, piece, size in gathered:
+            bucket.add(spec, piece, size)
         del gathered
 
     def _fetch(self, spec: GatherSpec, locals_: dict[str, torch.Tensor], meter: CommMeter,
@@ -221,6 +240,55 @@ class HybridEngine:
             if r.shard_dim(spec.name) != generation_shard_dim(spec.name):
                 raise ValueError(f"{spec.name}: the rollout engine splits dim {r.shard_dim(spec.name)}, "
                                  f"the resharder assumed {generation_shard_dim(spec.name)}")
+
+
+class _Bucket:
+    """Parameters on their way to the rollout engine, handed over in `load_weights` calls.
+
+    limit None: each parameter is loaded as it comes and its buffer freed (the engine
+    converts the dtype while copying into place). A limit: parameters are staged in the
+    rollout dtype (a copy only where the dtype differs; the gather buffer it came from is
+    freed at once) until the next one would pass `limit` bytes, or its `sharded` flag
+    differs (a parameter the engine replicates is whole either way and joins any bucket),
+    then loaded in one call. The boundary is decided on the parameter's full size,
+    which every rank of a generation group knows alike, so all of them make the same calls.
+    """
+
+    def __init__(self, rollout: RolloutEngine, limit: int | None, dtype: torch.dtype, ledger: MemoryLedger) -> None:
+        self.rollout, self.limit, self.dtype, self.ledger = rollout, limit, dtype, ledger
+        self.items: list[tuple[str, torch.Tensor]] = []
+        self.sharded: bool | None = None  # None: only replicated parameters staged so far
+        self.full_bytes = 0  # full sizes of the staged parameters (the boundary rule)
+        self.buffer_bytes = 0  # ledger bytes the staged tensors hold
+        self.calls = 0
+
+    def add(self, spec: GatherSpec, piece: torch.Tensor, size: int) -> None:
+        if self.limit is None:
+            self.items, self.sharded, self.buffer_bytes = [(spec.name, piece)], spec.is_gen_shard, size
+            self.flush()
+            return
+        full = math.prod(spec.shape) * self.dtype.itemsize
+        sharded = spec.is_gen_shard if self.rollout.shard_dim(spec.name) is not None else None
+        clash = None not in (sharded, self.sharded) and sharded != self.sharded
+        if self.items and (clash or self.full_bytes + full > self.limit):
+            self.flush()
+        staged = piece.to(self.dtype)
+        if staged is not piece:  # converted: the copy is the buffer now
+            self.ledger.alloc(nbytes(staged))
+            self.ledger.free(size)
+            size = nbytes(staged)
+        self.items.append((spec.name, staged))
+        self.sharded = self.sharded if sharded is None else sharded
+        self.full_bytes += full
+        self.buffer_bytes += size
+
+    def flush(self) -> None:
+        if not self.items:
+            return
+        self.rollout.load_weights(self.items, sharded=bool(self.sharded))
+        self.calls += 1
+        self.ledger.free(self.buffer_bytes)
+        self.items, self.sharded, self.full_bytes, self.buffer_bytes = [], None, 0, 0
 
 
 def create_process_groups(layout: TrainingLayout, grouping: GenerationGrouping) -> dict[tuple[int, ...], dist.ProcessGroup]:

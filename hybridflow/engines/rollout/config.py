@@ -23,7 +23,7 @@ class RolloutConfig:
     """Engine-wide settings (per-request settings live in SamplingParams)."""
 
     # torch dtype, or "auto" / "bf16" / "fp32" (engines/precision.py): "auto" is bf16 on GPUs
-    # and CPUs with native bf16, fp32 elsewhere. Always a torch.dtype after construction.
+    # and, on CPUs, the faster of the two in a cached matmul probe. A torch.dtype after construction.
     dtype: torch.dtype | str = "auto"
     device: str = "cpu"
     max_num_seqs: int = 256  # sequences decoded at once (native: KV-cache slots)

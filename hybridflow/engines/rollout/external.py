@@ -14,14 +14,17 @@ run config (validation.py): both engines generate on CUDA devices only.
 
 Log-prob semantics (what each engine returns for the sampled token, next to ours;
 engines/rollout/sampling.py defines "scaled" and "processed"):
-- vLLM >= 0.10.2, built with `logprobs_mode="processed_logprobs"`: log_softmax of the logits
+- vLLM 0.32.0, built with `logprobs_mode="processed_logprobs"`: log_softmax of the logits
   after temperature and top-k/top-p masking (vllm/v1/sample/sampler.py and
   ops/topk_topp_sampler.py), i.e. our "processed" exactly; equal to "scaled" only when
   nothing is truncated (top_k off, top_p = 1). Greedy rows: log_softmax(logits), like ours.
   (vLLM's default, "raw_logprobs", is log_softmax(logits) before temperature.)
-- SGLang (sampler.py): log of softmax(logits / T) renormalised over the top-p nucleus, top-k
-  NOT applied; i.e. our "scaled" when top_p = 1 and our "processed" when top_k is off.
-  Greedy rows: log_softmax(logits).
+- SGLang 0.5.21 (sglang/srt/layers/sampler.py, Sampler.forward): log of softmax(logits / T)
+  over the whole vocabulary, for every top-k / top-p: the top-k/top-p sampler works on a
+  sorted copy of the probabilities (top_k_top_p_min_p_sampling_from_probs_torch) and the
+  returned log-probs are taken from the untruncated ones (with deterministic inference,
+  log_softmax(logits / T)). That is our "scaled" always, and "processed" only when nothing
+  is truncated (top_k off, top_p = 1). Greedy rows: log_softmax(logits).
 A combination outside these is refused (config validation for the rollout defaults,
 generate() for a call's meta_info), never silently reported under the other meaning.
 """
@@ -44,14 +47,17 @@ class ExternalEngine:
     install: str  # how to get it
 
 
+# The two pins need different transformers (vLLM 0.32.0: >=5.16.1,<5.20; SGLang 0.5.21:
+# ==5.12.1), so each engine goes into its own environment (pyproject's extras).
+_SEPARATE = "; vllm and sglang pin different transformers versions, so install each in its own environment"
 EXTERNAL_ENGINES = {
-    "vllm": ExternalEngine("vllm", "vllm", ">=0.10.2 (V1 engine; logprobs_mode, sleep mode, collective_rpc)",
-                           "hybridflow.engines.rollout.vllm_backend", True,
-                           "pip install 'vllm>=0.10.2' in an environment whose torch is the CUDA build vLLM pins"),
-    "sglang": ExternalEngine("sglang", "sglang", ">=0.4.6 (Engine.update_weights_from_tensor, "
-                             "release/resume_memory_occupation)", "hybridflow.engines.rollout.sglang_backend", False,
-                             "pip install 'sglang[all]>=0.4.6' in an environment whose torch is the CUDA build "
-                             "SGLang pins"),
+    "vllm": ExternalEngine("vllm", "vllm", "0.32.0 (V1 engine; torch 2.13; layer-wise reload, sleep mode, "
+                           "collective_rpc)", "hybridflow.engines.rollout.vllm_backend", True,
+                           "pip install 'hybridflow[vllm]', which pins vllm==0.32.0 (CUDA torch 2.13)" + _SEPARATE),
+    "sglang": ExternalEngine("sglang", "sglang", "0.5.21 (Engine.begin/end_weight_update, update_weights_from_tensor, "
+                             "release/resume_memory_occupation; torch 2.13)", "hybridflow.engines.rollout.sglang_backend",
+                             False, "pip install 'hybridflow[sglang]', which pins sglang==0.5.21 (CUDA torch 2.13)"
+                             + _SEPARATE),
 }
 
 
@@ -86,13 +92,10 @@ def log_prob_mismatch(name: str, log_prob_mode: str, *, greedy: bool, top_k: int
                     "rollout.log_prob_mode=processed, or top_k=-1 and top_p=1.0")
         return None
     if name == "sglang":
-        if log_prob_mode == "scaled" and top_p_on:
-            return ("SGLang returns log-probs renormalised over the top-p nucleus, not the full softmax(logits / T) "
-                    "that log_prob_mode=scaled means; set rollout.log_prob_mode=processed (with top_k=-1), or "
-                    "top_p=1.0")
-        if log_prob_mode == "processed" and top_k_on:
-            return ("SGLang's log-probs ignore top-k, so they are not of the truncated distribution that "
-                    "log_prob_mode=processed means; set top_k=-1, or log_prob_mode=scaled (with top_p=1.0)")
+        if log_prob_mode == "processed" and (top_k_on or top_p_on):
+            return ("SGLang returns log-probs of the full softmax(logits / T), not of the top-k/top-p truncated "
+                    "distribution that log_prob_mode=processed means; set rollout.log_prob_mode=scaled, or "
+                    "top_k=-1 and top_p=1.0")
         return None
     raise KeyError(f"{name!r} is not an external engine ({sorted(EXTERNAL_ENGINES)})")
 

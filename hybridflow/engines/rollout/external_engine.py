@@ -1,10 +1,12 @@
 """`ExternalRolloutEngine`: what the vLLM and SGLang adapters share behind `RolloutEngine`.
 
-An adapter subclasses it and talks to its engine in seven methods: `_start_engine` (build
+An adapter subclasses it and talks to its engine in eight methods: `_start_engine` (build
 it from the model directory, weights not loaded), `_engine_generate` (requests in, per
-request (token ids, log-probs) out), `_engine_load` (one bucket of full Hugging Face
-tensors), `_engine_drop_cache` (forget cached prefixes after new weights), `_engine_release`
-/ `_engine_resume` (the engine's sleep / wake-up) and `_engine_weight_bytes`. Everything
+request (token ids, log-probs) out), `_engine_begin_load` / `_engine_load` (one bucket of
+full Hugging Face tensors) / `_engine_end_load` (the engine's weight-update session: opened
+before the first bucket, closed before the next generate or release, which post-processes
+the new weights and forgets cached prefixes), `_engine_release` / `_engine_resume` (the
+engine's sleep / wake-up) and `_engine_weight_bytes`. Everything
 the contract asks beyond the engine calls lives here, once, with the same helpers as the
 built-in backends (batch_io.py): reading prompts, refusing bad input with the same errors,
 the per-sample seeds, cutting at stops, the output DataProto, the weight-name and shape
@@ -12,8 +14,9 @@ checks, and which parameters were loaded. (tests/engines/rollout/external_refere
 plugs the native engine into these hooks, so the contract suite runs this shared code on
 a CPU.)
 
-Weights arrive by Hugging Face name from the HybridEngine, one parameter at a time, each
-rank with its generation tensor-parallel piece (`sharded=True`) or the full tensor. Both
+Weights arrive by Hugging Face name from the HybridEngine, in buckets of several parameters
+(`sync_bucket_bytes`, already in the rollout dtype), each rank with its generation
+tensor-parallel piece (`sharded=True`) or the full tensor. Both
 engines' loaders take full tensors and cut their own piece (vLLM's weight_loader narrows
 by its TP rank), so a piece is all-gathered over the engine's TP group first: one
 parameter is whole at a time on each rank, never the model (`_full_tensor`). Tensors are
@@ -73,6 +76,9 @@ class ExternalRolloutEngine(RolloutEngine):
     """A `RolloutEngine` over an external engine (module docstring); subclasses name it."""
 
     engine_name: ClassVar[str]
+    # Each engine call is a round trip (an RPC, a CUDA IPC hand-over): the HybridEngine
+    # stages parameters into buckets of this size before calling load_weights.
+    sync_bucket_bytes: ClassVar[int | None] = DEFAULT_BUCKET_BYTES
 
     def __init__(self, hf_config, config: RolloutConfig = RolloutConfig(), *, process_group=None, tokenizer=None,
                  model_path: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES):
@@ -101,7 +107,7 @@ class ExternalRolloutEngine(RolloutEngine):
         self.required = engine_weight_names(module, self.tied)  # checkpoint names
         self._loaded: set[str] = set()
         self._released = False
-        self._cache_stale = False
+        self._loading = False  # a weight-update session is open in the engine
         self._calls = 0
         self._start_engine(hf_config)
         self._full_bytes = self._engine_weight_bytes()
@@ -132,12 +138,17 @@ class ExternalRolloutEngine(RolloutEngine):
         """(token ids, log-probs) per request, in order."""
 
     @abstractmethod
-    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """Load full HF tensors into the engine."""
+    def _engine_begin_load(self) -> None:
+        """Open the engine's weight-update session (before the first bucket of a sync)."""
 
     @abstractmethod
-    def _engine_drop_cache(self) -> None:
-        """Forget cached prefixes (their KV was computed with the previous weights)."""
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF tensors into the engine (inside a session); raise if it refuses."""
+
+    @abstractmethod
+    def _engine_end_load(self) -> None:
+        """Close the session: the engine post-processes the new weights into its kernels'
+        layout and forgets cached prefixes (their KV was computed with the old weights)."""
 
     @abstractmethod
     def _engine_release(self, keep_weights: bool) -> None: ...
@@ -176,10 +187,17 @@ class ExternalRolloutEngine(RolloutEngine):
                         yield checkpoint_name, part
 
         for bucket in weight_buckets(full_tensors(), self.bucket_bytes):
+            if not self._loading:
+                # One session for every bucket until the next generate: the engine's
+                # post-processing and prefix-cache reset run once per sync, not per call.
+                self._engine_begin_load()
+                self._loading = True
             self._engine_load(bucket)
-            # The engine's prefix cache holds KV of the old weights: dropped once, before the
-            # next generate (the HybridEngine loads one parameter per call).
-            self._cache_stale = True
+
+    def _end_load(self) -> None:
+        if self._loading:
+            self._loading = False
+            self._engine_end_load()
 
     def _full_tensor(self, name: str, piece: torch.Tensor) -> torch.Tensor:
         """The whole parameter from every TP rank's piece (a replicated one is whole already)."""
@@ -202,9 +220,7 @@ class ExternalRolloutEngine(RolloutEngine):
         requests = expand_requests(prompt_ids, params, base_seed=self.config.seed, call=self._calls)
         self._calls += 1
         stops = [stop_ids_for(r.params, self.eos_ids) for r in requests]
-        if self._cache_stale:
-            self._engine_drop_cache()
-            self._cache_stale = False
+        self._end_load()
         outputs = self._engine_generate(requests, stops)
         samples = [finish(r, tokens, lps, s, self.tokenizer) for r, (tokens, lps), s in zip(requests, outputs, stops)]
         return pack_output(prompts, samples, params, self.pad_id)
@@ -212,6 +228,7 @@ class ExternalRolloutEngine(RolloutEngine):
     def release_memory(self, *, keep_weights: bool = False) -> None:
         if self._released:
             return
+        self._end_load()  # never sleep with a weight-update session open
         self._engine_release(keep_weights)
         self._released = True
         if not keep_weights:

@@ -15,6 +15,7 @@ sglang_backend.py) only call the engines with what these produce.
   text): the response is cut afterwards at the token that completes the string, with the
   caller's tokenizer (`batch_io.cut_at_stop`), as the native engine stops.
 - `vllm_parallel_kwargs`: how t_g / d_g become vLLM's parallel settings.
+- `check_reply`: an SGLang control call's (success, message) reply, raised on failure.
 - `vllm_completion_tokens` / `sglang_output_tokens`: the (token ids, log-probs) of one
   engine output; `finish` turns them into a `batch_io.Sample` for `pack_output`.
 - `expected_weights` / `check_weight`: the Hugging Face parameter names and shapes the
@@ -74,7 +75,7 @@ def _top_k(p: SamplingParams) -> int:
 
 
 def vllm_sampling_kwargs(req: EngineRequest, stop_ids: Iterable[int]) -> dict[str, Any]:
-    """Keyword arguments of `vllm.SamplingParams` for one request (vLLM >= 0.10.2).
+    """Keyword arguments of `vllm.SamplingParams` for one request (vLLM 0.32.0).
 
     ignore_eos=True switches vLLM's own eos (read from the model directory) off; our stop
     ids, eos included unless the request ignores it, end the sequence instead and are kept
@@ -99,7 +100,7 @@ def vllm_sampling_kwargs(req: EngineRequest, stop_ids: Iterable[int]) -> dict[st
 
 
 def sglang_sampling_dict(req: EngineRequest, stop_ids: Iterable[int]) -> dict[str, Any]:
-    """SGLang's `sampling_params` dict for one request (SGLang >= 0.4.6).
+    """SGLang's `sampling_params` dict for one request (SGLang 0.5.21).
 
     SGLang's ignore_eos also disables stop_token_ids, so: a request that stops on eos gets
     ignore_eos=False and our stop ids (SGLang adds the model's eos, the same ids as ours when
@@ -174,16 +175,22 @@ def finish(req: EngineRequest, tokens: list[int], log_probs: list[float], stop_i
     return Sample(req.prompt_row, req.sample_index, tokens[:n], log_probs[:n], reason)
 
 
-def vllm_parallel_kwargs(tp_size: int, *, rank: int | None, world_size: int | None
+def vllm_parallel_kwargs(tp_size: int, *, rank: int | None, world_size: int | None, visible_gpus: int
                          ) -> tuple[dict[str, Any], dict[str, str]]:
     """(vllm.LLM keyword arguments, environment variables) for this rank's engine.
 
     Inside a torch.distributed world (`rank`/`world_size` given) vLLM must join that world
     rather than start its own: distributed_executor_backend="external_launcher" with
-    tensor_parallel_size = t_g and data_parallel_size = world / t_g (d_g engines; vLLM
-    lays ranks out as [dp, tp], so a TP group is t_g consecutive ranks). The launcher reads
-    RANK / LOCAL_RANK / WORLD_SIZE from the environment; LOCAL_RANK is 0 because Ray shows
-    each worker only its own GPU. Outside one (None): a single-process engine.
+    tensor_parallel_size = t_g and data_parallel_size = 1. vLLM 0.32 lays the world out as
+    [external dp, dp, pp, pcp, tp] (vllm/distributed/parallel_state.py,
+    initialize_model_parallel), so with data_parallel_size 1 the world / t_g engines are
+    independent "external" replicas whose TP groups are t_g consecutive ranks. A
+    data_parallel_size > 1 would make them one engine that all-reduces "unfinished
+    requests?" every step and runs dummy batches on idle ranks (vllm/v1/engine/
+    llm_engine.py, has_unfinished_requests_dp). The launcher reads RANK and LOCAL_RANK
+    from the environment and puts the engine on cuda:LOCAL_RANK; LOCAL_RANK is 0, which is
+    this worker's GPU only when it sees exactly one (Ray's num_gpus=1 actors do), so that
+    is checked. Outside a world (None): a single-process engine.
     """
     if world_size is None or rank is None:
         if tp_size != 1:
@@ -191,9 +198,28 @@ def vllm_parallel_kwargs(tp_size: int, *, rank: int | None, world_size: int | No
         return {"tensor_parallel_size": 1}, {}
     if world_size % tp_size:
         raise ValueError(f"tensor_parallel_size={tp_size} does not divide the world of {world_size} ranks")
-    kwargs = {"tensor_parallel_size": tp_size, "data_parallel_size": world_size // tp_size,
+    if visible_gpus != 1:
+        raise ValueError(f"rank {rank} sees {visible_gpus} GPUs; a vLLM rollout worker must see exactly one (vLLM's "
+                         "external launcher puts the engine on cuda:LOCAL_RANK = cuda:0): run the workers as Ray actors "
+                         "with one GPU each (resources.use_gpu=true), or set CUDA_VISIBLE_DEVICES per process")
+    kwargs = {"tensor_parallel_size": tp_size, "data_parallel_size": 1,
               "distributed_executor_backend": "external_launcher"}
     return kwargs, {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size)}
+
+
+def check_reply(engine: str, call: str, reply: Any) -> None:
+    """Raise unless an engine control call's reply says it succeeded.
+
+    SGLang's Engine answers its weight-update calls with (success, message) and loads
+    nothing on failure (e.g. 0.5.21's `update_weights_from_tensor` outside a
+    `begin_weight_update()` / `end_weight_update()` session), so a reply left unread means
+    generating from the old (or dummy) weights.
+    """
+    if not isinstance(reply, (tuple, list)) or len(reply) != 2 or not isinstance(reply[0], bool):
+        raise RuntimeError(f"{engine} {call} answered {reply!r}; the adapter expects (success, message)")
+    success, message = reply
+    if not success:
+        raise RuntimeError(f"{engine} {call} failed: {message}")
 
 
 # ------------------------------------------------------------------------------ weights

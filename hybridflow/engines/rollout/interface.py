@@ -53,6 +53,11 @@ class RolloutEngine(ABC):
     # False: the backend runs on one rank only; building it for t_g > 1 is refused with a
     # clear error (registry.check_rollout_backend) instead of failing inside the engine.
     supports_tensor_parallel: ClassVar[bool] = False
+    # How the HybridEngine hands weights over (engines/reshard/engine.py): None, one parameter
+    # per load_weights call as soon as it is gathered (an in-process copy costs nothing per
+    # call, and at most one gathered parameter is alive: the exact memory of formulas.py);
+    # a byte count, buckets of that size in the rollout dtype (engines behind a round trip).
+    sync_bucket_bytes: ClassVar[int | None] = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, config: RolloutConfig = RolloutConfig(), *,

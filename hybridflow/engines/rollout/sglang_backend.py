@@ -1,9 +1,9 @@
-"""SGLang as a rollout backend ("sglang"): an adapter written against the SGLang 0.5 `Engine` API.
+"""SGLang as a rollout backend ("sglang"): an adapter written against the SGLang 0.5.21 `Engine` API.
 
     rollout:
-      name: sglang                     # resources.use_gpu: true; `pip install sglang` (its own CUDA torch)
+      name: sglang                     # resources.use_gpu: true; `pip install 'hybridflow[sglang]'`
       tensor_model_parallel_size: 1    # one engine per rank (see below)
-      log_prob_mode: scaled            # with top_p = 1 (external.py)
+      log_prob_mode: scaled            # what SGLang returns, for every top_k / top_p (external.py)
 
 NEVER RUN HERE: no GPU and no SGLang were available in the session that wrote it; the
 contract suite runs it where both are. `sglang` is imported only when an engine is built;
@@ -15,16 +15,25 @@ How it maps onto SGLang (docs/rollout_backends.md):
   world engines, t_g = 1. An Engine with tp_size > 1 starts its own scheduler process per
   GPU, on GPUs the colocated training ranks hold; that layout is refused at config
   validation rather than half-supported.
-- Weights: built with load_format="dummy", then `Engine.update_weights_from_tensor(
-  named_tensors=[(HF name, tensor), ...], flush_cache=False)` per bucket; the radix cache
-  is flushed (`Engine.flush_cache`) before the first generate after a load. Tensors pass
-  to the scheduler process through CUDA IPC (SGLang serialises handles, not bytes).
+- Weights: built with load_format="dummy", then one weight-update session per sync:
+  `Engine.begin_weight_update()`, `Engine.update_weights_from_tensor(named_tensors=[(HF
+  name, tensor), ...], flush_cache=False)` per bucket, `Engine.end_weight_update()` (which
+  finalises quantised weights into their kernel layout), then `Engine.flush_cache()`
+  before the next generate. Since 0.5.21 an update outside a session answers (False,
+  "update_weights_from_tensor must run between begin_weight_update() and
+  end_weight_update()") and loads nothing (sglang/srt/managers/scheduler_components/
+  weight_updater.py); every reply is checked (external_io.check_reply). Tensors pass to
+  the scheduler process through CUDA IPC (SGLang serialises handles, not bytes).
 - Memory: enable_memory_saver=True; release_memory() is `release_memory_occupation()`
   (weights and KV cache), resume_memory() `resume_memory_occupation()`; the weights are then
   reloaded. keep_weights=True releases the KV cache only (tags=["kv_cache"]): the weights
   stay on the device, so `weight_storage_bytes` stays as it was.
-- Sampling: one request per sample, seeded per sample (`sampling_seed`); log-probs from
-  return_logprob=True (external.py has their meaning). A request that ignores eos but has
+- Sampling: one request per sample, seeded per sample (`sampling_seed`). SGLang reads
+  sampling_seed only when the engine runs with enable_deterministic_inference=True
+  (sglang/srt/sampling/sampling_batch_info.py; otherwise every seed is ignored), so the
+  engine is built with it: the pytorch sampling backend and batch-invariant kernels, the
+  price of reproducible samples. Log-probs from return_logprob=True (external.py has
+  their meaning). A request that ignores eos but has
   stop ids decodes to its budget and is cut afterwards (external_io.sglang_sampling_dict).
 - Not supported: tensor parallelism, multi-turn rollouts, keep_kv_cache.
 """
@@ -36,7 +45,12 @@ import math
 import torch
 
 from hybridflow.engines.rollout.external_engine import ExternalRolloutEngine
-from hybridflow.engines.rollout.external_io import EngineRequest, sglang_output_tokens, sglang_sampling_dict
+from hybridflow.engines.rollout.external_io import (
+    EngineRequest,
+    check_reply,
+    sglang_output_tokens,
+    sglang_sampling_dict,
+)
 from hybridflow.engines.rollout.registry import register_rollout_backend
 
 
@@ -56,7 +70,7 @@ class SGLangRolloutEngine(ExternalRolloutEngine):
             tp_size=1, base_gpu_id=torch.device(self.config.device).index or 0, random_seed=self.config.seed,
             context_length=self.max_len, max_running_requests=self.config.max_num_seqs,
             mem_fraction_static=self.mem_fraction_static, enable_memory_saver=True, load_format="dummy",
-            log_level="error",
+            enable_deterministic_inference=True, log_level="error",
         )
         self._kept_weights = False
 
@@ -66,10 +80,15 @@ class SGLangRolloutEngine(ExternalRolloutEngine):
                                        return_logprob=True)
         return [sglang_output_tokens(o) for o in outputs]
 
-    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+    def _engine_begin_load(self) -> None:
+        check_reply("SGLang", "begin_weight_update", self.engine.begin_weight_update())
 
-    def _engine_drop_cache(self) -> None:
+    def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        check_reply("SGLang", "update_weights_from_tensor",
+                    self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False))
+
+    def _engine_end_load(self) -> None:
+        check_reply("SGLang", "end_weight_update", self.engine.end_weight_update())
         self.engine.flush_cache()
 
     def _engine_release(self, keep_weights: bool) -> None:

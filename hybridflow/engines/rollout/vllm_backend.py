@@ -1,7 +1,7 @@
-"""vLLM as a rollout backend ("vllm"): an adapter written against vLLM >= 0.10.2 (V1 engine).
+"""vLLM as a rollout backend ("vllm"): an adapter written against vLLM 0.32.0 (V1 engine).
 
     rollout:
-      name: vllm                       # resources.use_gpu: true; `pip install vllm` (its own CUDA torch)
+      name: vllm                       # resources.use_gpu: true; `pip install 'hybridflow[vllm]'`
       tensor_model_parallel_size: 2    # t_g: vLLM's tensor_parallel_size
       reshard_method: plain            # consecutive TP groups, as vLLM forms them
       log_prob_mode: processed         # what vLLM returns (external.py)
@@ -15,15 +15,25 @@ translation, output conversion, weight checks and buckets) is in external_io.py 
 How it maps onto vLLM (docs/rollout_backends.md has the full table):
 - Layout: one `vllm.LLM` per rank. Inside the workers' torch.distributed world the engine
   joins it (distributed_executor_backend="external_launcher") with tensor_parallel_size =
-  t_g and data_parallel_size = d_g = world / t_g; vLLM lays ranks out as [dp, tp], so its
-  TP groups are t_g consecutive ranks (external_io.vllm_parallel_kwargs). Outside a world
-  (one process) it is a single-process engine. The engine core runs in this process
+  t_g and data_parallel_size 1: the world / t_g engines are independent replicas (vLLM's
+  "external DP"), each TP group t_g consecutive ranks (external_io.vllm_parallel_kwargs),
+  and no rank waits for another's dummy batches. Each worker must see one GPU. Outside a
+  world (one process) it is a single-process engine. The engine core runs in this process
   (VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights reach the model without serialisation.
 - Weights: built with load_format="dummy" (nothing read from disk), then fed by Hugging
-  Face name through `LLM.collective_rpc`, which calls `model.load_weights` on this rank's
-  worker (vLLM maps q/k/v and gate/up onto its fused parameters and cuts its TP piece).
-  The prefix cache is reset before the first generate after a load (its KV was computed
-  with the old weights).
+  Face name through `LLM.collective_rpc` on this rank's worker, as vLLM's own in-place
+  reload does it (vllm/model_executor/model_loader/reload/inplace.py, and the CUDA IPC
+  weight-transfer engine's start/update/finish): `initialize_layerwise_reload(model)`
+  once per sync, `model.load_weights(bucket)` per bucket (vLLM maps q/k/v and gate/up
+  onto its fused parameters and cuts its TP piece), `finalize_layerwise_reload(model,
+  model_config)` before the next generate. The layer-wise reload runs each layer's
+  `process_weights_after_loading` once its weights are in, so derived tensors are rebuilt
+  from the new ones (DeepSeek MLA's W_UK/W_UV from kv_b_proj, MoE kernel layouts,
+  quantised repacking); a bare `load_weights` would leave them from the dummy weights.
+  vLLM's own start/update/finish_weight_update worker API needs a weight_transfer_config
+  (NCCL or CUDA IPC from a trainer in another process); here the tensors are already in
+  the engine's process, so the same three steps are called directly. The prefix cache
+  is reset after the reload (its KV was computed with the old weights).
 - Memory: enable_sleep_mode=True; release_memory() is `LLM.sleep(level=2)` (weights and KV
   cache discarded: they are reloaded each step anyway), keep_weights=True is level 1
   (weights offloaded to host memory). resume_memory() wakes the weights only; the KV cache
@@ -50,13 +60,35 @@ from hybridflow.engines.rollout.external_io import (
 from hybridflow.engines.rollout.registry import register_rollout_backend
 
 
+def _begin_reload(worker) -> None:
+    """Runs on vLLM's worker (collective_rpc): layer-wise reload, processing deferred per layer."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(worker.model_runner.get_model())
+
+
 def _load_bucket(worker, bucket) -> None:
-    """Runs on vLLM's worker (collective_rpc): its model's own HF-name loader."""
-    worker.model_runner.model.load_weights(weights=bucket)
+    """Runs on vLLM's worker: its model's own HF-name loader."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        worker.model_runner.get_model().load_weights(weights=bucket)
+
+
+def _finish_reload(worker) -> None:
+    """Runs on vLLM's worker: process what is left (attention layers last) and restore the
+    kernel tensors in place (so captured CUDA graphs stay valid)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(worker.model_runner.get_model(), worker.model_runner.model_config)
 
 
 def _weight_bytes(worker) -> int:
-    return sum(p.numel() * p.element_size() for p in worker.model_runner.model.parameters())
+    return sum(p.numel() * p.element_size() for p in worker.model_runner.get_model().parameters())
 
 
 @register_rollout_backend("vllm")
@@ -72,7 +104,8 @@ class VLLMRolloutEngine(ExternalRolloutEngine):
     def _start_engine(self, hf_config) -> None:
         distributed = dist.is_initialized()
         parallel, env = vllm_parallel_kwargs(self.tp_size, rank=dist.get_rank() if distributed else None,
-                                             world_size=dist.get_world_size() if distributed else None)
+                                             world_size=dist.get_world_size() if distributed else None,
+                                             visible_gpus=torch.cuda.device_count())
         os.environ.update(env)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (see above)
         import vllm
@@ -95,10 +128,14 @@ class VLLMRolloutEngine(ExternalRolloutEngine):
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [vllm_completion_tokens(o.outputs[0]) for o in outputs]
 
+    def _engine_begin_load(self) -> None:
+        self.llm.collective_rpc(_begin_reload)
+
     def _engine_load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         self.llm.collective_rpc(_load_bucket, args=(bucket,))
 
-    def _engine_drop_cache(self) -> None:
+    def _engine_end_load(self) -> None:
+        self.llm.collective_rpc(_finish_reload)
         self.llm.reset_prefix_cache()
 
     def _engine_release(self, keep_weights: bool) -> None:

@@ -198,8 +198,9 @@ class EngineSettings:
     """What any engine reads, frozen (reference, reward model) or trained.
 
     dtype: "bf16" computes in bf16 with fp32 master weights and fp32 gradient
-        reduction; "fp32" computes in fp32; "auto" (default) is bf16 on GPUs and CPUs
-        with native bf16 instructions, fp32 elsewhere (see engines/precision.py). Models
+        reduction; "fp32" computes in fp32; "auto" (default) is bf16 on GPUs and, on
+        CPUs, the faster of the two in a cached matmul probe (engines/precision.py; a run
+        resolves it once, config/dtypes.py). Models
         that are not trained (reference, reward) are stored in the compute dtype.
     tp_size: tensor-parallel degree; dp = world_size / (tp_size * pp_size).
     pp_size: pipeline-parallel degree: the decoder layers cut into pp_size stages run by

@@ -344,3 +344,43 @@ def actor_engine_methods(rank: int, world: int, model_dir: str, pp: int, tp: int
                         "groups": hybrid.grouping.tp_groups, **res})
     return results
 
+
+
+def bucketed_sync(rank: int, world: int, model_dir: str, settings: list[tuple[str, int, str]]) -> list[dict]:
+    """FSDP2 over the world into the native engine, each setting (method, gen_tp, gen dtype)
+    synced unbucketed and with buckets: the load_weights calls the engine received (counted
+    around its real load_weights), the dtypes that arrived, and the weights it ends with."""
+    import transformers
+
+    from hybridflow.engines.reshard import HybridEngine
+    from hybridflow.engines.rollout import RolloutConfig
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ref = reference_engine(model.config, full)
+    shard_with_fsdp(model, world, aligned=True)
+    results = []
+    for method, gen_tp, dtype_name in settings:
+        dtype = DTYPES[dtype_name]
+        for bucket_bytes in (None, 64 << 10):
+            hybrid = HybridEngine.build(model.named_parameters, model.config, RolloutConfig(dtype=dtype),
+                                        gen_tp=gen_tp, method=method, bucket_bytes=bucket_bytes)
+            calls: list[list[tuple[str, torch.dtype]]] = []
+            load = hybrid.rollout.load_weights
+
+            def counted(weights, *, sharded=False, load=load, calls=calls):
+                weights = list(weights)
+                calls.append([(n, t.dtype) for n, t in weights])
+                load(weights, sharded=sharded)
+
+            hybrid.rollout.load_weights = counted
+            stats = hybrid.to_generation()
+            res = {"setting": (method, gen_tp, dtype_name, bucket_bytes), "calls": len(calls),
+                   "counted_calls": hybrid.load_calls, "names": sorted(n for c in calls for n, _ in c),
+                   "dtypes": sorted({str(d) for c in calls for _, d in c}),
+                   "bad_slices": slices_equal(hybrid.rollout, full, dtype), "buffer_bytes": stats.buffer_bytes}
+            if dtype == torch.float32:
+                res["tokens_equal"] = compare_generation(hybrid.rollout, ref, model.config.vocab_size)["tokens_equal"]
+            hybrid.to_training()
+            results.append(res)
+    return results

@@ -42,7 +42,8 @@ class ReferenceExternalEngine(ExternalRolloutEngine):
 
     def _start_engine(self, hf_config) -> None:
         self.inner = NativeRolloutEngine(hf_config, self.config)
-        self.cache_drops = 0
+        self.sessions = 0  # weight-update sessions opened
+        self.cache_drops = 0  # ... and closed (the engine's post-processing and cache reset)
 
     def _engine_generate(self, requests: list[EngineRequest], stop_ids) -> list[tuple[list[int], list[float]]]:
         # What the adapters send: one sequence per request, its own seed and stop ids, eos
@@ -55,10 +56,13 @@ class ReferenceExternalEngine(ExternalRolloutEngine):
         return [(out.batch["responses"][i, :n].tolist(), out.batch["rollout_log_probs"][i, :n].tolist())
                 for i, n in enumerate(lengths)]
 
+    def _engine_begin_load(self) -> None:
+        self.sessions += 1
+
     def _engine_load(self, bucket) -> None:
         self.inner.load_weights(bucket)
 
-    def _engine_drop_cache(self) -> None:
+    def _engine_end_load(self) -> None:
         self.cache_drops += 1
 
     def _engine_release(self, keep_weights: bool) -> None:

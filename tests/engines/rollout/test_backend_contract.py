@@ -14,11 +14,31 @@ skipped with the reason otherwise (`unavailable`); their shared code runs everyw
 Nothing here is specific to a backend
 but its device (`config`) and, for the log-prob test, the truncation settings whose
 log-probs the engine can return (external.log_prob_mismatch).
-Tolerances: fp32 log-probs within 1e-4 of an HF forward pass and across backends (KV-cache
-decoding and a full forward sum in different orders); tokens and masks exactly.
+Precision and tolerances. native, hf and external_reference run in fp32: log-probs within
+1e-4 of an HF fp32 forward and across backends (KV-cache decoding and a full forward sum
+in different orders); tokens and masks exactly. vllm and sglang run in bf16, as they are
+used: fp32 is not a configuration either supports faithfully on a GPU (vLLM's Triton
+attention computes fp32 dots in TF32 unless TRITON_F32_DEFAULT=ieee; SGLang's default H100
+attention, FA3, has no fp32 kernel). Their log-probs are held within BF16_ATOL = 0.1 of
+the fp32 reference: a logit z carries bf16's relative rounding 2^-8, and |z / T| <= 4.1
+here (|z| <= 2.9, T = 0.7), so one rounding moves a log-prob by up to ~0.016; the native
+engine in bf16 on this CPU measured 0.017 max (0.004 mean) against the fp32 forward on
+these models, and 0.1 leaves ~6x for the GPU kernels' other summation orders. Greedy
+tokens are compared exactly up to each row's first step whose fp32 top-2 logit margin is
+below BF16_MARGIN = 0.05 logits (~4x the 0.012 logit error measured likewise): a near-tie
+a bf16 engine may break either way, after which the paths may part. These tiny random
+models have such near-ties early in some rows (margins down to 0.001), so the bf16
+comparison covers 0-20 steps per row, not all of them.
+
+One engine per test process: a vllm or sglang case runs in a child pytest process of its
+own (`isolated` marker, conftest.py), and builds one engine there (a garbage-collected
+in-process vLLM engine tears down the process groups the next one shares), compared with
+the native engine where a reference is needed.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -59,8 +79,11 @@ def unavailable(backend: str) -> str | None:
     return None
 
 
-BACKENDS = tuple(pytest.param(b, marks=pytest.mark.skipif(unavailable(b) is not None, reason=str(unavailable(b))))
+BACKENDS = tuple(pytest.param(b, marks=[pytest.mark.skipif(unavailable(b) is not None, reason=str(unavailable(b))),
+                                         *([pytest.mark.isolated] if b in EXTERNAL_ENGINES else [])])
                  for b in TESTED)
+BF16_ATOL = 0.1  # external engines' bf16 log-probs against the fp32 reference (module docstring)
+BF16_MARGIN = 0.05  # fp32 top-2 logit margin below which a bf16 engine may pick the other token
 RUNNABLE = tuple(b for b in TESTED if unavailable(b) is None)
 
 
@@ -71,9 +94,26 @@ def _reference_backend():
 
 
 def config(backend: str, **kw) -> RolloutConfig:
-    """fp32 on the backend's device: the external engines run on CUDA only."""
-    return RolloutConfig(dtype=kw.pop("dtype", torch.float32),
-                         device="cuda" if backend in EXTERNAL_ENGINES else "cpu", **kw)
+    """fp32 on CPU; the external engines in bf16 on CUDA (module docstring)."""
+    external = backend in EXTERNAL_ENGINES
+    return RolloutConfig(dtype=kw.pop("dtype", torch.bfloat16 if external else torch.float32),
+                         device="cuda" if external else "cpu", **kw)
+
+
+def atol(backend: str) -> float:
+    return BF16_ATOL if backend in EXTERNAL_ENGINES else 1e-4
+
+
+def robust_steps(path, out: DataProto, margin: float) -> list[int]:
+    """Per row, the response steps before the first whose fp32 top-2 logit margin (HF
+    forward of the model at `path` over `out`) is below `margin`."""
+    with torch.no_grad():
+        logits = load_hf(path)(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
+                               position_ids=out.batch["position_ids"]).logits.float()
+    p = out.batch["prompts"].shape[1]
+    top2 = logits[:, p - 1 : -1].topk(2, dim=-1).values
+    near = (top2[..., 0] - top2[..., 1]) < margin
+    return [int(row.nonzero()[0, 0]) if row.any() else len(row) for row in near]
 
 
 def build(backend: str, path, rollout_config: RolloutConfig | None = None, **kw):
@@ -82,7 +122,7 @@ def build(backend: str, path, rollout_config: RolloutConfig | None = None, **kw)
 
 @pytest.fixture(autouse=True)
 def _small_gpu_share(monkeypatch):
-    """Several engines are alive at once in a test: each external one takes a small share."""
+    """An external engine takes a small share of the GPU: other test processes may hold one too."""
     for name in RUNNABLE:
         if name in EXTERNAL_ENGINES:
             cls = rollout_backend(name)
@@ -139,11 +179,13 @@ def test_response_mask_agrees_with_finish_reason_and_eos(backend, models):
     after it, a "length" row contains no eos and fills its budget; greedy and sampled."""
     path = models["llama"]
     batch = left_padded(LENGTHS, vocab=256, seed=21)
-    free = build(backend, path).generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
+    # eos: two tokens the model emits (read off the native engine, so one engine of `backend` is built)
+    native = build("native", path).generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
     config = load_hf_config(path)
-    eos = {free[1][2], free[3][4]}
+    eos = {native[1][2], native[3][4]}
     config.eos_token_id = sorted(eos)
     engine = build(backend, path, hf_config=config)
+    free = engine.generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist()
     for params in (_greedy(24), SamplingParams(temperature=1.0, max_new_tokens=24, n=4, seed=3)):
         out = engine.generate(batch, params)
         reasons = out.non_tensor_batch["finish_reason"]
@@ -161,20 +203,29 @@ def test_response_mask_agrees_with_finish_reason_and_eos(backend, models):
     assert engine.generate(batch, _greedy(24, ignore_eos=True)).batch["responses"].tolist() == free
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_identical_across_backends(family, models):
-    """Per-row budgets and eos on: the same tokens, masks and finish reasons everywhere."""
+def test_greedy_identical_across_backends(family, backend, models):
+    """Per-row budgets and eos on: the same tokens, masks and finish reasons as the native
+    fp32 engine (bf16 engines: up to each row's first near-tie, module docstring)."""
     batch = left_padded([5, 12, 1, 9, 3], vocab=256, seed=2)
     params = [_greedy(b) for b in (20, 7, 14, 20, 3)]
-    outs = {backend: build(backend, models[family]).generate(batch, params) for backend in RUNNABLE}
-    ref = outs["native"]
+    ref = build("native", models[family]).generate(batch, params)
+    out = build(backend, models[family]).generate(batch, params)
     assert ref.batch["response_mask"].sum(1).tolist() == [20, 7, 14, 20, 3]  # the budgets bind
-    for backend, out in outs.items():
+    if backend not in EXTERNAL_ENGINES:
         for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
             assert torch.equal(out.batch[key], ref.batch[key]), (backend, key)
         assert list(out.non_tensor_batch["finish_reason"]) == list(ref.non_tensor_batch["finish_reason"])
-        diff = (out.batch["rollout_log_probs"] - ref.batch["rollout_log_probs"]).abs().max()
-        assert diff < 1e-4, (backend, diff)
+        steps = [out.batch["responses"].shape[1]] * len(out)
+    else:
+        steps = robust_steps(models[family], ref, BF16_MARGIN)
+        assert sum(steps) > 0  # the models leave some robust steps to compare
+        for row, n in enumerate(steps):
+            assert torch.equal(out.batch["responses"][row, :n], ref.batch["responses"][row, :n]), (row, n)
+    for row, n in enumerate(steps):
+        diff = (out.batch["rollout_log_probs"][row, :n] - ref.batch["rollout_log_probs"][row, :n]).abs()
+        assert n == 0 or diff.max() < atol(backend), (backend, row, diff.max())
 
 
 @pytest.mark.parametrize("mode", ["scaled", "processed"])
@@ -197,7 +248,7 @@ def test_rollout_log_probs_equal_a_forward_pass(backend, mode, models):
         expected = truncated_log_probs(hf, out, temp, top_k, top_p)
     mask = out.batch["response_mask"].bool()
     got = out.batch["rollout_log_probs"]
-    assert torch.allclose(got[mask], expected[mask], atol=1e-4), (got[mask] - expected[mask]).abs().max()
+    assert torch.allclose(got[mask], expected[mask], atol=atol(backend)), (got[mask] - expected[mask]).abs().max()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -255,7 +306,8 @@ def test_release_resume_and_storage_accounting(backend, models):
     engine = build(backend, path)
     ref = engine.generate(batch, _greedy()).batch["responses"]
     full = engine.weight_storage_bytes()
-    assert full == sum(t.numel() * 4 for _, t in iter_safetensors(path))  # fp32, untied: every tensor once
+    itemsize = torch.empty((), dtype=config(backend).dtype).element_size()
+    assert full == sum(t.numel() * itemsize for _, t in iter_safetensors(path))  # untied: every tensor once
     engine.release_memory(keep_weights=True)  # moved off the device (on CPU they simply stay)
     engine.resume_memory()
     assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], ref)
@@ -269,8 +321,9 @@ def test_release_resume_and_storage_accounting(backend, models):
         engine.generate(batch, _greedy())
     engine.load_weights(iter_safetensors(path))
     assert torch.equal(engine.generate(batch, _greedy()).batch["responses"], ref)
-    bf16 = build(backend, path, config(backend, dtype=torch.bfloat16))
-    assert bf16.weight_storage_bytes() == full // 2
+    if backend not in EXTERNAL_ENGINES:  # (one engine per process for those: they run in bf16 already)
+        bf16 = build(backend, path, config(backend, dtype=torch.bfloat16))
+        assert bf16.weight_storage_bytes() == full // 2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -278,11 +331,12 @@ def test_load_weights_twice_follows_the_weights(backend, models):
     """Weight sync: after loading another model the engine generates like that model, and
     loading the first one again brings its outputs back."""
     batch = left_padded([5, 3, 8], vocab=256, seed=5)
-    engine = build(backend, models["llama"])
+    engine = build(backend, models["other"])  # one engine: its first weights are the reference
+    fresh = engine.generate(batch, _greedy())
+    engine.load_weights(iter_safetensors(models["llama"]))
     before = engine.generate(batch, _greedy())
     engine.load_weights(iter_safetensors(models["other"]))
     after = engine.generate(batch, _greedy())
-    fresh = build(backend, models["other"]).generate(batch, _greedy())
     assert torch.equal(after.batch["responses"], fresh.batch["responses"])
     assert torch.equal(after.batch["rollout_log_probs"], fresh.batch["rollout_log_probs"])
     assert not torch.equal(after.batch["responses"], before.batch["responses"])
@@ -316,3 +370,9 @@ def test_bad_input_raises_clear_errors(backend, models):
         engine.load_weights([("model.layers.9.self_attn.q_proj.weight", torch.zeros(64, 64))])
     with pytest.raises(ValueError, match="shape"):
         engine.load_weights([("model.layers.0.self_attn.q_proj.weight", torch.zeros(3, 64))])
+
+
+@pytest.mark.isolated
+def test_isolated_cases_run_in_a_child_process():
+    """The `isolated` marker (every vllm / sglang case) runs the test in a child pytest of its own."""
+    assert os.environ.get("HYBRIDFLOW_ISOLATED_CHILD") == "1"

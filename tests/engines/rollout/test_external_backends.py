@@ -105,9 +105,9 @@ def test_log_prob_semantics_the_engines_cannot_give_are_refused(installed):
         RolloutWorkerConfig(name="vllm", top_p=0.9)
     RolloutWorkerConfig(name="vllm", top_p=0.9, log_prob_mode="processed")
     RolloutWorkerConfig(name="vllm", top_p=0.9, do_sample=False)  # greedy: log_softmax(logits) everywhere
-    with pytest.raises(ConfigError, match="^log_prob_mode: SGLang's log-probs ignore top-k"):
-        RolloutWorkerConfig(name="sglang", top_k=20, log_prob_mode="processed")
-    RolloutWorkerConfig(name="sglang", top_k=20)
+    with pytest.raises(ConfigError, match=r"^log_prob_mode: SGLang returns log-probs of the full softmax"):
+        RolloutWorkerConfig(name="sglang", top_p=0.9, log_prob_mode="processed")
+    RolloutWorkerConfig(name="sglang", top_k=20, top_p=0.9)  # scaled: what SGLang 0.5.21 returns for any truncation
 
 
 @pytest.mark.parametrize(("name", "mode", "top_k", "top_p", "exact"), [
@@ -116,9 +116,10 @@ def test_log_prob_semantics_the_engines_cannot_give_are_refused(installed):
     ("vllm", "scaled", 20, 1.0, False),
     ("vllm", "scaled", -1, 0.9, False),
     ("sglang", "scaled", 20, 1.0, True),
-    ("sglang", "scaled", -1, 0.9, False),
-    ("sglang", "processed", -1, 0.9, True),
-    ("sglang", "processed", 20, 0.9, False),
+    ("sglang", "scaled", 20, 0.9, True),
+    ("sglang", "processed", -1, 1.0, True),
+    ("sglang", "processed", -1, 0.9, False),
+    ("sglang", "processed", 20, 1.0, False),
 ])
 def test_log_prob_mismatch_table(name, mode, top_k, top_p, exact):
     assert (log_prob_mismatch(name, mode, greedy=False, top_k=top_k, top_p=top_p) is None) == exact
@@ -332,17 +333,21 @@ def test_sharded_weights_are_gathered_and_generate_like_one_process(tmp_path):
         assert drops == 1  # the engine's prefix cache is dropped once for many loads
 
 
-def test_vllm_joins_the_workers_world_with_t_g_and_d_g():
-    assert vllm_parallel_kwargs(1, rank=None, world_size=None) == ({"tensor_parallel_size": 1}, {})
-    kwargs, env = vllm_parallel_kwargs(2, rank=5, world_size=8)
-    assert kwargs == {"tensor_parallel_size": 2, "data_parallel_size": 4,
+def test_vllm_joins_the_workers_world_as_independent_t_g_engines():
+    """data_parallel_size 1: the world / t_g engines are vLLM's independent "external DP"
+    replicas, never one DP engine whose ranks wait on each other's dummy batches."""
+    assert vllm_parallel_kwargs(1, rank=None, world_size=None, visible_gpus=2) == ({"tensor_parallel_size": 1}, {})
+    kwargs, env = vllm_parallel_kwargs(2, rank=5, world_size=8, visible_gpus=1)
+    assert kwargs == {"tensor_parallel_size": 2, "data_parallel_size": 1,
                       "distributed_executor_backend": "external_launcher"}
     assert env == {"RANK": "5", "LOCAL_RANK": "0", "WORLD_SIZE": "8"}
-    assert vllm_parallel_kwargs(1, rank=0, world_size=4)[0]["data_parallel_size"] == 4
+    assert vllm_parallel_kwargs(1, rank=0, world_size=4, visible_gpus=1)[0]["data_parallel_size"] == 1
     with pytest.raises(ValueError, match="does not divide"):
-        vllm_parallel_kwargs(3, rank=0, world_size=4)
+        vllm_parallel_kwargs(3, rank=0, world_size=4, visible_gpus=1)
     with pytest.raises(ValueError, match="inside a torch.distributed world"):
-        vllm_parallel_kwargs(2, rank=None, world_size=None)
+        vllm_parallel_kwargs(2, rank=None, world_size=None, visible_gpus=1)
+    with pytest.raises(ValueError, match="sees 2 GPUs; a vLLM rollout worker must see exactly one"):
+        vllm_parallel_kwargs(2, rank=1, world_size=4, visible_gpus=2)
 
 
 def test_a_call_asking_for_log_probs_the_engine_cannot_give_is_refused(tmp_path):
