@@ -86,6 +86,12 @@ class Step:
     # Set where the batch stayed in the workers (the asynchronous modes): its metrics and
     # sequence lengths; `batch` is then empty.
     summary: BatchSummary | None = None
+    # The asynchronous modes (trainer/stream_step.py): the batch their rollout pool generated
+    # and scored for this step, which the generate phase takes instead of calling the actor,
+    # and the capabilities of the algorithm's row (AlgorithmSpec.capabilities) the pool served
+    # with it, whose phases then only report what it did.
+    streamed: DataProto | None = None
+    served: frozenset[str] = frozenset()
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -146,7 +152,11 @@ def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto) -> Dat
 @phase("gen")
 def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
     """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group), unique
-    within the step across generation rounds."""
+    within the step across generation rounds. In the asynchronous modes the rollout pool's
+    stream serves it: the step's batch is the groups it generated (`Step.streamed`)."""
+    if step.served:
+        step.batch = take_streamed(step)
+        return
     prompts = step.batch
     prefix = f"{step.index}-" if round == 0 else f"{step.index}.{round}-"
     prompts.non_tensor_batch["uid"] = np.array([f"{prefix}{i}" for i in range(len(prompts))], dtype=object)
@@ -219,21 +229,40 @@ def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> Non
                          "cost/min": float(episode.min())})
 
 
+def take_streamed(step: Step) -> DataProto:
+    """The batch the rollout pool's stream generated for `step` (once: the asynchronous modes
+    serve one generation per step; more rounds are the dynamic_sampling capability)."""
+    if step.streamed is None:
+        raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async serve "
+                           "one generation per step from the rollout pool (declare dynamic_sampling on the "
+                           "algorithm's AlgorithmSpec for more rounds of informative groups), or use trainer.mode=sync")
+    batch, step.streamed = step.streamed, None
+    return batch
+
+
 @phase("greedy_baseline")
 def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
                             score: Callable[[DataProto], torch.Tensor]) -> None:
     """ReMax: baseline_rewards [B], the score of one greedy response to each sample's prompt.
 
     `prompts` carry the `uid` that `generate` gave them; `score` returns token-level scores.
+    In the asynchronous modes (the greedy_baseline capability served by the rollout pool)
+    the groups arrive with their baseline_rewards.
     """
+    if "greedy_baseline" not in step.served:
+        _greedy_baseline(step, prompts, actor, score)
+    step.metrics["remax/baseline_mean"] = float(step.batch.batch["baseline_rewards"].double().mean())
+
+
+def _greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
+                     score: Callable[[DataProto], torch.Tensor]) -> None:
     greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
                        meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
     out = actor.generate_sequences(greedy)
     out.meta_info.pop("metrics", None)
     by_uid = dict(zip(out.non_tensor_batch["uid"], score(out).sum(-1).tolist()))
-    baseline = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]], dtype=torch.float32)
-    step.batch.batch["baseline_rewards"] = baseline
-    step.metrics["remax/baseline_mean"] = float(baseline.double().mean())
+    step.batch.batch["baseline_rewards"] = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]],
+                                                        dtype=torch.float32)
 
 
 @phase("old_log_prob")
@@ -368,7 +397,14 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
     a multiple of `group_unit` (whole actor mini-batches), and reports dapo/cap_hit = 1;
     a RuntimeError if that leaves nothing. Metrics: dapo/rounds, dapo/generated_groups,
     dapo/kept_groups (informative groups found), dapo/trained_groups, dapo/cap_hit.
+
+    In the asynchronous modes (the dynamic_sampling capability served by the rollout pool's
+    stream) the groups were filtered as they arrived, with the same metrics but dapo/rounds:
+    one round takes them.
     """
+    if "dynamic_sampling" in step.served:
+        sample_round(step, 0)
+        return
     kept: list[DataProto] = []
     generated = found = rounds = 0
     prompts = step.batch

@@ -80,8 +80,10 @@ from hybridflow.workers.generation import (
 )
 
 
-# Where the cost function's per-sample outcomes go (`sample_outcomes` columns under this prefix).
-COST_COLUMNS = "cost:"
+# Where each rule-based scorer's results go in a scored group: its token-level scores' key and
+# the prefix of its per-sample outcome columns (`sample_outcomes`); trainer/stream_step.py
+# reads them back as the program's scorers.
+SCORED_COLUMNS = {"reward": ("token_level_scores", ""), "cost": ("token_level_costs", "cost:")}
 # The uid suffix of ReMax's greedy response to a prompt (it never leaves the rollout rank).
 GREEDY_SUFFIX = "#greedy"
 
@@ -296,22 +298,17 @@ class RolloutWorker(Worker):
         (those the run has), their steering records, and the scoring pools' worker restarts
         (reward/worker_restarts, cost/worker_restarts)."""
         groups, steering = [], []
-        restarts = {f"{kind}/worker_restarts": 0.0 for kind, fn in (("reward", self.reward), ("cost", self.cost))
-                    if fn is not None}
+        scorers = [(kind, fn) for kind, fn in (("cost", self.cost), ("reward", self.reward)) if fn is not None]
+        restarts = {f"{kind}/worker_restarts": 0.0 for kind, _ in scorers}
         for batch in finished:
-            informative = None
-            if self.cost is not None:
-                out = self.cost.score(batch)
-                batch.batch["token_level_costs"] = out.token_level_scores
-                batch.non_tensor_batch.update({COST_COLUMNS + k: v for k, v in sample_outcomes(out).items()})
-                restarts["cost/worker_restarts"] += out.metrics["reward/worker_restarts"]
-            if self.reward is not None:
-                out = self.reward.score(batch)
-                batch.batch["token_level_scores"] = out.token_level_scores
-                batch.non_tensor_batch.update(sample_outcomes(out))
-                restarts["reward/worker_restarts"] += out.metrics["reward/worker_restarts"]
-                informative, _ = dynamic_sampling_filter(batch.non_tensor_batch["uid"],
-                                                         out.token_level_scores.sum(-1))
+            for kind, fn in scorers:
+                key, prefix = SCORED_COLUMNS[kind]
+                out = fn.score(batch)
+                batch.batch[key] = out.token_level_scores
+                batch.non_tensor_batch.update({prefix + k: v for k, v in sample_outcomes(out).items()})
+                restarts[f"{kind}/worker_restarts"] += out.metrics["reward/worker_restarts"]
+            informative = None if self.reward is None else dynamic_sampling_filter(
+                batch.non_tensor_batch["uid"], batch.batch["token_level_scores"].sum(-1))[0]
             start = 0
             for group in split_groups(batch):
                 groups.append(group)
