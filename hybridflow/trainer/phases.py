@@ -92,6 +92,7 @@ class Step:
     # with it, whose phases then only report what it did.
     streamed: DataProto | None = None
     served: frozenset[str] = frozenset()
+    streamed_greedy: DataProto | None = None  # greedy_baseline: one greedy response per group
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -247,22 +248,19 @@ def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
 
     `prompts` carry the `uid` that `generate` gave them; `score` returns token-level scores.
     In the asynchronous modes (the greedy_baseline capability served by the rollout pool)
-    the groups arrive with their baseline_rewards.
+    the greedy responses arrive with the groups (`Step.streamed_greedy`), scored there.
     """
-    if "greedy_baseline" not in step.served:
-        _greedy_baseline(step, prompts, actor, score)
-    step.metrics["remax/baseline_mean"] = float(step.batch.batch["baseline_rewards"].double().mean())
-
-
-def _greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
-                     score: Callable[[DataProto], torch.Tensor]) -> None:
-    greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
-                       meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
-    out = actor.generate_sequences(greedy)
-    out.meta_info.pop("metrics", None)
+    if "greedy_baseline" in step.served:  # generated with the groups on the rollout pool
+        out = step.streamed_greedy
+    else:
+        greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
+                           meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
+        out = actor.generate_sequences(greedy)
+        out.meta_info.pop("metrics", None)
     by_uid = dict(zip(out.non_tensor_batch["uid"], score(out).sum(-1).tolist()))
-    step.batch.batch["baseline_rewards"] = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]],
-                                                        dtype=torch.float32)
+    baseline = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]], dtype=torch.float32)
+    step.batch.batch["baseline_rewards"] = baseline
+    step.metrics["remax/baseline_mean"] = float(baseline.double().mean())
 
 
 @phase("old_log_prob")

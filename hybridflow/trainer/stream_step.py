@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
 import ray
 import torch
+from ray import cloudpickle  # Ray's own copy: what its task arguments are pickled with
 
 from hybridflow.algorithms.off_policy import staleness_metrics
 from hybridflow.config.algorithm import USER_MODULE_PREFIX, AlgorithmSpec, add_algorithm
@@ -52,7 +52,7 @@ from hybridflow.trainer import phases as P
 from hybridflow.trainer.algorithms import AlgoState, step_program
 from hybridflow.trainer.metrics import BatchSummary
 from hybridflow.trainer.phases import Roles, Step
-from hybridflow.workers.rollout import SCORED_COLUMNS
+from hybridflow.workers.rollout import GREEDY_KEY, SCORED_COLUMNS
 
 # Who the task's failures are reported as when no worker call inside it failed.
 PROGRAM = RankInfo("step_program", 0, "", None)
@@ -123,8 +123,10 @@ def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoS
                  balance_dp: bool, served: frozenset[str], *groups: DataProto) -> dict[str, Any]:
     """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2)."""
     add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
+    greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
     batch = P.concat_generated(list(groups))
-    step = Step(index, DataProto(), balance_dp=balance_dp, streamed=batch, served=served)
+    step = Step(index, DataProto(), balance_dp=balance_dp, streamed=batch, served=served,
+                streamed_greedy=P.concat_generated(greedy) if greedy else None)
     step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
     step_program(spec)(step, roles, cfg, state)
     summary = BatchSummary.of(step.batch)

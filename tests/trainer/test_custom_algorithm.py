@@ -29,6 +29,14 @@ def test_the_example_config_finds_its_algorithm_from_the_repository_root(monkeyp
     assert cfg.algorithm.spec.check is not None and not cfg.use_critic
 
 
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_the_example_config_is_accepted_by_the_asynchronous_modes(monkeypatch, mode):
+    """Issue 23's first failure: async mode refused every program but its own copies."""
+    monkeypatch.chdir(REPO)
+    cfg = load_run_config("examples/custom_algorithm/grpo_brevity.yaml", [f"trainer.mode={mode}"])
+    assert cfg.trainer.mode == mode and cfg.algorithm.spec.capabilities == ()
+
+
 # The asynchronous modes: one training rank beside one rollout rank.
 MODES = {"sync": (), "one_step_off": ("trainer.mode=one_step_off", "resources.world_size=1"),
          "async": ("trainer.mode=async", "resources.world_size=1", "async_rl.max_staleness=1",
@@ -49,6 +57,7 @@ def test_custom_algorithm_trains_two_steps(ray_local, tiny_config, mode):
     _check_brevity_records(rl_records(result.run_dir), cfg, batch_on_controller=mode == "sync")
 
 
+@pytest.mark.slow  # two pools of tiny-model processes
 def test_the_documented_command_runs_in_async_mode(ray_local, tmp_path, monkeypatch):
     """`hybridflow train --config examples/custom_algorithm/grpo_brevity.yaml trainer.mode=async`
     (docs/extending.md), from the repository root, shrunk to the tiny model and two steps."""
