@@ -14,6 +14,11 @@ Every call that splits the batch across data-parallel ranks (log-probs, values, 
 goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
 (trainer.balance_batch) and hands per-sample outputs back in the batch's own order.
 
+Every trainer.mode runs the same phases: in one_step_off / async (trainer/stream_step.py)
+`generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
+the capabilities that pool served (`Step.served`: ReMax's greedy responses, DAPO's filter)
+use what came with the groups instead of calling the actor.
+
 Weight sync has no phase of its own: the actor's updated weights reach the generation
 engine inside the next `generate_sequences` call (3D-HybridEngine reshard), timed by the
 worker as `timing_s/reshard_to_generation`.
