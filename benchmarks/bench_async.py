@@ -81,8 +81,8 @@ def run_mode(mode: str, steps: int, out_dir: Path, seed: int) -> dict[str, Any]:
         "mode": mode, "steps": steps, "seed": seed, "trained_samples_timed": SAMPLES_PER_STEP * len(timed),
         "samples_per_s": round(SAMPLES_PER_STEP * len(timed) / loop_s, 3), "step_s_mean": round(loop_s / len(timed), 3),
         "wait_rollout_s_mean": mean("timing_s/wait_rollout"), "gen_s_mean": mean("timing_s/gen"),
-        # the asynchronous modes time the update inside the worker only (their data path runs
-        # on the workers, trainer/async_dataflow.py); sync logs both
+        # both modes time the update phase where the program runs (the controller in sync,
+        # the step task beside the data in the asynchronous modes, trainer/stream_step.py)
         "update_actor_s_mean": mean("timing_s/update_actor"),
         "update_actor_in_worker_s_mean": mean("timing_s/update_actor_in_worker"),
         "response_length_mean": mean("response_length/mean"),

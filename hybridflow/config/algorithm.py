@@ -80,6 +80,18 @@ class AlgorithmSpec:
     dataflow: the phases its program runs (hybridflow/config/dataflow.py), read by the
         auto-mapping planner; None: `standard_dataflow(critics, cost)`, the shape of every
         generate -> score -> log-probs -> values -> update program.
+
+    Capabilities: what the program needs from an execution mode beyond generate-and-score
+    (trainer.mode sync / one_step_off / async run the same program; each mode serves these
+    its own way, or refuses the run with a ConfigError naming the capability):
+    greedy_baseline: one greedy response per prompt, scored, besides the sampled ones (ReMax's
+        `compute_greedy_baseline` phase); the asynchronous modes generate and score it on the
+        rollout pool with the prompt's group.
+    dynamic_sampling: only the prompt groups whose scores differ are trained on
+        (`sample_informative_groups`, with the `filter_groups` settings of its settings
+        section); the asynchronous modes filter the stream of groups as they arrive.
+    lagrangian: a Lagrange multiplier in the cross-step state (the `multiplier()` of its
+        settings section), checkpointed with the run (Safe-RLHF).
     """
 
     name: str
@@ -93,6 +105,9 @@ class AlgorithmSpec:
     settings: str | None = None
     check: Callable[[RunConfig], None] | None = None
     dataflow: tuple[FlowPhase, ...] | None = None
+    greedy_baseline: bool = False
+    dynamic_sampling: bool = False
+    lagrangian: bool = False
 
     def __post_init__(self) -> None:
         where = f"AlgorithmSpec(name={self.name!r})"
@@ -116,6 +131,10 @@ class AlgorithmSpec:
             raise ValueError(f"{where}: program {self.program!r} must be a function or a 'module:function' path")
         if self.program is not None and not isinstance(self.program, str) and not callable(self.program):
             raise ValueError(f"{where}: program must be a function or a 'module:function' path, got {self.program!r}")
+        for capability, needs in (("dynamic_sampling", "filter_groups"), ("lagrangian", "multiplier")):
+            if getattr(self, capability) and not hasattr(_section_default(self.settings), needs):
+                raise ValueError(f"{where}: {capability}=True reads `{needs}` from its settings section; "
+                                 f"settings={self.settings!r} has none (name a section that has it)")
         if self.check is not None and not callable(self.check):
             raise ValueError(f"{where}: check must be a function of the run config or None, got {self.check!r}")
 
@@ -130,9 +149,31 @@ class AlgorithmSpec:
         return self.dataflow if self.dataflow is not None else standard_dataflow(self.critics, self.cost)
 
     @property
+    def capabilities(self) -> tuple[str, ...]:
+        """The capability fields this row declares (see the class docstring)."""
+        return tuple(name for name in CAPABILITIES if getattr(self, name))
+
+    @property
+    def sections(self) -> tuple[str, ...]:
+        """The settings sections of `algorithm` it reads."""
+        return () if self.settings is None else (self.settings,)
+
+    @property
     def trained_roles(self) -> tuple[str, ...]:
         """The roles RL updates and checkpoints save: the actor and the critics."""
         return ("actor", *self.critics)
+
+
+# The module names of algorithm.module files (one module per file, whatever its name).
+USER_MODULE_PREFIX = "hybridflow_user_algorithm_"
+# The capability fields of AlgorithmSpec (what a program needs from an execution mode).
+CAPABILITIES = ("greedy_baseline", "dynamic_sampling", "lagrangian")
+
+
+def _section_default(section: str | None) -> object:
+    """A default instance of the settings section `section` of `algorithm` (None: none)."""
+    fields = {f.name: f for f in dataclasses.fields(AlgorithmSection)}
+    return None if section is None else fields[section].default_factory()
 
 
 # ----------------------------------------------------------------------------- registry
@@ -219,7 +260,7 @@ def _import_file(path: Path, given: str) -> ModuleType:
         raise ConfigError(f"there is no such file as {given!r} ({path}); give the path of the .py file that registers "
                           "the algorithm (relative paths start from the working directory)", "module")
     # One module per file, whatever its name: two files both called algo.py do not clash.
-    name = f"hybridflow_user_algorithm_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    name = f"{USER_MODULE_PREFIX}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -288,6 +329,12 @@ class AlgorithmSection(AdvantageConfig):
         return algorithm_spec(self.name)
 
     @property
+    def settings(self) -> object | None:
+        """The settings section its algorithm reads (algorithm.dapo, algorithm.safe_rlhf, ...) or None."""
+        section = self.spec.settings
+        return None if section is None else getattr(self, section)
+
+    @property
     def estimator(self) -> str:
         return self.adv_estimator if self.adv_estimator is not None else self.spec.default_estimator
 
@@ -331,9 +378,9 @@ def check_algorithm(cfg: RunConfig) -> None:
             )
     defaults = {f.name: f.default_factory() for f in dataclasses.fields(AlgorithmSection) if f.name in settings_sections()}
     for section, default in defaults.items():
-        if section != spec.settings and getattr(alg, section) != default:
+        if section not in spec.sections and getattr(alg, section) != default:
             raise ConfigError(f"algorithm.{section}.* is read only by algorithm.name="
-                              f"{_readers(lambda s: s.settings == section)} (this run: {alg.name}); remove it")
+                              f"{_readers(lambda s: section in s.sections)} (this run: {alg.name}); remove it")
     if spec.cost and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
         raise ConfigError(f"algorithm.name={alg.name} needs a cost: set cost_model.path (a cost model directory) "
                           "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
@@ -356,15 +403,14 @@ def _config_value(cfg: RunConfig, dotted: str) -> object:
 
 
 def resolved_algorithm(cfg: RunConfig) -> AlgorithmSection:
-    """cfg.algorithm with the nulls filled that stand for a value: adv_estimator, and
-    algorithm.dapo.overlong_buffer.len where the algorithm reads algorithm.dapo (the
-    others keep the section at its defaults, as check_algorithm expects)."""
+    """cfg.algorithm with the nulls filled that stand for a value: adv_estimator, and those of
+    the settings section the algorithm reads (its `resolved(cfg)`, e.g. algorithm.dapo's
+    overlong_buffer.len; the sections it does not read keep their defaults, as
+    check_algorithm expects)."""
     alg = cfg.algorithm
-    dapo = alg.dapo
-    if alg.spec.settings == "dapo":
-        dapo = dataclasses.replace(dapo, overlong_buffer=dataclasses.replace(dapo.overlong_buffer,
-                                                                            len=overlong_buffer_len(cfg)))
-    return dataclasses.replace(alg, adv_estimator=alg.estimator, dapo=dapo)
+    section, resolve = alg.spec.settings, getattr(alg.settings, "resolved", None)
+    filled = {section: resolve(cfg)} if resolve is not None else {}
+    return dataclasses.replace(alg, adv_estimator=alg.estimator, **filled)
 
 
 def _check_dapo(cfg: RunConfig) -> None:
@@ -388,7 +434,7 @@ _PROGRAMS = "hybridflow.trainer.algorithms"  # where the built-in programs live 
 for _spec in (
     AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),
     AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",)),
-    AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax", dataflow=standard_dataflow(
+    AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax", greedy_baseline=True, dataflow=standard_dataflow(
         (), False, extra_scoring=(FlowPhase("greedy_baseline", "actor", "generate", samples_per_prompt=1),))),
     AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2),
     AlgorithmSpec("reinforce_plus_plus", ("reinforce_plus_plus",), f"{_PROGRAMS}:critic_free"),
@@ -405,11 +451,11 @@ for _spec in (
     AlgorithmSpec(
         "dapo", GROUP_ESTIMATORS, f"{_PROGRAMS}:dapo", min_samples=2,
         presets=(("actor.loss.policy.loss_agg_mode", "token-mean"), ("actor.loss.policy.clip_ratio_high", 0.28)),
-        required=("actor.loss.policy.loss_agg_mode",), settings="dapo", check=_check_dapo,
+        required=("actor.loss.policy.loss_agg_mode",), settings="dapo", check=_check_dapo, dynamic_sampling=True,
     ),
     # Safe-RLHF (Dai et al. 2023): reward and cost critics under a Lagrange multiplier.
     AlgorithmSpec("safe_rlhf", ("gae",), f"{_PROGRAMS}:safe_rlhf", critics=("critic", "cost_critic"), cost=True,
-                  settings="safe_rlhf"),
+                  settings="safe_rlhf", lagrangian=True),
 ):
     add_algorithm(_spec)
 del _spec

@@ -7,7 +7,7 @@ in algorithm.py); setting a section the configured algorithm does not read is a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from hybridflow.algorithms.controllers import LagrangeMultiplier
@@ -68,6 +68,10 @@ class DAPOSection:
 
     filter_groups: DynamicSamplingSection = field(default_factory=DynamicSamplingSection)
     overlong_buffer: OverlongBufferSection = field(default_factory=OverlongBufferSection)
+
+    def resolved(self, cfg: RunConfig) -> DAPOSection:
+        """This section with overlong_buffer.len filled in (`overlong_buffer_len`)."""
+        return replace(self, overlong_buffer=replace(self.overlong_buffer, len=overlong_buffer_len(cfg)))
 
 
 @dataclass

@@ -29,15 +29,6 @@ if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
-# The step programs the asynchronous data path (trainer/async_dataflow.py) computes: the
-# critic-free family, PPO with its critic, DAPO (its dynamic sampling is a filter on the
-# stream of groups, its overlong shaping part of the worker-side reward), Safe-RLHF (costs
-# scored beside the rewards, the cost critic on the training side, the multiplier's state
-# returned to the controller) and ReMax (the greedy baseline generated and scored on the
-# rollout pool with the group it belongs to).
-ASYNC_PROGRAMS = ("hybridflow.trainer.algorithms:critic_free", "hybridflow.trainer.algorithms:ppo",
-                  "hybridflow.trainer.algorithms:dapo", "hybridflow.trainer.algorithms:safe_rlhf",
-                  "hybridflow.trainer.algorithms:remax")
 
 
 @dataclass
@@ -79,20 +70,7 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
     if mode == "sync":
         return
-    program = cfg.algorithm.spec.program
-    if program not in ASYNC_PROGRAMS:
-        raise ConfigError(f"{mode} supports ppo, dapo, safe_rlhf, remax and the critic-free algorithms (grpo, "
-                          "rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo); "
-                          f"algorithm.name={cfg.algorithm.name} runs {program}: use trainer.mode=sync", "trainer.mode")
-    if program.endswith(":remax") and cfg.reward_model.path is not None:
-        raise ConfigError(f"{mode} scores ReMax's greedy baseline on the rollout pool with the rule-based reward; a "
-                          "reward model scores on the training pool and would be missing from the baseline: drop "
-                          "reward_model.path or use trainer.mode=sync", "trainer.mode")
-    if program.endswith(":dapo") and cfg.algorithm.dapo.filter_groups.enable and cfg.reward_model.path is not None:
-        raise ConfigError(f"{mode} filters DAPO's groups on the rollout pool by their rule-based scores; a reward "
-                          "model scores on the training pool, after the filter, so the filter would not see its "
-                          "scores: drop reward_model.path, set algorithm.dapo.filter_groups.enable=false, or use "
-                          "trainer.mode=sync", "algorithm.dapo.filter_groups.enable")
+    _check_capabilities(cfg)
     tp = cfg.rollout.tensor_model_parallel_size
     if a.rollout_ranks % tp:
         raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",
@@ -106,3 +84,23 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"{a.buffer_size} groups cannot hold one step's data.train_batch_size={batch} groups",
                           "async_rl.buffer_size")
 
+
+
+def _check_capabilities(cfg: RunConfig) -> None:
+    """The asynchronous modes run every registered program (trainer/stream_step.py); of the
+    capabilities its row declares, two are served on the rollout pool with the rule-based
+    scores there (greedy_baseline: the baseline's score; dynamic_sampling: the filter on
+    the stream), so a reward model, which scores on the training pool later, cannot take part."""
+    alg, mode = cfg.algorithm, cfg.trainer.mode
+    if cfg.reward_model.path is None:
+        return
+    if alg.spec.greedy_baseline:
+        raise ConfigError(f"{mode} serves the greedy_baseline capability (algorithm.name={alg.name}) on the rollout "
+                          "pool with the rule-based reward, and reward_model.path scores on the training pool: drop "
+                          "reward_model.path or use trainer.mode=sync", "trainer.mode")
+    if alg.spec.dynamic_sampling and alg.settings.filter_groups.enable:
+        raise ConfigError(f"{mode} serves the dynamic_sampling capability (algorithm.name={alg.name}) by filtering "
+                          "groups on the rollout pool by their rule-based scores, and reward_model.path scores on "
+                          "the training pool, after the filter: drop reward_model.path, set "
+                          f"algorithm.{alg.spec.settings}.filter_groups.enable=false, or use trainer.mode=sync",
+                          f"algorithm.{alg.spec.settings}.filter_groups.enable")

@@ -48,8 +48,8 @@ START_TIMEOUT_S = 600.0
 class HostSet:
     """The processes of a group (shared by colocated roles) and where they run."""
 
-    def __init__(self, pool: ResourcePool, actors: list[Any], infos: list[dict[str, Any]]) -> None:
-        self.pool = pool
+    def __init__(self, pool: ResourcePool | None, actors: list[Any], infos: list[dict[str, Any]]) -> None:
+        self.pool = pool  # None in a copy sent to another process (WorkerGroup.__reduce__)
         self.actors = actors
         self.infos = infos
         self.alive = True
@@ -89,6 +89,8 @@ class HostSet:
         return [RankInfo(role, rank, info["ip"], info["pid"]) for rank, info in enumerate(self.infos)]
 
     def kill(self) -> None:
+        if self.pool is None:
+            raise RuntimeError("a copy of a worker group in another process cannot shut it down; its owner does")
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         if self.alive:
@@ -140,6 +142,12 @@ class WorkerGroup:
                 raise ValueError(f"{worker_cls.__qualname__}.{name} is registered but clashes with "
                                  f"WorkerGroup.{name}; rename the worker method")
             setattr(self, name, self._bind(name, spec, getattr(worker_cls, name)))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (to call the group from a Ray task, trainer/stream_step.py): the same
+        processes, without the pool, so that only the owner shuts them down."""
+        hosts = HostSet(None, self._hosts.actors, self._hosts.infos)
+        return _copy_of_group, (hosts, self.role, self.worker_cls, self.call_timeout_s, self._meshes)
 
     def __repr__(self) -> str:
         state = "" if self._hosts.alive else ", shut down"
@@ -222,6 +230,13 @@ class WorkerGroup:
                             self._hosts.owners(self.role), f"{label} (mesh {name!r} lookup)", self.call_timeout_s)
             self._meshes[name] = check_mesh(label, name, coords)
         return self._meshes[name]
+
+
+def _copy_of_group(hosts: HostSet, role: str, worker_cls: type, call_timeout_s: float | None,
+                   meshes: dict[str, tuple[MeshCoord, ...]]) -> WorkerGroup:
+    group = WorkerGroup._from_hosts(hosts, role, worker_cls)
+    group.call_timeout_s, group._meshes = call_timeout_s, dict(meshes)
+    return group
 
 
 def _normalize(split: Split | list, ctx: DispatchContext) -> Split:

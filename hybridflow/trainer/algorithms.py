@@ -73,8 +73,8 @@ def build_algo_state(cfg: RunConfig) -> AlgoState:
     alg = cfg.algorithm
     kl = alg.kl_ctrl
     kl_ctrl = build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if alg.use_kl_in_reward else None
-    # The multiplier's settings are algorithm.safe_rlhf: it exists where the algorithm reads them.
-    lagrange = alg.safe_rlhf.multiplier() if alg.spec.settings == "safe_rlhf" else None
+    # A row with the lagrangian capability reads the multiplier's settings from its section.
+    lagrange = alg.settings.multiplier() if alg.spec.lagrangian else None
     return AlgoState(kl_ctrl=kl_ctrl, lagrange=lagrange)
 
 
@@ -193,12 +193,6 @@ def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
 def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """PPO (Schulman et al. 2017) with GAE advantages from a learned critic."""
     generate_and_score(step, roles, cfg)
-    train_ppo(step, roles, cfg, state)
-
-
-def train_ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
-    """Everything after scoring for PPO: log-probs, values, rewards, GAE, critic and actor
-    updates (also the asynchronous trainer's step for algorithm.name=ppo)."""
     log_probs(step, roles, cfg)
     P.compute_values(step, roles.critic)
     shaped_rewards(step, cfg, state)

@@ -25,8 +25,8 @@ to the rollout ranks over a WeightBridge (torch.distributed). The rollout pool s
 finished group with the rule-based reward and leaves it in Ray's object store; the
 controller receives refs and a steering record per group (uid, oldest token's policy
 version, whether its scores differ) and decides by them; the step passes the refs on to
-the training pool, where rewards, advantages and updates are computed
-(trainer/async_dataflow.py). DAPO's dynamic sampling is a steering decision: a group whose
+the training pool's side, where the algorithm's own program runs on them
+(trainer/stream_step.py). DAPO's dynamic sampling is a steering decision: a group whose
 scores are all equal is discarded when it arrives (counted in dapo/*), and its place goes
 to new prompts.
 
@@ -56,7 +56,7 @@ from hybridflow.config.schema import RunConfig
 from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.algorithms import AlgoState, group_unit, rule_reward_manager
-from hybridflow.trainer.async_dataflow import train_on_groups
+from hybridflow.trainer.stream_step import train_on_groups
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.setup import actor_config, build_cost_manager, build_reward_manager
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
@@ -140,10 +140,9 @@ class AsyncRunner:
         self.sync_metrics: dict[str, float] = {}
         self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
         self.restarts: dict[str, float] = {}  # the rollout pool's scoring-process restarts since the last step
-        d = cfg.algorithm.dapo
-        dapo = cfg.algorithm.spec.settings == "dapo" and d.filter_groups.enable
-        self.sampling = DynamicSampling((1 + d.filter_groups.max_extra_rounds) * self.batch_groups,
-                                        group_unit(cfg)) if dapo else None
+        filter_groups = cfg.algorithm.settings.filter_groups if cfg.algorithm.spec.dynamic_sampling else None
+        self.sampling = DynamicSampling((1 + filter_groups.max_extra_rounds) * self.batch_groups, group_unit(cfg)) \
+            if filter_groups is not None and filter_groups.enable else None
         self.filtered = 0  # groups discarded by dynamic sampling, over the whole run
         self.received = self.informative = 0  # groups that arrived since the last step, and those kept
 
@@ -160,8 +159,8 @@ class AsyncRunner:
         reward_fn = (functools.partial(build_reward_manager, cfg, tokenizer)
                      if rule_reward_manager(roles, cfg) is not None else None)
         cost_fn = functools.partial(build_cost_manager, cfg, tokenizer) if roles.cost_fn is not None else None
-        remax = cfg.algorithm.spec.program.endswith(":remax")  # its greedy baselines come from the rollout pool
-        worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn, remax))
+        worker = RoleSpec(RolloutWorker, (actor_config(cfg, policy_path), reward_fn, cost_fn,
+                                          cfg.algorithm.spec.greedy_baseline))
         groups = build_role_groups({"rollout": worker}, spec)
         rollout = groups["rollout"]
         try:

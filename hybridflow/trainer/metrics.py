@@ -77,7 +77,7 @@ def data_metrics(batch: DataProto) -> dict[str, float]:
 class BatchSummary:
     """What the per-step metrics need of a trained batch: its `data_metrics` and every
     sequence's length (prompt + response tokens). The asynchronous modes compute it next
-    to the data (trainer/async_dataflow.py), so the controller never holds the batch."""
+    to the data (trainer/stream_step.py), so the controller never holds the batch."""
 
     metrics: dict[str, float]
     seq_lens: list[int]

@@ -14,6 +14,11 @@ Every call that splits the batch across data-parallel ranks (log-probs, values, 
 goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
 (trainer.balance_batch) and hands per-sample outputs back in the batch's own order.
 
+Every trainer.mode runs the same phases: in one_step_off / async (trainer/stream_step.py)
+`generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
+the capabilities that pool served (`Step.served`: ReMax's greedy responses, DAPO's filter)
+use what came with the groups instead of calling the actor.
+
 Weight sync has no phase of its own: the actor's updated weights reach the generation
 engine inside the next `generate_sequences` call (3D-HybridEngine reshard), timed by the
 worker as `timing_s/reshard_to_generation`.
@@ -86,6 +91,13 @@ class Step:
     # Set where the batch stayed in the workers (the asynchronous modes): its metrics and
     # sequence lengths; `batch` is then empty.
     summary: BatchSummary | None = None
+    # The asynchronous modes (trainer/stream_step.py): the batch their rollout pool generated
+    # and scored for this step, which the generate phase takes instead of calling the actor,
+    # and the capabilities of the algorithm's row (AlgorithmSpec.capabilities) the pool served
+    # with it, whose phases then only report what it did.
+    streamed: DataProto | None = None
+    served: frozenset[str] = frozenset()
+    streamed_greedy: DataProto | None = None  # greedy_baseline: one greedy response per group
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -146,7 +158,11 @@ def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto) -> Dat
 @phase("gen")
 def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
     """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group), unique
-    within the step across generation rounds."""
+    within the step across generation rounds. In the asynchronous modes the rollout pool's
+    stream serves it: the step's batch is the groups it generated (`Step.streamed`)."""
+    if step.served:
+        step.batch = take_streamed(step)
+        return
     prompts = step.batch
     prefix = f"{step.index}-" if round == 0 else f"{step.index}.{round}-"
     prompts.non_tensor_batch["uid"] = np.array([f"{prefix}{i}" for i in range(len(prompts))], dtype=object)
@@ -219,17 +235,33 @@ def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> Non
                          "cost/min": float(episode.min())})
 
 
+def take_streamed(step: Step) -> DataProto:
+    """The batch the rollout pool's stream generated for `step` (once: the asynchronous modes
+    serve one generation per step; more rounds are the dynamic_sampling capability)."""
+    if step.streamed is None:
+        raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async serve "
+                           "one generation per step from the rollout pool (declare dynamic_sampling on the "
+                           "algorithm's AlgorithmSpec for more rounds of informative groups), or use trainer.mode=sync")
+    batch, step.streamed = step.streamed, None
+    return batch
+
+
 @phase("greedy_baseline")
 def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
                             score: Callable[[DataProto], torch.Tensor]) -> None:
     """ReMax: baseline_rewards [B], the score of one greedy response to each sample's prompt.
 
     `prompts` carry the `uid` that `generate` gave them; `score` returns token-level scores.
+    In the asynchronous modes (the greedy_baseline capability served by the rollout pool)
+    the greedy responses arrive with the groups (`Step.streamed_greedy`), scored there.
     """
-    greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
-                       meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
-    out = actor.generate_sequences(greedy)
-    out.meta_info.pop("metrics", None)
+    if "greedy_baseline" in step.served:  # generated with the groups on the rollout pool
+        out = step.streamed_greedy
+    else:
+        greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
+                           meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
+        out = actor.generate_sequences(greedy)
+        out.meta_info.pop("metrics", None)
     by_uid = dict(zip(out.non_tensor_batch["uid"], score(out).sum(-1).tolist()))
     baseline = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]], dtype=torch.float32)
     step.batch.batch["baseline_rewards"] = baseline
@@ -368,7 +400,14 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
     a multiple of `group_unit` (whole actor mini-batches), and reports dapo/cap_hit = 1;
     a RuntimeError if that leaves nothing. Metrics: dapo/rounds, dapo/generated_groups,
     dapo/kept_groups (informative groups found), dapo/trained_groups, dapo/cap_hit.
+
+    In the asynchronous modes (the dynamic_sampling capability served by the rollout pool's
+    stream) the groups were filtered as they arrived, with the same metrics but dapo/rounds:
+    one round takes them.
     """
+    if "dynamic_sampling" in step.served:
+        sample_round(step, 0)
+        return
     kept: list[DataProto] = []
     generated = found = rounds = 0
     prompts = step.batch

@@ -5,9 +5,10 @@ rollout.tensor_model_parallel_size > 1). With the native engine and single-turn 
 `StreamingRollout` runs over it, so generation can stop between scheduler iterations,
 take new weights and continue the same sequences (partial rollouts,
 engines/rollout/partial.py); another backend (rollout.name) or multi-turn agent rollouts
-(rollout.agent.enable) generate whole calls under the version they loaded. ReMax
-(`greedy_baseline`) adds one greedy response per prompt, scored here and released with
-its group as `baseline_rewards`. Weights arrive from the actor's training
+(rollout.agent.enable) generate whole calls under the version they loaded. An
+algorithm with the greedy_baseline capability (ReMax) gets one greedy response per prompt,
+scored here and released with its group (meta_info[GREEDY_KEY]; the program's
+greedy-baseline phase turns its score into `baseline_rewards`). Weights arrive from the actor's training
 rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the controller:
 
     rollout.init_model()
@@ -80,10 +81,14 @@ from hybridflow.workers.generation import (
 )
 
 
-# Where the cost function's per-sample outcomes go (`sample_outcomes` columns under this prefix).
-COST_COLUMNS = "cost:"
-# The uid suffix of ReMax's greedy response to a prompt (it never leaves the rollout rank).
+# Where each rule-based scorer's results go in a scored group: its token-level scores' key and
+# the prefix of its per-sample outcome columns (`sample_outcomes`); trainer/stream_step.py
+# reads them back as the program's scorers.
+SCORED_COLUMNS = {"reward": ("token_level_scores", ""), "cost": ("token_level_costs", "cost:")}
+# The uid suffix of ReMax's greedy response to a prompt while it is generated, and where it
+# travels with its group (meta_info) to the program's greedy-baseline phase.
 GREEDY_SUFFIX = "#greedy"
+GREEDY_KEY = "greedy_response"
 
 
 class RolloutWorker(Worker):
@@ -95,18 +100,18 @@ class RolloutWorker(Worker):
                  cost_fn: Callable[[], Any] | None = None, greedy_baseline: bool = False) -> None:
         """`reward_fn` builds the run's rule-based RewardManager (None: the groups leave
         unscored); `cost_fn` Safe-RLHF's rule-based cost function, scored the same way;
-        `greedy_baseline` (ReMax): every prompt also gets one greedy response, whose score
-        becomes its group's `baseline_rewards` (needs `reward_fn`)."""
+        `greedy_baseline` (ReMax): every prompt also gets one greedy response, scored and
+        released with its group (needs `reward_fn`)."""
         if not isinstance(config, ActorRolloutRefConfig):
             raise TypeError(f"RolloutWorker needs an ActorRolloutRefConfig, got {type(config).__name__}")
         if greedy_baseline and reward_fn is None:
             raise ValueError("a greedy baseline is scored by the rule-based reward: pass reward_fn")
         self.config = config
         self.greedy_baseline = greedy_baseline
-        # ReMax: finished groups waiting for their greedy response, and greedy scores waiting
-        # for their group: uid -> (group, its oldest version) / (baseline score, its oldest version)
+        # ReMax: finished groups waiting for their greedy response, and greedy responses waiting
+        # for their group: uid -> (group or greedy response, its oldest version)
         self._held: dict[str, tuple[DataProto, int]] = {}
-        self._baselines: dict[str, tuple[float, int]] = {}
+        self._greedy_held: dict[str, tuple[DataProto, int]] = {}
         # Their scoring processes exit with this one (rewards/pool.py), so nothing closes them.
         self.reward = reward_fn() if reward_fn is not None else None
         self.cost = cost_fn() if cost_fn is not None else None
@@ -271,21 +276,20 @@ class RolloutWorker(Worker):
                                                                    "uid": np.array(uids, dtype=object)}, meta_info=meta)
         return greedy, params
 
-    def _pair_with_baselines(self, groups: list[DataProto], versions: list[int]) -> tuple[list[DataProto], list[int]]:
-        """ReMax: take the greedy responses out of `groups` (their scores become baselines) and
-        return the sampled groups whose baseline is known, with baseline_rewards [n]; the
-        others wait for theirs. A group's oldest version covers its greedy response too."""
+    def _pair_with_greedy(self, groups: list[DataProto], versions: list[int]) -> tuple[list[DataProto], list[int]]:
+        """ReMax: take the (scored) greedy responses out of `groups` and return the sampled
+        groups whose greedy response is known, carrying it in meta_info[GREEDY_KEY] (under the
+        group's uid: the program's greedy-baseline phase scores it); the others wait for theirs.
+        A group's oldest version covers its greedy response too."""
         for group, version in zip(groups, versions):
             uid = str(group.non_tensor_batch["uid"][0])
-            if uid.endswith(GREEDY_SUFFIX):
-                score = float(group.batch["token_level_scores"].sum())
-                self._baselines[uid.removesuffix(GREEDY_SUFFIX)] = (score, version)
-            else:
-                self._held[uid] = (group, version)
+            held = self._greedy_held if uid.endswith(GREEDY_SUFFIX) else self._held
+            held[uid.removesuffix(GREEDY_SUFFIX)] = (group, version)
         ready, ready_versions = [], []
-        for uid in [u for u in self._held if u in self._baselines]:
-            (group, version), (baseline, greedy_version) = self._held.pop(uid), self._baselines.pop(uid)
-            group.batch["baseline_rewards"] = torch.full((len(group),), baseline, dtype=torch.float32)
+        for uid in [u for u in self._held if u in self._greedy_held]:
+            (group, version), (greedy, greedy_version) = self._held.pop(uid), self._greedy_held.pop(uid)
+            greedy.non_tensor_batch["uid"] = np.full(len(greedy), uid, dtype=object)
+            group.meta_info[GREEDY_KEY] = greedy
             ready.append(group)
             ready_versions.append(min(version, greedy_version))
         return ready, ready_versions
@@ -296,22 +300,17 @@ class RolloutWorker(Worker):
         (those the run has), their steering records, and the scoring pools' worker restarts
         (reward/worker_restarts, cost/worker_restarts)."""
         groups, steering = [], []
-        restarts = {f"{kind}/worker_restarts": 0.0 for kind, fn in (("reward", self.reward), ("cost", self.cost))
-                    if fn is not None}
+        scorers = [(kind, fn) for kind, fn in (("cost", self.cost), ("reward", self.reward)) if fn is not None]
+        restarts = {f"{kind}/worker_restarts": 0.0 for kind, _ in scorers}
         for batch in finished:
-            informative = None
-            if self.cost is not None:
-                out = self.cost.score(batch)
-                batch.batch["token_level_costs"] = out.token_level_scores
-                batch.non_tensor_batch.update({COST_COLUMNS + k: v for k, v in sample_outcomes(out).items()})
-                restarts["cost/worker_restarts"] += out.metrics["reward/worker_restarts"]
-            if self.reward is not None:
-                out = self.reward.score(batch)
-                batch.batch["token_level_scores"] = out.token_level_scores
-                batch.non_tensor_batch.update(sample_outcomes(out))
-                restarts["reward/worker_restarts"] += out.metrics["reward/worker_restarts"]
-                informative, _ = dynamic_sampling_filter(batch.non_tensor_batch["uid"],
-                                                         out.token_level_scores.sum(-1))
+            for kind, fn in scorers:
+                key, prefix = SCORED_COLUMNS[kind]
+                out = fn.score(batch)
+                batch.batch[key] = out.token_level_scores
+                batch.non_tensor_batch.update({prefix + k: v for k, v in sample_outcomes(out).items()})
+                restarts[f"{kind}/worker_restarts"] += out.metrics["reward/worker_restarts"]
+            informative = None if self.reward is None else dynamic_sampling_filter(
+                batch.non_tensor_batch["uid"], batch.batch["token_level_scores"].sum(-1))[0]
             start = 0
             for group in split_groups(batch):
                 groups.append(group)
@@ -319,7 +318,7 @@ class RolloutWorker(Worker):
                                  "informative": None if informative is None else bool(informative[start])})
                 start += len(group)
         if self.greedy_baseline:
-            groups, versions = self._pair_with_baselines(groups, [info["oldest_version"] for info in steering])
+            groups, versions = self._pair_with_greedy(groups, [info["oldest_version"] for info in steering])
             steering = [{"uid": str(g.non_tensor_batch["uid"][0]), "oldest_version": v, "informative": None}
                         for g, v in zip(groups, versions)]
         return groups, steering, restarts

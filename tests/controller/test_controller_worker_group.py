@@ -370,3 +370,26 @@ def test_bad_dispatch_input_is_refused_before_any_worker_runs(groups, call, need
     with pytest.raises(DispatchError, match=needle):
         call(groups["actor"])
     assert groups["actor"].call_count() == before
+
+
+# ------------------------------------------------------------------------ a group sent to a task
+
+def _double_in_a_task(group, batch):
+    """What a Ray task does with a group it received (trainer/stream_step.py runs a step program so)."""
+    out = group.double(batch)
+    try:
+        group.shutdown()
+    except RuntimeError as err:  # only the owner may
+        return out, str(err)
+    return out, None
+
+
+def test_a_group_sent_to_a_ray_task_calls_the_same_workers_and_cannot_shut_them_down(groups):
+    import ray
+
+    batch = make_batch(8)
+    out, refused = ray.get(ray.remote(num_cpus=0)(_double_in_a_task).remote(groups["actor"], batch))
+    assert torch.equal(out.batch["doubled"], batch.batch["input_ids"] * 2)
+    assert out.batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert refused is not None and "owner" in refused
+    assert groups["actor"].whoami()[0]["rank"] == 0  # still alive for its owner

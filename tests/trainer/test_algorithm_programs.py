@@ -149,3 +149,16 @@ def test_algorithm_state_saves_the_lagrange_multiplier(tmp_path):
     assert math.isclose(restored.lagrange.value, math.exp(0.1 * 1.5))
     with pytest.raises(ValueError, match="Lagrange multiplier"):
         build_algo_state(load_run_config(None, [])).load_state_dict(state.state_dict())
+
+
+def test_a_streamed_step_serves_one_generation_and_refuses_a_second():
+    """The asynchronous modes serve a program's generate phase from the rollout pool's
+    groups (trainer/stream_step.py), once per step: a program that generates again is told why."""
+    from hybridflow.trainer import phases as P
+
+    groups = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)})
+    step = Step(1, DataProto(), streamed=groups, served=frozenset({"generate"}))
+    P.generate(step, None, 2)  # no actor is called
+    assert step.batch is groups and "timing_s/gen" in step.metrics
+    with pytest.raises(RuntimeError, match="generated twice in one step.*dynamic_sampling"):
+        P.generate(step, None, 2)

@@ -65,17 +65,20 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["trainer.mode=async", "algorithm.name=remax", "reward_model.path=/nonexistent"], "trainer.mode"),
-    (["trainer.mode=async", "algorithm.name=dapo", "reward_model.path=/nonexistent"],
-     "algorithm.dapo.filter_groups.enable"),
+    (["trainer.mode=async", "algorithm.name=remax", "reward_model.path=/nonexistent"],
+     "trainer.mode: async serves the greedy_baseline capability"),
+    (["trainer.mode=one_step_off", "algorithm.name=dapo", "reward_model.path=/nonexistent"],
+     "algorithm.dapo.filter_groups.enable: one_step_off serves the dynamic_sampling capability"),
     (["trainer.mode=async", "async_rl.buffer_size=2"], "async_rl.buffer_size"),
     (["trainer.mode=async", "async_rl.rollout_ranks=2", "async_rl.chunk_prompts=3"], "async_rl.chunk_prompts"),
     (["trainer.mode=one_step_off", "async_rl.max_staleness=-1"], "async_rl.max_staleness"),
 ])
 def test_async_config_errors_name_the_key(overrides, key):
+    """(a capability the mode cannot serve is named, never the program)"""
     from hybridflow.config.schema import load_run_config
     from hybridflow.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         load_run_config(None, ["resources.world_size=1", *overrides])
     assert str(err.value).startswith(key), str(err.value)
+    assert "\n" not in str(err.value) and "<function" not in str(err.value)

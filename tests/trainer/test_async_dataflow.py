@@ -1,4 +1,5 @@
-"""The asynchronous modes' controller-free data path (trainer/async_dataflow.py, docs/async.md).
+"""The asynchronous modes' controller-free data path (trainer/stream_step.py, docs/async.md):
+each algorithm's own program runs beside the data.
 
 Each algorithm path runs here in one_step_off and, where the reproduction test in
 test_async_modes.py does not already run it in async mode (2 steps, max_staleness=0, equal
@@ -14,10 +15,11 @@ the reward), dapo, safe_rlhf (cost function + cost model) and ppo (reward model 
   discarded as they arrive and their place goes to new prompts, so every step trains on a
   full batch of informative groups.
 - Safe-RLHF: costs scored on the rollout pool beside the rewards, the cost critic trained
-  on the training side, and the Lagrange multiplier updated in the worker-side task from
-  each batch's cost, its state carried back to the controller's algorithm state.
+  on the training side, and the Lagrange multiplier updated in the step program's task
+  from each batch's cost, its state carried back to the controller's algorithm state.
 - ReMax: each prompt's greedy response is generated and scored on the rollout pool beside
-  its group (partial rollouts included) and travels as the group's baseline_rewards.
+  its group (partial rollouts included) and travels with it to the program's
+  greedy-baseline phase.
 - Multi-turn agent rollouts: the rollout pool runs the agent loop (guess_number) for whole
   calls; the environment's turns and rewards reach the trainer with the groups.
 - A non-native rollout backend (hf): whole calls, weights loaded between them.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -29,12 +31,19 @@ def _comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(skip) and k != "time"}
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_algorithm" / "grpo_brevity.py"
+# Every built-in algorithm and the user example (examples/custom_algorithm); the special
+# cases below give their own phases work.
+ALGORITHMS = ("grpo", "dapo", "safe_rlhf", "ppo", "remax", "rloo", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline", "drgrpo", "grpo_brevity", "agent", "remax_agent", "hf")
+
+
 def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
     """Overrides of a run of `name` that gives its special phases work: grpo with an adaptive
     KL penalty in the reward, DAPO with half its groups uniform, Safe-RLHF with a cost
     function plus a cost model, PPO with a reward model added to the rule-based reward, ReMax
-    with a reward that varies by response (its greedy baseline is not 0), grpo on multi-turn
-    agent rollouts (guess_number, the turn model)."""
+    with a reward that varies by response (its greedy baseline is not 0), the user example
+    from its file, grpo on multi-turn agent rollouts (guess_number, the turn model)."""
     from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
 
     files = {"dapo": {"reward": HALF_UNIFORM_REWARD}, "safe_rlhf": {"reward": VARIED_REWARD, "cost": STEPPED_COST},
@@ -51,11 +60,11 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
         "dapo": ["rollout.n=4"],
         "safe_rlhf": [f"cost_model.path={score_model}"],
         "ppo": [f"reward_model.path={score_model}", "reward_model.add_rule_reward=true"],
-        "remax": [],
+        "grpo_brevity": [f"algorithm.module={EXAMPLE}"],
         "hf": ["rollout.name=hf"],
         "agent": agent,
         "remax_agent": agent,
-    }[name]
+    }.get(name, [])
     return tuple(overrides)
 
 
@@ -63,7 +72,7 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "safe_rlhf", "ppo", "remax", "agent", "remax_agent", "hf"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, turn_model_dir,
                                                  algorithm):
     """The controller-free data path computes what the synchronous program computes, and the
@@ -73,7 +82,8 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
     multiplier follow the same batches, a reward model's scores add to the rule's, ReMax's
     greedy baselines (generated beside the groups on the rollout pool) equal sync's, the
     agent loop on the rollout pool plays the same episodes as the hybrid actor's, and a
-    non-native backend generating whole calls samples what the hybrid actor's samples."""
+    non-native backend generating whole calls samples what the hybrid actor's samples. Every
+    algorithm runs its own registered program in both modes (trainer/stream_step.py)."""
     chosen = _algorithm(algorithm, tmp_path, reward_model_dir, turn_model_dir)
     sync = _run(tiny_config(*ONE_EACH, *chosen))
     asyn = _run(tiny_config(*ONE_EACH, *chosen, "trainer.mode=async", "async_rl.max_staleness=0"))
@@ -82,7 +92,9 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
             {k: v for k, v in _comparable(s).items() if k not in ONE_MODE_ONLY}
         assert {"actor/pg_loss", "actor/grad_norm", "score/mean", "response_length/mean"} <= set(_comparable(s))
         special = {"grpo": "kl/coef", "dapo": "dapo/kept_groups", "safe_rlhf": "cost_critic/vf_loss",
-                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean", "remax_agent": "remax/baseline_mean", "hf": "actor/entropy"}[algorithm]
+                   "ppo": "reward/model_score_mean", "remax": "remax/baseline_mean", "agent": "agent/num_turns_mean",
+                   "remax_agent": "remax/baseline_mean", "hf": "actor/entropy",
+                   "grpo_brevity": "brevity/penalty_mean"}.get(algorithm, "adv/mean")
         assert special in s, special
         assert a["staleness/max"] == 0
         # DAPO: informative groups beyond the batch (the last round's surplus, which sync's step
