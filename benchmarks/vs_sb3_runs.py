@@ -131,7 +131,7 @@ def run_sb3(task: str, seed: int, steps: int | None) -> dict[str, Any]:
 
 def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int | None,
                    out_dir: str) -> dict[str, Any]:
-    from hybridflow.trainer.env_trainer import EnvTrainer
+    from hybridflow import RLTrainer
     from hybridflow.trainer.run_dir import read_metrics
 
     t = TASKS[task]
@@ -167,7 +167,7 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
 
     env_plots.plot_env_run = mark_then_plot
     start = time.perf_counter()
-    with EnvTrainer(config) as trainer:
+    with RLTrainer(config) as trainer:
         trainer._start()  # workers up before the clock starts (train() does this itself otherwise)
         roles = {} if workers == 0 else {
             **{info["pid"]: "runners" for info in trainer.groups.runners.worker_info},

@@ -1,26 +1,40 @@
 """From an environment config to what the workers are built with.
 
+    program = env_program(cfg)                  # the algorithm's EnvProgram (its registry row)
     network = network_spec(cfg)                 # probes one environment for its spaces
-    collector_spec(cfg, network)                # each env runner's Collector
-    learner_spec(cfg, network)                  # each learner rank's PPO/SAC learner
+    collector_spec(cfg, network, program)       # each env runner's Collector
+    learner_spec(cfg, network, program)         # each learner rank's learner
 
-Per-rank sizes are the config's totals divided by distributed.num_learners (the schema
-checked that they divide): each learner rank trains on its slice of every minibatch and
-keeps its share of the replay buffer.
+Per-rank sizes are the config's totals divided by distributed.num_learners (the row's
+check made sure that they divide): each learner rank trains on its slice of every
+minibatch and keeps its share of the replay buffer. What depends on the algorithm comes
+from its row (config/env_algorithms.py) and its program (env_programs.py), never from
+comparing its name.
 """
 
 from __future__ import annotations
 
-from hybridflow.algorithms.ppo_env import PPOLossConfig
+from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec, hyper_parameters
 from hybridflow.config.env_schema import EnvRunConfig
 from hybridflow.engines.policy.actor_critic import NetworkSpec
-from hybridflow.engines.policy.ppo_learner import PPOUpdateConfig
-from hybridflow.engines.policy.sac_learner import SACUpdateConfig
 from hybridflow.envs.collector import CollectorSpec
 from hybridflow.envs.registry import EnvSource, resolve_env
 from hybridflow.envs.spaces import action_spec, obs_dim
 from hybridflow.errors import ConfigError
+from hybridflow.registry import import_object
+from hybridflow.trainer.env_programs import EnvProgram
 from hybridflow.workers.learner import LearnerSpec
+
+
+def env_program(cfg: EnvRunConfig) -> EnvProgram:
+    """The EnvProgram on the row of cfg.algorithm (imported when the row names its path)."""
+    program = env_algorithm_spec(cfg.algorithm).program
+    if isinstance(program, str):
+        program = import_object(program, "algorithm", "environment algorithm program")
+    if not isinstance(program, EnvProgram):
+        raise ConfigError(f"the program of environment algorithm {cfg.algorithm!r} is {program!r}, not an "
+                          "EnvProgram (hybridflow/trainer/env_programs.py)", "algorithm")
+    return program
 
 
 def env_source(cfg: EnvRunConfig) -> EnvSource:
@@ -40,9 +54,10 @@ def network_spec(cfg: EnvRunConfig) -> NetworkSpec:
         close = getattr(env, "close", None)
         if close is not None:
             close()
-    if cfg.algorithm == "sac" and not action.is_continuous:
-        raise ConfigError(f"SAC needs continuous (Box) actions; {cfg.env.id!r} has {action.kind} actions. "
-                          "Use algorithm: ppo", "algorithm")
+    if env_algorithm_spec(cfg.algorithm).continuous_actions and not action.is_continuous:
+        others = [name for name in ENV_ALGORITHMS.names() if not env_algorithm_spec(name).continuous_actions]
+        raise ConfigError(f"{cfg.algorithm.upper()} needs continuous (Box) actions; {cfg.env.id!r} has {action.kind} "
+                          f"actions. Use algorithm: {' or '.join(others) or 'one for discrete actions'}", "algorithm")
     policy = cfg.policy
     return NetworkSpec(
         obs_dim=observations, action=action, hidden_size=tuple(policy.hidden_size), activation=policy.activation,
@@ -52,21 +67,13 @@ def network_spec(cfg: EnvRunConfig) -> NetworkSpec:
         normalize_obs=cfg.env.normalize_obs, clip_obs=cfg.env.clip_obs)
 
 
-def collector_spec(cfg: EnvRunConfig, network: NetworkSpec) -> CollectorSpec:
-    gamma = cfg.ppo.gamma if cfg.algorithm == "ppo" else cfg.sac.gamma
+def collector_spec(cfg: EnvRunConfig, network: NetworkSpec, program: EnvProgram) -> CollectorSpec:
     return CollectorSpec(source=env_source(cfg), num_envs=cfg.env.num_envs, seed=cfg.seed, network=network,
-                         algorithm=cfg.algorithm, normalize_reward=cfg.env.normalize_reward, reward_gamma=gamma,
-                         clip_reward=cfg.env.clip_reward)
+                         acting_model=program.acting_model, normalize_reward=cfg.env.normalize_reward,
+                         reward_gamma=hyper_parameters(cfg).gamma, clip_reward=cfg.env.clip_reward)
 
 
-def learner_spec(cfg: EnvRunConfig, network: NetworkSpec) -> LearnerSpec:
+def learner_spec(cfg: EnvRunConfig, network: NetworkSpec, program: EnvProgram) -> LearnerSpec:
     ranks = cfg.distributed.num_learners
-    p, s = cfg.ppo, cfg.sac
-    ppo = PPOUpdateConfig(lr=p.lr, epochs=p.epochs, minibatch_size=p.minibatch_size // ranks,
-                          max_grad_norm=p.max_grad_norm, target_kl=p.target_kl,
-                          loss=PPOLossConfig(clip_ratio=p.clip_ratio, clip_value=p.clip_value, vf_coef=p.vf_coef,
-                                             ent_coef=p.ent_coef, normalize_advantages=p.normalize_advantages))
-    sac = SACUpdateConfig(lr=s.lr, batch_size=s.batch_size // ranks, gamma=s.gamma, tau=s.tau, autotune=s.autotune,
-                          alpha=s.init_alpha, target_entropy=s.target_entropy)
-    return LearnerSpec(algorithm=cfg.algorithm, network=network, seed=cfg.seed, ppo=ppo, sac=sac,
-                       init_alpha=s.init_alpha, buffer_capacity=max(1, s.buffer_size // ranks))
+    return LearnerSpec(build=program.build_learner, network=network, seed=cfg.seed,
+                       update=program.update_config(hyper_parameters(cfg), ranks))
