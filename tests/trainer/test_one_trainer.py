@@ -109,3 +109,28 @@ def test_sac_refuses_discrete_actions_by_its_declared_capability(tmp_path):
                                           r"actions. Use algorithm: ppo") as info:
         RLTrainer({"algorithm": "sac", "env": "CartPole-v1", **_quiet(tmp_path, "sac")})
     assert info.value.key == "algorithm"
+
+
+@pytest.mark.parametrize("example", ["grpo_arithmetic.yaml", "ppo_cartpole.yaml"])
+def test_the_config_file_is_read_once(example, tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from hybridflow.cli import main
+
+    path = Path(__file__).resolve().parents[2] / "examples" / example
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.resolve() == path:
+            reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    assert main(["train", "--config", str(path), "--print-config", f"trainer.output_dir={tmp_path}"]) == 0
+    assert len(reads) == 1 and "trainer:" in capsys.readouterr().out
+    if example == "ppo_cartpole.yaml":  # and RLTrainer reads a path once too
+        monkeypatch.chdir(tmp_path)  # its run directory goes to ./runs
+        with RLTrainer(path) as trainer:
+            assert trainer.kind.name == "environment"
+        assert len(reads) == 2
