@@ -134,3 +134,17 @@ def test_the_config_file_is_read_once(example, tmp_path, monkeypatch, capsys):
         with RLTrainer(path) as trainer:
             assert trainer.kind.name == "environment"
         assert len(reads) == 2
+
+
+def test_a_language_model_run_outside_with_releases_its_workers_and_continues(ray_local, tiny_config):
+    trainer = RLTrainer(tiny_config("algorithm.name=grpo", "trainer.val_before_train=false", "trainer.test_freq=0",
+                                    "trainer.total_steps=2"))
+    assert trainer.kind.name == "language_model"
+    trainer.train(steps=1)
+    assert trainer.groups == {} and trainer.roles is None  # released, with a checkpoint of step 1
+    assert [p.name for p in (trainer.run_dir / "checkpoints").iterdir()] == ["global_step_1"]
+    result = trainer.train(steps=1)  # restarted from it
+    trainer.close()
+    assert result.steps == 2
+    steps = [r["step"] for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    assert steps == [1, 2]
