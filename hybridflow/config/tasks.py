@@ -64,7 +64,7 @@ TASK_KINDS.add("language_model", TaskKind(
 TASK_KINDS.add("environment", TaskKind(
     "environment", "env", "hybridflow.config.env_schema:EnvRunConfig",
     "hybridflow.config.env_schema:env_config_from_dict", "hybridflow.config.env_schema:resolve_env_config",
-    "hybridflow.trainer.env_trainer:EnvironmentTask", checkpoint_kind="env"))
+    "hybridflow.trainer.env.task:EnvironmentTask", checkpoint_kind="env"))
 
 
 def _kinds() -> list[TaskKind]:

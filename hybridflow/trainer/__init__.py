@@ -10,7 +10,7 @@
   each a step as a sequence of named phases (phases.py);
 - entry.py: `RLTrainer`, the one trainer of every task kind (config/tasks.py decides which);
 - rl_trainer.py: `LanguageModelTask` (loop, evaluation, checkpoints, metrics);
-- env_*.py: environment tasks (`EnvironmentTask`, the PPO/SAC programs, worker groups, records);
+- env/: environment tasks (`EnvironmentTask`, the PPO/SAC programs, worker groups, records);
 - checkpointing.py: step checkpoints (atomic, keep last K), reopening a run to resume;
 - lifecycle.py: where a run starts: the policy's starting model, the resume point;
 - sft.py: supervised fine-tuning / warm start on the same actor worker;

@@ -15,7 +15,7 @@ once), or a typed config (RunConfig, EnvRunConfig). What it is gets decided once
 the top-level keys are checked against every task kind's (a misspelt key is a ConfigError
 with the closest key, before anything else), then the kind's row (config/tasks.py) says
 which config tree it is and which implementation runs it (rl_trainer.LanguageModelTask,
-env_trainer.EnvironmentTask). With only `resume`, the checkpoint's recorded kind decides.
+env/task.py: EnvironmentTask). With only `resume`, the checkpoint's recorded kind decides.
 
 Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray
 placement groups released (after checkpointing the run where it stands), so another

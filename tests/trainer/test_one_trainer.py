@@ -81,7 +81,7 @@ def test_environment_algorithms_are_rows_with_declared_capabilities():
     cfg = env_config_from_dict({"algorithm": "sac", "env": "Pendulum-v1", "env.num_envs": 3, "sac.train_freq": 4,
                                 "distributed.num_workers": 2})
     assert steps_per_iteration(cfg) == 2 * 3 * 4
-    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.env_programs:PPO"):
+    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.env.programs:PPO"):
         add_env_algorithm(EnvAlgorithmSpec("ppo", "my_pkg.algo:PROGRAM", "ppo", "rollout",
                                            PolicyDefaults((8,), "tanh", True)))
     with pytest.raises(ConfigError, match="algorithm: unknown environment algorithm 'ppo2'; did you mean 'ppo'"):
@@ -90,7 +90,7 @@ def test_environment_algorithms_are_rows_with_declared_capabilities():
 
 def test_a_registered_environment_algorithm_runs_with_its_declared_section(tmp_path):
     # A user's row: PPO's program under another name, with other network defaults.
-    spec = EnvAlgorithmSpec("probe_ppo", "hybridflow.trainer.env_programs:PPO", "ppo", "rollout",
+    spec = EnvAlgorithmSpec("probe_ppo", "hybridflow.trainer.env.programs:PPO", "ppo", "rollout",
                             PolicyDefaults((8,), "relu", False))
     add_env_algorithm(spec)
     try:

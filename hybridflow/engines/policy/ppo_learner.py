@@ -32,7 +32,7 @@ class PPOUpdateConfig:
     """lr: Adam step size at the start (the caller passes the scheduled one to `update`);
     minibatch_size: rows per optimizer step on this rank; target_kl: stop the epochs early
     once an epoch's mean approx KL exceeds it (None: never). No defaults: the config's
-    `ppo` section holds them (trainer/env_specs.py builds this from it)."""
+    `ppo` section holds them (trainer/env/specs.py builds this from it)."""
 
     lr: float
     epochs: int

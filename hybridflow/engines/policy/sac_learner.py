@@ -35,7 +35,7 @@ class SACUpdateConfig:
     """batch_size: rows sampled per gradient step on this rank; alpha: the fixed temperature
     when not autotune (else its start value is the model's init_alpha); target_entropy:
     None means -action_dim. No defaults: the config's `sac` section holds them
-    (trainer/env_specs.py builds this from it)."""
+    (trainer/env/specs.py builds this from it)."""
 
     lr: float
     batch_size: int

@@ -11,7 +11,7 @@ The math is shared with language-model RL where it is the same (the value loss,
 algorithms/value.py); GAE differs (episodes end inside a row: algorithms/env_advantages.py).
 
 `run.groups.runners` are the env-runner workers, `run.groups.learner` the learner ranks
-(env_groups.py: Ray worker groups, or in-process ones); the controller only moves
+(groups.py: Ray worker groups, or in-process ones); the controller only moves
 DataProtos between them and computes GAE. `run.sampler` decides when collections happen:
 
 - sync: each iteration collects with the newest weights, then updates;
@@ -20,7 +20,7 @@ DataProtos between them and computes GAE. `run.sampler` decides when collections
   (EnvRun.sync_weights), so the data of an update is at most max_policy_lag policy
   versions old; policy/lag_mean and policy/lag_max record it.
 
-Phase timings are timing_s/<phase>; the rest of the metric names are in env_trainer.py.
+Phase timings are timing_s/<phase>; the rest of the metric names are in task.py.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from hybridflow.engines.policy.ppo_learner import PPOUpdateConfig, build_ppo_lea
 from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACUpdateConfig, build_sac_learner
 from hybridflow.engines.policy.sac_model import SACModel
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.env_groups import EnvGroups
+from hybridflow.trainer.env.groups import EnvGroups
 
 
 class Sampler:

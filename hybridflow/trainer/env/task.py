@@ -6,9 +6,9 @@ checkpoints of language-model runs.
     result = trainer.train(steps=100_000)     # environment steps
     RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()   # on to trainer.total_env_steps
 
-`train` runs iterations of the algorithm's program (env_programs.py) until `steps` more
+`train` runs iterations of the algorithm's program (programs.py) until `steps` more
 environment steps were consumed (the last iteration may pass the mark), or until the
-rolling mean return reaches trainer.target_return. Records: env_records.py. Checkpoints
+rolling mean return reaches trainer.target_return. Records: records.py. Checkpoints
 (every trainer.save_freq environment steps) hold the learner ranks' states, every runner's
 environments and RNG, batches still in flight (async sampling) and the controller's
 counters, so a resumed run continues exactly as the uninterrupted one would have
@@ -27,10 +27,10 @@ from typing import Any
 from hybridflow.config import ConfigError, config_to_dict
 from hybridflow.config.env_schema import EnvRunConfig, load_env_config, resolve_env_config
 from hybridflow.config.tasks import TASK_KINDS
-from hybridflow.trainer.env_groups import EnvGroups, build_env_groups
-from hybridflow.trainer.env_programs import EnvRun
-from hybridflow.trainer.env_records import EnvDisplay, RecordAccumulator, crossed
-from hybridflow.trainer.env_specs import collector_spec, env_program, learner_spec, network_spec
+from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
+from hybridflow.trainer.env.programs import EnvRun
+from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
+from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
 
 
 @dataclass
@@ -172,7 +172,7 @@ class EnvironmentTask:
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
-            from hybridflow.trainer.env_plots import plot_env_run
+            from hybridflow.trainer.env.plots import plot_env_run
 
             plot_env_run(self.run_dir)
         if reached is not None:

@@ -8,7 +8,7 @@ With distributed.num_workers >= 1 both roles are Ray `WorkerGroup`s: num_workers
 runners placed by distributed.placement_strategy, and num_learners learner ranks. With
 num_workers 0 each role is the controller's `InProcessWorkerGroup` (controller/local_group.py):
 the same worker class, built in this process and called through the same registered
-methods, so the programs in env_programs.py do not know which they drive.
+methods, so the programs in programs.py do not know which they drive.
 
 Placement strategies map onto `ResourcePool` entries (one placement group per node):
 pack = all runners in one entry (one node); spread = the runners dealt round-robin over

@@ -13,14 +13,14 @@ from types import ModuleType
 import numpy as np
 
 from hybridflow import RLTrainer
-from hybridflow.trainer.env_trainer import EnvironmentTask, EnvTrainResult
+from hybridflow.trainer.env.task import EnvironmentTask, EnvTrainResult
 from hybridflow.trainer.run_dir import read_metrics
 
 
 def _load_example() -> ModuleType:
     """examples/env_quick_start.py as a module: importing it registers its CustomEnv (30-step
     episodes), the user-defined class of the documented quick start."""
-    path = Path(__file__).resolve().parents[2] / "examples" / "env_quick_start.py"
+    path = Path(__file__).resolve().parents[3] / "examples" / "env_quick_start.py"
     if "env_quick_start" not in sys.modules:
         spec = importlib.util.spec_from_file_location("env_quick_start", path)
         module = importlib.util.module_from_spec(spec)

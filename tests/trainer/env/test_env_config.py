@@ -11,7 +11,7 @@ from hybridflow.config.env_schema import env_config_from_dict, load_env_config
 from hybridflow.config.loader import user_tree
 from hybridflow.config.tasks import task_kind_of
 from hybridflow.trainer.entry import as_steps
-from hybridflow.trainer.env_groups import runner_node_counts
+from hybridflow.trainer.env.groups import runner_node_counts
 
 QUICK_START = {
     "algorithm": "PPO",
@@ -94,7 +94,7 @@ def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
     # hybridflow.RLTrainer).
     import hybridflow
     from hybridflow.config.schema import RunConfig, run_config_from_tree
-    from hybridflow.trainer.env_trainer import EnvironmentTask
+    from hybridflow.trainer.env.task import EnvironmentTask
 
     lm = {"trainer": {"output_dir": str(tmp_path / "lm"), "total_steps": 1}, "algorithm.name": "rloo"}
     assert task_kind_of(lm).name == "language_model"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hybridflow.config.env_algorithms import ENV_ALGORITHMS
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "extending.md"
 
 
 def test_the_documented_environment_algorithm_runs(tmp_path, monkeypatch):
