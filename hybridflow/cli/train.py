@@ -37,6 +37,7 @@ def run_train(args: argparse.Namespace) -> int:
     (PyYAML only: a config error is reported before torch is imported), its top-level keys
     checked, its kind decided once (config/tasks.py) and its config built, then the run."""
     from hybridflow.config import ConfigError, config_to_dict
+    from hybridflow.config.loader import user_tree
     from hybridflow.config.tasks import read_task_config
 
     resume, overrides = args.resume, list(args.overrides)
@@ -44,6 +45,10 @@ def run_train(args: argparse.Namespace) -> int:
         # `--resume key=value`: argparse gave the first override to the optional PATH.
         resume, overrides = True, [resume, *overrides]
     try:
+        if resume is True and args.config is None:  # the newest run of the overrides' name, with its saved config
+            from hybridflow.trainer.lifecycle import checkpoint_of_runs
+
+            resume = checkpoint_of_runs(read_task_config(user_tree(None, overrides))[1])
         kind, cfg = read_task_config(config_tree(args.config, resume, overrides))
     except ConfigError as err:
         print(f"hybridflow train: config error: {err}", file=sys.stderr)
@@ -61,11 +66,11 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def config_tree(config: str | None, resume: str | bool | None, overrides: list[str]) -> dict:
-    """The user's tree: --config FILE (or, resuming a run directory without one, the run's
-    saved config.yaml) with the overrides applied; read once."""
+    """The user's tree: --config FILE (or, resuming a run or checkpoint directory without
+    one, the run's saved config.yaml) with the overrides applied; read once."""
     from hybridflow.config.loader import user_tree
 
-    if config is None and isinstance(resume, str):
+    if config is None and isinstance(resume, (str, Path)):
         from hybridflow.trainer.checkpointing import find_checkpoint, run_config_path
 
         return user_tree(run_config_path(find_checkpoint(resume)), overrides)
