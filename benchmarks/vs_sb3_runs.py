@@ -20,7 +20,7 @@ gradient_steps -1 keeps one update per environment step). `--steps N` runs exact
 environment steps without the threshold stop (profiling at a fixed budget).
 
 Where the time goes (hybridflow): `phases_s`, the controller's wall seconds per phase of the
-iterations (collect, adv, store, update, sync; env_programs.py), and `cpu_by_role`, CPU
+iterations (collect, adv, store, update, sync; trainer/env/programs.py), and `cpu_by_role`, CPU
 seconds of the training split by process: controller (this process), runners and learner
 (the Ray workers' pids), ray (Ray's daemons). `autogroups` lists the scheduler autogroups
 (Linux sched_autogroup, one per session) of those processes: all in one means the Ray
@@ -131,7 +131,7 @@ def run_sb3(task: str, seed: int, steps: int | None) -> dict[str, Any]:
 
 def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int | None,
                    out_dir: str) -> dict[str, Any]:
-    from hybridflow.trainer.env_trainer import EnvTrainer
+    from hybridflow import RLTrainer
     from hybridflow.trainer.run_dir import read_metrics
 
     t = TASKS[task]
@@ -156,7 +156,7 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
                           "gradient_steps": -1 if workers > 1 else 1}}
     # train() draws the run's plots after its loop; SB3 draws none, so the CPU count stops
     # where the loop ends (when train() calls plot_env_run).
-    from hybridflow.trainer import env_plots
+    from hybridflow.trainer.env import plots as env_plots
 
     loop_end: dict[str, dict[int, float]] = {}
     draw = env_plots.plot_env_run
@@ -167,7 +167,7 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
 
     env_plots.plot_env_run = mark_then_plot
     start = time.perf_counter()
-    with EnvTrainer(config) as trainer:
+    with RLTrainer(config) as trainer:
         trainer._start()  # workers up before the clock starts (train() does this itself otherwise)
         roles = {} if workers == 0 else {
             **{info["pid"]: "runners" for info in trainer.groups.runners.worker_info},

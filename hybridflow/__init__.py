@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "DataProto": "hybridflow.protocol",
-    "RLTrainer": "hybridflow.trainer.entry",  # dispatches: language-model run or environment task
+    "RLTrainer": "hybridflow.trainer.entry",  # the one trainer: language-model runs and environment tasks
 }
 
 

@@ -1,6 +1,8 @@
-"""Named registries for every extension point: advantage estimators, policy losses, KL
-estimators and loss aggregations (algorithms/settings.py), rollout backends, environments,
-agent environments and reward templates. One place for register / look-up / "did you mean".
+"""Named registries for every extension point, one mechanism: algorithms (language-model
+and environment), advantage estimators, policy losses, KL estimators and loss aggregations
+(algorithms/settings.py), rollout backends, environments, agent environments, tools,
+reward templates and scorers. One place for register / look-up / capabilities / "did you
+mean" / import paths.
 
     ENVS = Registry("environment")
     ENVS.add("my-env", MyEnv)                 # or @ENVS.register("my-env")
@@ -12,20 +14,32 @@ agent environments and reward templates. One place for register / look-up / "did
     LOSSES.check("vanilla")                   # imports nothing: config validation runs before torch
     LOSSES.get("vanilla")                     # imports pkg.losses (its decorator registers the name)
 
+    BACKENDS.add("mine", MyEngine, tensor_parallel=False)   # capability metadata of an entry
+    BACKENDS.capabilities("mine")             # {"tensor_parallel": False}
+    BACKENDS.having(tensor_parallel=True)     # the names whose capabilities say so
+
+Entries may be rows rather than functions (`Registry(..., rows=True)`: an algorithm's
+spec, whose fields are its capabilities); `identity` says when two entries are "the same
+definition" (default: the module and qualified name of a class or function).
+
 Built-in entries may be *declared* by name with the module that registers them
 (`builtins`), so `check`/`names` answer without importing it and `get` imports it on first
 use. Like errors.py, this module imports nothing from hybridflow but `errors`, so any layer
 may use it without breaking ARCHITECTURE.md's layer order. Registering another object
 under a taken name needs `override=True`; the same definition again (a re-run script, a
 re-imported module makes a new class object for the same code) replaces it.
+
+`import_object("package.module:attr")` is the one import-path resolver of the project
+(registries, algorithm programs, environment classes).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 from hybridflow.errors import ConfigError
 
@@ -37,37 +51,108 @@ def definition_site(obj: object) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
+def split_import_path(path: str) -> tuple[str, str] | None:
+    """("package.module", "attr") of "package.module:attr" or "package.module.attr"; None
+    when `path` is neither."""
+    if not isinstance(path, str):
+        return None
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    return (module, attr) if module and attr and ":" not in attr else None
+
+
+def import_object(path: str, key: str | None = None, what: str = "object") -> Any:
+    """The object at an import path "package.module:attr" (or "package.module.attr"),
+    importing the module; a ConfigError keyed `key` naming what is wrong otherwise."""
+    parts = split_import_path(path)
+    if parts is None:
+        raise ConfigError(f"{path!r} is not an import path; write {what} as 'package.module:name'", key)
+    module_name, attr = parts
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"cannot import {what} {path!r}: {err}; the module must be importable (installed, or on "
+                          "PYTHONPATH)", key) from None
+    if not hasattr(module, attr):
+        raise ConfigError(f"cannot import {what} {path!r}: module {module_name!r} has no {what} {attr!r}", key)
+    return getattr(module, attr)
+
+
+def suggest(name: object, options: list[str]) -> list[str]:
+    """The known names closest to a misspelt `name`: by similarity, else those that are a
+    prefix of it or that it is a prefix of ("enviroment" -> "env")."""
+    if not isinstance(name, str):
+        return []
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.5)
+    if close:
+        return close
+    lowered = name.lower()
+    return [o for o in options if len(o) >= 3 and (lowered.startswith(o.lower()) or o.lower().startswith(lowered))][:3]
+
+
 class Registry(Generic[T]):
-    def __init__(self, kind: str, config_key: str | None = None, builtins: Mapping[str, str] | None = None) -> None:
+    def __init__(self, kind: str, config_key: str | None = None, builtins: Mapping[str, str] | None = None, *,
+                 rows: bool = False, identity: Callable[[T], str] = definition_site) -> None:
         self.kind = kind  # "environment", "reward template", ... (for messages)
         self.config_key = config_key  # the setting that names an entry (for `get`'s error)
         self.builtins: dict[str, str] = dict(builtins or {})  # name -> the module that registers it
+        self.rows = rows  # entries are rows (specs), not classes or functions
+        self.identity = identity
         self._items: dict[str, T] = {}
+        self._capabilities: dict[str, dict[str, Any]] = {}
 
-    def add(self, name: str, obj: T, *, override: bool = False) -> T:
+    def add(self, name: str, obj: T, *, override: bool = False, **capabilities: Any) -> T:
+        """Register `obj` as `name` with optional capability metadata (`capabilities`)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
-        if not callable(obj):
+        if not self.rows and not callable(obj):
             raise TypeError(f"{self.kind} {name!r}: {obj!r} is not a class or function")
         known = self._items.get(name)
         if (known is not None and not override and known is not obj
-                and definition_site(known) != definition_site(obj)):
-            raise ValueError(f"{self.kind} {name!r} is already registered to {definition_site(known)}; "
-                             "pick another name or pass override=True to replace it")
+                and self.identity(known) != self.identity(obj)):
+            raise ValueError(f"{self.kind} {name!r} is already registered with {self.identity(known)}; "
+                             f"choose another name for {self.identity(obj)}, or pass override=True to replace it")
         self._items[name] = obj
+        self._capabilities[name] = dict(capabilities)
         return obj
 
-    def register(self, name: str, *, override: bool = False) -> Callable[[T], T]:
+    def register(self, name: str, *, override: bool = False, **capabilities: Any) -> Callable[[T], T]:
         """Decorator: ``@registry.register("name")``."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
-        return lambda obj: self.add(name, obj, override=override)
+        return lambda obj: self.add(name, obj, override=override, **capabilities)
+
+    def capabilities(self, name: str) -> dict[str, Any]:
+        """The capability metadata `name` was registered with (a copy; {} when none)."""
+        self.get(name)
+        return dict(self._capabilities.get(name, {}))
+
+    def having(self, **wanted: Any) -> list[str]:
+        """The loaded names whose capabilities hold every `wanted` key with that value."""
+        return sorted(n for n, caps in self._capabilities.items()
+                      if all(k in caps and caps[k] == v for k, v in wanted.items()))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._items or name in self.builtins)
 
     def __getitem__(self, name: str) -> T:
         return self.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def keys(self) -> list[str]:
+        """The names (so `dict(registry)` is the name -> entry table, importing built-ins)."""
+        return self.names()
+
+    def pop(self, name: str, default: Any = None) -> Any:
+        """Unregister `name` (a test's or a notebook's clean-up); its entry, or `default`."""
+        self._capabilities.pop(name, None)
+        return self._items.pop(name, default)
 
     def get(self, name: str) -> T:
         """The entry registered under `name`, importing the module of a declared built-in
@@ -84,6 +169,17 @@ class Registry(Generic[T]):
         if name not in self:
             raise self.unknown(name, self.config_key)
 
+    def copy(self) -> Registry[T]:
+        """A registry with the same settings and entries (a test registers into the copy)."""
+        twin = Registry(self.kind, self.config_key, self.builtins, rows=self.rows, identity=self.identity)
+        twin._items, twin._capabilities = dict(self._items), {k: dict(v) for k, v in self._capabilities.items()}
+        return twin
+
+    @property
+    def entries(self) -> Mapping[str, T]:
+        """A live read-only view of the registered entries, in registration order."""
+        return MappingProxyType(self._items)
+
     def loaded(self) -> dict[str, T]:
         """The entries registered so far (a declared built-in whose module was never
         imported is absent), as a new dict."""
@@ -95,16 +191,15 @@ class Registry(Generic[T]):
 
     def resolve(self, name: str, key: str, how: str) -> T:
         """A registered name, else an import path "package.module:name" (or
-        "package.module.name"): the module is imported (registering what it registers), then
-        `name` is what it registered under that name, or its attribute; else the `unknown`
-        ConfigError."""
+        "package.module.name", `import_object`): the module is imported (registering what
+        it registers), then `name` is what it registered under that name, or its
+        attribute; else the `unknown` ConfigError."""
         if name in self:
             return self.get(name)
-        module, sep, attr = name.partition(":")
-        if not sep:
-            module, _, attr = name.rpartition(".")
-        if not module:
+        parts = split_import_path(name)
+        if parts is None:
             raise self.unknown(name, key, how)
+        module, attr = parts
         try:
             imported = importlib.import_module(module)
         except ImportError as err:
@@ -120,7 +215,7 @@ class Registry(Generic[T]):
         """The ConfigError for a name that is not registered: the closest known names, what
         is registered, and `how` to give one (candidates: names to suggest, default all)."""
         pool = self.names() if candidates is None else candidates
-        close = difflib.get_close_matches(name, pool, n=3, cutoff=0.5) if isinstance(name, str) else []
+        close = suggest(name, pool)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         known = ", ".join(self.names()) or "none"
         return ConfigError(f"unknown {self.kind} {name!r}{hint} (known: {known})" + (f"; {how}" if how else ""), key)

@@ -25,12 +25,10 @@ def load(args: argparse.Namespace) -> RunConfig | None:
     from hybridflow.config.loader import user_tree
 
     try:
-        # YAML syntax of the file and the overrides first: the loader needs only PyYAML,
-        # while the schema imports torch (seconds).
-        user_tree(args.config, args.overrides)
-        from hybridflow.config.schema import load_run_config
+        tree = user_tree(args.config, args.overrides)  # the file is read once
+        from hybridflow.config.schema import run_config_from_tree
 
-        return load_run_config(args.config, args.overrides)
+        return run_config_from_tree(tree)
     except ConfigError as err:
         print(f"hybridflow {args.command}: config error: {err}", file=sys.stderr)
         return None

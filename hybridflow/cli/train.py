@@ -1,4 +1,10 @@
-"""`hybridflow train` (RL) and `hybridflow sft` (supervised warm start) on the run config tree."""
+"""`hybridflow train` (RL: language-model runs and environment tasks, through `RLTrainer`) and
+`hybridflow sft` (supervised warm start) on the run config tree.
+
+    hybridflow train --config examples/grpo_arithmetic.yaml [key=value ...]
+    hybridflow train --config examples/ppo_cartpole.yaml trainer.total_env_steps=20000
+    hybridflow train --resume runs/CartPole-v1-ppo-20260101-120000 [trainer.total_env_steps=200000]
+"""
 
 from __future__ import annotations
 
@@ -27,50 +33,48 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from hybridflow.cli.env_train import is_env_run, run_env_train
+    """`hybridflow train`: every task kind through `RLTrainer`. The config file is read once
+    (PyYAML only: a config error is reported before torch is imported), its top-level keys
+    checked, its kind decided once (config/tasks.py) and its config built, then the run."""
+    from hybridflow.config import ConfigError, config_to_dict
     from hybridflow.config.loader import user_tree
-
-    user_tree(args.config, args.overrides)  # YAML syntax first: PyYAML only (what follows imports torch)
-    if is_env_run(args):  # a config (or resumed run) that names an `env`: PPO / SAC on environments
-        return run_env_train(args)
-    if args.resume is not None:
-        return resume_train(args)
-    cfg = load(args)
-    if cfg is None:
-        return 2
-    if args.print_config:
-        print_config(cfg)
-        return 0
-    from hybridflow.trainer import RLTrainer
-
-    with RLTrainer(cfg) as trainer:
-        trainer.train()
-    return 0
-
-
-def resume_train(args: argparse.Namespace) -> int:
-    """`hybridflow train --resume [PATH]`: train until trainer.total_steps from a checkpoint."""
-    from hybridflow.config import ConfigError
-    from hybridflow.trainer import RLTrainer
-    from hybridflow.trainer.checkpointing import CheckpointNotFoundError
-    from hybridflow.trainer.lifecycle import check_steps_left, resume_point
+    from hybridflow.config.tasks import read_task_config
 
     resume, overrides = args.resume, list(args.overrides)
     if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
         # `--resume key=value`: argparse gave the first override to the optional PATH.
         resume, overrides = True, [resume, *overrides]
     try:
-        point = resume_point(resume, args.config, overrides)
-        check_steps_left(point.step, point.cfg.trainer.total_steps)
-    except (ConfigError, CheckpointNotFoundError) as err:
-        print(f"hybridflow train --resume: {err}", file=sys.stderr)
+        if resume is True and args.config is None:  # the newest run of the overrides' name, with its saved config
+            from hybridflow.trainer.lifecycle import checkpoint_of_runs
+
+            resume = checkpoint_of_runs(read_task_config(user_tree(None, overrides))[1])
+        kind, cfg = read_task_config(config_tree(args.config, resume, overrides))
+    except ConfigError as err:
+        print(f"hybridflow train: config error: {err}", file=sys.stderr)
         return 2
     if args.print_config:
-        print_config(point.cfg)
+        import yaml
+
+        print(yaml.safe_dump(config_to_dict(kind.resolve(cfg)), sort_keys=False), end="")
         return 0
-    with RLTrainer(resume=point) as trainer:
+    from hybridflow.trainer import RLTrainer
+
+    with RLTrainer(cfg, resume=resume) as trainer:
         trainer.train()
     return 0
+
+
+def config_tree(config: str | None, resume: str | bool | None, overrides: list[str]) -> dict:
+    """The user's tree: --config FILE (or, resuming a run or checkpoint directory without
+    one, the run's saved config.yaml) with the overrides applied; read once."""
+    from hybridflow.config.loader import user_tree
+
+    if config is None and isinstance(resume, (str, Path)):
+        from hybridflow.trainer.checkpointing import find_checkpoint, run_config_path
+
+        return user_tree(run_config_path(find_checkpoint(resume)), overrides)
+    return user_tree(config, overrides)
 
 
 def run_sft(args: argparse.Namespace) -> int:

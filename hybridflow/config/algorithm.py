@@ -42,6 +42,7 @@ from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, Advant
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
+from hybridflow.registry import Registry
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -178,32 +179,30 @@ def _section_default(section: str | None) -> object:
 
 # ----------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, AlgorithmSpec] = {}
-
-
 def _program_id(program: Callable[..., None] | str | None) -> str:
     if isinstance(program, str) or program is None:
         return str(program)
     return f"{program.__module__}:{program.__qualname__}"
 
 
-def add_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
+# The one Registry mechanism (hybridflow/registry.py), with AlgorithmSpec rows as entries:
+# two rows are the same definition when they name the same program.
+ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "algorithm.name", rows=True,
+                                               identity=lambda spec: f"program {_program_id(spec.program)}")
+
+
+def add_algorithm(spec: AlgorithmSpec, *, override: bool = False) -> AlgorithmSpec:
     """Register `spec`, whose program is set (a function or a 'module:function' path).
 
     Registering a name again is allowed only with the same program (a module imported a
-    second time, e.g. reloaded in a notebook); it then replaces the row.
+    second time, e.g. reloaded in a notebook), which replaces the row, or override=True.
     """
     if spec.program is None:
         raise ValueError(f"algorithm {spec.name!r} has no program; decorate it with @register_algorithm(spec)")
-    known = _REGISTRY.get(spec.name)
-    if known is not None and _program_id(known.program) != _program_id(spec.program):
-        raise ValueError(f"algorithm {spec.name!r} is already registered with program {_program_id(known.program)}; "
-                         f"choose another name for {_program_id(spec.program)}")
-    _REGISTRY[spec.name] = spec
-    return spec
+    return ALGORITHMS.add(spec.name, spec, override=override)
 
 
-def register_algorithm(spec: AlgorithmSpec) -> Callable[[ProgramT], ProgramT]:
+def register_algorithm(spec: AlgorithmSpec, *, override: bool = False) -> Callable[[ProgramT], ProgramT]:
     """Decorator: register `spec` with the decorated function as its step program.
 
         @register_algorithm(AlgorithmSpec(name="my_algo", estimators=("grpo",), min_samples=2))
@@ -214,7 +213,7 @@ def register_algorithm(spec: AlgorithmSpec) -> Callable[[ProgramT], ProgramT]:
                          "leave program unset when decorating, or call add_algorithm(spec)")
 
     def decorate(program: ProgramT) -> ProgramT:
-        add_algorithm(dataclasses.replace(spec, program=program))
+        add_algorithm(dataclasses.replace(spec, program=program), override=override)
         return program
 
     return decorate
@@ -222,21 +221,21 @@ def register_algorithm(spec: AlgorithmSpec) -> Callable[[ProgramT], ProgramT]:
 
 def algorithm_spec(name: str) -> AlgorithmSpec:
     """The row of `name`; a ConfigError naming the registered algorithms if there is none."""
-    if name not in _REGISTRY:
+    if name not in ALGORITHMS.entries:
         raise ConfigError(_unknown_name(name), "algorithm.name")
-    return _REGISTRY[name]
+    return ALGORITHMS.entries[name]
 
 
 def _unknown_name(name: str) -> str:
-    close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(str(name), list(ALGORITHMS.entries), n=1, cutoff=0.5)
     return (f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
-            + f" Registered: {', '.join(_REGISTRY)}. An algorithm of your own is registered by its module "
+            + f" Registered: {', '.join(ALGORITHMS.entries)}. An algorithm of your own is registered by its module "
             "(@register_algorithm): name that module in algorithm.module (docs/extending.md)")
 
 
 def algorithm_names() -> tuple[str, ...]:
     """Every registered algorithm.name, built-in ones first, in registration order."""
-    return tuple(_REGISTRY)
+    return tuple(ALGORITHMS.entries)
 
 
 def _import_algorithm_module(module: str) -> ModuleType:
@@ -311,13 +310,13 @@ class AlgorithmSection(AdvantageConfig):
         # ConfigError keys are relative to this section (the loader puts "algorithm." in front).
         if self.module is not None:
             _import_algorithm_module(self.module)
-        if self.name not in _REGISTRY:
+        if self.name not in ALGORITHMS.entries:
             raise ConfigError(_unknown_name(self.name), "name")
         spec = self.spec
         estimator = self.estimator
         ADV_ESTIMATORS.check(estimator)  # unknown names raise, listing the known ones
         if estimator not in spec.estimators:
-            owners = [s.name for s in _REGISTRY.values() if s.default_estimator == estimator]  # registration order
+            owners = [s.name for s in ALGORITHMS.entries.values() if s.default_estimator == estimator]  # registration order
             raise ConfigError(f"{estimator!r}, but {_estimator_hint(spec)}"
                               + (f"; for {estimator} use algorithm.name={owners[0]}" if owners else ""), "adv_estimator")
         if self.use_kl_in_reward:
@@ -392,7 +391,7 @@ def check_algorithm(cfg: RunConfig) -> None:
 
 
 def _readers(reads: Callable[[AlgorithmSpec], bool]) -> str:
-    return " or ".join(s.name for s in _REGISTRY.values() if reads(s)) or "(none registered)"
+    return " or ".join(s.name for s in ALGORITHMS.entries.values() if reads(s)) or "(none registered)"
 
 
 def _config_value(cfg: RunConfig, dotted: str) -> object:

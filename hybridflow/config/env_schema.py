@@ -8,12 +8,12 @@
 A user dict may use nested sections, the flat forms `env: <name>` (= `env: {id: <name>}`)
 and dotted keys (`"ppo.lr": 1e-3`); choices are case-insensitive ("PPO", "Spread"). Unknown
 keys raise a ConfigError naming the closest valid key. `resolve_env_config` fills what
-depends on the algorithm (network sizes and init: PPO [64, 64] tanh orthogonal, SAC
-[256, 256] relu default init, as in Stable-Baselines3) and the run name, and checks the
-sizes against each other. Sections:
+depends on the algorithm (its row in config/env_algorithms.py: network sizes and init, PPO
+[64, 64] tanh orthogonal, SAC [256, 256] relu default init, as in Stable-Baselines3) and
+the run name, and runs the row's size checks. Sections:
 
     name, seed        run name (run dir <trainer.output_dir>/<name>-<timestamp>; null: <env>-<algorithm>)
-    algorithm         ppo | sac
+    algorithm         a registered environment algorithm: ppo | sac (config/env_algorithms.py)
     env               which environment, copies per worker, normalisation options
     policy            MLP sizes and activation, shared or separate value network, init
     distributed       env-runner workers (0: in-process), placement, learner ranks, sync/async sampling
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from hybridflow.config.loader import _build, _set_path, user_tree
+from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec
+from hybridflow.config.loader import _build, nest_dotted, user_tree
 from hybridflow.errors import ConfigError
 
-ALGORITHMS = ("ppo", "sac")
 LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
 
 
@@ -215,13 +215,16 @@ class EnvTrainerSection:
 class EnvRunConfig:
     name: str | None = None
     seed: int = 0
-    algorithm: Literal["ppo", "sac"] = "ppo"
+    algorithm: str = "ppo"
     env: EnvSection = field(default_factory=EnvSection)
     policy: PolicySection = field(default_factory=PolicySection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
     ppo: PPOSection = field(default_factory=PPOSection)
     sac: SACSection = field(default_factory=SACSection)
     trainer: EnvTrainerSection = field(default_factory=EnvTrainerSection)
+
+    def __post_init__(self) -> None:
+        ENV_ALGORITHMS.check(self.algorithm)  # ConfigError keyed `algorithm`, naming the registered ones
 
 
 def _positive(section: Any, *keys: str) -> None:
@@ -239,46 +242,24 @@ def _unit(section: Any, *keys: str) -> None:
 # ----------------------------------------------------------------------------- user input
 
 
-def is_env_tree(tree: dict[str, Any]) -> bool:
-    """Does a user's config tree describe an environment task (it names an `env`)?"""
-    return any(key.split(".")[0] == "env" for key in tree)
-
-
 def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """A user's dict as the nested tree the loader reads: dotted keys nested, `env: <name>`
     (or an environment class) as `env: {id: ...}`, choices lower-cased."""
     if not isinstance(tree, dict):
         raise ConfigError(f"an environment config is a mapping, got {type(tree).__name__}")
-    nested: dict[str, Any] = {}
-    for key, value in tree.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"config keys are strings, got {key!r}")
-        if key == "env" and (isinstance(value, str) or callable(value)):
-            value = {"id": value}  # the flat form `env: <name>`
-        _merge(nested, key.split("."), _copy(value))
+    # The flat form `env: <name>` (or a class) is the section `env: {id: <name>}`.
+    nested = nest_dotted({key: ({"id": value} if key == "env" and (isinstance(value, str) or callable(value))
+                                else value) for key, value in tree.items()})
     env = nested.get("env")
     if isinstance(env, dict) and callable(env.get("id")) and not isinstance(env.get("id"), str):
         from hybridflow.envs.registry import register_env
 
         env["id"] = register_env(env["id"]).__name__  # a class given directly: registered under its name
+    algorithm = nested.get("algorithm")
+    if isinstance(algorithm, str) and algorithm not in ENV_ALGORITHMS and algorithm.lower() in ENV_ALGORITHMS:
+        nested["algorithm"] = algorithm.lower()  # "PPO" names the registered "ppo"
     _fold_choices(EnvRunConfig, nested)
     return nested
-
-
-def _merge(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    """Set `path` to `value`; a section merges into what dotted keys already set there."""
-    node: Any = tree
-    for part in path:
-        node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(value, dict) and isinstance(node, dict):
-        for key, inner in value.items():
-            _merge(tree, [*path, key], inner)
-    else:
-        _set_path(tree, path, value)
-
-
-def _copy(value: Any) -> Any:
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
@@ -338,44 +319,19 @@ def load_env_config(path: str | Path | None = None, overrides: list[str] = ()) -
 
 # ----------------------------------------------------------------------------- resolution
 
-# Network defaults per algorithm: Stable-Baselines3's (PPO: 64x64 tanh, orthogonal; SAC:
-# 256x256 relu, PyTorch's default init).
-POLICY_DEFAULTS = {"ppo": ([64, 64], "tanh", True), "sac": ([256, 256], "relu", False)}
-
-
 def resolve_env_config(cfg: EnvRunConfig) -> EnvRunConfig:
-    """Fill the algorithm-dependent defaults and the run name; check sizes across sections."""
-    hidden, activation, ortho = POLICY_DEFAULTS[cfg.algorithm]
+    """Fill the algorithm-dependent defaults (its row's `policy`) and the run name; run the
+    row's checks of sizes across sections."""
+    spec = env_algorithm_spec(cfg.algorithm)
+    defaults = spec.policy
     policy = dataclasses.replace(
-        cfg.policy, hidden_size=list(cfg.policy.hidden_size if cfg.policy.hidden_size is not None else hidden),
-        activation=cfg.policy.activation or activation,
-        ortho_init=ortho if cfg.policy.ortho_init is None else cfg.policy.ortho_init)
+        cfg.policy, hidden_size=list(cfg.policy.hidden_size if cfg.policy.hidden_size is not None
+                                     else defaults.hidden_size),
+        activation=cfg.policy.activation or defaults.activation,
+        ortho_init=defaults.ortho_init if cfg.policy.ortho_init is None else cfg.policy.ortho_init)
     name = cfg.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.env.id}-{cfg.algorithm}").strip("-")
     cfg = dataclasses.replace(cfg, name=name, policy=policy)
-    _check_sizes(cfg)
+    if spec.check is not None:
+        spec.check(cfg)
     return cfg
 
-
-def env_batch_size(cfg: EnvRunConfig) -> int:
-    """Environment steps per iteration: workers (at least the in-process one) x copies x steps."""
-    per_env = cfg.ppo.rollout_steps if cfg.algorithm == "ppo" else cfg.sac.train_freq
-    return max(cfg.distributed.num_workers, 1) * cfg.env.num_envs * per_env
-
-
-def _check_sizes(cfg: EnvRunConfig) -> None:
-    learners, batch = cfg.distributed.num_learners, env_batch_size(cfg)
-    if cfg.algorithm == "ppo":
-        mb = cfg.ppo.minibatch_size
-        if batch % mb:
-            raise ConfigError(
-                f"{mb} does not divide the batch of {batch} steps per iteration (workers x env.num_envs x "
-                f"ppo.rollout_steps); pick a divisor of {batch}, or change rollout_steps", "ppo.minibatch_size")
-        if mb % learners:
-            raise ConfigError(f"{mb} does not split over distributed.num_learners={learners} learner ranks; use a "
-                              "multiple of num_learners", "ppo.minibatch_size")
-    else:
-        if batch % learners:
-            raise ConfigError(f"the {batch} transitions per iteration (workers x env.num_envs x sac.train_freq) do "
-                              f"not split over {learners} learner ranks; make them a multiple", "distributed.num_learners")
-        if cfg.sac.batch_size % learners:
-            raise ConfigError(f"{cfg.sac.batch_size} does not split over {learners} learner ranks", "sac.batch_size")

@@ -23,7 +23,7 @@ import yaml
 
 from hybridflow.errors import ConfigError
 
-__all__ = ["ConfigError", "config_to_dict", "load_config", "save_config", "user_tree"]
+__all__ = ["ConfigError", "config_to_dict", "load_config", "nest_dotted", "save_config", "user_tree"]
 
 T = TypeVar("T")
 
@@ -170,6 +170,33 @@ def user_tree(path: str | Path | None = None, overrides: list[str] = ()) -> dict
         key_path, value = _parse_override(text)
         _set_path(tree, key_path, value)
     return tree
+
+
+def nest_dotted(tree: dict[str, Any]) -> dict[str, Any]:
+    """A user's tree with dotted keys ("ppo.lr": 1e-3) as nested sections, merged with the
+    sections given as such ({"ppo": {"epochs": 3}}); the input is not changed."""
+    nested: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"config keys are strings, got {key!r}")
+        _merge(nested, key.split("."), _copy(value))
+    return nested
+
+
+def _merge(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set `path` to `value`; a section merges into what dotted keys already set there."""
+    node: Any = tree
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(value, dict) and isinstance(node, dict):
+        for key, inner in value.items():
+            _merge(tree, [*path, key], inner)
+    else:
+        _set_path(tree, path, value)
+
+
+def _copy(value: Any) -> Any:
+    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def config_to_dict(config: Any) -> dict:

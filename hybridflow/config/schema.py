@@ -39,6 +39,7 @@ the dotted key (hybridflow/errors.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -50,7 +51,7 @@ from typing import Any, Literal
 
 from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
 from hybridflow.config.async_schema import AsyncSection
-from hybridflow.config.loader import load_config, user_tree
+from hybridflow.config.loader import _build, _set_path, nest_dotted, user_tree
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.configs import PromptDataConfig, SFTDataConfig
@@ -605,12 +606,42 @@ def run_presets(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
 def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Load and fully validate a run config (YAML file + dotted overrides). The presets
     (`run_presets`) fill the keys that neither the file nor an override sets."""
-    cfg = load_config(RunConfig, path, list(overrides))
-    presets = _unset_presets(run_presets(cfg), user_tree(path, list(overrides)))
+    return run_config_from_tree(user_tree(path, list(overrides)))
+
+
+def run_config_from_tree(tree: dict[str, Any]) -> RunConfig:
+    """Build and fully validate a run config from a user's tree (a YAML file's, with its
+    overrides applied; or a dict, which may use dotted keys and give a reward function as
+    the function itself). The presets (`run_presets`) fill the keys the tree does not set.
+    The tree is read, never re-read from its file."""
+    tree = _function_references(nest_dotted(tree))
+    cfg = _build(RunConfig, copy.deepcopy(tree))
+    presets = _unset_presets(run_presets(cfg), tree)
     if presets:
-        cfg = load_config(RunConfig, path, presets + list(overrides))
+        with_presets = copy.deepcopy(tree)
+        for text in presets:
+            key, value = text.split("=", 1)
+            _set_path(with_presets, key.split("."), json.loads(value))
+        cfg = _build(RunConfig, with_presets)
     validate_run_config(cfg)
     return cfg
+
+
+def _function_references(tree: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """`tree` with every reward function given as a Python object in a custom_fn_path
+    replaced by its import path and name (reward_reference), so the saved config is YAML."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out[key] = _function_references(value, f"{where}{key}.")
+        elif key == "custom_fn_path" and callable(value):
+            try:
+                out[key], out["custom_fn_name"] = reward_reference(value, tree.get("custom_fn_name", "compute_score"))
+            except ConfigError as err:
+                raise err.within(where.rstrip(".")) from None
+        else:
+            out.setdefault(key, value)
+    return out
 
 
 def _unset_presets(presets: tuple[tuple[str, object], ...], tree: dict) -> list[str]:

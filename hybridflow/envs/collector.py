@@ -1,6 +1,6 @@
 """`Collector`: steps a `VecEnv` with the current policy and returns what it saw as a DataProto.
 
-    collector = Collector(CollectorSpec(source, num_envs=8, seed=0, network=spec, algorithm="ppo"))
+    collector = Collector(CollectorSpec(source, num_envs=8, seed=0, network=spec, acting_model=ActorCritic))
     collector.set_weights(weights, version=3)          # export_acting(learner model)
     segment = collector.rollout(128)                   # PPO: rows = env copies, 128 steps each
     transitions = collector.transitions(1, random=False)   # SAC: one row per transition
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ class CollectorSpec:
     num_envs: int
     seed: int
     network: NetworkSpec
-    algorithm: Literal["ppo", "sac"]
+    acting_model: type[ActorCritic] | type[SACModel]  # the network the runner acts with (the program's)
     normalize_reward: bool = False
     reward_gamma: float = 0.99
     clip_reward: float = 10.0
@@ -59,7 +59,7 @@ class Collector:
             raise ValueError(f"environment {spec.source.name!r} has observation size {self.venv.obs_dim} and actions "
                              f"{self.venv.action_spec}, but the policy was built for {spec.network.obs_dim} and "
                              f"{spec.network.action}; every copy of an environment must have the same spaces")
-        self.model: ActorCritic | SACModel = ActorCritic(spec.network) if spec.algorithm == "ppo" else SACModel(spec.network)
+        self.model: ActorCritic | SACModel = spec.acting_model(spec.network)
         self.model.requires_grad_(False)
         self.scaler = RewardScaler(spec.num_envs, spec.reward_gamma, spec.clip_reward) if spec.normalize_reward else None
         self.generator = torch.Generator().manual_seed(spec.seed)

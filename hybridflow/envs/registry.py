@@ -20,37 +20,39 @@ step(action) -> (obs, reward, terminated, truncated, info).
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 from hybridflow.errors import ConfigError
-from hybridflow.registry import Registry
+from hybridflow.registry import Registry, import_object, split_import_path
 
 EnvFactory = Callable[..., Any]
 _REGISTRY: Registry[EnvFactory] = Registry("environment")
 
 
 @overload
-def register_env(name: EnvFactory) -> EnvFactory: ...
+def register_env(name: EnvFactory, *, override: bool = False) -> EnvFactory: ...
 @overload
-def register_env(name: str | None = None, factory: None = None) -> Callable[[EnvFactory], EnvFactory]: ...
+def register_env(name: str | None = None, factory: None = None, *,
+                 override: bool = False) -> Callable[[EnvFactory], EnvFactory]: ...
 @overload
-def register_env(name: str, factory: EnvFactory) -> EnvFactory: ...
+def register_env(name: str, factory: EnvFactory, *, override: bool = False) -> EnvFactory: ...
 
 
-def register_env(name: Any = None, factory: EnvFactory | None = None) -> Any:
+def register_env(name: Any = None, factory: EnvFactory | None = None, *, override: bool = False) -> Any:
     """Register an environment class or factory: ``@register_env``, ``@register_env("name")``
     or ``register_env("name", factory)``. The default name is the class's (function's) name.
-    Registering another object under a taken name raises; the same object again is fine."""
+    Registering another object under a taken name needs override=True; the same object
+    again is fine."""
     if callable(name) and factory is None:
-        return _REGISTRY.add(name.__name__, name)
+        return _REGISTRY.add(name.__name__, name, override=override)
     if factory is not None:
-        return _REGISTRY.add(name, factory)
+        return _REGISTRY.add(name, factory, override=override)
 
     def decorate(obj: EnvFactory) -> EnvFactory:
-        return _REGISTRY.add(name if name is not None else obj.__name__, obj)
+        return _REGISTRY.add(name if name is not None else obj.__name__, obj, override=override)
 
     return decorate
 
@@ -121,22 +123,17 @@ def resolve_env(name: str, kwargs: dict[str, Any] | None = None, max_episode_ste
 
 
 def _import_path(name: str) -> EnvFactory | None:
-    """The object at 'module:attr' or 'module.attr', or None when `name` is not such a path."""
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-    elif "." in name and "-v" not in name:  # Gymnasium ids look like "Name-v1"
-        module_name, _, attr = name.rpartition(".")
-    else:
+    """The object at 'module:attr' or 'module.attr' (registry.import_object), or None when
+    `name` is not such a path (a dotted name whose module does not import may still be a
+    Gymnasium id)."""
+    parts = split_import_path(name)
+    if parts is None or (":" not in name and "-v" in name):  # Gymnasium ids look like "Name-v1"
         return None
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        if ":" in name:
-            raise ConfigError(f"cannot import module {module_name!r} of environment {name!r}: {err}", "env.id") from err
+    if ":" not in name and importlib.util.find_spec(parts[0].split(".")[0]) is None:
         return None
-    obj = getattr(module, attr, None)
-    if obj is None or not callable(obj):
-        raise ConfigError(f"module {module_name!r} has no environment class or factory {attr!r}", "env.id")
+    obj = import_object(name, "env.id", "environment class or factory")
+    if not callable(obj):
+        raise ConfigError(f"module {parts[0]!r} has no environment class or factory {parts[1]!r}", "env.id")
     return obj
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybridflow.registry import Registry
 from hybridflow.rewards import arithmetic, gsm8k, math_answer
 
 ScoreFn = Callable[..., "float | dict[str, Any]"]
@@ -44,37 +45,34 @@ def _math(solution_str: str, ground_truth: Any, extra_info: dict | None) -> floa
 
 # data_source -> scorer(solution_str, ground_truth, extra_info). Names follow the Hugging
 # Face data set ids verl users already have in their parquet files.
-SCORERS: dict[str, Callable[[str, Any, dict | None], float | dict]] = {
-    "arithmetic": _arithmetic,
-    "openai/gsm8k": _gsm8k,
-    "gsm8k": _gsm8k,
-    "math": _math,
-    "lighteval/MATH": _math,
-    "DigitalLearningGmbH/MATH-lighteval": _math,
-    "HuggingFaceH4/MATH-500": _math,
-}
+SCORERS: Registry[Callable[[str, Any, dict | None], float | dict]] = Registry("scorer", "data_source")
 
 
-def register_scorer(data_source: str, fn: Callable[[str, Any, dict | None], float | dict]) -> None:
+def register_scorer(data_source: str, fn: Callable[[str, Any, dict | None], float | dict], *,
+                    override: bool = False) -> None:
     """Add a scorer for `data_source`. It must be importable by module and name (a
-    module-level function) so reward worker processes can use it too."""
-    if data_source in SCORERS:
-        raise ValueError(f"a scorer for data_source {data_source!r} is already registered")
-    SCORERS[data_source] = fn
+    module-level function) so reward worker processes can use it too. Another function
+    for a data source that has one needs override=True."""
+    SCORERS.add(data_source, fn, override=override)
+
+
+for _source, _scorer in (("arithmetic", _arithmetic), ("openai/gsm8k", _gsm8k), ("gsm8k", _gsm8k), ("math", _math),
+                         ("lighteval/MATH", _math), ("DigitalLearningGmbH/MATH-lighteval", _math),
+                         ("HuggingFaceH4/MATH-500", _math)):
+    register_scorer(_source, _scorer)
 
 
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> float | dict[str, Any]:
     """Score one response with the built-in scorer of its data source."""
-    scorer = SCORERS.get(data_source)
-    if scorer is None:
+    if data_source not in SCORERS:
         raise KeyError(
             f"no built-in scorer for data_source {data_source!r} (known: {sorted(SCORERS)}); set "
             "data_source in the data files to one of these, or give your own reward function "
             "(reward.custom_fn.path / name, loaded with load_reward_fn)"
         )
-    return scorer(solution_str, ground_truth, extra_info)
+    return SCORERS[data_source](solution_str, ground_truth, extra_info)
 
 
 class DispatchScore:

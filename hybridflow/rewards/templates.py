@@ -60,9 +60,10 @@ Template = Callable[..., float]
 _TEMPLATES: Registry[Template] = Registry("reward template")
 
 
-def register_reward_template(name: str) -> Callable[[Template], Template]:
-    """``@register_reward_template("name")`` on a `fn(sample: Sample, **args) -> float`."""
-    return _TEMPLATES.register(name)
+def register_reward_template(name: str, *, override: bool = False) -> Callable[[Template], Template]:
+    """``@register_reward_template("name")`` on a `fn(sample: Sample, **args) -> float`
+    (another definition under a taken name needs override=True)."""
+    return _TEMPLATES.register(name, override=override)
 
 
 def reward_templates() -> list[str]:

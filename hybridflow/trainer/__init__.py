@@ -8,7 +8,9 @@
 
 - algorithms.py: grpo/rloo/reinforce_plus_plus[_baseline]/drgrpo, remax, dapo, ppo, safe_rlhf,
   each a step as a sequence of named phases (phases.py);
-- rl_trainer.py: `RLTrainer` (loop, evaluation, checkpoints, metrics);
+- entry.py: `RLTrainer`, the one trainer of every task kind (config/tasks.py decides which);
+- rl_trainer.py: `LanguageModelTask` (loop, evaluation, checkpoints, metrics);
+- env/: environment tasks (`EnvironmentTask`, the PPO/SAC programs, worker groups, records);
 - checkpointing.py: step checkpoints (atomic, keep last K), reopening a run to resume;
 - lifecycle.py: where a run starts: the policy's starting model, the resume point;
 - sft.py: supervised fine-tuning / warm start on the same actor worker;
@@ -26,6 +28,6 @@ from hybridflow.lazy import lazy_exports
 
 # Lazy (hybridflow/lazy.py): the CLI reads light modules of this package (checkpointing,
 # preflight) before a config is known to be valid, and RLTrainer imports torch and Ray.
-__getattr__, __dir__ = lazy_exports(__name__, {"RLTrainer": "rl_trainer", "TrainResult": "rl_trainer"})
+__getattr__, __dir__ = lazy_exports(__name__, {"RLTrainer": "entry", "TrainResult": "rl_trainer"})
 
 __all__ = ["RLTrainer", "TrainResult"]

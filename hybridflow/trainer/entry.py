@@ -1,91 +1,120 @@
-"""`RLTrainer`: one entry point for language-model post-training and environment tasks.
+"""`RLTrainer`: the one trainer, for every task kind (language-model post-training and
+environment tasks).
 
     from hybridflow import RLTrainer
 
-    trainer = RLTrainer({"algorithm": "PPO", "env": "CartPole-v1"})   # an environment task
-    trainer.train(steps=1e5)                                           # environment steps
+    RLTrainer({"algorithm": "PPO", "env": "CartPole-v1"}).train(steps=20000)   # environment steps
+    RLTrainer({"algorithm": "SAC", "env": "Pendulum-v1"}).train(steps=2000)    # a second one, same process
 
-    trainer = RLTrainer("examples/grpo_arithmetic.yaml")               # language-model post-training
-    trainer.train(steps=5)                                             # RL steps
+    with RLTrainer("examples/grpo_arithmetic.yaml") as trainer:                 # language-model RL steps
+        trainer.train(steps=5)
+    RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()           # on to the run's total
 
-`RLTrainer(config, resume=None)` reads what the config describes and returns the trainer
-for it: a config that names an `env` (a dict, a YAML file, an EnvRunConfig) gives an
-`EnvTrainer` (env_trainer.py); anything else (a RunConfig, an LM YAML file, a dict of run
-config keys) gives the language-model trainer (rl_trainer.py), unchanged but for `train`
-also taking an integral float. `resume=<run dir>` alone picks by the run's saved config.
-Both kinds are instances of `RLTrainer` (isinstance works).
+`config` is a dict (nested sections and/or dotted keys), the path of a YAML file (read
+once), or a typed config (RunConfig, EnvRunConfig). What it is gets decided once, here:
+the top-level keys are checked against every task kind's (a misspelt key is a ConfigError
+with the closest key, before anything else), then the kind's row (config/tasks.py) says
+which config tree it is and which implementation runs it (rl_trainer.LanguageModelTask,
+env/task.py: EnvironmentTask). With only `resume`, the checkpoint's recorded kind decides.
+
+Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray
+placement groups released (after checkpointing the run where it stands), so another
+trainer can start in the same process; calling `train()` again restarts them from that
+checkpoint. Inside `with RLTrainer(...) as trainer:` the workers stay up between `train()`
+calls (and can be inspected) until the block ends. Attributes of the running task
+(`config`, `run_dir`, `groups`, ...) read through.
 """
 
 from __future__ import annotations
 
-import abc
-import json
 from pathlib import Path
 from typing import Any
 
-from hybridflow.config.env_schema import EnvRunConfig, is_env_tree
 from hybridflow.config.loader import user_tree
-from hybridflow.errors import ConfigError
-from hybridflow.config.schema import reward_reference
-from hybridflow.trainer.env_trainer import EnvTrainer, as_env_steps
-from hybridflow.trainer.rl_trainer import RLTrainer as LMTrainer
-from hybridflow.trainer.rl_trainer import TrainResult
+from hybridflow.config.tasks import (
+    TaskKind,
+    read_task_config,
+    task_kind_of_checkpoint,
+    task_kind_of_config,
+)
 
 
-class RLTrainer(abc.ABC):  # noqa: B024 - an entry point, not an interface to implement
-    """Dispatches to `EnvTrainer` or the language-model trainer (module docstring)."""
+class RLTrainer:
+    """One trainer for every task kind (module docstring)."""
 
-    def __new__(cls, config: Any = None, resume: Any = None) -> Any:  # noqa: D102
-        if describes_env_task(config, resume):
-            return EnvTrainer(config, resume=resume)
-        if isinstance(config, dict):
-            from hybridflow.config.schema import load_run_config
+    def __init__(self, config: Any = None, resume: Any = None) -> None:
+        self.kind, typed = read_config(config, resume)
+        self._scoped = False  # inside `with`: the workers stay up between train() calls
+        self.task = self.kind.trainer_class()(typed, resume=resume)
 
-            config = load_run_config(None, dict_overrides(config))
-        return _LanguageModelTrainer(config, resume=resume)
+    def __enter__(self) -> RLTrainer:
+        self._scoped = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names RLTrainer itself lacks: the task's config, run_dir, groups...
+        if name == "task":
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+    def __repr__(self) -> str:
+        return f"RLTrainer({self.kind.name}, run_dir={str(getattr(self.task, 'run_dir', None))!r})"
+
+    def train(self, steps: int | float | None = None) -> Any:
+        """`steps` more steps (RL steps of a language-model run, environment steps of an
+        environment task; an integral float such as 1e5 is fine); None: on to the config's
+        total. Outside `with`, the workers are released before it returns."""
+        try:
+            result = self.task.train(None if steps is None else as_steps(steps))
+        except BaseException:
+            if not self._scoped:
+                self.task.release(save=False)  # the newest complete checkpoint stays the restart point
+            raise
+        if not self._scoped:
+            self.task.release(save=True)
+        return result
+
+    def close(self) -> None:
+        """Stop the workers (and Ray, when this trainer started it); close the loggers."""
+        self.task.close()
 
 
-class _LanguageModelTrainer(LMTrainer):
-    """The language-model trainer; `train(steps)` also takes integral floats (1e3)."""
-
-    def train(self, steps: int | float | None = None) -> TrainResult:
-        return super().train(None if steps is None else as_env_steps(steps))
-
-
-RLTrainer.register(LMTrainer)
-RLTrainer.register(EnvTrainer)
-
-
-def describes_env_task(config: Any, resume: Any = None) -> bool:
-    """Does the config (or, with only `resume`, the resumed run's saved config) name an environment?"""
-    if isinstance(config, EnvRunConfig):
-        return True
-    if isinstance(config, dict):
-        return is_env_tree(config)
+def read_config(config: Any, resume: Any = None) -> tuple[TaskKind, Any]:
+    """The task kind and the typed config of what RLTrainer was given (module docstring).
+    A YAML path is read once; a dict or file tree gets the top-level key check first."""
     if isinstance(config, (str, Path)):
-        return is_env_tree(user_tree(config))
-    if config is None and isinstance(resume, (str, Path)):  # not True / a language-model ResumePoint
-        from hybridflow.trainer.checkpointing import find_checkpoint, run_config_path
+        config = user_tree(config)
+    if isinstance(config, dict):
+        return read_task_config(config)
+    if config is not None:
+        kind = task_kind_of_config(config)
+        if kind is None:
+            raise TypeError(f"RLTrainer needs a config: a dict, a YAML path or a typed config (RunConfig, "
+                            f"EnvRunConfig), got {type(config).__name__}")
+        return kind, config
+    if resume is None:
+        raise TypeError("RLTrainer needs a config (a dict, a YAML path or a typed config) or resume=<run dir>")
+    if isinstance(resume, (str, Path)):
+        from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state
 
-        return is_env_tree(user_tree(run_config_path(find_checkpoint(resume))))
-    return False
+        return task_kind_of_checkpoint(read_trainer_state(find_checkpoint(resume))), None
+    cfg = getattr(resume, "cfg", None)  # a worked-out resume point carries its config
+    kind = task_kind_of_config(cfg)
+    if kind is None:
+        raise TypeError(f"resume is a run directory, a checkpoint directory or a resume point, got {resume!r}; "
+                        "resume=True (the newest of the config's runs) needs the config")
+    return kind, None
 
 
-def dict_overrides(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    """A nested dict of run-config keys as dotted `key=value` overrides (values as JSON, which
-    the loader reads as YAML), so a dict goes through the same loader as a YAML file. A
-    function given as `custom_fn_path` becomes its import path and `custom_fn_name`."""
-    out: list[str] = []
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out += dict_overrides(value, f"{prefix}{key}.")
-        elif callable(value) and key == "custom_fn_path":
-            # A reward function given as a Python object: its import path and name.
-            try:
-                path, name = reward_reference(value, "compute_score")
-            except ConfigError as err:
-                raise err.within(prefix.rstrip(".")) from None
-            out += [f"{prefix}{key}={json.dumps(path)}", f"{prefix}custom_fn_name={json.dumps(name)}"]
-        else:
-            out.append(f"{prefix}{key}={json.dumps(value)}")
-    return out
+def as_steps(steps: Any) -> int:
+    """`steps` as a positive int; integral floats such as 1e6 are accepted."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)):
+        raise TypeError(f"steps must be a number of steps (int, or an integral float like 1e6), got {steps!r}")
+    if isinstance(steps, float) and not steps.is_integer():
+        raise ValueError(f"steps must be a whole number of steps, got {steps}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return int(steps)

@@ -135,7 +135,7 @@ def resume_point(resume: str | Path | bool, config: RunConfig | str | Path | Non
                          "apply them when building it (load_run_config(path, overrides))")
     if resume is True:
         wanted = config if isinstance(config, RunConfig) else load_run_config(config, list(overrides))
-        checkpoint = _checkpoint_of_runs(wanted)
+        checkpoint = checkpoint_of_runs(wanted)
     elif resume is False or resume is None:
         raise ValueError(f"resume={resume!r} is not a checkpoint to resume; for a fresh run pass resume=None "
                          "to RLTrainer (or leave out --resume)")
@@ -181,7 +181,9 @@ def check_model_unchanged(checkpoint: Path, cfg: RunConfig) -> None:
                           f"written: {difference}. Resume with the model the run started from", "model.path")
 
 
-def _checkpoint_of_runs(cfg: RunConfig) -> Path:
+def checkpoint_of_runs(cfg: RunConfig) -> Path:
+    """The newest complete checkpoint of the config's runs: trainer.run_dir if set, else the
+    runs named `name` under trainer.output_dir (what `--resume` without PATH continues)."""
     if cfg.trainer.run_dir is not None:
         return find_checkpoint(cfg.trainer.run_dir)
     return latest_run_checkpoint(cfg.trainer.output_dir, cfg.name)

@@ -1,12 +1,11 @@
-"""`RLTrainer`: the RL loop on the controller.
+"""`LanguageModelTask`: the RL loop on the controller for language-model post-training, what
+`RLTrainer` (entry.py) runs for a config of that task kind.
 
     from hybridflow import RLTrainer
-    from hybridflow.config.schema import load_run_config
 
-    trainer = RLTrainer(load_run_config("examples/grpo_arithmetic.yaml", ["trainer.total_steps=5"]))
-    result = trainer.train(steps=5)          # SFT warm start (sft.steps > 0) first, once
+    with RLTrainer("examples/grpo_arithmetic.yaml") as trainer:   # builds a LanguageModelTask
+        result = trainer.train(steps=5)          # SFT warm start (sft.steps > 0) first, once
     print(result.accuracy_before, result.accuracy_after, result.run_dir)
-    trainer.close()
 
 `train` runs `steps` iterations of the configured algorithm (algorithms.py) over batches
 of prompts, then evaluates greedily on the held-out prompts and exports the policy. Each
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config import ConfigError
-from hybridflow.config.schema import RunConfig, load_run_config
+from hybridflow.config.schema import RunConfig
 from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
 from hybridflow.trainer.algorithms import build_algo_state, step_program
@@ -89,13 +88,14 @@ class TrainResult:
     last_metrics: dict[str, float]
 
 
-class RLTrainer:
+class LanguageModelTask:
     """Validates the config and creates the run directory at construction; starts the
-    workers on the first `train` call. Use as a context manager or call `close()`."""
+    workers on the first `train` call. `release` stops them (after a checkpoint), `close`
+    ends the run."""
 
-    def __init__(self, config: RunConfig | str | Path | None = None,
+    def __init__(self, config: RunConfig | None = None,
                  resume: str | Path | bool | ResumePoint | None = None) -> None:
-        """`config`: a RunConfig, or the path of a YAML run config.
+        """`config`: a RunConfig (RLTrainer builds it from a dict or a YAML file).
 
         `resume`: continue a run from a checkpoint (checkpointing.py) in its own run
         directory: a run directory (its newest complete checkpoint), a checkpoint directory,
@@ -105,10 +105,8 @@ class RLTrainer:
         resumed run may change (e.g. a larger trainer.total_steps); anything else is a
         ConfigError.
         """
-        if isinstance(config, (str, Path)):
-            config = load_run_config(config)
         if not isinstance(config, RunConfig) and not (config is None and resume is not None):
-            raise TypeError(f"RLTrainer needs a RunConfig (hybridflow.config.schema) or a YAML path, "
+            raise TypeError(f"a language-model run needs a RunConfig (hybridflow.config.schema), "
                             f"got {type(config).__name__}")
         self.resumed_from: Path | None = None  # the checkpoint this trainer started from
         self.global_step = 0
@@ -127,12 +125,24 @@ class RLTrainer:
         self.roles: Roles | None = None
         self.async_runner: AsyncRunner | None = None  # trainer.mode one_step_off / async
         self.sft_result = None
+        self.released_at: Path | None = None  # the checkpoint `release` wrote, which the next start loads
 
-    def __enter__(self) -> RLTrainer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def release(self, save: bool) -> None:
+        """Stop the workers and release their placement groups (Ray, the reward processes
+        and the run directory stay); with `save`, checkpoint the current step first (unless
+        it is saved already), so the next `train` continues from it as `--resume` would."""
+        if self.roles is None:
+            return
+        newest = complete_checkpoints(self.run_dir / CHECKPOINTS_DIR)
+        if save and self.global_step > 0:
+            self.released_at = (newest[-1] if newest and checkpoint_step(newest[-1]) == self.global_step
+                                else self.save_checkpoint())
+            self.resumed_from = self.released_at
+        elif newest:  # a failed call: the next start goes back to the newest complete checkpoint
+            self.released_at = self.resumed_from = newest[-1]
+            self.global_step = checkpoint_step(newest[-1])
+        shutdown_role_groups(self.groups)
+        self.groups, self.roles, self.async_runner = {}, None, None
 
     def close(self) -> None:
         """Stop the workers, the reward processes and (if this run started it) Ray."""
@@ -378,7 +388,8 @@ class RLTrainer:
     def _accuracy_before(self) -> float | None:
         """The held-out accuracy at the start of this `train` call; right after a resume,
         the run's own step-0 evaluation from metrics.jsonl (not evaluated again)."""
-        if self.resumed_from is not None and self.global_step == checkpoint_step(self.resumed_from):
+        if (self.resumed_from is not None and self.resumed_from != self.released_at
+                and self.global_step == checkpoint_step(self.resumed_from)):
             return logged_accuracy(self.run_dir, step=0)
         return self._held_out_accuracy() if self.config.trainer.val_before_train else None
 

@@ -15,30 +15,31 @@ weights and rank 0 speaks for them. A SAC rank keeps its own replay shard.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
-from hybridflow.engines.policy.ppo_learner import BATCH_KEYS, PPOLearner, PPOUpdateConfig
-from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACLearner, SACUpdateConfig
-from hybridflow.engines.policy.sac_model import SACModel
+from hybridflow.engines.policy.actor_critic import NetworkSpec
+from hybridflow.engines.policy.ppo_learner import BATCH_KEYS, PPOLearner
+from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACLearner
 from hybridflow.engines.policy.weights import Weights, export_acting
 from hybridflow.engines.train.checkpoint import load_plain
 from hybridflow.protocol import DataProto
 
+
 @dataclass(frozen=True)
 class LearnerSpec:
-    algorithm: Literal["ppo", "sac"]
+    """build(network, update, seed) makes one rank's learner (the algorithm's program names
+    it: engines/policy build_ppo_learner, build_sac_learner); update: its per-rank settings."""
+
+    build: Callable[[NetworkSpec, Any, int], PPOLearner | SACLearner]
     network: NetworkSpec
     seed: int
-    ppo: PPOUpdateConfig | None = None
-    sac: SACUpdateConfig | None = None
-    init_alpha: float = 1.0
-    buffer_capacity: int = 1_000_000  # per rank
+    update: Any
 
 
 class LearnerWorker(Worker):
@@ -55,12 +56,7 @@ class LearnerWorker(Worker):
         if self.world_size > 1:
             self.init_process_group()
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
-        rank_seed = spec.seed + self.rank
-        if spec.algorithm == "ppo":
-            self.learner = PPOLearner(ActorCritic(spec.network), spec.ppo, seed=rank_seed)
-        else:
-            self.learner = SACLearner(SACModel(spec.network, spec.init_alpha), spec.sac, seed=rank_seed,
-                                      capacity=spec.buffer_capacity)
+        self.learner = spec.build(spec.network, spec.update, spec.seed + self.rank)
 
     def _require(self) -> PPOLearner | SACLearner:
         if self.learner is None:

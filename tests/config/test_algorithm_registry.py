@@ -20,7 +20,7 @@ from hybridflow.config.schema import load_run_config
 @pytest.fixture(autouse=True)
 def registry(monkeypatch):
     """Rows registered by a test are gone after it (the built-in ones stay)."""
-    monkeypatch.setattr(algorithm_registry, "_REGISTRY", dict(algorithm_registry._REGISTRY))
+    monkeypatch.setattr(algorithm_registry, "ALGORITHMS", algorithm_registry.ALGORITHMS.copy())
 
 
 def _program(step, roles, cfg, state) -> None:

@@ -25,7 +25,8 @@ HEAVY = ("torch", "ray", "transformers")
 # a registry name, a cross-section size error, a backend that cannot run TP, and the
 # other config trees (sft, rm, an environment task).
 CASES = [
-    (["train", "bad.key=1"], "bad: unknown config key"),
+    (["train", "bad.key=1"], "bad: unknown key; known keys: actor"),
+    (["train", "enviroment=CartPole-v1"], "enviroment: unknown key; did you mean env?"),
     (["train", "trainer.total_steps=many"], "trainer.total_steps"),
     (["train", "rollout.temperature=-1"], "temperature must be >= 0"),
     (["train", "algorithm.adv_estimator=grpoo"], "did you mean 'grpo'"),

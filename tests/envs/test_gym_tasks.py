@@ -10,7 +10,7 @@ import pytest
 
 from hybridflow.config import ConfigError
 from hybridflow.envs import resolve_env
-from hybridflow.trainer.env_trainer import EnvTrainer
+from hybridflow import RLTrainer
 from hybridflow.trainer.run_dir import read_metrics
 
 
@@ -19,7 +19,7 @@ def _short_run(tmp_path, env: str, algorithm: str, steps: int) -> list[dict]:
               "env.num_envs": 2, "ppo": {"rollout_steps": 32, "minibatch_size": 32, "epochs": 1},
               "sac": {"batch_size": 16, "learning_starts": 32},
               "trainer": {"output_dir": str(tmp_path), "console": "none", "loggers": ["jsonl"], "log_freq": 64}}
-    with EnvTrainer(config) as trainer:
+    with RLTrainer(config) as trainer:
         result = trainer.train(steps=steps)
     assert result.env_steps == steps
     return [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]

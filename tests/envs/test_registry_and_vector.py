@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hybridflow.config import ConfigError
-from hybridflow.engines.policy.actor_critic import NetworkSpec
+from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
 from hybridflow.envs import register_env, resolve_env
 from hybridflow.envs.collector import Collector, CollectorSpec
 from hybridflow.envs.vector import RewardScaler, VecEnv
@@ -91,7 +91,7 @@ def test_collector_segments_bootstrap_truncations_and_count_episodes():
     source = resolve_env("Corridor-test", kwargs={"length": 50}, max_episode_steps=4)
     venv = VecEnv(source, 1, 0)
     spec = NetworkSpec(obs_dim=venv.obs_dim, action=venv.action_spec, hidden_size=(8,))
-    collector = Collector(CollectorSpec(source, num_envs=2, seed=0, network=spec, algorithm="ppo"))
+    collector = Collector(CollectorSpec(source, num_envs=2, seed=0, network=spec, acting_model=ActorCritic))
     segment = collector.rollout(6)
     b = segment.batch
     assert b["observations"].shape == (2, 6, 1) and b["actions"].shape == (2, 6, 1)

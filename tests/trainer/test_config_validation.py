@@ -118,9 +118,9 @@ def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
 def test_every_example_config_validates_and_says_how_to_run_it():
     from pathlib import Path
 
-    from hybridflow.config.env_schema import is_env_tree, load_env_config
     from hybridflow.config.loader import user_tree
     from hybridflow.config.rm_schema import load_rm_config
+    from hybridflow.config.tasks import read_task_config
 
     examples = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
     assert len(examples) >= 4
@@ -131,10 +131,8 @@ def test_every_example_config_validates_and_says_how_to_run_it():
         assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm --config ...)"
         if commands == ["rm"]:
             load_rm_config(path)
-        elif is_env_tree(user_tree(path)):  # an environment task (PPO/SAC on Gymnasium)
-            load_env_config(path)
-        else:
-            load_run_config(path)
+        else:  # a language-model run or an environment task, as `hybridflow train` reads it
+            read_task_config(user_tree(path))
 
 
 def test_null_layout_on_cpu_is_one_rank_with_every_core():

@@ -12,7 +12,8 @@ import pytest
 from hybridflow.config import ConfigError, load_config, save_config
 from hybridflow.config.schema import RunConfig, load_run_config
 from hybridflow.rewards import load_reward_fn
-from hybridflow.trainer.entry import RLTrainer, dict_overrides
+from hybridflow import RLTrainer
+from hybridflow.config.schema import run_config_from_tree
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def test_a_function_from_a_dict_is_recorded_by_import_path(user_module, tmp_path):
-    cfg = load_run_config(None, dict_overrides({"reward": {"custom_fn_path": user_module.exact}}))
+    cfg = run_config_from_tree({"reward": {"custom_fn_path": user_module.exact}})
     assert (cfg.reward.custom_fn_path, cfg.reward.custom_fn_name) == ("my_rewards", "exact")
     saved = load_config(RunConfig, save_config(cfg, tmp_path / "config.yaml"))  # YAML, no RepresenterError
     fn = load_reward_fn(saved.reward.custom_fn_path, saved.reward.custom_fn_name)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hybridflow.algorithms.ppo_env import PPOLossConfig, ppo_loss
-from hybridflow.engines.policy.actor_critic import ActorCritic
+from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
 from hybridflow.engines.policy.data_parallel import average_gradients, global_mean_std, mean_over_ranks
 
 Tensor = torch.Tensor
@@ -32,7 +32,7 @@ class PPOUpdateConfig:
     """lr: Adam step size at the start (the caller passes the scheduled one to `update`);
     minibatch_size: rows per optimizer step on this rank; target_kl: stop the epochs early
     once an epoch's mean approx KL exceeds it (None: never). No defaults: the config's
-    `ppo` section holds them (trainer/env_specs.py builds this from it)."""
+    `ppo` section holds them (trainer/env/specs.py builds this from it)."""
 
     lr: float
     epochs: int
@@ -41,6 +41,11 @@ class PPOUpdateConfig:
     target_kl: float | None
     loss: PPOLossConfig
     adam_eps: float = 1e-5
+
+
+def build_ppo_learner(network: NetworkSpec, config: PPOUpdateConfig, seed: int) -> PPOLearner:
+    """The learner of one rank: a fresh ActorCritic."""
+    return PPOLearner(ActorCritic(network), config, seed=seed)
 
 
 class PPOLearner:

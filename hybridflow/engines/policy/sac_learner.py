@@ -23,6 +23,7 @@ import torch
 from hybridflow.algorithms.replay import ReplayBuffer
 from hybridflow.algorithms.sac import polyak_update, sac_actor_loss, sac_alpha_loss, sac_critic_loss, soft_q_target
 from hybridflow.engines.policy.data_parallel import average_gradients, mean_over_ranks
+from hybridflow.engines.policy.actor_critic import NetworkSpec
 from hybridflow.engines.policy.sac_model import SACModel
 
 Tensor = torch.Tensor
@@ -34,7 +35,7 @@ class SACUpdateConfig:
     """batch_size: rows sampled per gradient step on this rank; alpha: the fixed temperature
     when not autotune (else its start value is the model's init_alpha); target_entropy:
     None means -action_dim. No defaults: the config's `sac` section holds them
-    (trainer/env_specs.py builds this from it)."""
+    (trainer/env/specs.py builds this from it)."""
 
     lr: float
     batch_size: int
@@ -43,7 +44,13 @@ class SACUpdateConfig:
     autotune: bool
     alpha: float
     target_entropy: float | None
+    buffer_capacity: int  # transitions this rank's replay shard holds
     adam_eps: float = 1e-8
+
+
+def build_sac_learner(network: NetworkSpec, config: SACUpdateConfig, seed: int) -> SACLearner:
+    """The learner of one rank: a fresh SACModel (temperature starting at config.alpha)."""
+    return SACLearner(SACModel(network, config.alpha), config, seed=seed, capacity=config.buffer_capacity)
 
 
 class SACLearner:

@@ -86,9 +86,10 @@ EnvFactory = Callable[..., AgentEnv]
 _REGISTRY: Registry[EnvFactory] = Registry("agent environment")
 
 
-def register_agent_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
-    """Register an AgentEnv class (or factory) under `name`: ``@register_agent_env("calculator")``."""
-    return _REGISTRY.register(name)
+def register_agent_env(name: str, *, override: bool = False) -> Callable[[EnvFactory], EnvFactory]:
+    """Register an AgentEnv class (or factory) under `name`: ``@register_agent_env("calculator")``
+    (another definition under a taken name needs override=True)."""
+    return _REGISTRY.register(name, override=override)
 
 
 def registered_agent_envs() -> list[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.envs.agent.sandbox import SandboxLimits, run_python
+from hybridflow.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,19 @@ def python_tool(limits: SandboxLimits = SandboxLimits()) -> Tool:
                 {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}, run)
 
 
+# name -> factory(python_limits) -> Tool: the tools an environment may list by name.
+TOOLS: Registry[Callable[[SandboxLimits], Tool]] = Registry("tool")
+
+
+def register_tool(name: str, *, override: bool = False) -> Callable[[Callable[[SandboxLimits], Tool]], Callable]:
+    """``@register_tool("name")`` on a `factory(python_limits) -> Tool`."""
+    return TOOLS.register(name, override=override)
+
+
+register_tool("calculator")(lambda limits: CALCULATOR)
+register_tool("python")(python_tool)
+
+
 def builtin_tools(names: list[str], python_limits: SandboxLimits = SandboxLimits()) -> dict[str, Tool]:
-    """Built-in tools by name ("calculator", "python")."""
-    known = {"calculator": lambda: CALCULATOR, "python": lambda: python_tool(python_limits)}
-    out = {}
-    for name in names:
-        if name not in known:
-            raise ValueError(f"unknown tool {name!r}; built-in tools: {sorted(known)}")
-        out[name] = known[name]()
-    return out
+    """Registered tools by name ("calculator", "python", or one of `register_tool`)."""
+    return {name: TOOLS.get(name)(python_limits) for name in names}

@@ -10,7 +10,7 @@ from pathlib import Path
 from hybridflow.cli import main
 from hybridflow.trainer.run_dir import read_metrics
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _run_dir(output: Path) -> Path:

@@ -1,10 +1,17 @@
-"""PPO and SAC on environments: one iteration each, as a sequence of named phases.
+"""PPO and SAC on environments: the programs on their registry rows, one iteration each as a
+sequence of named phases.
 
     metrics = ppo_iteration(run)     # collect -> advantages -> update -> sync weights
     metrics = sac_iteration(run)     # collect -> store + update (one learner call) -> sync weights
 
+An `EnvProgram` is what an environment algorithm's row (config/env_algorithms.py) names:
+how it asks the runners for data (`submit`), one iteration, the network the runners act
+with and how each learner rank builds its learner from the algorithm's config section.
+The math is shared with language-model RL where it is the same (the value loss,
+algorithms/value.py); GAE differs (episodes end inside a row: algorithms/env_advantages.py).
+
 `run.groups.runners` are the env-runner workers, `run.groups.learner` the learner ranks
-(env_groups.py: Ray worker groups, or in-process ones); the controller only moves
+(groups.py: Ray worker groups, or in-process ones); the controller only moves
 DataProtos between them and computes GAE. `run.sampler` decides when collections happen:
 
 - sync: each iteration collects with the newest weights, then updates;
@@ -13,7 +20,7 @@ DataProtos between them and computes GAE. `run.sampler` decides when collections
   (EnvRun.sync_weights), so the data of an update is at most max_policy_lag policy
   versions old; policy/lag_mean and policy/lag_max record it.
 
-Phase timings are timing_s/<phase>; the rest of the metric names are in env_trainer.py.
+Phase timings are timing_s/<phase>; the rest of the metric names are in task.py.
 """
 
 from __future__ import annotations
@@ -26,10 +33,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow.algorithms.env_advantages import compute_env_gae
-from hybridflow.config.env_schema import EnvRunConfig, env_batch_size
-from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS
+from hybridflow.algorithms.ppo_env import PPOLossConfig
+from hybridflow.config.env_algorithms import steps_per_iteration
+from hybridflow.config.env_schema import EnvRunConfig, PPOSection, SACSection
+from hybridflow.engines.policy.actor_critic import ActorCritic
+from hybridflow.engines.policy.ppo_learner import PPOUpdateConfig, build_ppo_learner
+from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACUpdateConfig, build_sac_learner
+from hybridflow.engines.policy.sac_model import SACModel
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.env_groups import EnvGroups
+from hybridflow.trainer.env.groups import EnvGroups
 
 
 class Sampler:
@@ -177,12 +189,45 @@ def sac_iteration(run: EnvRun) -> dict[str, Any]:
 
 
 def _round_steps(run: EnvRun) -> int:
-    return env_batch_size(run.cfg)
+    return steps_per_iteration(run.cfg)
 
 
-PROGRAMS: dict[str, tuple[Callable[[EnvRun], Callable[[], Any]], Callable[[EnvRun], dict[str, Any]]]] = {
-    "ppo": (ppo_submit, ppo_iteration),
-    "sac": (sac_submit, sac_iteration),
-}
+# ----------------------------------------------------------------------------- programs
 
-__all__ = ["PROGRAMS", "EnvRun", "Sampler", "phase", "ppo_batch", "ppo_iteration", "ppo_lr", "sac_iteration"]
+
+@dataclass(frozen=True)
+class EnvProgram:
+    """An environment algorithm's program (the `program` of its registry row).
+
+    submit(run) -> a function that asks the runners for the next collection (a future);
+    iteration(run) -> metrics: one iteration on the controller;
+    acting_model: the network class the env runners act with, built from the NetworkSpec;
+    build_learner(network, update, seed): one learner rank's learner;
+    update_config(section, ranks): its per-rank `update` from the algorithm's config section.
+    """
+
+    submit: Callable[[EnvRun], Callable[[], Any]]
+    iteration: Callable[[EnvRun], dict[str, Any]]
+    acting_model: type
+    build_learner: Callable[..., Any]
+    update_config: Callable[[Any, int], Any]
+
+
+def ppo_update_config(p: PPOSection, ranks: int) -> PPOUpdateConfig:
+    return PPOUpdateConfig(lr=p.lr, epochs=p.epochs, minibatch_size=p.minibatch_size // ranks,
+                           max_grad_norm=p.max_grad_norm, target_kl=p.target_kl,
+                           loss=PPOLossConfig(clip_ratio=p.clip_ratio, clip_value=p.clip_value, vf_coef=p.vf_coef,
+                                              ent_coef=p.ent_coef, normalize_advantages=p.normalize_advantages))
+
+
+def sac_update_config(s: SACSection, ranks: int) -> SACUpdateConfig:
+    return SACUpdateConfig(lr=s.lr, batch_size=s.batch_size // ranks, gamma=s.gamma, tau=s.tau, autotune=s.autotune,
+                           alpha=s.init_alpha, target_entropy=s.target_entropy,
+                           buffer_capacity=max(1, s.buffer_size // ranks))
+
+
+PPO = EnvProgram(ppo_submit, ppo_iteration, ActorCritic, build_ppo_learner, ppo_update_config)
+SAC = EnvProgram(sac_submit, sac_iteration, SACModel, build_sac_learner, sac_update_config)
+
+__all__ = ["PPO", "SAC", "EnvProgram", "EnvRun", "Sampler", "phase", "ppo_batch", "ppo_iteration", "ppo_lr",
+           "sac_iteration"]

@@ -1,14 +1,14 @@
-"""`EnvTrainer`: PPO or SAC on an environment, with the run directory, loggers, plots and
+"""`EnvironmentTask`: what `RLTrainer` runs for an environment task (a registered environment
+algorithm, PPO or SAC, on an environment), with the run directory, loggers, plots and
 checkpoints of language-model runs.
 
-    trainer = EnvTrainer({"algorithm": "ppo", "env": "CartPole-v1"})   # a dict, EnvRunConfig or YAML path
-    result = trainer.train(steps=100_000)     # environment steps (an int or an integral float)
-    trainer.close()
-    EnvTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()  # on to trainer.total_env_steps
+    trainer = RLTrainer({"algorithm": "ppo", "env": "CartPole-v1"})    # entry.py builds an EnvironmentTask
+    result = trainer.train(steps=100_000)     # environment steps
+    RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()   # on to trainer.total_env_steps
 
-`train` runs iterations of the algorithm's program (env_programs.py) until `steps` more
+`train` runs iterations of the algorithm's program (programs.py) until `steps` more
 environment steps were consumed (the last iteration may pass the mark), or until the
-rolling mean return reaches trainer.target_return. Records: env_records.py. Checkpoints
+rolling mean return reaches trainer.target_return. Records: records.py. Checkpoints
 (every trainer.save_freq environment steps) hold the learner ranks' states, every runner's
 environments and RNG, batches still in flight (async sampling) and the controller's
 counters, so a resumed run continues exactly as the uninterrupted one would have
@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config import ConfigError, config_to_dict
-from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, load_env_config, resolve_env_config
-from hybridflow.trainer.env_groups import EnvGroups, build_env_groups
-from hybridflow.trainer.env_programs import PROGRAMS, EnvRun
-from hybridflow.trainer.env_records import EnvDisplay, RecordAccumulator, crossed
-from hybridflow.trainer.env_specs import collector_spec, learner_spec, network_spec
+from hybridflow.config.env_schema import EnvRunConfig, load_env_config, resolve_env_config
+from hybridflow.config.tasks import TASK_KINDS
+from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
+from hybridflow.trainer.env.programs import EnvRun
+from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
+from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
 
 
 @dataclass
@@ -43,44 +44,26 @@ class EnvTrainResult:
     last_metrics: dict[str, float]
 
 
-def coerce_env_config(config: EnvRunConfig | dict | str | Path) -> EnvRunConfig:
-    if isinstance(config, EnvRunConfig):
-        return resolve_env_config(config)
-    if isinstance(config, dict):
-        return env_config_from_dict(config)
-    if isinstance(config, (str, Path)):
-        return load_env_config(config)
-    raise TypeError(f"an environment config is a dict, an EnvRunConfig or a YAML path, got {type(config).__name__}")
-
-
-def as_env_steps(steps: Any) -> int:
-    """`steps` as a positive int; integral floats such as 1e6 are accepted."""
-    if isinstance(steps, bool) or not isinstance(steps, (int, float)):
-        raise TypeError(f"steps must be a number of environment steps (int, or an integral float like 1e6), "
-                        f"got {steps!r}")
-    if isinstance(steps, float) and not steps.is_integer():
-        raise ValueError(f"steps must be a whole number of environment steps, got {steps}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    return int(steps)
-
-
-class EnvTrainer:
+class EnvironmentTask:
     """Creates (or reopens) the run directory at construction; starts workers on `train`."""
 
-    def __init__(self, config: EnvRunConfig | dict | str | Path | None = None, resume: str | Path | None = None) -> None:
+    def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | None = None) -> None:
         from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state, reopen_run_dir
         from hybridflow.trainer.loggers import build_loggers
         from hybridflow.trainer.run_dir import create_run_dir
 
         self.checkpoint: Path | None = None
+        if resume is True:
+            raise ConfigError("for environment runs give the run directory to resume (resume=<run dir>, "
+                              "--resume PATH)")
         if resume is not None:
             self.checkpoint = find_checkpoint(resume)
             config = resume_config(self.checkpoint, config)
-        elif config is None:
-            raise TypeError("EnvTrainer needs a config (dict, EnvRunConfig or YAML path) or resume=<run dir>")
-        cfg = coerce_env_config(config)
+        elif not isinstance(config, EnvRunConfig):
+            raise TypeError(f"an environment task needs an EnvRunConfig (RLTrainer builds it), got {config!r}")
+        cfg = resolve_env_config(config)
         self.config = cfg
+        self.program = env_program(cfg)
         self.network = network_spec(cfg)
         self.run_dir = reopen_run_dir(cfg, self.checkpoint) if self.checkpoint else create_run_dir(cfg)
         self.display = EnvDisplay(cfg.trainer.console)
@@ -91,24 +74,29 @@ class EnvTrainer:
         self.acc = RecordAccumulator(cfg.trainer.return_window)
         self.groups: EnvGroups | None = None
         self.run: EnvRun | None = None
+        self.saved_checkpoint: Path | None = self.checkpoint  # the newest checkpoint this task wrote or read
+        self.saved_iteration: int | None = self.iteration if self.checkpoint else None
         self._ray_started = False
         self._threads_before: int | None = None
-
-    def __enter__(self) -> EnvTrainer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     @property
     def env_steps(self) -> int:
         return self.run.env_steps if self.run is not None else 0
 
+    def release(self, save: bool) -> None:
+        """Stop the workers and release their placement groups (Ray stays up); with `save`,
+        checkpoint the run first, so that the next `train` continues exactly from here."""
+        if self.groups is None:
+            return
+        if save and self.saved_iteration != self.iteration:
+            self.save_checkpoint()
+        self.checkpoint = self.saved_checkpoint  # where the next start continues (None: from scratch)
+        self.groups.shutdown()
+        self.groups, self.run = None, None
+
     def close(self) -> None:
         """Stop the workers (and Ray, when this trainer started it); close the loggers."""
-        if self.groups is not None:
-            self.groups.shutdown()
-            self.groups, self.run = None, None
+        self.release(save=False)
         self.log.close()
         if self._threads_before is not None:
             import torch
@@ -126,8 +114,8 @@ class EnvTrainer:
         if cfg.distributed.num_workers > 0:
             import ray
 
-            self._ray_started = not ray.is_initialized()
-        else:
+            self._ray_started = self._ray_started or not ray.is_initialized()
+        elif self._threads_before is None:
             import torch
 
             # In-process, the learner's CPUs are this process's torch threads. More threads
@@ -135,12 +123,14 @@ class EnvTrainer:
             # these small matmuls on a loaded machine), so the default is one.
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(max(1, int(cfg.distributed.learner_cpus)))
-        self.groups = build_env_groups(cfg, collector_spec(cfg, self.network), learner_spec(cfg, self.network))
+        self.groups = build_env_groups(cfg, collector_spec(cfg, self.network, self.program),
+                                       learner_spec(cfg, self.network, self.program))
         self.run = EnvRun(cfg, self.groups)
-        self.run.start_sampler(PROGRAMS[cfg.algorithm][0](self.run))
+        self.run.start_sampler(self.program.submit(self.run))
         if self.checkpoint is not None:
             self._load_checkpoint(self.checkpoint)
         else:
+            self.iteration, self.acc = 0, RecordAccumulator(cfg.trainer.return_window)  # a restart from scratch
             self.run.sync_weights()  # the runners act with the learner's initial weights
 
     # ------------------------------------------------------------------ loop
@@ -157,9 +147,11 @@ class EnvTrainer:
                 raise ConfigError(f"nothing to train: the run is at {run.env_steps} environment steps and "
                                   f"trainer.total_env_steps={cfg.trainer.total_env_steps}; raise it or pass steps",
                                   "trainer.total_env_steps")
-        target = run.env_steps + as_env_steps(steps)
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
-        iteration_fn = PROGRAMS[cfg.algorithm][1]
+        iteration_fn = self.program.iteration
         self.display.start(f"{cfg.algorithm.upper()} {cfg.env.id}", target, run.env_steps)
         started, reached, record = time.perf_counter(), None, {}
         while run.env_steps < target and reached is None:
@@ -180,7 +172,7 @@ class EnvTrainer:
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
-            from hybridflow.trainer.env_plots import plot_env_run
+            from hybridflow.trainer.env.plots import plot_env_run
 
             plot_env_run(self.run_dir)
         if reached is not None:
@@ -206,10 +198,12 @@ class EnvTrainer:
         self.groups.learner.save(str(tmp / "learner"))
         (tmp / "runners.pkl").write_bytes(pickle.dumps(self.groups.runners.state_dict()))
         (tmp / "pending.pkl").write_bytes(pickle.dumps(pending))
-        state = {"version": STATE_VERSION, "kind": "env", "global_step": self.iteration, "roles": ["learner", "runners"],
-                 "env_steps": run.env_steps, "submitted_steps": run.submitted_steps, "policy_version": run.version,
-                 "records": self.acc.state_dict(), "rng": controller_rng_state()}
-        return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
+        state = {"version": STATE_VERSION, "kind": CHECKPOINT_KIND, "global_step": self.iteration,
+                 "roles": ["learner", "runners"], "env_steps": run.env_steps, "submitted_steps": run.submitted_steps,
+                 "policy_version": run.version, "records": self.acc.state_dict(), "rng": controller_rng_state()}
+        self.saved_checkpoint = commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
+        self.saved_iteration = self.iteration
+        return self.saved_checkpoint
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         from collections import deque
@@ -217,12 +211,13 @@ class EnvTrainer:
         from hybridflow.trainer.checkpointing import read_trainer_state, set_controller_rng_state
 
         state = read_trainer_state(checkpoint)
-        if state.get("kind") != "env":
+        if state.get("kind") != CHECKPOINT_KIND:
             raise ValueError(f"{str(checkpoint)!r} is not a checkpoint of an environment run")
         run = self.run
         self.groups.learner.load(str(checkpoint / "learner"))
         run.version, run.env_steps = int(state["policy_version"]), int(state["env_steps"])
         run.submitted_steps = int(state["submitted_steps"])
+        self.iteration = int(state["global_step"])
         run.sync_weights()  # the learner's weights: the uninterrupted run sends them with its next collection
         runner_states = pickle.loads((checkpoint / "runners.pkl").read_bytes())
         if len(runner_states) != self.groups.runners.world_size:
@@ -237,18 +232,19 @@ class EnvTrainer:
         set_controller_rng_state(state["rng"])
 
 
+CHECKPOINT_KIND = TASK_KINDS["environment"].checkpoint_kind  # trainer_state.json's "kind" (config/tasks.py)
 # Keys a resumed run may change: how long, how often, where it logs and how it runs on Ray.
 RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_worker", "distributed.learner_cpus")
 
 
-def resume_config(checkpoint: Path, config: EnvRunConfig | dict | str | Path | None) -> EnvRunConfig:
+def resume_config(checkpoint: Path, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
     from hybridflow.trainer.checkpointing import run_config_path
 
     saved = load_env_config(run_config_path(checkpoint))
     if config is None:
         return saved
-    cfg = coerce_env_config(config)
+    cfg = resolve_env_config(config)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=saved.trainer.run_dir,
                                                                output_dir=saved.trainer.output_dir))
     changed = sorted(k for k in changed_keys(config_to_dict(saved), config_to_dict(cfg)) if not k.startswith(RESUMABLE_KEYS))

@@ -2,13 +2,13 @@
 
     groups = build_env_groups(cfg, collector_spec, learner_spec)
     groups.runners.rollout(128).get(); groups.learner.ppo_update(batch)
-    groups.shutdown()
+    groups.shutdown()          # stops the workers and releases their placement groups
 
 With distributed.num_workers >= 1 both roles are Ray `WorkerGroup`s: num_workers env
 runners placed by distributed.placement_strategy, and num_learners learner ranks. With
-num_workers 0 each role is a `LocalGroup`: the same worker class, built in this process
-and called through the same registered methods (dispatch and collect as for one rank), so
-the programs in env_programs.py do not know which they drive.
+num_workers 0 each role is the controller's `InProcessWorkerGroup` (controller/local_group.py):
+the same worker class, built in this process and called through the same registered
+methods, so the programs in programs.py do not know which they drive.
 
 Placement strategies map onto `ResourcePool` entries (one placement group per node):
 pack = all runners in one entry (one node); spread = the runners dealt round-robin over
@@ -18,71 +18,23 @@ the alive nodes (on one node: one entry, since spreading is a preference); stric
 
 from __future__ import annotations
 
-import functools
 import sys
 import sysconfig
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hybridflow.config.env_schema import EnvRunConfig
-from hybridflow.controller import DispatchContext, registered_methods
-from hybridflow.controller.decorator import MethodSpec
+from hybridflow.controller import InProcessWorkerGroup
 from hybridflow.errors import ConfigError
 from hybridflow.workers.env_runner import EnvRunnerWorker
 from hybridflow.workers.learner import LearnerSpec, LearnerWorker
 
 
-class Done:
-    """The result of a LocalGroup call made with blocking=False: already computed."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self, timeout_s: float | None = None) -> Any:
-        return self.value
-
-    def done(self) -> bool:
-        return True
-
-
-class LocalGroup:
-    """One rank of `worker_cls`, in this process, called like a one-rank WorkerGroup."""
-
-    def __init__(self, worker_cls: type, *args: Any, **kwargs: Any) -> None:
-        self.worker = worker_cls(*args, **kwargs)
-        self.role = worker_cls.__name__
-        self.world_size = 1
-        for name, spec in registered_methods(worker_cls).items():
-            setattr(self, name, self._bind(name, spec, getattr(self.worker, name)))
-
-    def _bind(self, name: str, spec: MethodSpec, method: Callable[..., Any]) -> Callable[..., Any]:
-        per_rank = spec.dispatch.name in ("ALL_TO_ALL", "DP_COMPUTE")  # arguments are lists, one per rank
-
-        @functools.wraps(method)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            args = tuple(_value(a[0] if per_rank else a) for a in args)
-            kwargs = {k: _value(v[0] if per_rank else v) for k, v in kwargs.items()}
-            out = method(*args, **kwargs)
-            ctx = DispatchContext(label=f"{self.role}.{name}", mode=spec.dispatch.name, world_size=1)
-            result = out if spec.rank_zero else spec.dispatch.collect(ctx, [out])
-            return result if spec.blocking else Done(result)
-
-        return call
-
-    def shutdown(self) -> None:
-        pass
-
-
-def _value(arg: Any) -> Any:
-    return arg.get() if isinstance(arg, Done) else arg
-
-
 @dataclass
 class EnvGroups:
-    runners: Any  # WorkerGroup | LocalGroup of EnvRunnerWorker
-    learner: Any  # WorkerGroup | LocalGroup of LearnerWorker
+    runners: Any  # WorkerGroup | InProcessWorkerGroup of EnvRunnerWorker
+    learner: Any  # WorkerGroup | InProcessWorkerGroup of LearnerWorker
     pools: list[Any]
 
     def shutdown(self) -> None:
@@ -96,9 +48,9 @@ def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: Learn
     """Start the env runners and the learner (Ray, or in-process when num_workers is 0)."""
     dist = cfg.distributed
     if dist.num_workers == 0:
-        learner = LocalGroup(LearnerWorker, learner_spec)
+        learner = InProcessWorkerGroup(LearnerWorker, learner_spec)
         learner.init_model()
-        return EnvGroups(runners=LocalGroup(EnvRunnerWorker, collector_spec), learner=learner, pools=[])
+        return EnvGroups(runners=InProcessWorkerGroup(EnvRunnerWorker, collector_spec), learner=learner, pools=[])
     import ray
 
     from hybridflow.controller import ResourcePool, WorkerGroup, init_ray

@@ -12,15 +12,15 @@ from types import ModuleType
 
 import numpy as np
 
-from hybridflow.trainer.entry import RLTrainer
-from hybridflow.trainer.env_trainer import EnvTrainer, EnvTrainResult
+from hybridflow import RLTrainer
+from hybridflow.trainer.env.task import EnvironmentTask, EnvTrainResult
 from hybridflow.trainer.run_dir import read_metrics
 
 
 def _load_example() -> ModuleType:
     """examples/env_quick_start.py as a module: importing it registers its CustomEnv (30-step
     episodes), the user-defined class of the documented quick start."""
-    path = Path(__file__).resolve().parents[2] / "examples" / "env_quick_start.py"
+    path = Path(__file__).resolve().parents[3] / "examples" / "env_quick_start.py"
     if "env_quick_start" not in sys.modules:
         spec = importlib.util.spec_from_file_location("env_quick_start", path)
         module = importlib.util.module_from_spec(spec)
@@ -54,7 +54,7 @@ def test_quick_start_dict_with_a_custom_env_on_two_spread_actors(ray_local, tmp_
         "trainer": {"output_dir": str(tmp_path), "console": "none", "log_freq": 120},
     }
     trainer = RLTrainer(config)
-    assert isinstance(trainer, RLTrainer) and isinstance(trainer, EnvTrainer)
+    assert isinstance(trainer, RLTrainer) and isinstance(trainer.task, EnvironmentTask)
     with trainer:
         result = trainer.train(steps=6e2)
         runners = trainer.groups.runners
@@ -82,7 +82,7 @@ def test_ppo_on_a_ray_runner_and_two_learner_ranks_equals_the_in_process_run(ray
     # and runner rank 0 draws what the in-process collector draws.
     digests = []
     for distributed in ({"num_workers": 0}, {"num_workers": 1, "num_learners": 2}):
-        with EnvTrainer({**_common(tmp_path, "ppo"), "distributed": distributed}) as trainer:
+        with RLTrainer({**_common(tmp_path, "ppo"), "distributed": distributed}) as trainer:
             trainer.train(steps=192)
             digests.append(trainer.groups.learner.parameters_digest())
     (local,), (rank0, rank1) = digests
@@ -95,7 +95,7 @@ def test_sac_learner_ranks_stay_identical_replicas(ray_local, tmp_path):
     # Each SAC rank samples its own replay shard, so the run differs from one rank's; the
     # averaged gradients must still keep both replicas equal.
     config = {**_common(tmp_path, "sac"), "distributed": {"num_workers": 1, "num_learners": 2}, "trainer.log_freq": 16}
-    with EnvTrainer(config) as trainer:
+    with RLTrainer(config) as trainer:
         result = trainer.train(steps=96)
         rank0, rank1 = trainer.groups.learner.parameters_digest()
     assert all(np.array_equal(rank0[name], rank1[name]) for name in rank0)
@@ -109,7 +109,7 @@ def test_sac_on_a_ray_runner_equals_the_in_process_run(ray_local, tmp_path):
     # every iteration, or the transitions and so the learnt weights would differ.
     digests = []
     for distributed in ({"num_workers": 0}, {"num_workers": 1}):
-        with EnvTrainer({**_common(tmp_path, "sac"), "distributed": distributed}) as trainer:
+        with RLTrainer({**_common(tmp_path, "sac"), "distributed": distributed}) as trainer:
             trainer.train(steps=160)
             digests.append(trainer.groups.learner.parameters_digest()[0])
     local, ray_run = digests

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from hybridflow.config.env_schema import load_env_config
-from hybridflow.trainer.env_trainer import EnvTrainer
+from hybridflow import RLTrainer
 from hybridflow.trainer.run_dir import read_metrics
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TIMING_KEYS = ("timing_s/", "env/steps_per_s", "time")
 
 
@@ -29,7 +29,7 @@ def test_ppo_cartpole_return_rises(tmp_path):
     cfg = load_env_config(EXAMPLES / "ppo_cartpole.yaml", [
         f"trainer.output_dir={tmp_path}", "trainer.console=none", "trainer.total_env_steps=14336",
         "trainer.log_freq=2048"])
-    with EnvTrainer(cfg) as trainer:
+    with RLTrainer(cfg) as trainer:
         result = trainer.train()
     windows = _windows(result.run_dir)
     assert result.env_steps == 14336 and len(windows) == 7
@@ -42,7 +42,7 @@ def test_sac_pendulum_return_rises(tmp_path):
         f"trainer.output_dir={tmp_path}", "trainer.console=none", "trainer.total_env_steps=3000",
         "trainer.log_freq=400", "trainer.return_window=2", "policy.hidden_size=[64,64]", "sac.batch_size=64",
         "sac.lr=0.003", "sac.learning_starts=200", "trainer.target_return=null"])
-    with EnvTrainer(cfg) as trainer:
+    with RLTrainer(cfg) as trainer:
         result = trainer.train()
     windows = _windows(result.run_dir)
     # Pendulum returns start near -1200..-1600 (random torques) and rise as the swing-up is learnt.
@@ -53,12 +53,12 @@ def test_sac_pendulum_return_rises(tmp_path):
 def _resume_equals_uninterrupted(tmp_path: Path, example: str, overrides: list[str], checkpoint_step: int) -> None:
     cfg = load_env_config(EXAMPLES / example, [f"trainer.output_dir={tmp_path / 'a'}", "trainer.console=none",
                                                *overrides])
-    with EnvTrainer(cfg) as full:
+    with RLTrainer(cfg) as full:
         full.train()
         want = full.groups.learner.parameters_digest()[0]
     copy = tmp_path / "b" / full.run_dir.name  # resuming rewrites the run dir: work on a copy
     shutil.copytree(full.run_dir, copy)
-    with EnvTrainer(resume=copy / "checkpoints" / f"global_step_{checkpoint_step}") as resumed:
+    with RLTrainer(resume=copy / "checkpoints" / f"global_step_{checkpoint_step}") as resumed:
         assert resumed.iteration == checkpoint_step
         resumed.train()
         got = resumed.groups.learner.parameters_digest()[0]
@@ -86,8 +86,8 @@ def test_resume_refuses_a_changed_algorithm_setting(tmp_path):
     cfg = load_env_config(EXAMPLES / "ppo_cartpole.yaml", [
         f"trainer.output_dir={tmp_path}", "trainer.console=none", "trainer.total_env_steps=512",
         "trainer.save_freq=256", "trainer.target_return=null"])
-    with EnvTrainer(cfg) as run:
+    with RLTrainer(cfg) as run:
         run.train()
     changed = load_env_config(EXAMPLES / "ppo_cartpole.yaml", ["ppo.lr=0.5", "trainer.total_env_steps=1024"])
     with pytest.raises(ValueError, match="different ppo.lr"):
-        EnvTrainer(changed, resume=run.run_dir)
+        RLTrainer(changed, resume=run.run_dir)

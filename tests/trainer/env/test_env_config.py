@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config import ConfigError
-from hybridflow.config.env_schema import env_config_from_dict, is_env_tree, load_env_config
-from hybridflow.trainer.entry import describes_env_task, dict_overrides
-from hybridflow.trainer.env_groups import runner_node_counts
-from hybridflow.trainer.env_trainer import as_env_steps
+from hybridflow.config.env_schema import env_config_from_dict, load_env_config
+from hybridflow.config.loader import user_tree
+from hybridflow.config.tasks import task_kind_of
+from hybridflow.trainer.entry import as_steps
+from hybridflow.trainer.env.groups import runner_node_counts
 
 QUICK_START = {
     "algorithm": "PPO",
@@ -38,7 +39,7 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
 
 
 @pytest.mark.parametrize(("tree", "match"), [
-    ({"algorithm": "dqn", "env": "x"}, r"algorithm: 'dqn' is not one of \['ppo', 'sac'\]"),
+    ({"algorithm": "dqn", "env": "x"}, r"algorithm: unknown environment algorithm 'dqn' \(known: ppo, sac\)"),
     ({"env": "x", "polcy": {}}, r"polcy: unknown config key; did you mean 'policy'"),
     ({"env": "x", "policy": {"hidden_sizes": [8]}}, r"policy.hidden_size"),
     ({"env": "x", "distributed": {"num_worker": 2}}, r"did you mean 'num_workers'"),
@@ -59,24 +60,23 @@ def test_yaml_files_and_overrides(tmp_path):
     path.write_text("algorithm: SAC\nenv: Pendulum-v1\nsac:\n  batch_size: 64\n")
     cfg = load_env_config(path, ["sac.lr=0.001", "trainer.total_env_steps=5000"])
     assert (cfg.algorithm, cfg.env.id, cfg.sac.batch_size, cfg.sac.lr) == ("sac", "Pendulum-v1", 64, 1e-3)
-    assert describes_env_task(str(path)) and not describes_env_task({"trainer": {"total_steps": 3}})
+    assert task_kind_of(user_tree(path)).name == "environment"
+    assert task_kind_of({"trainer": {"total_steps": 3}}).name == "language_model"
 
 
 def test_env_tasks_are_told_apart_from_language_model_configs():
-    assert is_env_tree(QUICK_START) and is_env_tree({"env.id": "CartPole-v1"})
-    assert not is_env_tree({"algorithm": {"name": "grpo"}, "trainer": {"total_steps": 2}})
-    assert dict_overrides({"trainer": {"total_steps": 2, "loggers": ["jsonl"]}, "seed": 1}) == [
-        'trainer.total_steps=2', 'trainer.loggers=["jsonl"]', "seed=1"]
+    assert task_kind_of(QUICK_START).name == task_kind_of({"env.id": "CartPole-v1"}).name == "environment"
+    assert task_kind_of({"algorithm": {"name": "grpo"}, "trainer": {"total_steps": 2}}).name == "language_model"
 
 
 def test_train_steps_accept_ints_and_integral_floats_only():
-    assert as_env_steps(1e6) == 1_000_000 and as_env_steps(300) == 300
+    assert as_steps(1e6) == 1_000_000 and as_steps(300) == 300
     with pytest.raises(ValueError, match="whole number"):
-        as_env_steps(1.5)
+        as_steps(1.5)
     with pytest.raises(ValueError, match=">= 1"):
-        as_env_steps(0)
+        as_steps(0)
     with pytest.raises(TypeError, match="integral float"):
-        as_env_steps("100")
+        as_steps("100")
 
 
 def test_placement_strategies_map_onto_nodes():
@@ -88,21 +88,29 @@ def test_placement_strategies_map_onto_nodes():
         runner_node_counts(8, "strict_spread", 1)
 
 
-def test_rl_trainer_dispatches_dicts_to_the_language_model_or_the_environment_trainer(tmp_path):
-    # The language-model side of a dict is the loader's tree (constructing that trainer is
-    # covered by the LM tests, which all go through hybridflow.RLTrainer).
+def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
+    # The language-model side of a dict is the same tree builder as a YAML file's
+    # (constructing that trainer is covered by the LM tests, which all go through
+    # hybridflow.RLTrainer).
     import hybridflow
-    from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.env_trainer import EnvTrainer
+    from hybridflow.config.schema import RunConfig, run_config_from_tree
+    from hybridflow.trainer.env.task import EnvironmentTask
 
-    lm = {"trainer": {"output_dir": str(tmp_path / "lm"), "total_steps": 1}, "algorithm": {"name": "rloo"}}
-    assert not describes_env_task(lm)
-    cfg = load_run_config(None, dict_overrides(lm))
-    assert (cfg.trainer.total_steps, cfg.algorithm.name) == (1, "rloo")
+    lm = {"trainer": {"output_dir": str(tmp_path / "lm"), "total_steps": 1}, "algorithm.name": "rloo"}
+    assert task_kind_of(lm).name == "language_model"
+    cfg = run_config_from_tree(lm)
+    assert isinstance(cfg, RunConfig) and (cfg.trainer.total_steps, cfg.algorithm.name) == (1, "rloo")
     with hybridflow.RLTrainer({"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "env")}) as env:
-        assert isinstance(env, EnvTrainer) and isinstance(env, hybridflow.RLTrainer)
-    with pytest.raises(ConfigError, match="did you mean 'trainer'"):
+        assert env.kind.name == "environment" and isinstance(env.task, EnvironmentTask)
+        assert env.config.env.id == "CartPole-v1"  # the task's attributes read through
+    # A misspelt top-level key is refused before any kind is decided (it would otherwise
+    # silently make a language-model run out of an environment task).
+    with pytest.raises(ConfigError, match="did you mean trainer") as info:
         hybridflow.RLTrainer({"trainr": {"total_steps": 1}})
+    assert info.value.key == "trainr"
+    with pytest.raises(ConfigError) as info:
+        hybridflow.RLTrainer({"algorithm": "PPO", "enviroment": "CartPole-v1"})
+    assert str(info.value) == "enviroment: unknown key; did you mean env?"
 
 
 @pytest.mark.parametrize("key, value, advice", [

@@ -1,0 +1,119 @@
+"""Task kinds: what kind of run a config describes, decided once, from a declared row.
+
+    kind = task_kind_of(tree)            # the "environment" row when the tree names an `env`
+    check_top_level_keys(tree)           # a misspelt top-level key: ConfigError with did-you-mean
+    cfg = kind.build(tree)               # its typed, validated config (RunConfig, EnvRunConfig)
+
+A `TaskKind` row declares how a config is recognised (`marker`: a top-level key only its
+tree has; the row without a marker is the default), its config tree (`root`), how a tree
+becomes that config, what a run saves as its config (`resolve`), the trainer that runs it
+and the `kind` its checkpoints record (trainer_state.json), so a resumed run finds its kind
+without reading its config. The trainer names are import paths: config sits below the
+trainer (ARCHITECTURE.md). Rows live in the project's one `Registry`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from hybridflow.errors import ConfigError
+from hybridflow.registry import Registry, import_object, suggest
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """name: the kind ("language_model", "environment"). marker: the top-level key whose
+    presence means this kind (None: the kind of a tree that has no other kind's marker).
+    root, build, resolve, trainer: "module:attr" paths of the config class, of
+    `build(tree) -> config`, of `resolve(config) -> config as saved`, and of the trainer
+    class (`cls(config, resume=...)`). checkpoint_kind: trainer_state.json's "kind" of its
+    checkpoints (None: checkpoints without one)."""
+
+    name: str
+    marker: str | None
+    root: str
+    build_path: str
+    resolve_path: str
+    trainer: str
+    checkpoint_kind: str | None = None
+
+    def root_class(self) -> type:
+        return import_object(self.root, None, "config tree")
+
+    def top_level_keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self.root_class())]
+
+    def build(self, tree: dict[str, Any]) -> Any:
+        """The typed, validated config of a user's tree (its dotted keys allowed)."""
+        return import_object(self.build_path, None, "config builder")(tree)
+
+    def resolve(self, config: Any) -> Any:
+        """The config as a run saves it (the values that null stands for filled in)."""
+        return import_object(self.resolve_path, None, "config resolver")(config)
+
+    def trainer_class(self) -> type:
+        return import_object(self.trainer, None, "trainer")
+
+
+TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.trainer)
+TASK_KINDS.add("language_model", TaskKind(
+    "language_model", None, "hybridflow.config.schema:RunConfig", "hybridflow.config.schema:run_config_from_tree",
+    "hybridflow.config.schema:resolve_run_config", "hybridflow.trainer.rl_trainer:LanguageModelTask"))
+TASK_KINDS.add("environment", TaskKind(
+    "environment", "env", "hybridflow.config.env_schema:EnvRunConfig",
+    "hybridflow.config.env_schema:env_config_from_dict", "hybridflow.config.env_schema:resolve_env_config",
+    "hybridflow.trainer.env.task:EnvironmentTask", checkpoint_kind="env"))
+
+
+def _kinds() -> list[TaskKind]:
+    return [TASK_KINDS[name] for name in TASK_KINDS.names()]
+
+
+def task_kind_of(tree: dict[str, Any]) -> TaskKind:
+    """The kind whose marker is a top-level key of `tree` (dotted keys count by their first
+    part), else the kind without a marker."""
+    top = {key.split(".")[0] for key in tree if isinstance(key, str)}
+    marked = [kind for kind in _kinds() if kind.marker is not None and kind.marker in top]
+    if len(marked) > 1:
+        raise ConfigError(f"the config names {', '.join(k.marker for k in marked)}: keys of different task kinds "
+                          f"({', '.join(k.name for k in marked)}); keep those of one")
+    if marked:
+        return marked[0]
+    return next(kind for kind in _kinds() if kind.marker is None)
+
+
+def task_kind_of_config(config: Any) -> TaskKind | None:
+    """The kind whose config class `config` is an instance of (None: not a typed config)."""
+    return next((kind for kind in _kinds() if isinstance(config, kind.root_class())), None)
+
+
+def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
+    """The kind that wrote a checkpoint, from its trainer_state.json."""
+    recorded = state.get("kind")
+    return next(kind for kind in _kinds() if kind.checkpoint_kind == recorded)
+
+
+def check_top_level_keys(tree: dict[str, Any]) -> None:
+    """A ConfigError for a top-level key that no task kind knows, naming the closest known
+    one ("enviroment: unknown key; did you mean env?"), before any kind is decided: a
+    misspelt marker would otherwise make a run of the wrong kind."""
+    if not isinstance(tree, dict):
+        raise ConfigError(f"a config is a mapping of keys to values, got {type(tree).__name__}")
+    known = sorted({key for kind in _kinds() for key in kind.top_level_keys()})
+    for key in tree:
+        if not isinstance(key, str):
+            raise ConfigError(f"config keys are strings, got {key!r}")
+        top = key.split(".")[0]
+        if top not in known:
+            close = suggest(top, known)
+            hint = f"did you mean {' or '.join(close)}?" if close else f"known keys: {', '.join(known)}"
+            raise ConfigError(f"unknown key; {hint}", top)
+
+
+def read_task_config(tree: dict[str, Any]) -> tuple[TaskKind, Any]:
+    """Check the top-level keys, decide the kind (once) and build its config."""
+    check_top_level_keys(tree)
+    kind = task_kind_of(tree)
+    return kind, kind.build(tree)

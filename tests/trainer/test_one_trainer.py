@@ -1,0 +1,150 @@
+"""One `RLTrainer` for every task kind: two trainers one after the other in one process (the
+first releases its Ray workers and placement groups when train() returns), a trainer
+used outside `with` continues exactly where its previous train() call stopped, and every
+environment algorithm is a declared registry row (capabilities, not name compares)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridflow import RLTrainer
+from hybridflow.config import ConfigError
+from hybridflow.config.env_algorithms import (
+    ENV_ALGORITHMS,
+    EnvAlgorithmSpec,
+    PolicyDefaults,
+    add_env_algorithm,
+    steps_per_iteration,
+)
+from hybridflow.config.env_schema import env_config_from_dict
+from hybridflow.controller import InProcessWorkerGroup
+from hybridflow.trainer.run_dir import read_metrics
+
+TIMING_KEYS = ("timing_s/", "env/steps_per_s", "time")
+
+
+def _quiet(tmp_path, name: str) -> dict:
+    return {"trainer": {"output_dir": str(tmp_path / name), "console": "none", "loggers": ["jsonl"]}}
+
+
+def test_two_trainers_in_one_process_on_ray(ray_local, tmp_path):
+    # The issue's script, shortened: before, the second trainer waited 60 s for the
+    # placement group the first one still held, and failed.
+    ppo = RLTrainer({"algorithm": "PPO", "env": "CartPole-v1", **_quiet(tmp_path, "ppo"),
+                     "ppo": {"rollout_steps": 32, "minibatch_size": 32, "epochs": 1}})
+    first = ppo.train(steps=64)
+    assert first.env_steps == 64 and ppo.groups is None  # workers and placement groups released
+    sac = RLTrainer({"algorithm": "SAC", "env": "Pendulum-v1", **_quiet(tmp_path, "sac"), "policy.hidden_size": [16],
+                     "sac": {"learning_starts": 8, "batch_size": 8}})
+    second = sac.train(steps=24)
+    assert second.env_steps == 24 and sac.groups is None
+    again = ppo.train(steps=64)  # the first trainer starts its workers again, from where it stopped
+    assert again.env_steps == 128
+    steps = [r["env/steps"] for r in read_metrics(again.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    assert steps == sorted(steps) and steps[-1] == 128
+    ppo.close()
+    sac.close()
+
+
+def test_train_calls_outside_with_continue_exactly_like_one_call(tmp_path):
+    # Released between calls (checkpoint, workers stopped, restarted from it) == kept up.
+    config = {"algorithm": "ppo", "env": "CartPole-v1", "distributed.num_workers": 0, "env.num_envs": 2,
+              "policy.hidden_size": [16], "ppo": {"rollout_steps": 16, "minibatch_size": 32, "epochs": 2},
+              "trainer.log_freq": 32}
+    with RLTrainer({**config, **_quiet(tmp_path, "kept")}) as kept:
+        kept.train(steps=128)
+        want = kept.groups.learner.parameters_digest()[0]
+    released = RLTrainer({**config, **_quiet(tmp_path, "released")})
+    released.train(steps=64)
+    released.train(steps=64)
+    with released:
+        released.train(steps=32)  # restarts from the second call's checkpoint; stays up in `with`
+        got = released.groups.learner.parameters_digest()[0]
+    with RLTrainer({**config, **_quiet(tmp_path, "longer")}) as longer:
+        longer.train(steps=160)
+        want_longer = longer.groups.learner.parameters_digest()[0]
+    assert all(np.array_equal(want_longer[k], got[k]) for k in want_longer)
+    assert not all(np.array_equal(want[k], got[k]) for k in want)  # it did train on after 128 steps
+
+    def records(run):
+        return [{k: v for k, v in r.items() if not k.startswith(TIMING_KEYS)}
+                for r in read_metrics(run.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+
+    assert records(released) == records(longer)
+
+
+def test_environment_algorithms_are_rows_with_declared_capabilities():
+    ppo, sac = ENV_ALGORITHMS["ppo"], ENV_ALGORITHMS["sac"]
+    assert (ppo.collection, ppo.steps_field, ppo.continuous_actions) == ("rollout", "rollout_steps", False)
+    assert (sac.collection, sac.steps_field, sac.continuous_actions) == ("replay", "train_freq", True)
+    cfg = env_config_from_dict({"algorithm": "sac", "env": "Pendulum-v1", "env.num_envs": 3, "sac.train_freq": 4,
+                                "distributed.num_workers": 2})
+    assert steps_per_iteration(cfg) == 2 * 3 * 4
+    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.env.programs:PPO"):
+        add_env_algorithm(EnvAlgorithmSpec("ppo", "my_pkg.algo:PROGRAM", "ppo", "rollout",
+                                           PolicyDefaults((8,), "tanh", True)))
+    with pytest.raises(ConfigError, match="algorithm: unknown environment algorithm 'ppo2'; did you mean 'ppo'"):
+        env_config_from_dict({"algorithm": "ppo2", "env": "CartPole-v1"})
+
+
+def test_a_registered_environment_algorithm_runs_with_its_declared_section(tmp_path):
+    # A user's row: PPO's program under another name, with other network defaults.
+    spec = EnvAlgorithmSpec("probe_ppo", "hybridflow.trainer.env.programs:PPO", "ppo", "rollout",
+                            PolicyDefaults((8,), "relu", False))
+    add_env_algorithm(spec)
+    try:
+        with RLTrainer({"algorithm": "probe_ppo", "env": "CartPole-v1", "distributed.num_workers": 0,
+                        "ppo": {"rollout_steps": 16, "minibatch_size": 16, "epochs": 1},
+                        **_quiet(tmp_path, "probe")}) as trainer:
+            assert trainer.config.policy.hidden_size == [8] and trainer.config.policy.activation == "relu"
+            assert trainer.train(steps=32).env_steps == 32
+            assert isinstance(trainer.groups.learner, InProcessWorkerGroup)
+    finally:
+        ENV_ALGORITHMS.pop("probe_ppo")
+
+
+def test_sac_refuses_discrete_actions_by_its_declared_capability(tmp_path):
+    with pytest.raises(ConfigError, match=r"SAC needs continuous \(Box\) actions; 'CartPole-v1' has discrete "
+                                          r"actions. Use algorithm: ppo") as info:
+        RLTrainer({"algorithm": "sac", "env": "CartPole-v1", **_quiet(tmp_path, "sac")})
+    assert info.value.key == "algorithm"
+
+
+@pytest.mark.parametrize("example", ["grpo_arithmetic.yaml", "ppo_cartpole.yaml"])
+def test_the_config_file_is_read_once(example, tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from hybridflow.cli import main
+
+    path = Path(__file__).resolve().parents[2] / "examples" / example
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.resolve() == path:
+            reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    assert main(["train", "--config", str(path), "--print-config", f"trainer.output_dir={tmp_path}"]) == 0
+    assert len(reads) == 1 and "trainer:" in capsys.readouterr().out
+    if example == "ppo_cartpole.yaml":  # and RLTrainer reads a path once too
+        monkeypatch.chdir(tmp_path)  # its run directory goes to ./runs
+        with RLTrainer(path) as trainer:
+            assert trainer.kind.name == "environment"
+        assert len(reads) == 2
+
+
+def test_a_language_model_run_outside_with_releases_its_workers_and_continues(ray_local, tiny_config):
+    trainer = RLTrainer(tiny_config("algorithm.name=grpo", "trainer.val_before_train=false", "trainer.test_freq=0",
+                                    "trainer.total_steps=2"))
+    assert trainer.kind.name == "language_model"
+    trainer.train(steps=1)
+    assert trainer.groups == {} and trainer.roles is None  # released, with a checkpoint of step 1
+    assert [p.name for p in (trainer.run_dir / "checkpoints").iterdir()] == ["global_step_1"]
+    result = trainer.train(steps=1)  # restarted from it
+    trainer.close()
+    assert result.steps == 2
+    steps = [r["step"] for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    assert steps == [1, 2]
