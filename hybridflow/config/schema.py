@@ -134,6 +134,10 @@ class TrainerSection:
         Each restart is a "restart" record in metrics.jsonl. See docs/resilience.md.
     call_timeout_s: longest a worker-group call may run (seconds; null: no limit). A rank
         stuck in a collective its peers never reach is reported (and restarted) after it.
+    max_no_signal_steps: stop the run (cleanly: it is still evaluated and exported) after
+        this many steps in a row without learning signal, i.e. every group's advantages 0
+        (all responses to each prompt scored alike); null: never stop. Each such step is
+        said on the console either way and counted in adv/no_signal_steps.
     """
 
     total_steps: int = 30
@@ -152,8 +156,12 @@ class TrainerSection:
     max_restarts: int = 2
     call_timeout_s: float | None = 1800.0
     mode: Literal["sync", "one_step_off", "async"] = "sync"
+    max_no_signal_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_no_signal_steps is not None and self.max_no_signal_steps < 1:
+            raise ConfigError(f"must be >= 1 or null (never stop), got {self.max_no_signal_steps}",
+                              "max_no_signal_steps")
         if self.max_restarts < 0:
             raise ConfigError(f"must be >= 0 (0 = stop at the first worker failure), got {self.max_restarts}",
                               "max_restarts")

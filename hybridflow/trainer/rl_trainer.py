@@ -75,6 +75,7 @@ from hybridflow.trainer.setup import (
     train_prompts,
 )
 from hybridflow.trainer.sft import run_sft
+from hybridflow.trainer.signal import SignalWatch
 from hybridflow.workers import shutdown_role_groups
 
 
@@ -87,6 +88,7 @@ class TrainResult:
     accuracy_before: float | None
     accuracy_after: float | None
     last_metrics: dict[str, float]
+    stopped: str | None = None  # why the run stopped before its steps were done (signal.py), None if it did not
 
 
 class RLTrainer:
@@ -127,6 +129,8 @@ class RLTrainer:
         self.roles: Roles | None = None
         self.async_runner: AsyncRunner | None = None  # trainer.mode one_step_off / async
         self.sft_result = None
+        self.signal = SignalWatch(self.config.trainer.max_no_signal_steps, self.ctx.display.message)
+        self.stopped: str | None = None
 
     def __enter__(self) -> RLTrainer:
         return self
@@ -218,7 +222,7 @@ class RLTrainer:
         after = self._held_out_accuracy()
         if self.config.trainer.save_final_model:
             self.roles.actor.export_hf(str(self.run_dir / "final_model"))
-        result = TrainResult(self.run_dir, self.global_step, before, after, metrics)
+        result = TrainResult(self.run_dir, self.global_step, before, after, metrics, self.stopped)
         self._plot()
         self._report(result)
         return result
@@ -246,6 +250,7 @@ class RLTrainer:
             step.metrics["controller/fetched_tensor_bytes"] = float(FETCHED.tensor_bytes - fetched.tensor_bytes)
             step.metrics["controller/fetched_values"] = float(FETCHED.values - fetched.values)
             metrics = self._step_metrics(step)
+            self.stopped = self.signal.stop_reason(self.global_step, metrics)
             if self._due(cfg.trainer.test_freq) and done < steps:  # the last step is evaluated below
                 metrics.update(self._val_metrics())
             ctx.log.write("rl", self.global_step, metrics)
@@ -253,6 +258,9 @@ class RLTrainer:
                 self.save_checkpoint()
             self.status.update(steps_done=self.status.data["steps_done"] + 1)
             ctx.display.step(done, steps, metrics)
+            if self.stopped is not None:
+                ctx.display.message(f"step {self.global_step}: {self.stopped}")
+                break
         ctx.display.stop()
         return metrics
 
