@@ -51,6 +51,7 @@ from typing import Any, Literal
 from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
 from hybridflow.config.async_schema import AsyncSection
 from hybridflow.config.loader import load_config, user_tree
+from hybridflow.config.model_presets import read_model_presets
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.configs import PromptDataConfig, SFTDataConfig
@@ -377,7 +378,7 @@ class DataSection:
     train_batch_size: int = 16
     max_val_samples: int | None = None
     shuffle: bool = True
-    prompt: PromptDataConfig = field(default_factory=lambda: PromptDataConfig(max_prompt_length=32))
+    prompt: PromptDataConfig = field(default_factory=PromptDataConfig)
     builtin: BuiltinTaskSection = field(default_factory=BuiltinTaskSection)
 
     def __post_init__(self) -> None:
@@ -575,6 +576,7 @@ def check_run_name(name: str) -> None:
 # run uses the built-in model or the built-in task, to the keys the user does not set; every
 # other run gets the defaults of the config classes (one definition per setting).
 DEMO_PRESETS: tuple[tuple[str, object], ...] = (
+    ("data.prompt.max_prompt_length", 32),
     ("rollout.n", 8),
     ("rollout.response_length", 6),
     ("actor.optim.lr", 1e-4),
@@ -602,20 +604,23 @@ BUILTIN_MODEL_PRESETS: tuple[tuple[str, object], ...] = (
 )
 
 
-def run_presets(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
+def run_presets(cfg: RunConfig, demo: bool = True) -> tuple[tuple[str, object], ...]:
     """The presets of a run: the demo's when it uses the built-in model or task (and fp32
-    for the built-in model), then its algorithm's (AlgorithmSpec.presets; a later preset of
-    the same key wins)."""
-    demo = DEMO_PRESETS if cfg.model.uses_builtin or not cfg.data.train_files else ()
+    for the built-in model; `demo` False leaves the demo's out, as `hybridflow eval` of a
+    model directory does), then those saved next to the weights of model.path
+    (model_presets.py), then its algorithm's (AlgorithmSpec.presets; a later preset of the
+    same key wins)."""
+    demo_presets = DEMO_PRESETS if demo and (cfg.model.uses_builtin or not cfg.data.train_files) else ()
     builtin_model = BUILTIN_MODEL_PRESETS if cfg.model.uses_builtin else ()
-    return (*demo, *builtin_model, *cfg.algorithm.spec.presets)
+    return (*demo_presets, *builtin_model, *read_model_presets(cfg.model.path), *cfg.algorithm.spec.presets)
 
 
-def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+def load_run_config(path: str | Path | None = None, overrides: list[str] = (), demo: bool = True) -> RunConfig:
     """Load and fully validate a run config (YAML file + dotted overrides). The presets
-    (`run_presets`) fill the keys that neither the file nor an override sets."""
+    (`run_presets`; `demo` False: without the built-in demo's) fill the keys that neither
+    the file nor an override sets."""
     cfg = load_config(RunConfig, path, list(overrides))
-    presets = _unset_presets(run_presets(cfg), user_tree(path, list(overrides)))
+    presets = _unset_presets(run_presets(cfg, demo), user_tree(path, list(overrides)))
     if presets:
         cfg = load_config(RunConfig, path, presets + list(overrides))
     validate_run_config(cfg)

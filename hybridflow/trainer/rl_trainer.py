@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config import ConfigError
+from hybridflow.config.model_presets import write_model_presets
 from hybridflow.config.schema import RunConfig, load_run_config
 from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
@@ -222,6 +223,8 @@ class RLTrainer:
         after = self._held_out_accuracy()
         if self.config.trainer.save_final_model:
             self.roles.actor.export_hf(str(self.run_dir / "final_model"))
+            write_model_presets(self.run_dir / "final_model", self.config,
+                                f"run {self.run_dir} after RL step {self.global_step}")
         result = TrainResult(self.run_dir, self.global_step, before, after, metrics, self.stopped)
         self._plot()
         self._report(result)

@@ -1,0 +1,89 @@
+"""`hybridflow eval` of a model directory (issue 26): settings from the directory's saved
+presets and the command line, never the built-in demo's; the settings printed; --show and
+--output with every response; a saved model carries its presets to a later run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridflow.cli import main as cli_main
+from hybridflow.config import ConfigError
+from hybridflow.config.model_presets import MODEL_PRESETS_FILE, read_model_presets, write_model_presets
+from hybridflow.config.schema import BuiltinModelSection, load_run_config
+from hybridflow.data import write_records
+from hybridflow.data.arithmetic import ArithmeticConfig, rl_records
+from hybridflow.data.configs import PromptDataConfig
+from hybridflow.trainer.lifecycle import write_builtin_model
+from hybridflow.trainer.offline import resolve_source, settings_lines
+from hybridflow.workers.config import RolloutWorkerConfig
+
+TINY_MODEL = BuiltinModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_builtin_model(TINY_MODEL, tmp_path_factory.mktemp("m") / "model", seed=0)
+
+
+@pytest.fixture
+def bare_dir(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # all resolve_source looks at
+    return tmp_path
+
+
+def test_a_model_directory_gets_the_defaults_not_the_demo_and_says_so(bare_dir):
+    source = resolve_source(bare_dir)
+    assert source.cfg.rollout.response_length == RolloutWorkerConfig().response_length != 6
+    assert source.cfg.data.prompt.max_prompt_length == PromptDataConfig().max_prompt_length != 32
+    text = "\n".join(settings_lines(source))
+    assert "defaults (the model directory has no saved settings)" in text
+    for key in ("data.prompt.max_prompt_length", "rollout.response_length", "rollout.dtype", "trainer.validation"):
+        assert key in text
+    assert "greedy" in text and f"responses up to {RolloutWorkerConfig().response_length} tokens" in text
+
+
+def test_saved_presets_fill_what_the_command_line_does_not_set(bare_dir):
+    cfg = load_run_config(None, [])  # the demo: fp32 tiny model, 32-token prompts, 6-token answers
+    write_model_presets(bare_dir, cfg, "a test")
+    source = resolve_source(bare_dir, ["rollout.response_length=9"])
+    assert source.cfg.rollout.response_length == 9  # the flag wins
+    assert source.cfg.data.prompt.max_prompt_length == 32 and source.cfg.rollout.dtype == "fp32"
+    assert MODEL_PRESETS_FILE in source.settings_from and "command line" in source.settings_from
+
+
+def test_a_run_started_from_a_saved_model_keeps_its_presets(bare_dir):
+    """model.path=<run>/sft_model of the built-in demo: fp32 as the run that wrote it (it was
+    dropped before: the presets lived only in schema.py)."""
+    write_model_presets(bare_dir, load_run_config(None, []), "a test")
+    cfg = load_run_config(None, [f"model.path={bare_dir}", "actor.dtype=bf16"])
+    assert (cfg.actor.dtype, cfg.rollout.dtype, cfg.critic.dtype) == ("bf16", "fp32", "fp32")
+    assert dict(read_model_presets(bare_dir))["rollout.response_length"] == 6
+
+
+def test_a_damaged_presets_file_names_model_path(bare_dir):
+    (bare_dir / MODEL_PRESETS_FILE).write_text('{"presets": {"actor.optim.lr": 1}}')
+    with pytest.raises(ConfigError, match=r"^model\.path: .*actor\.optim\.lr"):
+        load_run_config(None, [f"model.path={bare_dir}"])
+
+
+def test_eval_of_a_model_directory_shows_and_saves_every_response(ray_local, model_dir, tmp_path, capsys):
+    write_model_presets(model_dir, load_run_config(None, []), "a test")
+    data = write_records(rl_records(ArithmeticConfig(), "test", 5), tmp_path / "val.jsonl")
+    out = tmp_path / "report.json"
+    args = ["eval", str(model_dir), "--data", str(data), "--show", "2", "--output", str(out),
+            "resources.world_size=1", "rollout.response_length=4"]
+    assert cli_main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"settings from {model_dir / MODEL_PRESETS_FILE}" in printed
+    assert "responses up to 4 tokens (rollout.response_length)" in printed and "greedy" in printed
+    assert printed.count("--- response ") == 2 and "ground truth:" in printed and "mean length" in printed
+    report = json.loads(out.read_text())
+    assert len(report["responses"]) == 5 and report["settings"]["rollout.response_length"] == 4
+    first = report["responses"][0]
+    assert {"prompt", "response", "ground_truth", "score", "correct", "length", "finish_reason"} <= set(first)
+    scores = [r["score"] for r in report["responses"]]
+    assert report["metrics"]["val/accuracy"] == pytest.approx(sum(s >= 1 for s in scores) / 5)
+    assert all(1 <= r["length"] <= 4 for r in report["responses"])
+    assert report["metrics"]["val/response_length"] == pytest.approx(sum(r["length"] for r in report["responses"]) / 5)
