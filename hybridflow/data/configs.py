@@ -52,10 +52,14 @@ class SFTDataConfig:
 
     overlong: "filter" drops a pair whose prompt + response exceeds max_length,
         "truncate" cuts the response (keeping at least one response token), "error" raises.
+    messages_key: a row with this column instead of prompt/response is a whole conversation
+        (a list of chat messages): the model's own turns are trained on, the rest is
+        context (data/conversation.py, docs/agents.md).
     """
 
     prompt_key: str = "prompt"
     response_key: str = "response"
+    messages_key: str = "messages"
     max_length: int = 512
     overlong: Literal["filter", "truncate", "error"] = "filter"
     apply_chat_template: bool = True

@@ -87,3 +87,17 @@ def test_eval_of_a_model_directory_shows_and_saves_every_response(ray_local, mod
     assert report["metrics"]["val/accuracy"] == pytest.approx(sum(s >= 1 for s in scores) / 5)
     assert all(1 <= r["length"] <= 4 for r in report["responses"])
     assert report["metrics"]["val/response_length"] == pytest.approx(sum(r["length"] for r in report["responses"]) / 5)
+
+
+def test_agent_batches_report_tool_call_rate_and_turns_in_validation():
+    import numpy as np
+
+    from hybridflow.trainer.display import eval_summary
+    from hybridflow.trainer.evaluate import agent_metrics
+
+    assert agent_metrics({"data_source": np.array(["a"])}) == {}  # single-turn: no agent numbers
+    metrics = agent_metrics({"num_tool_calls": np.array([0, 2, 1, 0], dtype=object),
+                             "num_turns": np.array([1, 3, 2, 1], dtype=object)})
+    assert metrics == {"val/tool_call_rate": 0.5, "val/num_tool_calls_mean": 0.75, "val/num_turns_mean": 1.75}
+    line = eval_summary({"val/accuracy": 0.25, "val/score": 0.25, "val/samples": 4.0, **metrics})
+    assert "tool-call rate 50.0% (0.75 calls, 1.75 turns each)" in line
