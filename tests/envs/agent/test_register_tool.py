@@ -8,9 +8,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import hybridflow
 from hybridflow.envs.agent import register_tool
 from hybridflow.envs.agent.builtin import ToolEnv
 from hybridflow.envs.agent.tools import TOOLS
@@ -68,7 +70,8 @@ def test_an_import_path_reaches_the_tool_in_a_fresh_process(user_tools):
         print(env.step("@lookup[cat]").observation[0]["content"])
     ''')
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": f"{user_tools}:{sys.path[0]}", "PATH": "/usr/bin:/bin"}, timeout=120)
+                         env={"PYTHONPATH": f"{user_tools}:{Path(hybridflow.__file__).resolve().parents[1]}",
+                              "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.stdout.strip() == "chat"
 
 
