@@ -61,7 +61,7 @@ from hybridflow.trainer.lifecycle import (
     resume_point,
 )
 from hybridflow.trainer.live_status import LiveStatus
-from hybridflow.trainer.metrics import BatchSummary, flop_model, throughput_metrics
+from hybridflow.trainer.metrics import BatchSummary, flop_model, mfu_note, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
@@ -174,8 +174,9 @@ class RLTrainer:
         if cfg.trainer.mode != "sync":  # a generation-only pool beside the actor (async_trainer.py)
             self.async_runner, self.groups["rollout"] = AsyncRunner.start(
                 cfg, self.roles, policy_path, self.batches, self.state, rank_cpus(cfg.resources, ctx.layout))
-        ctx.display.message(f"perf/mfu against {self.flop_model.peak_flops / 1e12:.3g} TFLOP/s: the peaks the "
-                            "workers measured (or were configured with) on their own devices")
+        note = mfu_note(self.flop_model.peak_flops, cfg.resources.use_gpu, cfg.actor.peak_flops_per_device is not None)
+        if note is not None:
+            ctx.display.message(note)
         if self.resumed_from is not None:
             self._load_checkpoint(self.resumed_from)
 
