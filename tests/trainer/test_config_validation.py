@@ -127,8 +127,8 @@ def test_every_example_config_validates_and_says_how_to_run_it():
     for path in examples:
         lines = path.read_text().splitlines()
         header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
-        commands = [c for c in ("train", "sft", "rm") if any(f"hybridflow {c} --config" in h for h in header)]
-        assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm --config ...)"
+        commands = [c for c in ("train", "sft", "rm", "plan") if any(f"hybridflow {c} --config" in h for h in header)]
+        assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm|plan --config ...)"
         if commands == ["rm"]:
             load_rm_config(path)
         elif is_env_tree(user_tree(path)):  # an environment task (PPO/SAC on Gymnasium)
