@@ -161,3 +161,16 @@ def test_threads_per_rank_must_be_positive():
     with pytest.raises(ConfigError, match="must be >= 1") as err:
         load_run_config(None, ["resources.threads_per_rank=0"])
     assert err.value.key == "resources.threads_per_rank"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("data.prompt.max_prompt_length=0", "data.prompt.max_prompt_length"),
+    ("data.prompt.truncation=middle", "data.prompt.truncation"),
+    ("sft.data.max_length=1", "sft.data.max_length"),
+    ("reward.manager.num_workers=-1", "reward.manager.num_workers"),
+    ("reward.manager.timeout_s=0", "reward.manager.timeout_s"),
+])
+def test_a_bad_setting_is_named_by_its_full_dotted_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, [override])
+    assert str(err.value).startswith(f"{key}: ")
