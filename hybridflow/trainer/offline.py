@@ -143,12 +143,12 @@ def settings_lines(source: ModelSource) -> list[str]:
     sampling = ("greedy" if not s["trainer.validation.do_sample"] else
                 f"sampled (temperature {s['trainer.validation.temperature']}, top_p {s['trainer.validation.top_p']}, "
                 f"top_k {s['trainer.validation.top_k']}, seed {s['trainer.validation.seed']})")
+    agent = ", agent loop on (rollout.agent.enable)" if s["rollout.agent.enable"] else ""
     return [f"settings from {source.settings_from}:",
             f"  prompts up to {s['data.prompt.max_prompt_length']} tokens (data.prompt.max_prompt_length), chat "
             f"template {'on' if s['data.prompt.apply_chat_template'] else 'off'} (data.prompt.apply_chat_template)",
             f"  responses up to {s['rollout.response_length']} tokens (rollout.response_length), dtype {dtype} "
-            f"(rollout.dtype), backend {s['rollout.name']}" + (", agent loop on (rollout.agent.enable)" if s["rollout.agent.enable"]
-                                                                 else ""),
+            f"(rollout.dtype), backend {s['rollout.name']}{agent}",
             f"  {sampling}, {s['trainer.validation.n']} response(s) per prompt (trainer.validation.*)"]
 
 
