@@ -217,6 +217,7 @@ def _finish(recipe: Recipe, restarts: dict[str, float], batch: DataProto, old: D
                          ("baseline_rewards",) if recipe.greedy_baseline else ())
     if recipe.lagrange is not None:
         P.compute_safe_advantages(step, recipe.lagrange, recipe.advantage)
+    P.record_signal(step)  # adv/silent_groups: the controller says when no group has signal (trainer/signal.py)
     actor_in = P._select(batch, P.actor_update_keys(batch, recipe.with_ref, recipe.with_behaviour))
     critic_in = P._select(batch, CRITIC_UPDATE_KEYS) if recipe.critic else None
     cost_critic_in = P.cost_critic_input(batch) if recipe.lagrange is not None else None
