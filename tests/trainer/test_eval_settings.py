@@ -101,3 +101,22 @@ def test_agent_batches_report_tool_call_rate_and_turns_in_validation():
     assert metrics == {"val/tool_call_rate": 0.5, "val/num_tool_calls_mean": 0.75, "val/num_turns_mean": 1.75}
     line = eval_summary({"val/accuracy": 0.25, "val/score": 0.25, "val/samples": 4.0, **metrics})
     assert "tool-call rate 50.0% (0.75 calls, 1.75 turns each)" in line
+
+
+def test_sft_on_conversations_saves_a_model_that_carries_its_presets(ray_local, tiny_config, tmp_path):
+    """`sft.files` with a messages column trains (finite loss) and its sft_model carries the
+    run's presets: a later run with model.path there computes in fp32 like the built-in model."""
+    from hybridflow.trainer.sft import run_sft_job
+
+    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": f"@add[{a},{b}]"},
+                          {"role": "user", "content": f"{a + b:03d}"}, {"role": "assistant", "content": f"{a + b:03d}"}]}
+            for a, b in ((12, 34), (56, 7), (40, 41), (9, 90))]
+    data = write_records(rows, tmp_path / "conversations.jsonl")
+    cfg = tiny_config("resources.world_size=1", f"sft.files=[{data}]", "sft.steps=2", "sft.batch_size=4",
+                      "sft.micro_batch_size_per_device=2")
+    result = run_sft_job(cfg)
+    assert result.final_loss == result.final_loss and result.final_loss > 0  # finite
+    assert (result.model_dir / MODEL_PRESETS_FILE).is_file()
+    later = load_run_config(None, [f"model.path={result.model_dir}"])
+    assert (later.actor.dtype, later.rollout.dtype) == ("fp32", "fp32")
+    assert later.data.prompt.max_prompt_length == cfg.data.prompt.max_prompt_length
