@@ -156,8 +156,9 @@ class SACSection:
     between updates; gradient_steps: updates per train_freq steps of each env copy, so the
     update-to-data ratio gradient_steps / train_freq holds whatever distributed.num_workers
     and env.num_envs are (8 runners: 8 x the transitions and 8 x the updates per iteration;
-    -1: one update per environment step). autotune: learn the temperature towards target_entropy (null:
-    -action_dim), starting at init_alpha; otherwise alpha stays init_alpha."""
+    -1: one update per environment step). autotune: learn the temperature towards
+    target_entropy (null: -action_dim), starting at init_alpha; otherwise alpha stays
+    init_alpha."""
 
     buffer_size: int = 1_000_000
     batch_size: int = 256

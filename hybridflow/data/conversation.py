@@ -31,7 +31,8 @@ from typing import Any
 Message = dict[str, Any]
 
 
-def conversation_row(tokenizer: Any, messages: Sequence[Message], tools: list[dict] | None = None) -> dict[str, list[int]]:
+def conversation_row(tokenizer: Any, messages: Sequence[Message],
+                     tools: list[dict] | None = None) -> dict[str, list[int]]:
     """{"prompt_ids", "response_ids", "response_loss_mask"} of one conversation (module docstring).
     `tools`: function schemas the template renders into the prompt (as `apply_chat_template(tools=...)`)."""
     messages = [dict(m) for m in messages]

@@ -56,9 +56,9 @@ def coerce_env_config(config: EnvRunConfig | dict | str | Path) -> EnvRunConfig:
 
 
 def warn_oversubscribed(num_workers: int, say: Any, cores: int | None = None) -> bool:
-    """Say (once per trainer: at set-up) when there are more env runners than cores this process may use
-    (each runner is a process that imports torch: ~4 s to start and a few hundred MB; beyond
-    one per core they take turns on the CPU, so collection gets no faster)."""
+    """Say (once per trainer: at set-up) when there are more env runners than the cores this
+    process may use (each runner is a process that imports torch: ~4 s to start and a few
+    hundred MB; beyond one per core they take turns on the CPU, so collection gets no faster)."""
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     if num_workers <= cores:
         return False
@@ -212,8 +212,8 @@ class EnvTrainer:
             self.display.message(f"return {self.acc.window_mean():.1f} >= target {cfg.trainer.target_return:g} "
                                  f"after {reached:,} environment steps")
         self.display.message(f"run saved to [bold]{self.run_dir}[/bold]")
-        return EnvTrainResult(self.run_dir, run.env_steps, self.iteration, wall, self.acc.window_mean(), reached, record,
-                              setup_s)
+        return EnvTrainResult(self.run_dir, run.env_steps, self.iteration, wall, self.acc.window_mean(), reached,
+                              record, setup_s)
 
     # ------------------------------------------------------------------ checkpoints
 
