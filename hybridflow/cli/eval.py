@@ -73,13 +73,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# Per source and overall: (metric name, column, format); a column shows when any row has it.
-COLUMNS = (("samples", "responses", "{:.0f}"), ("accuracy", "accuracy", "{:.1%}"), ("score", "score", "{:.4f}"),
-           ("response_length", "mean length", "{:.1f}"), ("clip_ratio", "cut at limit", "{:.1%}"),
-           ("tool_call_rate", "tool-call rate", "{:.1%}"), ("num_tool_calls_mean", "tool calls", "{:.2f}"),
-           ("num_turns_mean", "turns", "{:.2f}"))
-
-
 def print_report(report) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -89,17 +82,31 @@ def print_report(report) -> None:
     src, metrics = report.source, report.metrics
     what = f"checkpoint {src.checkpoint} (step {src.step})" if src.checkpoint is not None else src.model_path
     how = "sampled" if src.cfg.trainer.validation.do_sample else "greedy"
-    overall = {name: metrics[f"val/{name}"] for name, _, _ in COLUMNS if f"val/{name}" in metrics}
-    rows = [*per_source(metrics).items(), ("all", overall)]
-    columns = [c for c in COLUMNS if any(c[0] in values for _, values in rows)]
-    table = Table(title=f"{what}: {how}, {', '.join(report.data)}")
-    table.add_column("data source")
-    for _, header, _ in columns:
-        table.add_column(header, justify="right")
+    print(f"{what}: {how}, {', '.join(report.data)}")  # above the table: a long path would wrap as its title
+    table = Table()
+    for column in ("data source", "responses", "accuracy", "score"):
+        table.add_column(column, justify="left" if column == "data source" else "right")
+    rows = list(per_source(metrics).items()) + [("all", {name: metrics[f"val/{name}"]
+                                                         for name in ("samples", "accuracy", "score")})]
     for name, values in rows:
-        table.add_row(name, *(fmt.format(values[key]) if key in values else "" for key, _, fmt in columns))
+        table.add_row(name, str(int(values["samples"])), f"{values['accuracy']:.1%}", f"{values['score']:.4f}")
     Console().print(table)
-    print("accuracy: share of responses scoring >= 1; score: mean score (docs/eval.md)")
+    print("\n".join(response_lines(metrics, src.cfg.rollout.response_length)))
+
+
+def response_lines(metrics: dict[str, float], limit: int) -> list[str]:
+    """What the responses were like, under the table (docs/eval.md)."""
+    lines = ["accuracy: share of responses scoring >= 1; score: mean score (docs/eval.md)",
+             f"responses: {metrics['val/response_length']:.1f} tokens on average"]
+    if "val/clip_ratio" in metrics:
+        lines[-1] += f"; {metrics['val/clip_ratio']:.1%} cut at rollout.response_length={limit}"
+        if metrics["val/clip_ratio"] > 0.5:
+            lines[-1] += " (most did not finish: raise it before trusting the accuracy)"
+    if "val/tool_call_rate" in metrics:
+        lines.append(f"agent: tool-call rate {metrics['val/tool_call_rate']:.1%}, "
+                     f"{metrics['val/num_tool_calls_mean']:.2f} tool calls and {metrics['val/num_turns_mean']:.2f} "
+                     "turns per response")
+    return lines
 
 
 def show_responses(records: list[dict]) -> None:

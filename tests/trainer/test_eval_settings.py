@@ -78,7 +78,8 @@ def test_eval_of_a_model_directory_shows_and_saves_every_response(ray_local, mod
     printed = capsys.readouterr().out
     assert f"settings from {model_dir / MODEL_PRESETS_FILE}" in printed
     assert "responses up to 4 tokens (rollout.response_length)" in printed and "greedy" in printed
-    assert printed.count("--- response ") == 2 and "ground truth:" in printed and "mean length" in printed
+    assert printed.count("--- response ") == 2 and "ground truth:" in printed
+    assert "tokens on average" in printed and "cut at rollout.response_length=4" in printed
     report = json.loads(out.read_text())
     assert len(report["responses"]) == 5 and report["settings"]["rollout.response_length"] == 4
     first = report["responses"][0]
@@ -120,3 +121,26 @@ def test_sft_on_conversations_saves_a_model_that_carries_its_presets(ray_local, 
     later = load_run_config(None, [f"model.path={result.model_dir}"])
     assert (later.actor.dtype, later.rollout.dtype) == ("fp32", "fp32")
     assert later.data.prompt.max_prompt_length == cfg.data.prompt.max_prompt_length
+
+
+def test_eval_of_an_agent_task_reports_tool_calls_and_turns(ray_local, tmp_path, capsys):
+    """Rows that name the tools environment, rolled out by the agent loop: the report has
+    the tool-call rate and turns (overall and per response), whatever the model does."""
+    from hybridflow.envs.agent.calculator_task import rl_rows
+
+    model = write_builtin_model(BuiltinModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                    max_position_embeddings=128), tmp_path / "model", seed=0)
+    data = write_records(rl_rows("test", 4), tmp_path / "agent.jsonl")
+    out = tmp_path / "report.json"
+    args = ["eval", str(model), "--data", str(data), "--output", str(out), "resources.world_size=1",
+            "rollout.agent.enable=true", "rollout.agent.max_turns=2", "rollout.response_length=24",
+            "data.prompt.max_prompt_length=24", "actor.dtype=fp32", "rollout.dtype=fp32"]
+    assert cli_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "agent loop on (rollout.agent.enable)" in printed and "agent: tool-call rate" in printed
+    report = json.loads(out.read_text())
+    metrics = report["metrics"]
+    assert {"val/tool_call_rate", "val/num_tool_calls_mean", "val/num_turns_mean"} <= set(metrics)
+    calls = [r["num_tool_calls"] for r in report["responses"]]
+    assert metrics["val/tool_call_rate"] == pytest.approx(sum(c > 0 for c in calls) / len(calls))
+    assert all(r["num_turns"] >= 1 for r in report["responses"])
