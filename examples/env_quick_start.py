@@ -55,11 +55,11 @@ def main(env: str, algorithm: str, steps: float) -> None:
 
 
 def summary(env: str, algorithm: str, result: EnvTrainResult) -> str:
-    """One line about a finished run; a short run may not have finished 20 episodes yet."""
-    window = result.return_mean_window  # None until trainer.return_window (20) episodes finished
-    shown = "fewer than 20 episodes so far" if window is None else f"{window:.1f}"
-    return (f"{env} {algorithm}: {result.env_steps} environment steps in {result.wall_s:.0f} s, mean return of the "
-            f"last 20 episodes: {shown}; run directory {result.run_dir}")
+    """One line about a finished run (set-up and training timed apart)."""
+    window = result.return_mean_window  # the last trainer.return_window (20) episodes, fewer early on
+    shown = "no episode finished yet" if window is None else f"{window:.1f}"
+    return (f"{env} {algorithm}: {result.env_steps} environment steps in {result.wall_s:.0f} s (set-up "
+            f"{result.setup_s:.0f} s), mean return of the last 20 episodes: {shown}; run directory {result.run_dir}")
 
 
 if __name__ == "__main__":

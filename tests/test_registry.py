@@ -100,7 +100,7 @@ def test_every_register_function_takes_override(monkeypatch):
 
     for register, registry in ((lambda f, **o: register_env("probe_override", f, **o), ENVS),
                                (lambda f, **o: register_agent_env("probe_override", **o)(f), AGENT_ENVS),
-                               (lambda f, **o: register_tool("probe_override", **o)(f), TOOLS),
+                               (lambda f, **o: register_tool(f, name="probe_override", **o), TOOLS),
                                (lambda f, **o: register_scorer("probe_override", f, **o), SCORERS),
                                (lambda f, **o: register_reward_template("probe_override", **o)(f), _TEMPLATES)):
         register(_one)

@@ -35,6 +35,7 @@ _EXPORTS = {
     "build_kl_controller": "controllers",
     "dynamic_sampling_filter": "dapo",
     "overlong_reward_penalty": "dapo",
+    "silent_groups": "groups",
     "compute_gpg": "group_advantages",
     "compute_grpo": "group_advantages",
     "compute_grpo_passk": "group_advantages",

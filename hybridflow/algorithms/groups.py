@@ -96,3 +96,17 @@ def broadcast_to_tokens(seq_values: Tensor, mask: Tensor, dtype: torch.dtype) ->
     """[B] -> [B, T]: every unmasked token of a response gets its sequence's value."""
     tok = seq_values.to(dtype).unsqueeze(-1).expand(mask.shape)
     return torch.where(mask, tok, torch.zeros((), dtype=dtype, device=tok.device))
+
+
+def silent_groups(advantages: Tensor, mask: Tensor, uid: np.ndarray | list | Tensor) -> tuple[int, int]:
+    """(groups whose every response token has advantage exactly 0, all groups).
+
+    A silent group gives the policy gradient nothing: its responses scored alike (or, with a
+    critic, the values matched the returns). When every group is silent, an update trains on
+    nothing but its KL and entropy terms; the trainer says so (trainer.max_no_signal_steps).
+    """
+    gid, n_groups = group_index(uid, advantages.shape[0], advantages.device)
+    moving = torch.where(mask.bool(), advantages != 0, torch.zeros((), dtype=torch.bool, device=advantages.device))
+    moving_samples = torch.zeros(n_groups, dtype=torch.int64, device=advantages.device)
+    moving_samples.index_add_(0, gid, moving.any(dim=-1).long())
+    return int((moving_samples == 0).sum()), n_groups

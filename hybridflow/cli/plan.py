@@ -67,9 +67,24 @@ def run_plan(args: argparse.Namespace) -> int:
     problem = problem_from_config(cfg, cluster, caps, LLAMA.get(args.model) if args.model else None)
     result = search(problem, args.top)
     print(render(result, problem))
+    if not result.mappings and args.model is None and cfg.model.uses_builtin:
+        print(tiny_model_hint(cfg, args.nodes * per_node, args))
     if args.json:
         Path(args.json).write_text(json.dumps(as_json(result, problem), indent=2))
     return 0 if result.mappings else 1
+
+
+def tiny_model_hint(cfg, devices: int, args: argparse.Namespace) -> str:
+    """Why nothing fits: the roles are the built-in tiny model, and how to plan a real one."""
+    b = cfg.model.builtin
+    device = f" --device {args.device}" if args.device else ""
+    return (f"The roles are the built-in tiny model ({b.num_hidden_layers} layers, hidden {b.hidden_size}, "
+            f"{b.num_attention_heads} heads) with {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples per "
+            f"step: too small a model to split over {devices} devices (tensor parallelism stops at its heads, data "
+            "parallelism at the batch). Plan a real model's shape with --model (llama-7b, llama-13b, llama-34b, "
+            "llama-70b) and a workload of its size, e.g. the paper's PPO:\n"
+            f"  hybridflow plan --config examples/plan_paper_ppo.yaml --nodes {args.nodes} --devices-per-node "
+            f"{args.devices_per_node or devices // args.nodes}{device} --model llama-70b")
 
 
 def as_json(result, problem) -> dict:

@@ -153,9 +153,12 @@ class SACSection:
     """buffer_size: replay capacity (transitions, over all learner ranks). batch_size:
     samples per gradient step (over all learner ranks). learning_starts: environment steps
     of uniform random actions before the first update. train_freq: steps per env copy
-    between updates; gradient_steps: updates after each (-1: as many as environment steps
-    were collected). autotune: learn the temperature towards target_entropy (null:
-    -action_dim), starting at init_alpha; otherwise alpha stays init_alpha."""
+    between updates; gradient_steps: updates per train_freq steps of each env copy, so the
+    update-to-data ratio gradient_steps / train_freq holds whatever distributed.num_workers
+    and env.num_envs are (8 runners: 8 x the transitions and 8 x the updates per iteration;
+    -1: one update per environment step). autotune: learn the temperature towards
+    target_entropy (null: -action_dim), starting at init_alpha; otherwise alpha stays
+    init_alpha."""
 
     buffer_size: int = 1_000_000
     batch_size: int = 256

@@ -52,6 +52,7 @@ from typing import Any, Literal
 from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
 from hybridflow.config.async_schema import AsyncSection
 from hybridflow.config.loader import _build, _set_path, nest_dotted, user_tree
+from hybridflow.config.model_presets import read_model_presets
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.configs import PromptDataConfig, SFTDataConfig
@@ -135,6 +136,10 @@ class TrainerSection:
         Each restart is a "restart" record in metrics.jsonl. See docs/resilience.md.
     call_timeout_s: longest a worker-group call may run (seconds; null: no limit). A rank
         stuck in a collective its peers never reach is reported (and restarted) after it.
+    max_no_signal_steps: stop the run (cleanly: it is still evaluated and exported) after
+        this many steps in a row without learning signal, i.e. every group's advantages 0
+        (all responses to each prompt scored alike); null: never stop. Each such step is
+        said on the console either way and counted in adv/no_signal_steps.
     """
 
     total_steps: int = 30
@@ -153,8 +158,12 @@ class TrainerSection:
     max_restarts: int = 2
     call_timeout_s: float | None = 1800.0
     mode: Literal["sync", "one_step_off", "async"] = "sync"
+    max_no_signal_steps: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_no_signal_steps is not None and self.max_no_signal_steps < 1:
+            raise ConfigError(f"must be >= 1 or null (never stop), got {self.max_no_signal_steps}",
+                              "max_no_signal_steps")
         if self.max_restarts < 0:
             raise ConfigError(f"must be >= 0 (0 = stop at the first worker failure), got {self.max_restarts}",
                               "max_restarts")
@@ -370,7 +379,7 @@ class DataSection:
     train_batch_size: int = 16
     max_val_samples: int | None = None
     shuffle: bool = True
-    prompt: PromptDataConfig = field(default_factory=lambda: PromptDataConfig(max_prompt_length=32))
+    prompt: PromptDataConfig = field(default_factory=PromptDataConfig)
     builtin: BuiltinTaskSection = field(default_factory=BuiltinTaskSection)
 
     def __post_init__(self) -> None:
@@ -568,6 +577,7 @@ def check_run_name(name: str) -> None:
 # run uses the built-in model or the built-in task, to the keys the user does not set; every
 # other run gets the defaults of the config classes (one definition per setting).
 DEMO_PRESETS: tuple[tuple[str, object], ...] = (
+    ("data.prompt.max_prompt_length", 32),
     ("rollout.n", 8),
     ("rollout.response_length", 6),
     ("actor.optim.lr", 1e-4),
@@ -594,29 +604,32 @@ BUILTIN_MODEL_PRESETS: tuple[tuple[str, object], ...] = (
 )
 
 
-def run_presets(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
+def run_presets(cfg: RunConfig, demo: bool = True) -> tuple[tuple[str, object], ...]:
     """The presets of a run: the demo's when it uses the built-in model or task (and fp32
-    for the built-in model), then its algorithm's (AlgorithmSpec.presets; a later preset of
-    the same key wins)."""
-    demo = DEMO_PRESETS if cfg.model.uses_builtin or not cfg.data.train_files else ()
+    for the built-in model; `demo` False leaves the demo's out, as `hybridflow eval` of a
+    model directory does), then those saved next to the weights of model.path
+    (model_presets.py), then its algorithm's (AlgorithmSpec.presets; a later preset of the
+    same key wins)."""
+    demo_presets = DEMO_PRESETS if demo and (cfg.model.uses_builtin or not cfg.data.train_files) else ()
     builtin_model = BUILTIN_MODEL_PRESETS if cfg.model.uses_builtin else ()
-    return (*demo, *builtin_model, *cfg.algorithm.spec.presets)
+    return (*demo_presets, *builtin_model, *read_model_presets(cfg.model.path), *cfg.algorithm.spec.presets)
 
 
-def load_run_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+def load_run_config(path: str | Path | None = None, overrides: list[str] = (), demo: bool = True) -> RunConfig:
     """Load and fully validate a run config (YAML file + dotted overrides). The presets
-    (`run_presets`) fill the keys that neither the file nor an override sets."""
-    return run_config_from_tree(user_tree(path, list(overrides)))
+    (`run_presets`; `demo` False: without the built-in demo's) fill the keys that neither
+    the file nor an override sets."""
+    return run_config_from_tree(user_tree(path, list(overrides)), demo)
 
 
-def run_config_from_tree(tree: dict[str, Any]) -> RunConfig:
+def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
     """Build and fully validate a run config from a user's tree (a YAML file's, with its
     overrides applied; or a dict, which may use dotted keys and give a reward function as
-    the function itself). The presets (`run_presets`) fill the keys the tree does not set.
-    The tree is read, never re-read from its file."""
+    the function itself). The presets (`run_presets`; `demo` False: without the built-in
+    demo's) fill the keys the tree does not set. The tree is read, never re-read from its file."""
     tree = _function_references(nest_dotted(tree))
     cfg = _build(RunConfig, copy.deepcopy(tree))
-    presets = _unset_presets(run_presets(cfg), tree)
+    presets = _unset_presets(run_presets(cfg, demo), tree)
     if presets:
         with_presets = copy.deepcopy(tree)
         for text in presets:

@@ -9,6 +9,7 @@ when Ray is already up in this process returns the running instance's descriptio
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -50,6 +51,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
     if ray.is_initialized():
         return describe_ray()
     _drop_worker_death_notices()
+    _drop_token_auth_notice()
     if address and address.startswith(LOOPBACK + ":"):
         # An embedded instance of another process on this machine (e.g. `hybridflow monitor`
         # joining a local run): stay on loopback, as it does.
@@ -105,6 +107,25 @@ def _drop_worker_death_notices() -> None:
 
     print_to_stdstream._hybridflow_filtered = True  # type: ignore[attr-defined]
     ray_worker.print_to_stdstream = print_to_stdstream
+
+
+# Ray logs this at WARNING level on every start of a local instance, where it turns token
+# authentication on by default. Nothing is wrong and nothing is asked of the user, but it
+# reads like a problem (issue 26); the instance keeps its token authentication.
+_TOKEN_AUTH_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+class _NoticeFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _TOKEN_AUTH_NOTICE not in record.getMessage()
+
+
+def _drop_token_auth_notice() -> None:
+    """Keep Ray's token-authentication-enabled notice off the console (once per process);
+    its warning that authentication is *disabled* still shows."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _NoticeFilter) for f in logger.filters):
+        logger.addFilter(_NoticeFilter())
 
 
 def describe_ray(embedded: bool | None = None) -> RayRuntime:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from hybridflow.errors import ConfigError
+
 
 @dataclasses.dataclass
 class PromptDataConfig:
@@ -35,13 +37,13 @@ class PromptDataConfig:
 
     def __post_init__(self) -> None:
         if self.max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
+            raise ConfigError(f"must be >= 1, got {self.max_prompt_length}", "max_prompt_length")
         if self.truncation not in ("error", "left", "right"):
-            raise ValueError(f"truncation must be 'error', 'left' or 'right', got {self.truncation!r}")
+            raise ConfigError(f"must be 'error', 'left' or 'right', got {self.truncation!r}", "truncation")
         if self.pad_to not in ("batch", "max_length"):
-            raise ValueError(f"pad_to must be 'batch' or 'max_length', got {self.pad_to!r}")
+            raise ConfigError(f"must be 'batch' or 'max_length', got {self.pad_to!r}", "pad_to")
         if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")
+            raise ConfigError(f"must be >= 1 or null, got {self.max_samples}", "max_samples")
 
 
 @dataclasses.dataclass
@@ -50,10 +52,14 @@ class SFTDataConfig:
 
     overlong: "filter" drops a pair whose prompt + response exceeds max_length,
         "truncate" cuts the response (keeping at least one response token), "error" raises.
+    messages_key: a row with this column instead of prompt/response is a whole conversation
+        (a list of chat messages): the model's own turns are trained on, the rest is
+        context (data/conversation.py, docs/agents.md).
     """
 
     prompt_key: str = "prompt"
     response_key: str = "response"
+    messages_key: str = "messages"
     max_length: int = 512
     overlong: Literal["filter", "truncate", "error"] = "filter"
     apply_chat_template: bool = True
@@ -61,9 +67,9 @@ class SFTDataConfig:
 
     def __post_init__(self) -> None:
         if self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+            raise ConfigError(f"must be >= 2, got {self.max_length}", "max_length")
         if self.overlong not in ("filter", "truncate", "error"):
-            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
+            raise ConfigError(f"must be 'filter', 'truncate' or 'error', got {self.overlong!r}", "overlong")
 
 
 @dataclasses.dataclass
@@ -81,8 +87,8 @@ class PairwiseDataConfig:
 
     def __post_init__(self) -> None:
         if self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+            raise ConfigError(f"must be >= 2, got {self.max_length}", "max_length")
         if self.overlong not in ("filter", "truncate", "error"):
-            raise ValueError(f"overlong must be 'filter', 'truncate' or 'error', got {self.overlong!r}")
+            raise ConfigError(f"must be 'filter', 'truncate' or 'error', got {self.overlong!r}", "overlong")
         if self.max_samples is not None and self.max_samples < 1:
-            raise ValueError(f"max_samples must be >= 1 or null, got {self.max_samples}")
+            raise ConfigError(f"must be >= 1 or null, got {self.max_samples}", "max_samples")

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridflow.data.records import Messages, PromptRecord, from_row, rows_from
 from hybridflow.data.configs import PromptDataConfig
+from hybridflow.errors import ConfigError
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -85,10 +86,13 @@ class RLPromptDataset:
         tokenizer: PreTrainedTokenizerBase,
         config: PromptDataConfig,
         rows: Sequence[dict] | None = None,
+        section: str = "data.prompt",
     ) -> None:
-        """Read `files` (or take `rows` already in memory, e.g. the built-in task's records)."""
+        """Read `files` (or take `rows` already in memory, e.g. the built-in task's records).
+        `section`: where `config` sits in the run config, for the keys errors name."""
         self.tokenizer = tokenizer
         self.config = config
+        self.section = section
         self.pad_id = pad_token_id_of(tokenizer)
         raw_rows = rows_from(files, rows, config.max_samples)
         records = [from_row(r, i, config.prompt_key, config.default_data_source) for i, r in enumerate(raw_rows)]
@@ -97,10 +101,9 @@ class RLPromptDataset:
         self.stats: dict[str, int] = {"rows": len(records), "filtered_overlong": 0, "truncated": 0}
         self._tokenize(records)
         if not self.records:
-            raise ValueError(
-                f"no prompts left: all {len(records)} rows were longer than max_prompt_length="
-                f"{config.max_prompt_length} tokens (or the files are empty); raise max_prompt_length"
-            )
+            raise ConfigError(
+                f"no prompts left: all {len(records)} rows were longer than {config.max_prompt_length} tokens "
+                f"(or the files are empty); raise it", f"{section}.max_prompt_length")
         self.stats["kept"] = len(self.records)
         logger.info("prompt data set: %s", self.stats)
 
@@ -120,10 +123,10 @@ class RLPromptDataset:
     def _truncate(self, ids: list[int], record: PromptRecord) -> list[int]:
         limit = self.config.max_prompt_length
         if self.config.truncation == "error":
-            raise ValueError(
-                f"row {record.index}: prompt has {len(ids)} tokens > max_prompt_length={limit}; raise "
-                "max_prompt_length, set filter_overlong_prompts=true, or truncation=left|right"
-            )
+            raise ConfigError(
+                f"row {record.index}: prompt has {len(ids)} tokens > {limit}; raise it, set "
+                f"{self.section}.filter_overlong_prompts=true, or {self.section}.truncation=left|right",
+                f"{self.section}.max_prompt_length")
         self.stats["truncated"] += 1
         return ids[-limit:] if self.config.truncation == "left" else ids[:limit]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from hybridflow.errors import ConfigError
+
 
 @dataclasses.dataclass
 class RewardConfig:
@@ -38,17 +40,17 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0 (0 = in-process), got {self.num_workers}")
+            raise ConfigError(f"must be >= 0 (0 = in-process), got {self.num_workers}", "num_workers")
         if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+            raise ConfigError(f"must be > 0, got {self.timeout_s}", "timeout_s")
         if self.kill_grace_s < 0:
-            raise ValueError(f"kill_grace_s must be >= 0, got {self.kill_grace_s}")
+            raise ConfigError(f"must be >= 0, got {self.kill_grace_s}", "kill_grace_s")
         if self.mp_context not in ("forkserver", "spawn"):
-            raise ValueError(f"mp_context must be 'forkserver' or 'spawn', got {self.mp_context!r}")
+            raise ConfigError(f"must be 'forkserver' or 'spawn', got {self.mp_context!r}", "mp_context")
         if self.memory_limit_mb is not None and self.memory_limit_mb < 64:
             raise ValueError(f"memory_limit_mb must be >= 64 (a Python process needs that much) or null, "
                              f"got {self.memory_limit_mb}")
         if not 0.0 <= self.max_failed_share < 1.0:
-            raise ValueError(f"max_failed_share must be in [0, 1), got {self.max_failed_share}")
+            raise ConfigError(f"must be in [0, 1), got {self.max_failed_share}", "max_failed_share")
         if self.max_failed_steps < 0:
-            raise ValueError(f"max_failed_steps must be >= 0 (0 = never stop), got {self.max_failed_steps}")
+            raise ConfigError(f"must be >= 0 (0 = never stop), got {self.max_failed_steps}", "max_failed_steps")

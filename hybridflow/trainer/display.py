@@ -36,6 +36,9 @@ def eval_summary(metrics: dict[str, Any]) -> str:
     """One line for an evaluation record: overall accuracy and score, then per data source."""
     line = (f"held-out accuracy {metrics['val/accuracy']:.1%} (score {metrics['val/score']:.3f}) "
             f"on {int(metrics['val/samples'])} responses")
+    if "val/tool_call_rate" in metrics:  # an agent task (evaluate.agent_metrics)
+        line += (f", tool-call rate {metrics['val/tool_call_rate']:.1%} "
+                 f"({metrics['val/num_tool_calls_mean']:.2f} calls, {metrics['val/num_turns_mean']:.2f} turns each)")
     sources = per_source(metrics)
     if len(sources) > 1:
         line += "; " + ", ".join(f"{name} {values['accuracy']:.1%}" for name, values in sources.items())

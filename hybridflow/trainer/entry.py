@@ -63,6 +63,11 @@ class RLTrainer:
     def __repr__(self) -> str:
         return f"RLTrainer({self.kind.name}, run_dir={str(getattr(self.task, 'run_dir', None))!r})"
 
+    def setup(self) -> float:
+        """Start the workers now (train() does it on first use); the seconds it took, 0.0 when
+        they run already: time training without the start-up."""
+        return self.task.setup()
+
     def train(self, steps: int | float | None = None) -> Any:
         """`steps` more steps (RL steps of a language-model run, environment steps of an
         environment task; an integral float such as 1e5 is fine); None: on to the config's

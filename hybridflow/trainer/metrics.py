@@ -157,6 +157,18 @@ def total_peak_flops(peaks: Iterable[tuple[Hashable, float]]) -> float:
     return sum(best.values())
 
 
+def mfu_note(peak_flops: float, on_gpu: bool, configured: bool) -> str | None:
+    """The console line about perf/mfu, or None where the number means little: on CPUs the
+    peak is a short matmul measured by each worker at start-up, on a machine that may be
+    busy, so the ratio moves with the load; on GPUs it is the spec sheet's (or the
+    configured <role>.peak_flops_per_device). perf/mfu is logged either way (docs/trainer.md)."""
+    if not (on_gpu or configured):
+        return None
+    source = "the configured peak_flops_per_device" if configured else "the GPUs' bf16/fp32 spec peaks"
+    return (f"perf/mfu: model FLOPs per second over {peak_flops / 1e12:.3g} TFLOP/s, the summed peak of the "
+            f"workers' devices ({source})")
+
+
 def throughput_metrics(tokens: float, step_seconds: float, flops: float, peak_flops: float) -> dict[str, float]:
     """perf/tokens_per_s (`tokens` of the step's sequences over its time), perf/mfu (`flops`
     over the step time x `peak_flops`) and perf/step_flops."""

@@ -11,7 +11,10 @@ no checkpoint), a checkpoint directory
 (`<run>/checkpoints/global_step_<N>`), or a Hugging Face model directory. A checkpoint is
 scored with its run's config.yaml (world size, generation and prompt settings, reward
 function, trainer.validation), so `hybridflow eval` on the checkpoint of step N repeats
-the run's own evaluation at step N; dotted overrides change any of it.
+the run's own evaluation at step N; dotted overrides change any of it. A model directory
+takes the settings saved next to its weights (hybridflow_presets.json, written with every
+model a run exports: config/model_presets.py), else the config classes' defaults, never
+the built-in demo's; `settings_lines` says which values were used and where they came from.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import ray
 
 from hybridflow.config.dtypes import resolved_dtypes
+from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
 from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
@@ -42,7 +46,7 @@ from hybridflow.trainer.checkpointing import (
     run_config_path,
     run_dir_of,
 )
-from hybridflow.trainer.evaluate import evaluate, sampling_meta
+from hybridflow.trainer.evaluate import evaluate_responses, sampling_meta
 from hybridflow.trainer.lifecycle import policy_start_path
 from hybridflow.trainer.preflight import check_scorers
 from hybridflow.trainer.setup import (
@@ -70,6 +74,7 @@ class ModelSource:
     checkpoint: Path | None
     step: int | None
     run_dir: Path | None = None  # the run whose final_model/ this is (held-out prompts from its config)
+    settings_from: str = ""  # where cfg's values come from, in words (settings_lines)
 
 
 @dataclass
@@ -77,6 +82,7 @@ class EvalReport:
     source: ModelSource
     data: list[str]  # files, or ["<held-out prompts of the run>"]
     metrics: dict[str, float]
+    responses: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # evaluate.response_records
 
     def to_json(self) -> dict[str, Any]:
         src = self.source
@@ -85,22 +91,29 @@ class EvalReport:
             "checkpoint": str(src.checkpoint) if src.checkpoint is not None else None, "step": src.step,
             "data": self.data, "sampling": sampling_meta(src.cfg.trainer.validation),
             "response_length": src.cfg.rollout.response_length, "world_size": src.cfg.resources.world_size,
-            "metrics": self.metrics,
+            "settings": eval_settings(src.cfg), "settings_from": src.settings_from,
+            "metrics": self.metrics, "responses": self.responses,
         }
 
 
 def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSource:
     """The model source `path` names (module docstring); overrides are dotted config keys."""
     path = Path(path)
+    with_flags = " and the command line" if overrides else ""
     if (path / "config.json").is_file():  # a Hugging Face model directory
-        cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", *overrides])
-        return ModelSource(path, _resolved(cfg), str(path), None, None)
+        # Never the built-in demo's presets: they fit the tiny model and its 3-token answers.
+        # rollout.n only satisfies the default algorithm's checks: eval samples trainer.validation.n.
+        cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", "rollout.n=2", *overrides], demo=False)
+        saved = path / MODEL_PRESETS_FILE
+        origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
+        return ModelSource(path, _resolved(cfg), str(path), None, None, settings_from=origin + with_flags)
     final_model = path / FINAL_MODEL_DIR
     if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
             path / CHECKPOINTS_DIR):
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
         cfg = load_run_config(path / "config.yaml", list(overrides))
-        return ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path)
+        return ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path,
+                           settings_from=f"{path / 'config.yaml'}{with_flags}")
     try:
         checkpoint = find_checkpoint(path)
     except CheckpointNotFoundError as err:
@@ -109,7 +122,35 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
             "Hugging Face model directory (with config.json)") from None
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
     return ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
-                       checkpoint_step(checkpoint))
+                       checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}")
+
+
+def eval_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings that decide what an evaluation measures, by their dotted keys."""
+    v = cfg.trainer.validation
+    return {"data.prompt.max_prompt_length": cfg.data.prompt.max_prompt_length,
+            "data.prompt.apply_chat_template": cfg.data.prompt.apply_chat_template,
+            "rollout.response_length": cfg.rollout.response_length, "rollout.dtype": cfg.rollout.dtype,
+            "rollout.name": cfg.rollout.name, "rollout.agent.enable": cfg.rollout.agent.enable,
+            **{f"trainer.validation.{key}": value for key, value in sampling_meta(v).items()}}
+
+
+def settings_lines(source: ModelSource) -> list[str]:
+    """What `hybridflow eval` prints before it starts: each setting and where they came from."""
+    s = eval_settings(source.cfg)
+    dtype = s["rollout.dtype"]
+    if dtype == "auto":
+        dtype = "auto (bf16 where the device computes it natively, else fp32)"
+    sampling = ("greedy" if not s["trainer.validation.do_sample"] else
+                f"sampled (temperature {s['trainer.validation.temperature']}, top_p {s['trainer.validation.top_p']}, "
+                f"top_k {s['trainer.validation.top_k']}, seed {s['trainer.validation.seed']})")
+    agent = ", agent loop on (rollout.agent.enable)" if s["rollout.agent.enable"] else ""
+    return [f"settings from {source.settings_from}:",
+            f"  prompts up to {s['data.prompt.max_prompt_length']} tokens (data.prompt.max_prompt_length), chat "
+            f"template {'on' if s['data.prompt.apply_chat_template'] else 'off'} (data.prompt.apply_chat_template)",
+            f"  responses up to {s['rollout.response_length']} tokens (rollout.response_length), dtype {dtype} "
+            f"(rollout.dtype), backend {s['rollout.name']}{agent}",
+            f"  {sampling}, {s['trainer.validation.n']} response(s) per prompt (trainer.validation.*)"]
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:
@@ -139,7 +180,8 @@ def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: in
 
 
 def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples: int | None = None) -> EvalReport:
-    """Score the source's policy on the prompts (trainer.validation sampling: greedy by default)."""
+    """Score the source's policy on the prompts (trainer.validation sampling: greedy by
+    default); the report keeps every response (evaluate.response_records)."""
     cfg = source.cfg
     tokenizer = load_tokenizer(source.model_path)
     prompts, data = held_out_or_files(source, files, max_samples, tokenizer)
@@ -148,10 +190,11 @@ def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples:
     reward = build_reward_manager(cfg, tokenizer)
     try:
         with loaded_actor(source) as (actor, generation_groups):
-            metrics = evaluate(actor, prompts, reward, generation_groups, cfg.trainer.validation)
+            metrics, responses = evaluate_responses(actor, prompts, reward, generation_groups,
+                                                    cfg.trainer.validation)
     finally:
         reward.close()
-    return EvalReport(source, data, metrics)
+    return EvalReport(source, data, metrics, responses)
 
 
 def export_source(source: ModelSource, out_dir: str | Path) -> Path:
@@ -165,6 +208,7 @@ def export_source(source: ModelSource, out_dir: str | Path) -> Path:
     with loaded_actor(source) as (actor, _):
         refuse_existing_dir(out)  # again: the actor took a while to start
         actor.export_hf(str(out))
+        write_model_presets(out, source.cfg, f"checkpoint {source.checkpoint} (step {source.step})")
     return out
 
 

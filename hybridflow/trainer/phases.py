@@ -45,6 +45,7 @@ from hybridflow.algorithms import (
     compute_cost_advantages,
     dynamic_sampling_filter,
     overlong_reward_penalty,
+    silent_groups,
 )
 from hybridflow.controller import WorkerGroup
 from hybridflow.engines.rollout.batch_io import left_pad_prompts
@@ -59,6 +60,8 @@ from hybridflow.trainer.metrics import BatchSummary, rename_worker_metrics
 from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+SILENT_GROUPS, GROUPS = "adv/silent_groups", "adv/groups"  # record_signal
 
 
 @dataclass
@@ -373,9 +376,19 @@ def cost_critic_metrics(worker_metrics: dict[str, float]) -> dict[str, float]:
 @phase("update_actor")
 def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
     """One policy update on the step's batch (plus the KL loss when configured; with
-    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy)."""
+    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
+    Records adv/silent_groups and adv/groups first (`record_signal`)."""
+    record_signal(step)
     out = dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)))
     step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
+
+
+def record_signal(step: Step) -> None:
+    """adv/silent_groups of adv/groups: the groups whose advantages are all 0, which give the
+    policy gradient nothing (algorithms.silent_groups); the trainer reports steps where all are."""
+    b = step.batch
+    silent, groups = silent_groups(b.batch["advantages"], b.batch["response_mask"], b.non_tensor_batch["uid"])
+    step.metrics[SILENT_GROUPS], step.metrics[GROUPS] = float(silent), float(groups)
 
 
 def actor_update_keys(batch: DataProto, with_ref: bool, with_behaviour: bool) -> tuple[str, ...]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config import ConfigError
+from hybridflow.config.model_presets import write_model_presets
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
@@ -59,7 +60,7 @@ from hybridflow.trainer.lifecycle import (
     resume_point,
 )
 from hybridflow.trainer.live_status import LiveStatus
-from hybridflow.trainer.metrics import BatchSummary, flop_model, throughput_metrics
+from hybridflow.trainer.metrics import BatchSummary, flop_model, mfu_note, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
@@ -74,6 +75,7 @@ from hybridflow.trainer.setup import (
     train_prompts,
 )
 from hybridflow.trainer.sft import run_sft
+from hybridflow.trainer.signal import SignalWatch
 from hybridflow.workers import shutdown_role_groups
 
 
@@ -86,6 +88,7 @@ class TrainResult:
     accuracy_before: float | None
     accuracy_after: float | None
     last_metrics: dict[str, float]
+    stopped: str | None = None  # why the run stopped before its steps were done (signal.py), None if it did not
 
 
 class LanguageModelTask:
@@ -126,6 +129,8 @@ class LanguageModelTask:
         self.async_runner: AsyncRunner | None = None  # trainer.mode one_step_off / async
         self.sft_result = None
         self.released_at: Path | None = None  # the checkpoint `release` wrote, which the next start loads
+        self.signal = SignalWatch(self.config.trainer.max_no_signal_steps, self.ctx.display.message)
+        self.stopped: str | None = None
 
     def release(self, save: bool) -> None:
         """Stop the workers and release their placement groups (Ray, the reward processes
@@ -155,6 +160,16 @@ class LanguageModelTask:
 
     # ------------------------------------------------------------------ setup
 
+    def setup(self) -> float:
+        """Start the workers (and the SFT warm start, when configured); the seconds it took,
+        0.0 when they run already. `train` calls it on first use; call it first to time
+        training without the start-up."""
+        if self.roles is not None:
+            return 0.0
+        tick = time.perf_counter()
+        self._start()
+        return time.perf_counter() - tick
+
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
         sft_actor = None
@@ -179,8 +194,9 @@ class LanguageModelTask:
         if cfg.trainer.mode != "sync":  # a generation-only pool beside the actor (async_trainer.py)
             self.async_runner, self.groups["rollout"] = AsyncRunner.start(
                 cfg, self.roles, policy_path, self.batches, self.state, rank_cpus(cfg.resources, ctx.layout))
-        ctx.display.message(f"perf/mfu against {self.flop_model.peak_flops / 1e12:.3g} TFLOP/s: the peaks the "
-                            "workers measured (or were configured with) on their own devices")
+        note = mfu_note(self.flop_model.peak_flops, cfg.resources.use_gpu, cfg.actor.peak_flops_per_device is not None)
+        if note is not None:
+            ctx.display.message(note)
         if self.resumed_from is not None:
             self._load_checkpoint(self.resumed_from)
 
@@ -212,8 +228,7 @@ class LanguageModelTask:
             steps = check_steps_left(self.global_step, cfg.trainer.total_steps)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        if self.roles is None:
-            self._start()
+        self.setup()
         before = self._accuracy_before()
         end = self.global_step + steps
         try:
@@ -228,7 +243,9 @@ class LanguageModelTask:
         after = self._held_out_accuracy()
         if self.config.trainer.save_final_model:
             self.roles.actor.export_hf(str(self.run_dir / "final_model"))
-        result = TrainResult(self.run_dir, self.global_step, before, after, metrics)
+            write_model_presets(self.run_dir / "final_model", self.config,
+                                f"run {self.run_dir} after RL step {self.global_step}")
+        result = TrainResult(self.run_dir, self.global_step, before, after, metrics, self.stopped)
         self._plot()
         self._report(result)
         return result
@@ -256,6 +273,7 @@ class LanguageModelTask:
             step.metrics["controller/fetched_tensor_bytes"] = float(FETCHED.tensor_bytes - fetched.tensor_bytes)
             step.metrics["controller/fetched_values"] = float(FETCHED.values - fetched.values)
             metrics = self._step_metrics(step)
+            self.stopped = self.signal.stop_reason(self.global_step, metrics)
             if self._due(cfg.trainer.test_freq) and done < steps:  # the last step is evaluated below
                 metrics.update(self._val_metrics())
             ctx.log.write("rl", self.global_step, metrics)
@@ -263,6 +281,9 @@ class LanguageModelTask:
                 self.save_checkpoint()
             self.status.update(steps_done=self.status.data["steps_done"] + 1)
             ctx.display.step(done, steps, metrics)
+            if self.stopped is not None:
+                ctx.display.message(f"step {self.global_step}: {self.stopped}")
+                break
         ctx.display.stop()
         return metrics
 

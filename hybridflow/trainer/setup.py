@@ -205,7 +205,7 @@ def train_prompts(cfg: RunConfig, tokenizer: Any) -> RLPromptDataset:
     stats = ds.stats
     # The same console rule as RunContext.open (rl_trainer calls this without the context).
     RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none").message(
-        f"train prompts: {stats['kept']} of {stats['rows']} kept; longer than max_prompt_length="
+        f"train prompts: {stats['kept']} of {stats['rows']} kept; longer than data.prompt.max_prompt_length="
         f"{cfg.data.prompt.max_prompt_length} tokens: {stats['filtered_overlong']} filtered, "
         f"{stats['truncated']} truncated"
     )

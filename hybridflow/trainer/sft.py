@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from hybridflow.config.model_presets import write_model_presets
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import ResumableLoader, SFTDataset
 from hybridflow.protocol import DataProto
@@ -91,6 +92,7 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
         ctx.display.stop()
         after = _held_out_accuracy(ctx, actor, cfg.sft.steps)
         model_dir = Path(actor.export_hf(str(ctx.run_dir / SFT_MODEL_DIR))[0])
+        write_model_presets(model_dir, cfg, f"run {ctx.run_dir} after {cfg.sft.steps} SFT steps")
     except BaseException:
         shutdown_role_groups(groups)
         raise

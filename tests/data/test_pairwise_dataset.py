@@ -90,7 +90,7 @@ def test_bad_rows_are_named(char_tokenizer):
         PairwiseDataset(None, char_tokenizer, cfg, rows=[{"prompt": "a", "chosen": ["b"], "rejected": "c"}])
     with pytest.raises(ValueError, match="each chat message must be a dict"):
         PairwiseDataset(None, char_tokenizer, cfg, rows=[{"prompt": ["a"], "chosen": "b", "rejected": "c"}])
-    with pytest.raises(ValueError, match="overlong must be"):
+    with pytest.raises(ValueError, match="overlong: must be"):
         PairwiseDataConfig(overlong="drop")
 
 

@@ -118,5 +118,5 @@ def test_trainer_reports_overlong_prompts(tmp_path, capsys, char_tokenizer, filt
     ds = train_prompts(cfg, char_tokenizer)
     out = capsys.readouterr().out
     kept = 4 if filter_overlong else 6
-    assert f"train prompts: {kept} of 6 kept; longer than max_prompt_length=40 tokens: {expected}" in out
+    assert f"train prompts: {kept} of 6 kept; longer than data.prompt.max_prompt_length=40 tokens: {expected}" in out
     assert len(ds) == kept

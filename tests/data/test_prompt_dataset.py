@@ -113,12 +113,14 @@ def test_overlong_prompts_are_truncated_and_counted(char_tokenizer, side):
 
 def test_overlong_prompt_error_names_the_row(char_tokenizer):
     cfg = PromptDataConfig(max_prompt_length=4, apply_chat_template=False, filter_overlong_prompts=False)
-    with pytest.raises(ValueError, match="row 1: prompt has 6 tokens > max_prompt_length=4"):
+    with pytest.raises(ValueError, match=r"^data\.prompt\.max_prompt_length: row 1: prompt has 6 tokens > 4; .*"
+                                         r"data\.prompt\.filter_overlong_prompts=true"):
         RLPromptDataset(None, char_tokenizer, cfg, rows=_lengths_rows([2, 6]))
 
 
 def test_all_filtered_is_an_error(char_tokenizer):
-    with pytest.raises(ValueError, match="no prompts left"):
+    # The full dotted key (issue 26: the key was named without its section).
+    with pytest.raises(ValueError, match=r"^data\.prompt\.max_prompt_length: no prompts left"):
         RLPromptDataset(None, char_tokenizer, PromptDataConfig(max_prompt_length=2, apply_chat_template=False),
                         rows=_lengths_rows([3, 4]))
 

@@ -34,3 +34,17 @@ def test_cli_prints_and_writes_json(tmp_path, capsys):
     assert len(result["mappings"]) == 3 and result["cluster"]["device"]["name"] == "a100-80gb"
     assert result["mappings"][0]["step_s"] <= result["mappings"][1]["step_s"]
     assert main(["plan", "--model", "llama-5b", *PAPERISH]) == 2
+
+
+def test_the_tiny_default_on_a_big_cluster_says_why_and_how_to_plan_a_real_model(capsys, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the shown command names examples/ from the repo root
+    assert main(["plan", "--nodes", "16", "--devices-per-node", "8", "--device", "a100-80gb"]) == 1
+    printed = capsys.readouterr().out
+    assert "no mapping fits" in printed and "built-in tiny model" in printed and "128 devices" in printed
+    hint = printed.strip().splitlines()[-1].strip()
+    assert hint.startswith("hybridflow plan --config examples/plan_paper_ppo.yaml") and "--model llama-70b" in hint
+    # The command it shows works.
+    args = hint.split()[1:] + ["--runtime", "paper", "--top", "1"]
+    assert main(args) == 0 and "1. " in capsys.readouterr().out

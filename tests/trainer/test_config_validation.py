@@ -127,8 +127,8 @@ def test_every_example_config_validates_and_says_how_to_run_it():
     for path in examples:
         lines = path.read_text().splitlines()
         header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
-        commands = [c for c in ("train", "sft", "rm") if any(f"hybridflow {c} --config" in h for h in header)]
-        assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm --config ...)"
+        commands = [c for c in ("train", "sft", "rm", "plan") if any(f"hybridflow {c} --config" in h for h in header)]
+        assert commands, f"{path.name}: the header must say how to run it (hybridflow train|sft|rm|plan --config ...)"
         if commands == ["rm"]:
             load_rm_config(path)
         else:  # a language-model run or an environment task, as `hybridflow train` reads it
@@ -159,3 +159,16 @@ def test_threads_per_rank_must_be_positive():
     with pytest.raises(ConfigError, match="must be >= 1") as err:
         load_run_config(None, ["resources.threads_per_rank=0"])
     assert err.value.key == "resources.threads_per_rank"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("data.prompt.max_prompt_length=0", "data.prompt.max_prompt_length"),
+    ("data.prompt.truncation=middle", "data.prompt.truncation"),
+    ("sft.data.max_length=1", "sft.data.max_length"),
+    ("reward.manager.num_workers=-1", "reward.manager.num_workers"),
+    ("reward.manager.timeout_s=0", "reward.manager.timeout_s"),
+])
+def test_a_bad_setting_is_named_by_its_full_dotted_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, [override])
+    assert str(err.value).startswith(f"{key}: ")

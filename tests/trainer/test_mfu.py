@@ -46,3 +46,11 @@ def test_step_flops_count_every_role_at_its_own_size():
     assert got == pytest.approx(want, rel=1e-12)
     perf = throughput_metrics(sum(seq_lens), 2.0, got, model.peak_flops)
     assert perf["perf/mfu"] == pytest.approx(got / 2.0 / 3e9) and perf["perf/tokens_per_s"] == 7.0
+
+
+def test_the_console_mentions_mfu_only_where_the_peak_is_a_known_one():
+    from hybridflow.trainer.metrics import mfu_note
+
+    assert mfu_note(3.3e10, on_gpu=False, configured=False) is None  # a matmul timed on a busy CPU
+    assert "989 TFLOP/s" in mfu_note(9.89e14, on_gpu=True, configured=False)
+    assert "configured peak_flops_per_device" in mfu_note(1e12, on_gpu=False, configured=True)

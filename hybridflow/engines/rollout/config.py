@@ -16,6 +16,7 @@ import torch
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.rollout.gemm import resolve_matmul
 from hybridflow.engines.rollout.sampling import LOG_PROB_MODES
+from hybridflow.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RolloutConfig:
         if isinstance(self.dtype, str):
             object.__setattr__(self, "dtype", resolve_dtype(self.dtype, torch.device(self.device).type))
         if self.log_prob_mode not in LOG_PROB_MODES:
-            raise ValueError(f"log_prob_mode must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}")
+            raise ConfigError(f"must be one of {LOG_PROB_MODES}, got {self.log_prob_mode!r}", "log_prob_mode")
         object.__setattr__(self, "matmul", resolve_matmul(self.matmul, self.dtype, torch.device(self.device).type))
         if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
             raise ValueError("max_num_seqs and prefill_token_budget must be >= 1")

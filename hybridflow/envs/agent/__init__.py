@@ -3,7 +3,8 @@
 - base.py: `AgentEnv` (reset(row) -> messages; step(turn) / async astep -> `StepResult`),
   `register_agent_env`, `resolve_agent_env` (registered names or import paths);
 - builtin.py: `tools` (calculator, Python sandbox) and `guess_number` environments;
-- tools.py, toolcall.py, sandbox.py: tool schemas and functions, tool-call parsing
+- tools.py, toolcall.py, sandbox.py: tool schemas and functions (`register_tool`: a
+  function as a tool), tool-call parsing
   (Hermes `<tool_call>` JSON, compact `@name[arg]`), the Python sandbox;
 - guard.py: `EnvRunner` (timeouts, wrong types and exceptions become recorded failures);
 - render.py: chat-template rendering of prompts and observations to tokens;
@@ -25,8 +26,10 @@ _EXPORTS = {
     "registered_agent_envs": "base",
     "resolve_agent_env": "base",
     "AgentConfig": "config",
+    "Tool": "tools",
+    "register_tool": "tools",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["AgentConfig", "AgentEnv", "SingleTurn", "StepResult", "register_agent_env", "registered_agent_envs",
-           "resolve_agent_env"]
+           "resolve_agent_env", "Tool", "register_tool"]

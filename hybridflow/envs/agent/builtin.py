@@ -22,7 +22,7 @@ from typing import Any
 from hybridflow.envs.agent.base import AgentEnv, Message, StepResult, register_agent_env
 from hybridflow.envs.agent.sandbox import SandboxLimits
 from hybridflow.envs.agent.toolcall import OBSERVATION_ROLE, ToolCall, parse_tool_calls
-from hybridflow.envs.agent.tools import Tool, builtin_tools
+from hybridflow.envs.agent.tools import Tool, resolve_tools
 
 
 def prompt_messages(row: dict[str, Any]) -> list[Message]:
@@ -37,7 +37,7 @@ class ToolEnv(AgentEnv):
     def __init__(self, tools: list[str] = ("calculator",), tool_format: str = "hermes", max_calls_per_turn: int = 4,
                  python_time_s: float = 5.0, python_memory_mb: int = 1024) -> None:
         limits = SandboxLimits(time_s=python_time_s, memory_bytes=python_memory_mb << 20)
-        self._tools: dict[str, Tool] = builtin_tools(list(tools), limits)
+        self._tools: dict[str, Tool] = resolve_tools(list(tools), limits)
         # Schemas go into the prompt (chat template, or a system message) for the Hermes
         # form; the compact form is the character model's own, learned from data, not shown.
         self.tools = [t.schema for t in self._tools.values()] if tool_format == "hermes" else []

@@ -7,11 +7,26 @@ Built-ins: `calculator` (arithmetic on numbers: + - * / // % ** and parentheses,
 on the parsed expression tree, never with eval) and `python` (runs code in the sandbox,
 sandbox.py, and answers with its output). A tool answers with text; a tool that fails
 answers with an "error: ..." text, which the model reads as the observation.
+
+Your own tool is one function (docs/agents.md):
+
+    @register_tool
+    def lookup(key: str) -> str:
+        "Look a word up in the dictionary."         # the docstring: the description the model sees
+        return DICTIONARY.get(key, "not found")
+
+Its schema comes from the signature (str/int/float/bool/list/dict parameters; those
+without a default are required) and the docstring's first paragraph. The built-in `tools`
+environment then takes it by name (`env_kwargs: {tools: [lookup]}`) in any process that
+imported the module that registers it, or by import path (`my_tools:lookup`) anywhere:
+the rollout workers that run environments are other processes, so a tool registered in a
+script (`__main__`) is reached through its import path.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +34,9 @@ from typing import Any
 
 from hybridflow.envs.agent.sandbox import SandboxLimits, run_python
 from hybridflow.registry import Registry
+
+TOOLS: Registry[Callable[..., Any]] = Registry("tool", "env_kwargs.tools")  # register_tool
+BUILTIN_TOOLS = ("calculator", "python")
 
 
 @dataclass(frozen=True)
@@ -110,19 +128,80 @@ def python_tool(limits: SandboxLimits = SandboxLimits()) -> Tool:
                 {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}, run)
 
 
-# name -> factory(python_limits) -> Tool: the tools an environment may list by name.
-TOOLS: Registry[Callable[[SandboxLimits], Tool]] = Registry("tool")
+def resolve_tools(names: list[str], python_limits: SandboxLimits = SandboxLimits()) -> dict[str, Tool]:
+    """Tools by name: a built-in ("calculator", "python"), a name given to `register_tool`,
+    or an import path "package.module:function" (the module is imported, which registers
+    what it registers). Keyed by the tool's name, the one the model calls."""
+    out = {}
+    for entry in names:
+        if entry == "calculator":
+            tool = CALCULATOR
+        elif entry == "python":
+            tool = python_tool(python_limits)
+        else:
+            fn = TOOLS.resolve(entry, TOOLS.config_key, f"built-in tools: {list(BUILTIN_TOOLS)}; register yours with "
+                               "@register_tool or give an import path 'package.module:function'")
+            tool = tool_from_function(fn, _registered_name(fn))
+        out[tool.name] = tool
+    return out
 
 
-def register_tool(name: str, *, override: bool = False) -> Callable[[Callable[[SandboxLimits], Tool]], Callable]:
-    """``@register_tool("name")`` on a `factory(python_limits) -> Tool`."""
-    return TOOLS.register(name, override=override)
+def register_tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
+                  override: bool = False) -> Any:
+    """Register a function as a tool (module docstring): ``@register_tool``,
+    ``@register_tool(name="lookup")``; `override=True` replaces another function under a
+    taken name. Returns the function unchanged."""
+    def add(function: Callable[..., Any]) -> Callable[..., Any]:
+        tool_name = name or function.__name__
+        if tool_name in BUILTIN_TOOLS:
+            raise ValueError(f"tool {tool_name!r} is a built-in; pick another name")
+        tool_from_function(function, tool_name)  # a bad signature fails here, not in a rollout worker
+        function.__tool_name__ = tool_name  # type: ignore[attr-defined]
+        return TOOLS.add(tool_name, function, override=override)
+
+    return add(fn) if fn is not None else add
 
 
-register_tool("calculator")(lambda limits: CALCULATOR)
-register_tool("python")(python_tool)
+def _registered_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__tool_name__", fn.__name__)
 
 
-def builtin_tools(names: list[str], python_limits: SandboxLimits = SandboxLimits()) -> dict[str, Tool]:
-    """Registered tools by name ("calculator", "python", or one of `register_tool`)."""
-    return {name: TOOLS.get(name)(python_limits) for name in names}
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+def tool_from_function(fn: Callable[..., Any], name: str) -> Tool:
+    """A Tool whose schema is `fn`'s signature and docstring and whose call is fn(**arguments)."""
+    if not callable(fn):
+        raise TypeError(f"tool {name!r}: {fn!r} is not a function")
+    signature = inspect.signature(fn)
+    hints = inspect.get_annotations(fn, eval_str=True) if inspect.isfunction(fn) else {}
+    properties, required, types = {}, [], {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {name!r}: *args / **kwargs cannot be described to the model; name each parameter")
+        kind = hints.get(param.name, str)
+        types[param.name] = kind
+        properties[param.name] = {"type": _JSON_TYPES.get(kind, "string")}
+        if param.default is param.empty:
+            required.append(param.name)
+    if not properties:
+        raise TypeError(f"tool {name!r}: a tool takes at least one parameter (the model's argument)")
+    description = (inspect.getdoc(fn) or name).split("\n\n")[0].replace("\n", " ")
+
+    def call(arguments: dict[str, Any]) -> str:
+        unknown = sorted(set(arguments) - set(properties))
+        if unknown:
+            raise TypeError(f"unknown argument(s) {unknown}; {name} takes {list(properties)}")
+        return str(fn(**{key: _coerce(value, types[key]) for key, value in arguments.items()}))
+
+    schema = {"type": "object", "properties": properties, "required": required}
+    return Tool(name, description, schema, call)
+
+
+def _coerce(value: Any, kind: Any) -> Any:
+    """A text argument (the compact call form passes text) as the parameter's number or bool."""
+    if isinstance(value, str) and kind in (int, float):
+        return kind(value.strip())
+    if isinstance(value, str) and kind is bool:
+        return value.strip().lower() in ("1", "true", "yes")
+    return value

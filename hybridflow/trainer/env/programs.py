@@ -180,12 +180,22 @@ def sac_iteration(run: EnvRun) -> dict[str, Any]:
     metrics.update(run.consume(batch))
     transitions = batch.select(TRANSITION_KEYS, meta_info_keys=[])
     if run.env_steps > cfg.learning_starts:
-        steps = cfg.gradient_steps if cfg.gradient_steps > 0 else int(batch.meta_info["env_steps"])
+        steps = sac_gradient_steps(cfg.gradient_steps, cfg.train_freq, int(batch.meta_info["env_steps"]))
         learn(run, metrics, lambda: run.groups.learner.sac_train(transitions, steps)[0])
     else:
         with phase(metrics, "store"):  # warm-up: only fill the replay buffer
             run.groups.learner.sac_train(transitions, 0)
     return metrics
+
+
+def sac_gradient_steps(gradient_steps: int, train_freq: int, env_steps: int) -> int:
+    """Gradient steps for `env_steps` new transitions: gradient_steps per train_freq steps
+    of each environment copy, so the update-to-data ratio gradient_steps / train_freq is
+    the configured one whatever the number of runners and copies (8 runners collect 8
+    times the steps of one per iteration, and get 8 times the updates); -1: one per step."""
+    if gradient_steps < 0:
+        return env_steps
+    return max(1, gradient_steps * env_steps // train_freq)
 
 
 def _round_steps(run: EnvRun) -> int:

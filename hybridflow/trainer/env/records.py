@@ -54,9 +54,10 @@ class RecordAccumulator:
                 self.sums[key] = self.sums.get(key, 0.0) + float(value)
                 self.counts[key] = self.counts.get(key, 0) + 1
 
-    def window_mean(self) -> float | None:
-        """Mean return over the last return_window episodes, once that many finished."""
-        if len(self.window) < (self.window.maxlen or 1):
+    def window_mean(self, full: bool = False) -> float | None:
+        """Mean return over the last return_window episodes (fewer while fewer finished);
+        None before the first episode ends, or with `full` before return_window did."""
+        if not self.window or (full and len(self.window) < (self.window.maxlen or 1)):
             return None
         return sum(self.window) / len(self.window)
 

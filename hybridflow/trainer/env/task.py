@@ -18,6 +18,7 @@ counters, so a resumed run continues exactly as the uninterrupted one would have
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -38,10 +39,24 @@ class EnvTrainResult:
     run_dir: Path
     env_steps: int
     iterations: int
-    wall_s: float  # of this train() call
-    return_mean_window: float | None
+    wall_s: float  # training time of this train() call (set-up not included: setup_s)
+    return_mean_window: float | None  # mean of the last trainer.return_window episodes (fewer early on)
     reached_target_at: int | None  # environment steps when trainer.target_return was reached
     last_metrics: dict[str, float]
+    setup_s: float = 0.0  # Ray, the workers and their environments, when this call started them (EnvironmentTask.setup)
+
+
+def warn_oversubscribed(num_workers: int, say: Any, cores: int | None = None) -> bool:
+    """Say (once per trainer: at set-up) when there are more env runners than the cores this
+    process may use (each runner is a process that imports torch: ~4 s to start and a few
+    hundred MB; beyond one per core they take turns on the CPU, so collection gets no faster)."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0))
+    if num_workers <= cores:
+        return False
+    say(f"distributed.num_workers={num_workers} env runners on {cores} CPU core(s): beyond {cores} they take turns "
+        f"on the cores, so collection is no faster, while each extra runner costs a process (~4 s to start, a few "
+        f"hundred MB); set distributed.num_workers <= {cores} unless the cluster has more nodes")
+    return True
 
 
 class EnvironmentTask:
@@ -109,8 +124,19 @@ class EnvironmentTask:
             ray.shutdown()
             self._ray_started = False
 
+    def setup(self) -> float:
+        """Start Ray (if needed), the env runners and the learner; the seconds it took. `train`
+        calls it on first use; call it first to time training without the start-up."""
+        if self.run is not None:
+            return 0.0
+        tick = time.perf_counter()
+        self._start()
+        return time.perf_counter() - tick
+
     def _start(self) -> None:
         cfg = self.config
+        if cfg.distributed.ray_address is None:  # on this machine alone (a cluster's nodes bring their own cores)
+            warn_oversubscribed(cfg.distributed.num_workers, self.display.message)
         if cfg.distributed.num_workers > 0:
             import ray
 
@@ -138,8 +164,7 @@ class EnvironmentTask:
     def train(self, steps: int | float | None = None) -> EnvTrainResult:
         """Run `steps` more environment steps (default: on to trainer.total_env_steps)."""
         cfg = self.config
-        if self.run is None:
-            self._start()
+        setup_s = self.setup()
         run = self.run
         if steps is None:
             steps = cfg.trainer.total_env_steps - run.env_steps
@@ -160,7 +185,7 @@ class EnvironmentTask:
             metrics = iteration_fn(run)
             metrics["timing_s/iteration"] = time.perf_counter() - tick
             self.acc.add(metrics)
-            window = self.acc.window_mean()
+            window = self.acc.window_mean(full=True)  # a target needs a whole window of episodes
             if cfg.trainer.target_return is not None and window is not None and window >= cfg.trainer.target_return:
                 reached = run.env_steps
             if crossed(before, run.env_steps, cfg.trainer.log_freq) or run.env_steps >= target or reached:
@@ -179,7 +204,8 @@ class EnvironmentTask:
             self.display.message(f"return {self.acc.window_mean():.1f} >= target {cfg.trainer.target_return:g} "
                                  f"after {reached:,} environment steps")
         self.display.message(f"run saved to [bold]{self.run_dir}[/bold]")
-        return EnvTrainResult(self.run_dir, run.env_steps, self.iteration, wall, self.acc.window_mean(), reached, record)
+        return EnvTrainResult(self.run_dir, run.env_steps, self.iteration, wall, self.acc.window_mean(), reached,
+                              record, setup_s)
 
     # ------------------------------------------------------------------ checkpoints
 

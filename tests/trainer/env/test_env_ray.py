@@ -33,13 +33,13 @@ _load_example()
 
 
 def test_quick_start_summary_of_a_run_shorter_than_the_return_window(tmp_path):
-    # `Pendulum-v1 SAC 2e3` finishes 8 episodes: the window mean is still None, and printing
-    # it once failed after the whole run had trained.
+    # A run with no finished episode has no window mean, and printing it once failed after
+    # the whole run had trained; set-up and training are timed apart.
     summary = _load_example().summary
-    short = EnvTrainResult(tmp_path, 2000, 250, 12.3, None, None, {})
+    short = EnvTrainResult(tmp_path, 150, 19, 12.3, None, None, {}, setup_s=9.6)
     assert summary("Pendulum-v1", "SAC", short) == (
-        f"Pendulum-v1 SAC: 2000 environment steps in 12 s, mean return of the last 20 episodes: fewer than 20 "
-        f"episodes so far; run directory {tmp_path}")
+        f"Pendulum-v1 SAC: 150 environment steps in 12 s (set-up 10 s), mean return of the last 20 episodes: no "
+        f"episode finished yet; run directory {tmp_path}")
     done = EnvTrainResult(tmp_path, 20480, 80, 707.0, 409.25, None, {})
     assert "mean return of the last 20 episodes: 409.2;" in summary("CartPole-v1", "PPO", done)
 
