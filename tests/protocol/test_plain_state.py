@@ -5,26 +5,15 @@ payload is refused by `DataProto.load`, not run."""
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from hybridflow.protocol import DataProto
-from hybridflow.protocol import serialization
+from hybridflow.protocol import DataProto, serialization
 from hybridflow.protocol.plain_state import load_plain_state, save_plain_state
 from hybridflow.restricted_pickle import UnsafePickleError
-
-
-class Payload:
-    """Unpickling this touches `marker`: the stand-in for planted code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
+from tests.payload import Payload
 
 
 def test_a_tree_round_trips_bit_for_bit(tmp_path):

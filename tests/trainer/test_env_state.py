@@ -17,16 +17,7 @@ from hybridflow.envs.collector import Collector, CollectorSpec
 from hybridflow.envs.registry import resolve_env
 from hybridflow.envs.vector import VecEnv
 from hybridflow.trainer.env_state import KEY_ENV, load_env_state, save_env_state
-
-
-class Payload:
-    """Unpickling this touches `marker`: the stand-in for planted code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
+from tests.payload import Payload
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import json
 import logging
 import pickle
 import shutil
-from pathlib import Path
 
 import pytest
 from torch.distributed.checkpoint.metadata import Metadata
@@ -28,6 +27,7 @@ from hybridflow.trainer.checkpointing import (
 )
 from hybridflow.trainer.lifecycle import MODEL_KEY, model_record, resume_config, resume_point
 from hybridflow.trainer.run_dir import read_metrics
+from tests.payload import Payload
 
 SHARD = "actor/__0_0.distcp"
 
@@ -130,16 +130,6 @@ def test_resume_by_run_name_skips_a_damaged_newest_checkpoint(tmp_path, tiny_con
     older, newest = checkpoint(run_dir, 1), checkpoint(run_dir, 2)
     (newest / SHARD).unlink()
     assert resume_point(True, cfg).checkpoint == older
-
-
-class Payload:
-    """Unpickling this touches `marker`: the stand-in for code planted in a checkpoint."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
 
 
 @pytest.mark.parametrize("command", ["export", "resume"])

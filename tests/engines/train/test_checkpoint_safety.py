@@ -20,16 +20,7 @@ from hybridflow.engines.train.checkpoint import (
     writing_checkpoint,
 )
 from hybridflow.trainer.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint, find_checkpoint
-
-
-class Payload:
-    """Unpickling this touches `marker`: the stand-in for code planted in a checkpoint."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
+from tests.payload import Payload
 
 
 def test_a_planted_payload_is_refused_not_run(tmp_path):

@@ -15,16 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
 from hybridflow.engines.train.dcp_reader import CheckpointSecurityError, load_dcp, read_dcp_metadata
-
-
-class Payload:
-    """Unpickling this touches `marker`: the stand-in for code planted in a checkpoint."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.touch, (self.marker,))
+from tests.payload import Payload
 
 
 def _state() -> dict:
