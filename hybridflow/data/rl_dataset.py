@@ -99,7 +99,7 @@ class RLPromptDataset:
         if not self.records:
             raise ValueError(
                 f"no prompts left: all {len(records)} rows were longer than max_prompt_length="
-                f"{config.max_prompt_length} tokens (or the files are empty); raise max_prompt_length"
+                f"{config.max_prompt_length} tokens (or the files are empty); raise data.prompt.max_prompt_length"
             )
         self.stats["kept"] = len(self.records)
         logger.info("prompt data set: %s", self.stats)
@@ -121,8 +121,8 @@ class RLPromptDataset:
         limit = self.config.max_prompt_length
         if self.config.truncation == "error":
             raise ValueError(
-                f"row {record.index}: prompt has {len(ids)} tokens > max_prompt_length={limit}; raise "
-                "max_prompt_length, set filter_overlong_prompts=true, or truncation=left|right"
+                f"row {record.index}: prompt has {len(ids)} tokens > data.prompt.max_prompt_length={limit}; raise "
+                "it, set data.prompt.filter_overlong_prompts=true, or data.prompt.truncation=left|right"
             )
         self.stats["truncated"] += 1
         return ids[-limit:] if self.config.truncation == "left" else ids[:limit]

@@ -90,7 +90,8 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:
     if not isinstance(value, dict):
         return value
     if len(value) != 1:
-        raise ValueError(f"{path}: an entry {sorted(value)!r} that save_plain_state does not write: the file is damaged")
+        raise ValueError(f"{path}: an entry {sorted(value)!r} that save_plain_state does not write: the file is "
+                         "damaged")
     (tag, inner), = value.items()
     if tag == _DICT:
         return {k: _decode(v, tensors, path) for k, v in inner.items()}

@@ -86,7 +86,8 @@ def source_files(obj: Any, depth: int = 3) -> set[str]:
         if module is not None and getattr(module, "__file__", None):
             files.add(str(Path(module.__file__).resolve()))
         for value in vars(target).values():
-            items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            items = (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple))
+                     else [value])
             for item in items:
                 if callable(item):
                     files |= source_files(item, depth - 1)

@@ -62,6 +62,7 @@ from hybridflow.trainer.lifecycle import (
 from hybridflow.trainer.live_status import LiveStatus
 from hybridflow.trainer.metrics import BatchSummary, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
+from hybridflow.trainer.preflight import check_lengths_fit
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
 from hybridflow.trainer.run_dir import discard_unused_run_dir
@@ -147,6 +148,8 @@ class RLTrainer:
 
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
+        data = train_prompts(cfg, ctx.tokenizer)  # before any worker starts: lengths are checked now
+        check_lengths_fit(cfg, max(map(len, data.input_ids)), "the longest training prompt")
         sft_actor = None
         if cfg.sft.steps > 0 and self.resumed_from is None:  # a resumed run warm-started before its checkpoint
             self.sft_result = run_sft(ctx, keep_actor=True)
@@ -160,7 +163,6 @@ class RLTrainer:
         self.roles = Roles(actor=g["actor"], critic=g.get("critic"), reward=ctx.reward,
                            reward_model=g.get("reward_model"), cost_critic=g.get("cost_critic"),
                            cost_model=g.get("cost_model"), cost_fn=ctx.cost)
-        data = train_prompts(cfg, ctx.tokenizer)
         self.loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
                                       collate_fn=data.collate)
         self.batches = endless(self.loader)

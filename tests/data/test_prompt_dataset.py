@@ -113,7 +113,7 @@ def test_overlong_prompts_are_truncated_and_counted(char_tokenizer, side):
 
 def test_overlong_prompt_error_names_the_row(char_tokenizer):
     cfg = PromptDataConfig(max_prompt_length=4, apply_chat_template=False, filter_overlong_prompts=False)
-    with pytest.raises(ValueError, match="row 1: prompt has 6 tokens > max_prompt_length=4"):
+    with pytest.raises(ValueError, match="row 1: prompt has 6 tokens > data.prompt.max_prompt_length=4"):
         RLPromptDataset(None, char_tokenizer, cfg, rows=_lengths_rows([2, 6]))
 
 
