@@ -43,7 +43,7 @@ from hybridflow.trainer.checkpointing import (
 )
 from hybridflow.trainer.evaluate import evaluate, sampling_meta
 from hybridflow.trainer.lifecycle import policy_start_path
-from hybridflow.trainer.preflight import check_scorers
+from hybridflow.trainer.preflight import check_model_dir, check_reward_file, check_scorers
 from hybridflow.trainer.setup import (
     actor_config,
     build_groups,
@@ -93,13 +93,13 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
     path = Path(path)
     if (path / "config.json").is_file():  # a Hugging Face model directory
         cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", *overrides])
-        return ModelSource(path, _resolved(cfg), str(path), None, None)
+        return _checked(ModelSource(path, _resolved(cfg), str(path), None, None))
     final_model = path / FINAL_MODEL_DIR
     if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
             path / CHECKPOINTS_DIR):
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
         cfg = load_run_config(path / "config.yaml", list(overrides))
-        return ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path)
+        return _checked(ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path))
     try:
         checkpoint = find_checkpoint(path)
     except CheckpointNotFoundError as err:
@@ -107,8 +107,20 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
-    return ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
-                       checkpoint_step(checkpoint))
+    return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
+                                checkpoint_step(checkpoint)))
+
+
+def _checked(source: ModelSource) -> ModelSource:
+    """`source` once train's pre-flight checks of what it reads pass (trainer/preflight.py):
+    the model directory (a truncated safetensors file is one line naming it, not a
+    deserializer error from a worker) and the reward file, before Ray starts."""
+    if Path(source.model_path).is_dir():  # a built-in model is written into the run dir on first use
+        check_model_dir(source.model_path, "model.path", tokenizer=True)
+    reward = source.cfg.reward
+    if reward.custom_fn_path is not None:
+        check_reward_file(reward.custom_fn_path, reward.custom_fn_name, "reward.custom_fn_path")
+    return source
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:

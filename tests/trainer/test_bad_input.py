@@ -132,6 +132,11 @@ def test_model_directory_problems(good, tmp_path, capsys, how, message):
     out = tmp_path / "runs"
     err = refused(argv(out, model, good["data"]), out, capsys)
     assert "model.path" in err and message in err
+    if how != "missing":  # eval and export of the same directory: the same check, before anything starts
+        for command in (["eval", str(model), "--data", str(good["data"])],
+                        ["export", str(model), "--out", str(tmp_path / "exported")]):
+            err = refused(command, out, capsys)
+            assert "model.path" in err and message in err and str(model) in err
 
 
 @pytest.mark.parametrize("name, content, message", [
