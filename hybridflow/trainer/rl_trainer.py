@@ -62,6 +62,7 @@ from hybridflow.trainer.lifecycle import (
 from hybridflow.trainer.live_status import LiveStatus
 from hybridflow.trainer.metrics import BatchSummary, flop_model, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
+from hybridflow.trainer.stop_signal import STOP, RunTerminated, stopped_line
 from hybridflow.trainer.preflight import check_lengths_fit
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
@@ -119,6 +120,7 @@ class RLTrainer:
             point = resume if isinstance(resume, ResumePoint) else resume_point(resume, config)
             self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
         self.ctx = RunContext.open(config, resume_from=self.resumed_from)
+        STOP.install()  # after Ray's own SIGTERM handler (RunContext.open started Ray), which aborts
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
         self.run_dir = self.ctx.run_dir
         self.status = LiveStatus(self.run_dir)
@@ -209,10 +211,11 @@ class RLTrainer:
         before = self._accuracy_before()
         end = self.global_step + steps
         try:
-            metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
-                                cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
+            with STOP.deferred():  # a SIGTERM lets the step in progress finish (stop_signal.py)
+                metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
+                                    cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
         except BaseException as err:
-            self.status.update(state="failed")
+            self.status.update(state="stopped" if STOP.received else "failed")
             if isinstance(err, WorkerError):  # what the worker failure's "--resume RUN_DIR" refers to
                 err.add_note(f"hybridflow: the run directory: {self.run_dir}")
             raise
@@ -255,6 +258,9 @@ class RLTrainer:
                 self.save_checkpoint()
             self.status.update(steps_done=self.status.data["steps_done"] + 1)
             ctx.display.step(done, steps, metrics)
+            if STOP.received:
+                ctx.display.stop()
+                raise RunTerminated(stopped_line(self.global_step, self._checkpoint_on_signal(), self.run_dir))
         ctx.display.stop()
         return metrics
 
@@ -311,6 +317,15 @@ class RLTrainer:
         metrics.update(throughput_metrics(sum(summary.seq_lens), metrics["timing_s/step"], flops,
                                           self.flop_model.peak_flops))
         return metrics
+
+    def _checkpoint_on_signal(self) -> Path | None:
+        """The checkpoint a run stopped by SIGTERM leaves: this step's (written now with
+        trainer.save_on_signal, unless save_freq just wrote it), else the newest there is."""
+        cfg = self.config.trainer
+        if cfg.save_on_signal and not self._due(cfg.save_freq):
+            return self.save_checkpoint()
+        found = complete_checkpoints(self.run_dir / CHECKPOINTS_DIR)
+        return found[-1] if found else None
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.global_step % freq == 0
