@@ -14,35 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import alive, descendants
 from trainer_helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _descendants(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines():
-        child, parent = map(int, line.split())
-        children.setdefault(parent, []).append(child)
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _running(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.add(pid)
-        except OSError:
-            pass
-    return alive
 
 
 def _logged_steps(run_dir: Path) -> list[int]:
@@ -65,7 +40,7 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_143(tmp_path):
         while not _logged_steps(run_dir):  # the run is stepping (the pytest timeout guards a hang)
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
-        processes = _descendants(proc.pid)  # Ray, its workers, the reward workers
+        processes = descendants(proc.pid)  # Ray, its workers, the reward workers
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
     finally:
@@ -78,5 +53,5 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_143(tmp_path):
     assert (run_dir / "checkpoints" / f"global_step_{step}" / "trainer_state.json").is_file()
     assert _logged_steps(run_dir) == list(range(1, step + 1))  # the step was finished, not cut
     assert "Traceback" not in err and "*** SIGTERM received" not in err
-    while _running(processes):  # the workers were shut down (only a hang keeps us here)
+    while alive(processes):  # the workers were shut down (only a hang keeps us here)
         time.sleep(0.2)
