@@ -54,6 +54,10 @@ def save_env_state(directory: Path, runner_states: list[dict[str, Any]], pending
 
 def load_env_state(directory: Path) -> tuple[list[dict[str, Any]], list[DataProto], str | None]:
     """(runner states, pending batches, a note when environments were not restored or None)."""
+    if (directory / "runners.pkl").is_file() and not (directory / f"{RUNNERS_STEM}.json").is_file():
+        raise ValueError(f"{directory} was written by an older hybridflow that pickled the env runners' state "
+                         "(runners.pkl); it is not unpickled (code inside could run). Start a new run, or resume it "
+                         "with the hybridflow version that wrote it")
     states = load_plain_state(directory / RUNNERS_STEM)
     refused = []
     for rank, state in enumerate(states):

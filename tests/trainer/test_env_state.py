@@ -76,3 +76,11 @@ def test_only_the_signed_environments_are_a_plain_pickle_file(tmp_path, user_key
     saved(tmp_path / "ck")
     pickles = [p.name for p in (tmp_path / "ck").rglob("*") if p.is_file() and p.read_bytes()[:1] == b"\x80"]
     assert pickles == ["envs_rank0.pkl"]
+
+
+def test_an_old_pickled_checkpoint_is_refused_not_unpickled(tmp_path):
+    marker = tmp_path / "payload-ran"
+    (tmp_path / "runners.pkl").write_bytes(pickle.dumps([Payload(marker)]))
+    with pytest.raises(ValueError, match="older hybridflow.*runners.pkl.*not unpickled"):
+        load_env_state(tmp_path)
+    assert not marker.exists()
