@@ -28,7 +28,9 @@ from hybridflow.rewards.config import RewardConfig
 
 AUTO_MEMORY_SHARE = 0.25  # of the machine's memory, for all reward workers together
 AUTO_MEMORY_MIN_MB, AUTO_MEMORY_MAX_MB = 1024, 8192
-SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/etc/localtime", "/dev/null", "/dev/urandom")
+# Machine facts libraries read at import (torch: cpuinfo; BLAS: the CPU topology); nothing private.
+SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/etc/localtime", "/dev/null", "/dev/urandom", "/proc/cpuinfo",
+                   "/sys/devices/system/cpu")
 
 
 def machine_memory_mb() -> int:
