@@ -184,12 +184,14 @@ class RewardManager:
         return out
 
     def _count_failures(self, errors: list[tuple[int, str]], samples: int) -> None:
-        """Raise RewardFailureError at once when every sample failed, or after max_failed_steps
-        calls in a row with too many failures."""
+        """Raise RewardFailureError at once when every sample failed and the function has never
+        succeeded in this run (it is broken, not flaky), or after max_failed_steps calls in a
+        row with too many failures. (A function that worked before and fails on one call, e.g.
+        one group of an asynchronous run, gets the in-a-row rule.)"""
         config = self.config
         failing = samples > 0 and len(errors) > config.max_failed_share * samples
         self._failing_calls = self._failing_calls + 1 if failing else 0
-        if config.max_failed_steps and samples > 0 and len(errors) == samples:
+        if config.max_failed_steps and samples > 0 and len(errors) == samples and not self._succeeded:
             given_up = sum(NOT_SCORED in message for _, message in errors)
             first, message = next((e for e in errors if NOT_SCORED not in e[1]), errors[0])
             raise RewardFailureError(
