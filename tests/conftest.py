@@ -6,6 +6,23 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_signing_key(tmp_path_factory):
+    """Environment-run checkpoints sign their pickled environments with a per-user key
+    (trainer/env/state.py); tests use their own instead of the user's ~/.config one."""
+    import os
+
+    from hybridflow.trainer.env.state import KEY_ENV
+
+    previous = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = str(tmp_path_factory.mktemp("signing") / "state.key")
+    yield
+    if previous is None:
+        os.environ.pop(KEY_ENV, None)
+    else:
+        os.environ[KEY_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict:
     """One tiny saved model per supported family: {family: Path}."""

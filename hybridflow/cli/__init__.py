@@ -77,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug:
         return handler(args)
     try:
-        return handler(args)
+        try:
+            return handler(args)
+        except Exception as err:  # after a SIGTERM, whatever ended the command is the stop
+            stopped = stopped_by_signal(err)
+            if stopped is None:
+                raise
+            print(f"hybridflow {args.command}: {stopped}", file=sys.stderr)
+            return 143  # 128 + SIGTERM, as if the signal had ended the process
     except UserInputError as err:
         print(f"hybridflow {args.command}: {err}", file=sys.stderr)
         return 2
@@ -88,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         text = worker_failure(err) or f"error: {one_line(err)}"
         print(f"hybridflow {args.command}: {text}\n(run again with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def stopped_by_signal(err: BaseException) -> str | None:
+    """The line to print when the command ended because of a SIGTERM (trainer/stop_signal.py),
+    None otherwise: the trainer's own report, or that the step in progress was abandoned."""
+    stop = sys.modules.get("hybridflow.trainer.stop_signal")  # loaded wherever a run handles SIGTERM
+    if stop is None or not stop.STOP.received:
+        return None
+    if isinstance(err, stop.RunTerminated):
+        return str(err)
+    return f"stopped by SIGTERM (the step in progress was abandoned: {one_line(err)})"
 
 
 def worker_failure(err: BaseException) -> str | None:

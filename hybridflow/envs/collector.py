@@ -147,7 +147,9 @@ class Collector:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the weights (the learner's): the environments (pickled when they
-        allow it, else None), the current observations, the RNG, reward-scaling statistics."""
+        allow it, else None), the current observations, the RNG, reward-scaling statistics.
+        All but the environments are arrays and plain data (trainer/env/state.py stores them
+        without pickle and signs the environments)."""
         try:
             import cloudpickle
 
@@ -155,7 +157,7 @@ class Collector:
         except Exception:  # noqa: BLE001 - e.g. MuJoCo handles: resume then restarts the episodes
             envs = None
         return {"envs": envs, "obs": self.obs.copy(), "generator": self.generator.get_state(),
-                "scaler": pickle.dumps(self.scaler),
+                "scaler": None if self.scaler is None else self.scaler.state_dict(),
                 "episodes": (self.venv.episode_return.copy(), self.venv.episode_length.copy()),
                 "version": self.version}
 
@@ -163,7 +165,8 @@ class Collector:
         """Restore `state_dict`; False when the environments could not be saved and were
         reset instead (their episodes in progress start over)."""
         self.generator.set_state(state["generator"])
-        self.scaler = pickle.loads(state["scaler"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.version = int(state["version"])
         if state["envs"] is None:
             self.obs = self.venv.reset()

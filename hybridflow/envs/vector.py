@@ -19,6 +19,7 @@ the running standard deviation of the discounted return, as in Engstrom et al. 2
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -128,6 +129,15 @@ class RewardScaler:
         self.gamma, self.clip, self.eps = gamma, clip, eps
         self.returns = np.zeros(num_envs)
         self.stats = RunningMeanStd()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Arrays and numbers only (checkpoints store them without pickle)."""
+        return {"returns": self.returns.copy(), "mean": self.stats.mean, "var": self.stats.var,
+                "count": self.stats.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.returns = np.array(state["returns"])
+        self.stats.mean, self.stats.var, self.stats.count = state["mean"], state["var"], state["count"]
 
     def __call__(self, rewards: np.ndarray, dones: np.ndarray) -> np.ndarray:
         self.returns = self.returns * self.gamma + rewards

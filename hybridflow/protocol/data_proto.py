@@ -311,7 +311,7 @@ class DataProto:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DataProto:
-        """Read a file written by :meth:`save`. It is a pickle: only load files you trust."""
+        """Read a file written by :meth:`save` (arrays and plain data only: a planted payload is refused)."""
         proto = cls.__new__(cls)
         proto.__setstate__(serialization.load_state(path))
         return proto

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.restricted_pickle import NUMPY_GLOBALS, restricted_loads
+
 STATE_VERSION = 1
 _FILE_MAGIC = b"HFDATAPROTO1\n"
 
@@ -132,7 +134,9 @@ def save_state(state: dict[str, Any], path: str | os.PathLike) -> None:
 
 
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a file written by :func:`save_state`. Only load files you trust (pickle)."""
+    """Read a file written by :func:`save_state`. The header is unpickled admitting numpy's
+    array reconstruction only (hybridflow/restricted_pickle.py): tensors travel as numpy
+    arrays, the rest is plain data, so a planted payload is refused, not run."""
     with open(path, "rb") as f:
         magic = f.read(len(_FILE_MAGIC))
         if magic != _FILE_MAGIC:
@@ -143,7 +147,7 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
         header = _read_block(f, path)
         count = int.from_bytes(_read_exact(f, 8, path), "little")
         buffers = [_read_block(f, path) for _ in range(count)]
-    return pickle.loads(header, buffers=buffers)
+    return restricted_loads(header, NUMPY_GLOBALS, what=os.fspath(path), buffers=buffers)
 
 
 def _write_block(f, data: bytes | memoryview) -> None:

@@ -5,6 +5,7 @@ the run config is validated before torch is imported; manager.py re-exports it.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from hybridflow.errors import ConfigError
 
@@ -21,7 +22,19 @@ class RewardConfig:
     mp_context: "forkserver" (fast worker start) or "spawn".
     memory_limit_mb: address-space limit of each worker process (RLIMIT_AS); a sample that
         allocates past it fails with MemoryError instead of exhausting the machine.
-        null: no limit. Not applied in-process (num_workers 0).
+        "auto": a quarter of the machine's memory shared by the workers, between 1 and 8
+        GiB each (rewards/limits.py); null: no limit. Not applied in-process (num_workers 0),
+        nor are the three below.
+    cpu_time_s: CPU seconds a sample may use (RLIMIT_CPU, moved before each sample); "auto":
+        timeout_s rounded up; null: no limit.
+    file_size_limit_mb: the largest file a worker may write (RLIMIT_FSIZE); null: no limit.
+    sandbox: confine the workers (rewards/_worker.py): read-only access to the Python
+        installation, the hybridflow package, the reward function's own directory and
+        `readable_paths`; no writing, no network, no programs. false: unconfined, for a
+        reward that must call a service (a reward-model server, a sandbox API) or write
+        files; the time, CPU, memory and file-size limits stay.
+    readable_paths: more files or directories the confined workers may read (a data set
+        the reward function looks answers up in).
     max_failed_share / max_failed_steps: the run stops with an error naming the first
         failure after `max_failed_steps` scoring calls in a row (training steps or held-out
         evaluations) in which more than `max_failed_share` of the samples failed (raised,
@@ -34,7 +47,11 @@ class RewardConfig:
     kill_grace_s: float = 2.0
     error_score: float = 0.0
     mp_context: str = "forkserver"
-    memory_limit_mb: int | None = 8192
+    memory_limit_mb: int | Literal["auto"] | None = "auto"
+    cpu_time_s: int | Literal["auto"] | None = "auto"
+    file_size_limit_mb: int | None = 64
+    sandbox: bool = True
+    readable_paths: list[str] = dataclasses.field(default_factory=list)
     max_failed_share: float = 0.5
     max_failed_steps: int = 3
 
@@ -47,9 +64,13 @@ class RewardConfig:
             raise ConfigError(f"must be >= 0, got {self.kill_grace_s}", "kill_grace_s")
         if self.mp_context not in ("forkserver", "spawn"):
             raise ConfigError(f"must be 'forkserver' or 'spawn', got {self.mp_context!r}", "mp_context")
-        if self.memory_limit_mb is not None and self.memory_limit_mb < 64:
-            raise ValueError(f"memory_limit_mb must be >= 64 (a Python process needs that much) or null, "
+        if self.memory_limit_mb not in (None, "auto") and self.memory_limit_mb < 64:
+            raise ConfigError(f"must be >= 64 (a Python process needs that much), auto or null, "
                              f"got {self.memory_limit_mb}")
+        if self.cpu_time_s not in (None, "auto") and self.cpu_time_s < 1:
+            raise ConfigError(f"must be >= 1 (whole CPU seconds), auto or null, got {self.cpu_time_s}", "cpu_time_s")
+        if self.file_size_limit_mb is not None and self.file_size_limit_mb < 0:
+            raise ConfigError(f"must be >= 0 or null, got {self.file_size_limit_mb}", "file_size_limit_mb")
         if not 0.0 <= self.max_failed_share < 1.0:
             raise ConfigError(f"must be in [0, 1), got {self.max_failed_share}", "max_failed_share")
         if self.max_failed_steps < 0:

@@ -28,11 +28,15 @@ from hybridflow.errors import UserInputError
 from hybridflow.protocol import DataProto
 from hybridflow.rewards._worker import call_with_timeout
 from hybridflow.rewards.config import RewardConfig
-from hybridflow.rewards.pool import ScoringPool
+from hybridflow.rewards.limits import worker_limits
+from hybridflow.rewards.pool import NOT_SCORED, ScoringPool
 from hybridflow.rewards.registry import DispatchScore
 from hybridflow.rewards.templates import TemplateSpec, score_turns
 
 logger = logging.getLogger(__name__)
+
+
+GIVE_UP_AFTER = 4  # failed samples (none succeeded) that end a call before the function ever succeeded
 
 
 class RewardFailureError(UserInputError):
@@ -123,9 +127,10 @@ class RewardManager:
                 self.config.timeout_s,
                 self.config.kill_grace_s,
                 self.config.mp_context,
-                memory_limit_mb=self.config.memory_limit_mb,
+                limits=worker_limits(self.config, self.compute_score),
             )
         self._failing_calls = 0  # scoring calls in a row with more than max_failed_share failures
+        self._succeeded = False  # whether the function has scored any sample yet
 
     def close(self) -> None:
         """Stop the worker processes."""
@@ -179,10 +184,20 @@ class RewardManager:
         return out
 
     def _count_failures(self, errors: list[tuple[int, str]], samples: int) -> None:
-        """Raise RewardFailureError after max_failed_steps calls in a row with too many failures."""
+        """Raise RewardFailureError at once when every sample failed and the function has never
+        succeeded in this run (it is broken, not flaky), or after max_failed_steps calls in a
+        row with too many failures. (A function that worked before and fails on one call, e.g.
+        one group of an asynchronous run, gets the in-a-row rule.)"""
         config = self.config
         failing = samples > 0 and len(errors) > config.max_failed_share * samples
         self._failing_calls = self._failing_calls + 1 if failing else 0
+        if config.max_failed_steps and samples > 0 and len(errors) == samples and not self._succeeded:
+            given_up = sum(NOT_SCORED in message for _, message in errors)
+            first, message = next((e for e in errors if NOT_SCORED not in e[1]), errors[0])
+            raise RewardFailureError(
+                f"the reward function failed on every sample of this step ({samples - given_up} scored"
+                f"{f', {given_up} given up after those' if given_up else ''}; first: sample {first}, {message}). "
+                "Fix the reward function (reward.custom_fn_path); reward.manager.max_failed_steps=0 never stops")
         if config.max_failed_steps and self._failing_calls >= config.max_failed_steps:
             raise RewardFailureError(
                 f"the reward function failed on {len(errors)} of {samples} samples, and on more than "
@@ -204,9 +219,23 @@ class RewardManager:
         return responses, mask
 
     def _run(self, tasks: list[dict[str, Any]]) -> tuple[list[tuple[str, Any]], int]:
+        # Until the function has succeeded once, GIVE_UP_AFTER samples (or a round of all
+        # workers, if more) that all fail end the call, and the failure limit then stops
+        # the run: a broken function costs seconds, not a batch of per-sample time limits.
+        give_up = (max(self.config.num_workers, GIVE_UP_AFTER) if self.config.max_failed_steps and not self._succeeded
+                   else None)
         if self._pool is not None:
-            return self._pool.run(tasks)
-        return [call_with_timeout(self.compute_score, task, self.config.timeout_s) for task in tasks], 0
+            outcomes, restarts = self._pool.run(tasks, give_up_after=give_up)
+        else:
+            outcomes, restarts = [], 0
+            for task in tasks:
+                outcomes.append(call_with_timeout(self.compute_score, task, self.config.timeout_s))
+                if give_up is not None and len(outcomes) >= give_up and not any(s == "ok" for s, _ in outcomes):
+                    outcomes += [("error", f"{NOT_SCORED}: the first {give_up} samples failed")] * (
+                        len(tasks) - len(outcomes))
+                    break
+        self._succeeded = self._succeeded or any(status == "ok" for status, _ in outcomes)
+        return outcomes, restarts
 
     def _assemble(self, outcomes, last: torch.Tensor, shape: torch.Size, restarts: int) -> RewardOutput:
         scores = torch.full((shape[0],), float(self.config.error_score), dtype=torch.float32)

@@ -13,17 +13,23 @@ created once and reused across batches. Per sample:
   while alone gets ("error", ...); the others are scored normally;
 - after MAX_RESTARTS_PER_RUN pool replacements in one batch, the samples not yet scored
   get ("error", ...): a function that hangs or crashes on every sample costs a bounded
-  time per step, and the manager's failure limit then stops the run.
+  time per step, and the manager's failure limit then stops the run;
+- with `give_up_after=N`, once N samples have ended, every one failed and none succeeded,
+  the workers are stopped and the samples not yet scored get ("error", NOT_SCORED ...):
+  a function that fails on every sample costs one round of samples, not a whole batch
+  (the manager asks for it until the function has succeeded once).
 
-Each worker runs under an address-space limit (RLIMIT_AS, `memory_limit_mb`) and exits
-within a second of its parent (the forkserver, which exits with the controller), so a
-killed controller leaves no scoring process behind.
+Each worker runs under the limits of a `WorkerLimits` (address space, CPU seconds per
+sample, file size; confined to read-only files and no network by default: _worker.py;
+limits.py builds them from `reward.manager.*`) and exits within a second of its parent
+(the forkserver, which exits with the controller), so a killed controller leaves no
+scoring process behind.
 
 The parent learns which process runs which sample from a start message each worker
-sends (task id, pid) before it calls the function. Samples travel in chunks (a few per
-worker and round: one inter-process round trip per chunk, not per sample, which was most
-of the scoring time of a cheap rule); a worker's latest announced sample is the one it is
-running, so timeouts stay per sample.
+sends (task id, pid) before it calls the function, and how each ended from an end
+message. Samples travel in chunks (a few per worker and round: one inter-process round
+trip per chunk, not per sample, which was most of the scoring time of a cheap rule); a
+worker's latest announced sample is the one it is running, so timeouts stay per sample.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from hybridflow.rewards._worker import init_worker, score_chunk
+from hybridflow.rewards._worker import WorkerLimits, init_worker, score_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +62,7 @@ class ScoringPool:
         timeout_s: float,
         kill_grace_s: float = 2.0,
         mp_context: str = "forkserver",
-        memory_limit_mb: int | None = None,
+        limits: WorkerLimits = WorkerLimits(),
     ) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 for a pool, got {num_workers} (use in-process mode for 0)")
@@ -72,12 +78,13 @@ class ScoringPool:
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.kill_grace_s = kill_grace_s
-        self.memory_limit_mb = memory_limit_mb
+        self.limits = limits
         self._ctx = multiprocessing.get_context(mp_context)
         self._executor: ProcessPoolExecutor | None = None
         self._starts: Any = None
         self._pids: set[int] = set()
         self.restarts = 0  # pools replaced after a kill or a crash, over the pool's life
+        self._tally = Tally(None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,7 +96,7 @@ class ScoringPool:
                 max_workers=self.num_workers,
                 mp_context=self._ctx,
                 initializer=init_worker,
-                initargs=(self.fn, self._starts, self.memory_limit_mb, os.getpid()),
+                initargs=(self.fn, self._starts, self.limits, os.getpid()),
             )
         return self._executor
 
@@ -117,8 +124,10 @@ class ScoringPool:
 
     # ------------------------------------------------------------------ scoring
 
-    def run(self, tasks: Sequence[dict[str, Any]]) -> tuple[list[Outcome], int]:
-        """Outcomes of fn(**task) in task order, and how many pools had to be replaced."""
+    def run(self, tasks: Sequence[dict[str, Any]], give_up_after: int | None = None) -> tuple[list[Outcome], int]:
+        """Outcomes of fn(**task) in task order, and how many pools had to be replaced.
+        give_up_after: see the module docstring (None: score every sample)."""
+        self._tally = Tally(give_up_after)
         try:
             return self._run_all(tasks)
         except BaseException:
@@ -146,7 +155,14 @@ class ScoringPool:
             # innocent samples that happened to share the pool with it are not blamed.
             batch = [min(suspects & pending)] if suspects & pending else sorted(pending)
             before = (len(pending), len(suspects))
-            if self._run_round(tasks, batch, pending, results, suspects):
+            broke = self._run_round(tasks, batch, pending, results, suspects)
+            if self._tally.hopeless() and pending:
+                self._discard_executor(kill=True)  # the samples still running are abandoned
+                for i in pending:  # those that ended keep their own failure
+                    results[i] = self._tally.failures.get(i) or (
+                        "error", f"{NOT_SCORED}: the first {len(self._tally.failures)} samples to end all failed")
+                break
+            if broke:
                 self._discard_executor(kill=True)
                 self.restarts += 1
                 restarts_here += 1
@@ -186,6 +202,8 @@ class ScoringPool:
                 return True
             if self._kill_hung(started, pending, results):
                 return True
+            if self._tally.hopeless():
+                return False
         return False
 
     def _collect(self, done, futures: dict[Future, list[int]], pending: set[int], results: list) -> bool:
@@ -207,9 +225,12 @@ class ScoringPool:
     def _drain_starts(self, started: dict[int, tuple[int, float]]) -> None:
         now = time.monotonic()
         while not self._starts.empty():
-            task_id, pid = self._starts.get()
+            task_id, pid, outcome = self._starts.get()
             self._pids.add(pid)
-            started[task_id] = (pid, now)
+            if outcome is None:
+                started[task_id] = (pid, now)
+            else:
+                self._tally.add(task_id, outcome)
 
     def _kill_hung(self, started: dict[int, tuple[int, float]], pending: set[int], results: list) -> bool:
         limit = self.timeout_s + self.kill_grace_s
@@ -224,20 +245,41 @@ class ScoringPool:
             _kill(pid)
             results[i] = ("timeout", f"reward function ran longer than {limit:.1f} s; its worker process was killed")
             pending.discard(i)
+            self._tally.add(i, results[i])
         return bool(hung)
 
-    @staticmethod
-    def _blame(batch: list[int], started, pending: set[int], results: list, suspects: set[int]) -> None:
+    def _blame(self, batch: list[int], started, pending: set[int], results: list, suspects: set[int]) -> None:
         # A worker died on its own (segfault, os._exit). Alone in the pool, the sample is
         # the cause; otherwise every sample that was running becomes a suspect.
         running = [i for i in started if i in pending]
         if len(batch) == 1 and batch[0] in pending:
             results[batch[0]] = ("error", "the reward worker process died while scoring this sample")
             pending.discard(batch[0])
+            self._tally.add(batch[0], results[batch[0]])
             return
         suspects.update(running)
 
 
+class Tally:
+    """How the samples of one `run` ended so far (the failures by sample), and whether to
+    give the rest up."""
+
+    def __init__(self, give_up_after: int | None) -> None:
+        self.give_up_after = give_up_after
+        self.succeeded = 0
+        self.failures: dict[int, Outcome] = {}
+
+    def add(self, task_id: int, outcome: Outcome) -> None:
+        if outcome[0] == "ok":
+            self.succeeded += 1
+        else:
+            self.failures[task_id] = outcome
+
+    def hopeless(self) -> bool:
+        return self.give_up_after is not None and self.succeeded == 0 and len(self.failures) >= self.give_up_after
+
+
+NOT_SCORED = "not scored"  # the start of the error of a sample given up by `give_up_after`
 MAX_RESTARTS_PER_RUN = 8  # pool replacements in one `run` before the remaining samples are given up
 CHUNKS_PER_WORKER = 4  # several per worker, so one slow sample does not hold up a whole share
 

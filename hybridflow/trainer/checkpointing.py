@@ -45,6 +45,7 @@ import yaml
 from hybridflow.config import config_to_dict, save_config
 from hybridflow.config.schema import RunConfig
 from hybridflow.errors import UserInputError
+from hybridflow.engines.train.dcp_reader import check_dcp_metadata
 from hybridflow.engines.train.checkpoint import (
     TMP_PREFIX,
     begin_atomic_dir,
@@ -144,7 +145,7 @@ def find_checkpoint(path: str | Path) -> Path:
             raise CheckpointDamagedError(
                 f"checkpoint {str(path)!r} is damaged: {', '.join(damaged[:3])}. Pass its run directory to "
                 "use the newest intact checkpoint instead")
-        return path
+        return _data_only(path)
     root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
     found = complete_checkpoints(root)
     if not found:
@@ -154,10 +155,18 @@ def find_checkpoint(path: str | Path) -> Path:
     for checkpoint in reversed(found):
         damaged = damaged_files(checkpoint)
         if not damaged:
-            return checkpoint
+            return _data_only(checkpoint)
         logger.warning("checkpoint %s is damaged (%s); using the one before it", checkpoint, ", ".join(damaged[:3]))
     raise CheckpointDamagedError(f"every checkpoint under {str(root)!r} is damaged (files missing or cut short); "
                                  "start a new run, or from an exported model (model.path)")
+
+
+def _data_only(checkpoint: Path) -> Path:
+    """`checkpoint`, once every DCP `.metadata` in it has been read with DCP's own classes
+    only: a planted payload is refused here, on the controller, before any worker starts
+    (the workers load the same way: engines/train/dcp_reader.py)."""
+    check_dcp_metadata(checkpoint)
+    return checkpoint
 
 
 def role_checkpoint_path(checkpoint_dir: str | Path, role: str) -> Path:

@@ -106,7 +106,8 @@ RESUMABLE_CHANGES = (
     "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
     "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
     "reward.manager.mp_context", "reward.manager.memory_limit_mb", "reward.manager.max_failed_share",
-    "reward.manager.max_failed_steps",
+    "reward.manager.max_failed_steps", "reward.manager.cpu_time_s", "reward.manager.file_size_limit_mb",
+    "reward.manager.sandbox", "reward.manager.readable_paths",
 )
 
 

@@ -48,7 +48,7 @@ from hybridflow.trainer.checkpointing import (
 )
 from hybridflow.trainer.evaluate import evaluate_responses, sampling_meta
 from hybridflow.trainer.lifecycle import policy_start_path
-from hybridflow.trainer.preflight import check_scorers
+from hybridflow.trainer.preflight import check_model_dir, check_reward_file, check_scorers
 from hybridflow.trainer.setup import (
     actor_config,
     build_groups,
@@ -106,14 +106,15 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
         cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", "rollout.n=2", *overrides], demo=False)
         saved = path / MODEL_PRESETS_FILE
         origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
-        return ModelSource(path, _resolved(cfg), str(path), None, None, settings_from=origin + with_flags)
+        return _checked(ModelSource(path, _resolved(cfg), str(path), None, None,
+                                    settings_from=origin + with_flags))
     final_model = path / FINAL_MODEL_DIR
     if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
             path / CHECKPOINTS_DIR):
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
         cfg = load_run_config(path / "config.yaml", list(overrides))
-        return ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path,
-                           settings_from=f"{path / 'config.yaml'}{with_flags}")
+        return _checked(ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path,
+                                    settings_from=f"{path / 'config.yaml'}{with_flags}"))
     try:
         checkpoint = find_checkpoint(path)
     except CheckpointNotFoundError as err:
@@ -121,8 +122,8 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
-    return ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
-                       checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}")
+    return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
+                                checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}"))
 
 
 def eval_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -151,6 +152,18 @@ def settings_lines(source: ModelSource) -> list[str]:
             f"  responses up to {s['rollout.response_length']} tokens (rollout.response_length), dtype {dtype} "
             f"(rollout.dtype), backend {s['rollout.name']}{agent}",
             f"  {sampling}, {s['trainer.validation.n']} response(s) per prompt (trainer.validation.*)"]
+
+
+def _checked(source: ModelSource) -> ModelSource:
+    """`source` once train's pre-flight checks of what it reads pass (trainer/preflight.py):
+    the model directory (a truncated safetensors file is one line naming it, not a
+    deserializer error from a worker) and the reward file, before Ray starts."""
+    if Path(source.model_path).is_dir():  # a built-in model is written into the run dir on first use
+        check_model_dir(source.model_path, "model.path", tokenizer=True)
+    reward = source.cfg.reward
+    if reward.custom_fn_path is not None:
+        check_reward_file(reward.custom_fn_path, reward.custom_fn_name, "reward.custom_fn_path")
+    return source
 
 
 def _resolved(cfg: RunConfig) -> RunConfig:

@@ -52,6 +52,7 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
         check_gpu_count(cfg, torch.cuda.device_count())
     if cfg.model.path is not None:
         check_model_dir(cfg.model.path, "model.path", tokenizer=True)
+    check_lengths_fit(cfg, 1, "the shortest possible prompt")  # the data's own lengths: once tokenized
     if cfg.critic.model_path is not None and cfg.use_critic:
         check_model_dir(cfg.critic.model_path, "critic.model_path", tokenizer=False)
     for key in ("reward_model", "cost_model"):
@@ -96,6 +97,38 @@ def check_gpu_count(cfg: RunConfig, visible: int) -> None:
     raise ConfigError(f"{train} ranks with resources.use_gpu=true need {train} GPUs, and this machine has "
                       f"{visible}; set resources.world_size to at most {visible}, or join a Ray cluster "
                       "(resources.ray_address)", "resources.world_size")
+
+
+# ----------------------------------------------------------------------------- lengths
+
+
+def model_positions(cfg: RunConfig) -> tuple[int, str] | None:
+    """How many positions (prompt + response) the policy's generation has, and the setting
+    or file that says so; None when the model directory does not say."""
+    if cfg.rollout.max_model_len is not None:
+        return cfg.rollout.max_model_len, "rollout.max_model_len"
+    if cfg.model.uses_builtin:
+        return cfg.model.builtin.max_position_embeddings, "model.builtin.max_position_embeddings"
+    if cfg.model.path is None:
+        return None
+    value = read_model_config(Path(cfg.model.path), "model.path").get("max_position_embeddings")
+    return (int(value), f"max_position_embeddings in {cfg.model.path}/config.json") if value else None
+
+
+def check_lengths_fit(cfg: RunConfig, longest_prompt: int, what: str) -> None:
+    """Raise ConfigError(rollout.response_length) when `longest_prompt` tokens plus the
+    response do not fit the model's positions (found here, not by the workers a minute later)."""
+    found = model_positions(cfg)
+    response = cfg.rollout.response_length
+    if found is None or longest_prompt + response <= found[0]:
+        return
+    positions, source = found
+    room = positions - longest_prompt
+    raise ConfigError(f"{what} ({longest_prompt} tokens) + rollout.response_length ({response}) = "
+                      f"{longest_prompt + response} positions, more than the model's {positions} ({source}); lower "
+                      f"rollout.response_length{f' to at most {room}' if room >= 1 else ''}, or "
+                      "data.prompt.max_prompt_length (longer prompts are filtered or truncated) to leave it room",
+                      "rollout.response_length")
 
 
 # ----------------------------------------------------------------------------- model directories

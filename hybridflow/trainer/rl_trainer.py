@@ -62,6 +62,8 @@ from hybridflow.trainer.lifecycle import (
 from hybridflow.trainer.live_status import LiveStatus
 from hybridflow.trainer.metrics import BatchSummary, flop_model, mfu_note, throughput_metrics
 from hybridflow.trainer.phases import Roles, Step
+from hybridflow.trainer.stop_signal import STOP, RunTerminated, stopped_line
+from hybridflow.trainer.preflight import check_lengths_fit
 from hybridflow.trainer.plots import plot_run
 from hybridflow.trainer.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
 from hybridflow.trainer.run_dir import discard_unused_run_dir
@@ -119,6 +121,7 @@ class LanguageModelTask:
             point = resume if isinstance(resume, ResumePoint) else resume_point(resume, config)
             self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
         self.ctx = RunContext.open(config, resume_from=self.resumed_from)
+        STOP.install()  # after Ray's own SIGTERM handler (RunContext.open started Ray), which aborts
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
         self.run_dir = self.ctx.run_dir
         self.status = LiveStatus(self.run_dir)
@@ -172,6 +175,8 @@ class LanguageModelTask:
 
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
+        data = train_prompts(cfg, ctx.tokenizer)  # before any worker starts: lengths are checked now
+        check_lengths_fit(cfg, max(map(len, data.input_ids)), "the longest training prompt")
         sft_actor = None
         if cfg.sft.steps > 0 and self.resumed_from is None:  # a resumed run warm-started before its checkpoint
             self.sft_result = run_sft(ctx, keep_actor=True)
@@ -185,7 +190,6 @@ class LanguageModelTask:
         self.roles = Roles(actor=g["actor"], critic=g.get("critic"), reward=ctx.reward,
                            reward_model=g.get("reward_model"), cost_critic=g.get("cost_critic"),
                            cost_model=g.get("cost_model"), cost_fn=ctx.cost)
-        data = train_prompts(cfg, ctx.tokenizer)
         self.loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
                                       collate_fn=data.collate)
         self.batches = endless(self.loader)
@@ -232,10 +236,11 @@ class LanguageModelTask:
         before = self._accuracy_before()
         end = self.global_step + steps
         try:
-            metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
-                                cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
+            with STOP.deferred():  # a SIGTERM lets the step in progress finish (stop_signal.py)
+                metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
+                                    cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
         except BaseException as err:
-            self.status.update(state="failed")
+            self.status.update(state="stopped" if STOP.received else "failed")
             if isinstance(err, WorkerError):  # what the worker failure's "--resume RUN_DIR" refers to
                 err.add_note(f"hybridflow: the run directory: {self.run_dir}")
             raise
@@ -281,6 +286,9 @@ class LanguageModelTask:
                 self.save_checkpoint()
             self.status.update(steps_done=self.status.data["steps_done"] + 1)
             ctx.display.step(done, steps, metrics)
+            if STOP.received:
+                ctx.display.stop()
+                raise RunTerminated(stopped_line(self.global_step, self._checkpoint_on_signal(), self.run_dir))
             if self.stopped is not None:
                 ctx.display.message(f"step {self.global_step}: {self.stopped}")
                 break
@@ -340,6 +348,15 @@ class LanguageModelTask:
         metrics.update(throughput_metrics(sum(summary.seq_lens), metrics["timing_s/step"], flops,
                                           self.flop_model.peak_flops))
         return metrics
+
+    def _checkpoint_on_signal(self) -> Path | None:
+        """The checkpoint a run stopped by SIGTERM leaves: this step's (written now with
+        trainer.save_on_signal, unless save_freq just wrote it), else the newest there is."""
+        cfg = self.config.trainer
+        if cfg.save_on_signal and not self._due(cfg.save_freq):
+            return self.save_checkpoint()
+        found = complete_checkpoints(self.run_dir / CHECKPOINTS_DIR)
+        return found[-1] if found else None
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.global_step % freq == 0

@@ -55,22 +55,23 @@ def create_run_dir(cfg: RunConfig) -> Path:
 
 # What a run directory holds before its first step; a start that fails with only these
 # there removes the directory (nothing of value is in it).
-_START_FILES = {"config.yaml", "model", "metrics.jsonl", "tensorboard"}
+_START_FILES = {"config.yaml", "model", "metrics.jsonl", "tensorboard", "status.json", "timeline.jsonl"}
+_EMPTY_AT_START = ("metrics.jsonl", "timeline.jsonl")  # a line in either: something ran
 
 
 def discard_unused_run_dir(path: Path) -> bool:
     """Remove a new run directory whose start failed, if it holds only what a start writes
-    (config, built-in model, an empty metrics.jsonl, TensorBoard files): a failed start leaves
-    no empty run directory behind. Anything more (a logged step, a checkpoint) keeps it.
-    Returns whether it was removed."""
+    (config, built-in model, an empty metrics.jsonl and timeline, the live status,
+    TensorBoard files): a failed start leaves no empty run directory behind. Anything more
+    (a logged step, a checkpoint) keeps it. Returns whether it was removed."""
     import shutil
 
     path = Path(path)
     if not path.is_dir():
         return False
     names = {entry.name for entry in path.iterdir()}
-    metrics = path / "metrics.jsonl"
-    if not names <= _START_FILES or (metrics.is_file() and metrics.stat().st_size > 0):
+    ran = any((path / n).is_file() and (path / n).stat().st_size > 0 for n in _EMPTY_AT_START)
+    if not names <= _START_FILES or ran:
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True

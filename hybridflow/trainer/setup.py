@@ -38,7 +38,7 @@ from hybridflow.trainer.checkpointing import reopen_run_dir
 from hybridflow.trainer.display import RunDisplay
 from hybridflow.trainer.lifecycle import base_model_path
 from hybridflow.trainer.loggers import RunLoggers, build_loggers
-from hybridflow.trainer.preflight import preflight
+from hybridflow.trainer.preflight import check_lengths_fit, preflight
 from hybridflow.trainer.run_dir import create_run_dir, discard_unused_run_dir
 from hybridflow.workers import (
     ActorRolloutRefConfig,
@@ -100,6 +100,9 @@ class RunContext:
             model_path = base_model_path(cfg, run_dir, write_builtin=True)
             tokenizer = load_tokenizer(model_path)
             val_batch = val_prompts(cfg, tokenizer)
+            if val_batch is not None:
+                longest = int(val_batch.batch["attention_mask"].sum(-1).max())
+                check_lengths_fit(cfg, longest, "the longest held-out prompt")
             reward = build_reward_manager(cfg, tokenizer)
         except BaseException:
             if resume_from is None:

@@ -17,6 +17,7 @@ import pytest
 from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
 from hybridflow.rewards.manager import RewardFailureError
 from hybridflow.rewards.pool import MAX_RESTARTS_PER_RUN
+from tests.processes import alive, descendants
 from test_reward_manager import make_batch, tokenizer  # noqa: F401 - the fixture
 
 REWARD_FILE = textwrap.dedent(
@@ -96,32 +97,6 @@ OWNER = textwrap.dedent(
 )
 
 
-def _descendants(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True, check=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines():
-        child, parent = map(int, line.split())
-        children.setdefault(parent, []).append(child)
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.add(pid)
-        except OSError:
-            pass
-    return alive
-
-
 @pytest.mark.timeout(300)
 def test_reward_workers_die_with_a_killed_controller(reward_fn, tmp_path):
     # The mechanism, not a time: each worker's watch thread reports that the controller is
@@ -134,7 +109,7 @@ def test_reward_workers_die_with_a_killed_controller(reward_fn, tmp_path):
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().strip() == "scored"
-        processes = _descendants(proc.pid)
+        processes = descendants(proc.pid)
         assert len(processes) >= 3  # the forkserver, 2 workers (and the resource tracker)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -147,7 +122,7 @@ def test_reward_workers_die_with_a_killed_controller(reward_fn, tmp_path):
             if len(exited) == 2:
                 break
         assert len(exited) == 2 and exited <= processes, (exited, processes)
-        while _alive(processes):  # they exit right after the line; only a hang could keep us here
+        while alive(processes):  # they exit right after the line; only a hang could keep us here
             time.sleep(0.1)
     finally:
         proc.kill()

@@ -6,7 +6,11 @@ or too small data files, and data sources no scorer knows."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +35,7 @@ def good(tmp_path_factory) -> dict[str, Path]:
 
 def argv(out: Path, model: Path, data: Path | str, *extra: str) -> list[str]:
     return ["train", f"trainer.output_dir={out}", f"model.path={model}", f"data.train_files=[{data}]",
-            "data.train_batch_size=4", "rollout.n=2", "sft.steps=0", *extra]
+            "data.train_batch_size=4", "rollout.n=2", "rollout.response_length=16", "sft.steps=0", *extra]
 
 
 def refused(args: list[str], out: Path, capsys) -> str:
@@ -128,6 +132,11 @@ def test_model_directory_problems(good, tmp_path, capsys, how, message):
     out = tmp_path / "runs"
     err = refused(argv(out, model, good["data"]), out, capsys)
     assert "model.path" in err and message in err
+    if how != "missing":  # eval and export of the same directory: the same check, before anything starts
+        for command in (["eval", str(model), "--data", str(good["data"])],
+                        ["export", str(model), "--out", str(tmp_path / "exported")]):
+            err = refused(command, out, capsys)
+            assert "model.path" in err and message in err and str(model) in err
 
 
 @pytest.mark.parametrize("name, content, message", [
@@ -209,3 +218,37 @@ def test_an_async_run_needing_more_gpus_than_the_machine_has_is_refused(mode):
         check_gpu_count(sync, visible=1)
     assert info.value.key == "resources.world_size"
     check_gpu_count(sync, visible=2)
+
+
+def test_a_response_longer_than_the_model_is_refused_before_anything_starts(good, tmp_path, capsys):
+    # The model has 512 positions; a response of 600 tokens alone does not fit.
+    out = tmp_path / "runs"
+    err = refused(argv(out, good["model"], good["data"], "rollout.response_length=600"), out, capsys)
+    assert "rollout.response_length (600)" in err and "more than the model's 512" in err
+    assert "max_position_embeddings in" in err and "data.prompt.max_prompt_length" in err
+
+
+def test_prompt_plus_response_past_the_model_is_refused_before_the_workers_start(good, tmp_path):
+    # 509 of 512 positions leave 3 for the prompt: these prompts (chat-templated) are longer.
+    # Found once the prompts are tokenized, after Ray started (so in a subprocess: Ray's log
+    # handlers outlive pytest's captured streams), before any worker.
+    out = tmp_path / "runs"
+    args = [sys.executable, "-m", "hybridflow.cli", *argv(out, good["model"], good["data"], "rollout.response_length=509")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "the longest training prompt (" in err and "rollout.response_length (509)" in err
+    assert "lower rollout.response_length to at most" in err and "data.prompt.max_prompt_length" in err
+    assert "actor rank" not in proc.stderr and not any(out.iterdir())  # no worker, no run directory left
+
+
+def test_no_error_names_a_config_class_instead_of_a_key():
+    """Messages tell the user a dotted key (rollout.max_model_len), never a class attribute
+    (RolloutConfig.max_model_len), which is nothing a user can set."""
+    root = Path(__file__).resolve().parents[2] / "hybridflow"
+    pattern = re.compile(r"""["'][^"'\n]*\b[A-Z]\w*Config\.[a-z_]+""")
+    offenders = [f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py")
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if pattern.search(line) and not line.lstrip().startswith(("#", '"""'))]  # messages, not docs
+    assert offenders == []

@@ -13,6 +13,7 @@ run stopped after k steps and resumed must log the reference's metrics for steps
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.distributed.checkpoint.metadata import Metadata
 
 from hybridflow import RLTrainer
 from hybridflow.cli import main
@@ -193,7 +195,7 @@ def fake_checkpoint(run_dir, step: int, keep_last=None):
     """A checkpoint as RLTrainer.save_checkpoint commits it, with a stand-in role file."""
     tmp = begin_checkpoint(run_dir, step)
     (tmp / "actor").mkdir()
-    (tmp / "actor" / ".metadata").write_text("stand-in")
+    (tmp / "actor" / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
     return commit_checkpoint(tmp, {"version": STATE_VERSION, "global_step": step}, keep_last)
 
 

@@ -2,15 +2,18 @@
 deleted or truncated shard in the newest checkpoint falls back to the older intact one; a
 corrupt trainer_state.json is a short error; a metrics.jsonl whose last line was torn by a
 crash is read; a model that changed since the checkpoint (its directory, or config.yaml's
-model section) is refused."""
+model section) is refused; a payload planted in DCP's `.metadata` is refused by `export` and
+`--resume` before anything starts, and does not run."""
 
 from __future__ import annotations
 
 import json
 import logging
+import pickle
 import shutil
 
 import pytest
+from torch.distributed.checkpoint.metadata import Metadata
 
 from hybridflow.cli import main
 from hybridflow.config import ConfigError, save_config
@@ -24,15 +27,16 @@ from hybridflow.trainer.checkpointing import (
 )
 from hybridflow.trainer.lifecycle import MODEL_KEY, model_record, resume_config, resume_point
 from hybridflow.trainer.run_dir import read_metrics
+from tests.payload import Payload
 
 SHARD = "actor/__0_0.distcp"
 
 
-def checkpoint(run_dir, step: int, state: dict | None = None):
-    """A committed checkpoint with a 1000-byte stand-in shard."""
+def checkpoint(run_dir, step: int, state: dict | None = None, metadata: Metadata | None = None):
+    """A committed checkpoint with a 1000-byte stand-in shard (and an empty DCP `.metadata`)."""
     tmp = begin_checkpoint(run_dir, step)
     (tmp / "actor").mkdir()
-    (tmp / "actor" / ".metadata").write_text("stand-in")
+    (tmp / "actor" / ".metadata").write_bytes(pickle.dumps(metadata or Metadata(state_dict_metadata={})))
     (tmp / SHARD).write_bytes(bytes(1000))
     return commit_checkpoint(tmp, {"version": STATE_VERSION, "global_step": step, **(state or {})}, None)
 
@@ -126,3 +130,23 @@ def test_resume_by_run_name_skips_a_damaged_newest_checkpoint(tmp_path, tiny_con
     older, newest = checkpoint(run_dir, 1), checkpoint(run_dir, 2)
     (newest / SHARD).unlink()
     assert resume_point(True, cfg).checkpoint == older
+
+
+@pytest.mark.parametrize("command", ["export", "resume"])
+def test_a_payload_planted_in_dcp_metadata_is_refused_before_anything_starts(tmp_path, tiny_config, capsys,
+                                                                             command):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_config(tiny_config(), run_dir / "config.yaml")
+    marker = tmp_path / "payload-ran"
+    # DCP's real metadata carrying a payload; the sizes trainer_state.json records match it.
+    checkpoint(run_dir, 1, metadata=Metadata(state_dict_metadata={}, storage_meta=Payload(marker)))
+    argv = (["export", str(run_dir), "--out", str(tmp_path / "out")] if command == "export"
+            else ["train", "--resume", str(run_dir)])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "actor/.metadata asks to load pathlib.Path.touch" in err and "not loaded" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    pickle.loads((run_dir / "checkpoints" / "global_step_1" / "actor" / ".metadata").read_bytes())
+    assert marker.exists()  # what DCP's own reader would have done

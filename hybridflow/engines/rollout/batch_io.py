@@ -76,7 +76,8 @@ def check_model_len(prompt_ids: list[list[int]], params: list[SamplingParams], m
     if len(prompt_ids[worst]) + params[worst].max_new_tokens > max_len:
         raise ValueError(
             f"prompt ({len(prompt_ids[worst])} tokens) + max_new_tokens ({params[worst].max_new_tokens}) exceeds "
-            f"max_model_len={max_len}; shorten prompts, lower max_new_tokens, or raise RolloutConfig.max_model_len"
+            f"max_model_len={max_len}; lower rollout.response_length or data.prompt.max_prompt_length, or raise "
+            "rollout.max_model_len (up to the model's max_position_embeddings)"
         )
 
 

@@ -269,5 +269,5 @@ def _max_positions(hf_config) -> int:
     value = getattr(hf_config, "max_position_embeddings", None)
     if value is None:
         raise ValueError(f"the {hf_config.model_type} config has no max_position_embeddings; set "
-                         "rollout.max_model_len (RolloutConfig.max_model_len)")
+                         "rollout.max_model_len")
     return int(value)

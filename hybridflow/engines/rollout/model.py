@@ -132,7 +132,8 @@ class DecoderModel:
         """
         u, t = len(prompts), max(len(p) for p in prompts)
         if t > self.max_positions:
-            raise ValueError(f"prompt of {t} tokens exceeds the engine's max_model_len={self.max_positions}")
+            raise ValueError(f"prompt of {t} tokens exceeds the engine's max_model_len={self.max_positions}; lower "
+                             "data.prompt.max_prompt_length or raise rollout.max_model_len")
         dev, d = self.device, self.spec.head_dim
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         tokens = torch.tensor([tok for p in prompts for tok in p], dtype=torch.long, device=dev)
@@ -191,7 +192,8 @@ class DecoderModel:
         u, width = len(chunks), max(len(c) for c in chunks)
         total = max(s + len(c) for s, c in zip(starts, chunks))
         if total > self.max_positions:
-            raise ValueError(f"sequence of {total} tokens exceeds the engine's max_model_len={self.max_positions}")
+            raise ValueError(f"sequence of {total} tokens exceeds the engine's max_model_len={self.max_positions}; "
+                             "lower rollout.response_length or raise rollout.max_model_len")
         dev, d = self.device, self.spec.head_dim
         lengths = torch.tensor([len(c) for c in chunks], dtype=torch.long)
         offsets = torch.cat([torch.arange(n) for n in lengths.tolist()])

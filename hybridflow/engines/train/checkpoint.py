@@ -22,7 +22,8 @@ The directory protocol itself (`begin_atomic_dir`, `publish_atomic_dir`,
 trainer's run checkpoints (trainer/checkpointing.py) write, swap in and prune the same way.
 
 Loading reads only tensors and plain data (`load_plain`: torch.load with weights_only=True;
-DCP shards hold tensors by design), so a checkpoint from elsewhere cannot run code.
+DCP through dcp_reader.py: `.metadata` with DCP's own classes only, the shards' non-tensor
+entries with weights_only=True), so a checkpoint from elsewhere cannot run code.
 
 DCP stores tensors by name with their global shapes, so a checkpoint can be loaded
 with another dp x tp layout; RNG states are restored only when the world size matches.
@@ -44,6 +45,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from hybridflow.engines.train.dcp_reader import CheckpointSecurityError, load_dcp
 from hybridflow.engines.train.engine import TrainEngine
 
 LATEST_FILE = "latest_checkpointed_step.txt"
@@ -179,7 +181,7 @@ def load_checkpoint(engine: TrainEngine, path: str | Path) -> Path:
             )
         path = latest
     state = _model_and_optim_state(engine)
-    dcp.load(state, checkpoint_id=path)
+    load_dcp(state, path)
     if engine.optimizer is None:
         set_state_dict(engine.model, [], model_state_dict=state["model"], optim_state_dict={})
     else:
@@ -221,10 +223,6 @@ def load_plain(path: str | Path) -> Any:
             f"{str(path)!r} holds Python objects other than tensors and plain data; it was not written by "
             f"hybridflow (or was tampered with), and is not loaded: code inside it could run. ({err})"
         ) from None
-
-
-class CheckpointSecurityError(ValueError):
-    """A checkpoint file holds arbitrary Python objects (refused: loading could run code)."""
 
 
 # ----------------------------------------------------------------------------- atomic directories

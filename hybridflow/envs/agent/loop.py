@@ -136,8 +136,9 @@ class AgentLoop:
                                     error=n.error) for n in notes]
         too_long = [t for t in trajs if t.stop is None and len(t.prompt) + self.response_length > self.engine.max_len]
         if too_long:
-            raise ValueError(f"{len(too_long)} prompts + response_length={self.response_length} exceed the engine's "
-                             f"max_model_len={self.engine.max_len}")
+            raise ValueError(f"{len(too_long)} prompts + rollout.response_length={self.response_length} exceed the "
+                             f"engine's max_model_len={self.engine.max_len}; lower rollout.response_length or "
+                             "data.prompt.max_prompt_length, or raise rollout.max_model_len")
         return trajs
 
     def _reset_envs(self, prompts: DataProto, params: SamplingParams, trajs: list[Trajectory]):

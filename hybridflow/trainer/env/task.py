@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,13 +216,13 @@ class EnvironmentTask:
             commit_checkpoint,
             controller_rng_state,
         )
+        from hybridflow.trainer.env.state import save_env_state
 
         run = self.run
         pending = run.sampler.drain()  # batches in flight belong to the next iterations
         tmp = begin_checkpoint(self.run_dir, self.iteration)
         self.groups.learner.save(str(tmp / "learner"))
-        (tmp / "runners.pkl").write_bytes(pickle.dumps(self.groups.runners.state_dict()))
-        (tmp / "pending.pkl").write_bytes(pickle.dumps(pending))
+        save_env_state(tmp, self.groups.runners.state_dict(), pending)
         state = {"version": STATE_VERSION, "kind": CHECKPOINT_KIND, "global_step": self.iteration,
                  "roles": ["learner", "runners"], "env_steps": run.env_steps, "submitted_steps": run.submitted_steps,
                  "policy_version": run.version, "records": self.acc.state_dict(), "rng": controller_rng_state()}
@@ -235,6 +234,7 @@ class EnvironmentTask:
         from collections import deque
 
         from hybridflow.trainer.checkpointing import read_trainer_state, set_controller_rng_state
+        from hybridflow.trainer.env.state import load_env_state
 
         state = read_trainer_state(checkpoint)
         if state.get("kind") != CHECKPOINT_KIND:
@@ -245,15 +245,17 @@ class EnvironmentTask:
         run.submitted_steps = int(state["submitted_steps"])
         self.iteration = int(state["global_step"])
         run.sync_weights()  # the learner's weights: the uninterrupted run sends them with its next collection
-        runner_states = pickle.loads((checkpoint / "runners.pkl").read_bytes())
+        runner_states, pending, note = load_env_state(checkpoint)
         if len(runner_states) != self.groups.runners.world_size:
             raise ConfigError(f"the checkpoint holds {len(runner_states)} env runners, this run has "
                               f"{self.groups.runners.world_size}; resume with the same distributed.num_workers",
                               "distributed.num_workers")
         restored = self.groups.runners.load_state_dict(runner_states)
-        if not all(restored):
+        if note is not None:
+            self.display.message(note)
+        elif not all(restored):
             self.display.message("environments could not be pickled: their episodes in progress restart")
-        run.sampler.pending = deque(pickle.loads((checkpoint / "pending.pkl").read_bytes()))
+        run.sampler.pending = deque(pending)
         self.acc.load_state_dict(state["records"])
         set_controller_rng_state(state["rng"])
 

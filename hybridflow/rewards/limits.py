@@ -1,0 +1,96 @@
+"""The limits and confinement of reward worker processes, from `reward.manager.*`.
+
+    limits = worker_limits(config, compute_score)     # -> ScoringPool(..., limits=limits)
+
+Memory "auto": a quarter of the machine's memory, shared by the workers, each between 1
+and 8 GiB (two workers on a 24 GiB machine: 3 GiB each, not 8; the training engines need
+the rest). CPU "auto": the per-sample time limit rounded up. Readable when confined: the
+Python installation (prefixes and site-packages), system libraries, the hybridflow
+package, the directory of every file the reward function comes from, and
+`readable_paths`; nothing else (not the home directory, not the run directory, not /tmp).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import os
+import site
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hybridflow
+from hybridflow.rewards._worker import WorkerLimits
+from hybridflow.rewards.config import RewardConfig
+
+AUTO_MEMORY_SHARE = 0.25  # of the machine's memory, for all reward workers together
+AUTO_MEMORY_MIN_MB, AUTO_MEMORY_MAX_MB = 1024, 8192
+# Machine facts libraries read at import (torch: cpuinfo; BLAS: the CPU topology); nothing private.
+SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/etc/localtime", "/dev/null", "/dev/urandom", "/proc/cpuinfo",
+                   "/sys/devices/system/cpu")
+
+
+def machine_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+
+
+def auto_memory_limit_mb(num_workers: int, machine_mb: int | None = None) -> int:
+    """Each worker's share of AUTO_MEMORY_SHARE of the machine, clamped to [1, 8] GiB."""
+    machine_mb = machine_memory_mb() if machine_mb is None else machine_mb
+    share = int(machine_mb * AUTO_MEMORY_SHARE) // max(1, num_workers)
+    return max(AUTO_MEMORY_MIN_MB, min(AUTO_MEMORY_MAX_MB, share))
+
+
+def worker_limits(config: RewardConfig, fn: Callable[..., Any]) -> WorkerLimits:
+    memory = config.memory_limit_mb
+    if memory == "auto":
+        memory = auto_memory_limit_mb(config.num_workers)
+    cpu = math.ceil(config.timeout_s) if config.cpu_time_s == "auto" else config.cpu_time_s
+    return WorkerLimits(
+        memory_bytes=None if memory is None else int(memory) * 2**20,
+        cpu_s=cpu,
+        file_bytes=None if config.file_size_limit_mb is None else config.file_size_limit_mb * 2**20,
+        sandbox=config.sandbox,
+        readable=tuple(readable_paths(fn, config.readable_paths)) if config.sandbox else (),
+    )
+
+
+def readable_paths(fn: Callable[..., Any], extra: list[str]) -> list[str]:
+    """What a confined worker may read (module docstring)."""
+    trees = {sys.prefix, sys.base_prefix, *site.getsitepackages(), str(Path(hybridflow.__file__).parent),
+             *SYSTEM_READABLE, *(str(Path(p).resolve()) for p in extra)}
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        trees.add(site.getusersitepackages())
+    trees.update(str(Path(f).parent) for f in source_files(fn))
+    return sorted(trees)
+
+
+def source_files(obj: Any, depth: int = 3) -> set[str]:
+    """The files the reward callable `obj` is defined in: a file-loaded function's path, a
+    function's module file, and those of the callables a wrapper holds (templates, the
+    built-in dispatch), `depth` levels deep."""
+    files: set[str] = set()
+    path = getattr(obj, "path", None)  # FileRewardFn
+    if isinstance(path, (str, Path)) and str(path).endswith(".py"):
+        files.add(str(Path(path).resolve()))
+    target = inspect.unwrap(obj) if callable(obj) else obj
+    if isinstance(target, functools.partial):
+        return files | source_files(target.func, depth)
+    if inspect.isfunction(target) or inspect.ismethod(target):
+        file = inspect.getsourcefile(target)
+        if file:
+            files.add(str(Path(file).resolve()))
+    elif depth > 0 and hasattr(target, "__dict__"):
+        module = sys.modules.get(type(target).__module__)
+        if module is not None and getattr(module, "__file__", None):
+            files.add(str(Path(module.__file__).resolve()))
+        for value in vars(target).values():
+            items = (value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple))
+                     else [value])
+            for item in items:
+                if callable(item):
+                    files |= source_files(item, depth - 1)
+    return files

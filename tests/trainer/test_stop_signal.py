@@ -1,0 +1,57 @@
+"""SIGTERM stops `hybridflow train` cleanly (trainer/stop_signal.py): the step in progress
+finishes, a checkpoint of it is written (trainer.save_on_signal), the workers and Ray are
+shut down, one line is printed and the exit status is 143. A real subprocess, a real signal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import alive, descendants
+from trainer_helpers import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+    return [r["step"] for r in lines if r.get("phase") == "rl"]
+
+
+@pytest.mark.slow  # a tiny run's start (Ray, two ranks) takes 30-60 s on a 2-core machine
+@pytest.mark.timeout(600)
+def test_sigterm_finishes_the_step_checkpoints_it_and_exits_143(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "hybridflow.cli", "train", *TINY, f"trainer.run_dir={run_dir}",
+            "trainer.total_steps=500", "trainer.save_freq=0", "trainer.loggers=[jsonl]", "trainer.val_before_train=false"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        while not _logged_steps(run_dir):  # the run is stepping (the pytest timeout guards a hang)
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.5)
+        processes = descendants(proc.pid)  # Ray, its workers, the reward workers
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("hybridflow train: stopped by SIGTERM after step "), err
+    step = int(line.split("after step ")[1].split(";")[0])
+    assert f"checkpoint {run_dir / 'checkpoints' / f'global_step_{step}'};" in line and "--resume" in line
+    assert (run_dir / "checkpoints" / f"global_step_{step}" / "trainer_state.json").is_file()
+    assert _logged_steps(run_dir) == list(range(1, step + 1))  # the step was finished, not cut
+    assert "Traceback" not in err and "*** SIGTERM received" not in err
+    while alive(processes):  # the workers were shut down (only a hang keeps us here)
+        time.sleep(0.2)
