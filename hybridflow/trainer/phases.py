@@ -387,6 +387,8 @@ def record_signal(step: Step) -> None:
     """adv/silent_groups of adv/groups: the groups whose advantages are all 0, which give the
     policy gradient nothing (algorithms.silent_groups); the trainer reports steps where all are."""
     b = step.batch
+    if "uid" not in b.non_tensor_batch:  # a batch not drawn in groups (a caller's own): nothing to count
+        return
     silent, groups = silent_groups(b.batch["advantages"], b.batch["response_mask"], b.non_tensor_batch["uid"])
     step.metrics[SILENT_GROUPS], step.metrics[GROUPS] = float(silent), float(groups)
 
