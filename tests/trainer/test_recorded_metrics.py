@@ -105,18 +105,12 @@ def run_case(case: str, tiny_config, tmp_path: Path, score_model: Path | None, t
 
 
 def this_machine() -> dict[str, str]:
-    """What bit-exact floats depend on: the CPU model and the torch build."""
-    import platform
-
+    """What bit-exact floats depend on: the CPU (model, flags, cores) and the torch build."""
     import torch
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "torch": torch.__version__}
+    from hybridflow.engines.precision import machine_id
+
+    return {"cpu": machine_id(), "torch": torch.__version__}
 
 
 @pytest.mark.parametrize("case", list(CASES))
