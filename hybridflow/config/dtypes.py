@@ -16,15 +16,16 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hybridflow.engines.precision import AutoChoice, ProbeShape, auto_dtype
+from hybridflow.engines.precision import AutoChoice, Measure, ProbeShape, auto_dtype, probe_matmul
 
 if TYPE_CHECKING:
+    from hybridflow.config.rm_schema import RMConfig
     from hybridflow.config.schema import RunConfig
 
 DTYPE_SECTIONS = ("actor", "rollout", "critic", "reward_model", "cost_model")
 
 
-def probe_shape(cfg: RunConfig) -> ProbeShape:
+def probe_shape(cfg: RunConfig | RMConfig) -> ProbeShape:
     """The policy model's (hidden, intermediate) sizes, or ProbeShape()'s when unreadable."""
     if cfg.model.path is not None:
         try:
@@ -33,7 +34,7 @@ def probe_shape(cfg: RunConfig) -> ProbeShape:
             return ProbeShape(int(text["hidden_size"]), int(text.get("intermediate_size", 4 * text["hidden_size"])))
         except (OSError, ValueError, KeyError, TypeError):
             return ProbeShape()  # preflight reports an unreadable model; the probe needs some shape
-    if cfg.model.pretrained is not None:
+    if getattr(cfg.model, "pretrained", None) is not None:  # a reward-model run has none
         from hybridflow.engines.pretrained import PRETRAINED_MODELS
 
         return ProbeShape(*PRETRAINED_MODELS[cfg.model.pretrained].layer_sizes)
@@ -63,6 +64,16 @@ def resolved_dtypes(cfg: RunConfig) -> RunConfig:
     chosen = auto_choice(cfg).dtype
     return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), dtype=chosen)
                                        for name in autos})
+
+
+def resolved_rm_dtype(cfg: RMConfig, threads: int, measure: Measure = probe_matmul) -> tuple[RMConfig, str]:
+    """A reward-model run (`hybridflow rm`) with engine.dtype "auto" resolved as a training
+    run's roles are (on its `threads` per rank), and the line it prints at its start."""
+    if cfg.engine.dtype != "auto":
+        return cfg, f"dtype: reward model {cfg.engine.dtype}"
+    choice = auto_dtype("cuda" if cfg.resources.use_gpu else "cpu", probe_shape(cfg), threads, measure)
+    resolved = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, dtype=choice.dtype))
+    return resolved, f"dtype: reward model {choice.dtype} (engine: {choice.reason})"
 
 
 def keep_dtypes(cfg: RunConfig, saved: RunConfig) -> RunConfig:

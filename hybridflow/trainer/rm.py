@@ -27,6 +27,7 @@ import ray
 import torch
 
 from hybridflow.algorithms import bradley_terry_loss, pairwise_accuracy
+from hybridflow.config.dtypes import resolved_rm_dtype
 from hybridflow.config.rm_schema import RMConfig, rm_worker_config, validate_rm_config
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, split_held_out
@@ -135,9 +136,12 @@ def _write_scores(path: Path, ds: PairwiseDataset, chosen: torch.Tensor, rejecte
 def run_rm_job(cfg: RMConfig) -> RMResult:
     """Validate, set up the run directory, train, evaluate before and after, export."""
     world = validate_rm_config(cfg)
+    # engine.dtype auto resolved here (as `hybridflow train` does), so config.yaml says what ran
+    cfg, dtype_line = resolved_rm_dtype(cfg, cfg.resources.resolved_threads_per_rank(world))
     run_dir = create_run_dir(cfg)
     display = RunDisplay(cfg.trainer.console)
     display.message(f"run directory: [bold]{run_dir}[/bold]")
+    display.message(dtype_line)
     log = MetricsLog(run_dir / "metrics.jsonl")
     ray_started = False
     groups: dict[str, WorkerGroup] = {}
