@@ -66,7 +66,7 @@ class RewardConfig:
             raise ConfigError(f"must be 'forkserver' or 'spawn', got {self.mp_context!r}", "mp_context")
         if self.memory_limit_mb not in (None, "auto") and self.memory_limit_mb < 64:
             raise ConfigError(f"must be >= 64 (a Python process needs that much), auto or null, "
-                             f"got {self.memory_limit_mb}")
+                              f"got {self.memory_limit_mb}", "memory_limit_mb")
         if self.cpu_time_s not in (None, "auto") and self.cpu_time_s < 1:
             raise ConfigError(f"must be >= 1 (whole CPU seconds), auto or null, got {self.cpu_time_s}", "cpu_time_s")
         if self.file_size_limit_mb is not None and self.file_size_limit_mb < 0:

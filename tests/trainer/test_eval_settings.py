@@ -29,7 +29,12 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def bare_dir(tmp_path):
-    (tmp_path / "config.json").write_text("{}")  # all resolve_source looks at
+    """A complete model directory with no saved settings (eval's pre-flight reads it whole)."""
+    from hybridflow.data.tokenizer import save_char_tokenizer
+    from hybridflow.engines.models import save_tiny_model
+
+    save_tiny_model(tmp_path, "llama")
+    save_char_tokenizer(tmp_path)
     return tmp_path
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridflow.engines.policy.actor_critic import NetworkSpec
+from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
 from hybridflow.envs.collector import Collector, CollectorSpec
 from hybridflow.envs.registry import resolve_env
 from hybridflow.envs.vector import VecEnv
@@ -31,7 +31,8 @@ def collector() -> Collector:
     source = resolve_env("CartPole-v1")
     venv = VecEnv(source, 1, 0)
     spec = NetworkSpec(obs_dim=venv.obs_dim, action=venv.action_spec, hidden_size=(8,))
-    return Collector(CollectorSpec(source, num_envs=2, seed=0, network=spec, algorithm="ppo", normalize_reward=True))
+    return Collector(CollectorSpec(source, num_envs=2, seed=0, network=spec, acting_model=ActorCritic,
+                                   normalize_reward=True))
 
 
 def saved(directory: Path) -> Collector:
