@@ -25,8 +25,8 @@ venv: $(STAMP)
 demo: venv
 	$(VENV)/bin/hybridflow train
 
-# Two stages: everything but the tests marked slow (1425 tests, 6.3 min on 2 quiet cores),
-# then the 47 slow ones (10 min); a failure in the first stage stops before the second.
+# Two stages: everything but the tests marked slow (1545 tests, 14 min on 2 cores, partly loaded),
+# then the 79 slow ones (23 min); a failure in the first stage stops before the second.
 test: venv
 	$(PY) -m pytest -q -m "not slow"
 	$(PY) -m pytest -q -m slow
