@@ -394,11 +394,20 @@ def _git_source(path: Path) -> dict[str, Any]:
             "changed_files": None if status is None else len(status.splitlines())}
 
 
+def _version_or_none(package: str) -> str | None:
+    """The installed version, or None (a --skip-trl run needs no TRL)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def machine(allocator: str) -> dict[str, Any]:
     """The house machine description (as in the other benchmarks) plus what this one needs."""
     import ray
     import transformers
-    import trl
 
     import hybridflow
     from hybridflow.engines.precision import cpu_has_fast_bf16
@@ -415,7 +424,7 @@ def machine(allocator: str) -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
         "native_bf16": cpu_has_fast_bf16(), "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "trl": trl.__version__, "ray": ray.__version__,
+        "transformers": transformers.__version__, "trl": _version_or_none("trl"), "ray": ray.__version__,
         "allocator": allocator, "hybridflow_source": _git_source(Path(hybridflow.__file__).resolve().parent.parent),
         "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }
@@ -430,6 +439,19 @@ def base_spec(w: Workload, dtype: str, model: Path, prompts: Path, steps: int, s
             "max_prompt_length": w.max_prompt_length, "temperature": 1.0, "lr": w.lr, "dtype": dtype,
             "steps": steps, "seed": seed, "micro_batch_per_rank": w.micro_batch_per_rank,
             "forward_micro_batch_per_rank": w.forward_micro_batch_per_rank, "pack_sequences": w.pack_sequences}
+
+
+def source_trees(spec: str) -> dict[str, str]:
+    """`--trees before=/path/a,after=/path/b` -> {"hybridflow@before": "/path/a", ...}: more
+    hybridflow systems, each importing the package from that source tree (a worktree of an
+    older commit), interleaved with the others so a change is timed before and after in one run."""
+    trees = {}
+    for item in filter(None, spec.split(",")):
+        name, _, path = item.partition("=")
+        if not path or not (Path(path) / "hybridflow" / "__init__.py").is_file():
+            raise SystemExit(f"--trees {item!r}: expected NAME=PATH with PATH/hybridflow/__init__.py")
+        trees[f"hybridflow@{name}"] = str(Path(path).resolve())
+    return trees
 
 
 def repeats_of(name: str, args: argparse.Namespace) -> int:
@@ -449,18 +471,23 @@ def run_workload(w: Workload, dtype: str, args: argparse.Namespace, work: Path, 
     rows = prompt_rows(w, tokenizer, w.prompts_per_step * args.steps)
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     facts = flop_facts(model)
-    plan = [("trl", f"1x{args.threads}")] + [("hybridflow", layout) for layout in args.layouts.split(",")]
+    trees = source_trees(args.trees)
+    plan = [] if args.skip_trl else [("trl", f"1x{args.threads}")]
+    plan += [(system, layout) for system in ["hybridflow", *trees] for layout in args.layouts.split(",")]
     for repeat in range(repeats_of(w.name, args)):
         for system, layout in plan:
             ranks, threads = layout_threads(layout)
             run_dir = work / f"{w.name}_{dtype}_{system}_{layout}_r{repeat}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            spec = {**base_spec(w, dtype, model, prompts, args.steps, args.seed), "system": system,
+            spec = {**base_spec(w, dtype, model, prompts, args.steps, args.seed),
+                    "system": "trl" if system == "trl" else "hybridflow",
                     "work_dir": str(run_dir), "threads": args.threads, "ranks": ranks, "threads_per_rank": threads}
             print(f"[{time.strftime('%H:%M:%S')}] {w.name} {dtype} {system} {layout} repeat {repeat} "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)
             run_env = dict(env)
-            if system == "hybridflow" and args.ray_worker_niceness is not None:
+            if system in trees:  # this tree's hybridflow wins over the installed one, in Ray's workers too
+                run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [trees[system], env.get("PYTHONPATH")]))
+            if system != "trl" and args.ray_worker_niceness is not None:
                 run_env["RAY_worker_niceness"] = str(args.ray_worker_niceness)
             result = run_once(spec, run_env, run_dir / "log.txt")
             row = {"workload": w.name, "system": system, "layout": layout, "dtype": dtype, "repeat": repeat,
@@ -504,6 +531,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--repeats-for", default="", help="per-workload override, e.g. smollm2_32=1,smollm2_128=1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trees", default="", help="NAME=PATH,...: also run hybridflow from these source trees "
+                        "(e.g. a worktree of an older commit), as systems hybridflow@NAME")
+    parser.add_argument("--skip-trl", action="store_true", help="run no TRL (e.g. a before/after of hybridflow)")
     parser.add_argument("--allocator", choices=("system", "jemalloc"), default="system",
                         help="jemalloc: LD_PRELOAD it (found with ldconfig) for every run")
     parser.add_argument("--ray-worker-niceness", type=int, default=None,
