@@ -156,7 +156,7 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
                           "gradient_steps": -1 if workers > 1 else 1}}
     # train() draws the run's plots after its loop; SB3 draws none, so the CPU count stops
     # where the loop ends (when train() calls plot_env_run).
-    from hybridflow.trainer.env import plots as env_plots
+    from hybridflow.trainer import plots as env_plots
 
     loop_end: dict[str, dict[int, float]] = {}
     draw = env_plots.plot_env_run

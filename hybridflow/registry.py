@@ -30,15 +30,20 @@ under a taken name needs `override=True`; the same definition again (a re-run sc
 re-imported module makes a new class object for the same code) replaces it.
 
 `import_object("package.module:attr")` is the one import-path resolver of the project
-(registries, algorithm programs, environment classes).
+(registries, algorithm programs, environment classes); `import_file` imports a user's .py
+file (algorithm.module, reward files).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
+from pathlib import Path
+from types import MappingProxyType, ModuleType
 from typing import Any, Generic, TypeVar
 
 from hybridflow.errors import ConfigError
@@ -77,6 +82,26 @@ def import_object(path: str, key: str | None = None, what: str = "object") -> An
     if not hasattr(module, attr):
         raise ConfigError(f"cannot import {what} {path!r}: module {module_name!r} has no {what} {attr!r}", key)
     return getattr(module, attr)
+
+
+def import_file(path: Path, prefix: str) -> ModuleType:
+    """The .py file `path` imported once per process as its own module, named `prefix` + its
+    stem + a hash of its path (two files both called algo.py do not clash). A file whose
+    import raises leaves no module behind; the error propagates."""
+    path = path.resolve()
+    name = f"{prefix}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {str(path)!r} as a Python module; is it a .py file?")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it: dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def suggest(name: object, options: list[str]) -> list[str]:

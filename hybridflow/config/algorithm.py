@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import importlib
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +39,8 @@ from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, Advant
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
-from hybridflow.registry import Registry
+from hybridflow.config.model_presets import dotted_value
+from hybridflow.registry import Registry, import_file
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -254,22 +252,10 @@ def _import_algorithm_module(module: str) -> ModuleType:
 
 
 def _import_file(path: Path, given: str) -> ModuleType:
-    path = path.resolve()
     if not path.is_file():
-        raise ConfigError(f"there is no such file as {given!r} ({path}); give the path of the .py file that registers "
-                          "the algorithm (relative paths start from the working directory)", "module")
-    # One module per file, whatever its name: two files both called algo.py do not clash.
-    name = f"{USER_MODULE_PREFIX}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # before running it: dataclasses look their module up there
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+        raise ConfigError(f"there is no such file as {given!r} ({path.resolve()}); give the path of the .py file that "
+                          "registers the algorithm (relative paths start from the working directory)", "module")
+    return import_file(path, USER_MODULE_PREFIX)  # one module per file, whatever its name
 
 
 # ----------------------------------------------------------------------------- the config section
@@ -369,7 +355,7 @@ def check_algorithm(cfg: RunConfig) -> None:
         )
     presets = dict(spec.presets)
     for key in spec.required:
-        value = _config_value(cfg, key)
+        value = dotted_value(cfg, key)
         if value != presets[key]:
             raise ConfigError(
                 f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
@@ -392,13 +378,6 @@ def check_algorithm(cfg: RunConfig) -> None:
 
 def _readers(reads: Callable[[AlgorithmSpec], bool]) -> str:
     return " or ".join(s.name for s in ALGORITHMS.entries.values() if reads(s)) or "(none registered)"
-
-
-def _config_value(cfg: RunConfig, dotted: str) -> object:
-    value: object = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def resolved_algorithm(cfg: RunConfig) -> AlgorithmSection:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from hybridflow.algorithms.controllers import LagrangeMultiplier
-from hybridflow.config.loader import ConfigError
+from hybridflow.config.loader import at_least
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -41,8 +41,7 @@ class DynamicSamplingSection:
     max_extra_rounds: int = 8
 
     def __post_init__(self) -> None:
-        if self.max_extra_rounds < 0:
-            raise ConfigError(f"must be >= 0, got {self.max_extra_rounds}", "max_extra_rounds")
+        at_least(self, 0, "max_extra_rounds")
 
 
 @dataclass
@@ -56,10 +55,8 @@ class OverlongBufferSection:
     penalty_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.len is not None and self.len < 1:
-            raise ConfigError(f"must be >= 1 (tokens) or null, got {self.len}", "len")
-        if not self.penalty_factor >= 0:
-            raise ConfigError(f"must be >= 0, got {self.penalty_factor}", "penalty_factor")
+        at_least(self, 1, "len", null="tokens")
+        at_least(self, 0, "penalty_factor")
 
 
 @dataclass

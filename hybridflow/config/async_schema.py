@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hybridflow.config.loader import at_least, positive
 from hybridflow.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -43,17 +44,10 @@ class AsyncSection:
     bucket_mb: float = 64.0
 
     def __post_init__(self) -> None:
-        for key in ("rollout_ranks", "buffer_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
-        if self.max_staleness < 0:
-            raise ConfigError(f"must be >= 0 (0: on-policy), got {self.max_staleness}", "max_staleness")
-        for key in ("chunk_prompts", "steps_per_call"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"must be >= 1 or null, got {value}", key)
-        if not self.bucket_mb > 0:
-            raise ConfigError(f"must be > 0, got {self.bucket_mb}", "bucket_mb")
+        at_least(self, 1, "rollout_ranks", "buffer_size")
+        at_least(self, 0, "max_staleness", note="0: on-policy")
+        at_least(self, 1, "chunk_prompts", "steps_per_call", null="")
+        positive(self, "bucket_mb")
 
     def chunk(self, train_batch_size: int) -> int:
         return train_batch_size if self.chunk_prompts is None else self.chunk_prompts

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec
-from hybridflow.config.loader import _build, nest_dotted, user_tree
+from hybridflow.config.loader import _build, at_least, in_unit, nest_dotted, positive, user_tree
 from hybridflow.errors import ConfigError
 
 LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
@@ -56,9 +56,8 @@ class EnvSection:
     clip_reward: float = 10.0
 
     def __post_init__(self) -> None:
-        _positive(self, "num_envs", "clip_obs", "clip_reward")
-        if self.max_episode_steps is not None and self.max_episode_steps < 1:
-            raise ConfigError(f"must be >= 1 or null, got {self.max_episode_steps}", "max_episode_steps")
+        positive(self, "num_envs", "clip_obs", "clip_reward")
+        at_least(self, 1, "max_episode_steps", null="")
 
 
 @dataclass
@@ -106,11 +105,9 @@ class DistributedSection:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
-        if self.num_workers < 0:
-            raise ConfigError(f"must be >= 0 (0 = in-process), got {self.num_workers}", "num_workers")
-        _positive(self, "num_learners", "learner_cpus", "max_policy_lag")
-        if self.cpus_per_worker is not None and not self.cpus_per_worker > 0:
-            raise ConfigError(f"must be > 0 or null, got {self.cpus_per_worker}", "cpus_per_worker")
+        at_least(self, 0, "num_workers", note="0 = in-process")
+        positive(self, "num_learners", "learner_cpus", "max_policy_lag")
+        positive(self, "cpus_per_worker", null="")
         if self.num_workers == 0 and self.sampling == "async":
             raise ConfigError("async sampling overlaps env-runner processes with the learner; with num_workers: 0 "
                               "there are none. Set distributed.num_workers >= 1 or sampling: sync", "sampling")
@@ -144,8 +141,8 @@ class PPOSection:
     target_kl: float | None = None
 
     def __post_init__(self) -> None:
-        _positive(self, "rollout_steps", "minibatch_size", "epochs", "lr", "clip_ratio")
-        _unit(self, "gamma", "gae_lambda")
+        positive(self, "rollout_steps", "minibatch_size", "epochs", "lr", "clip_ratio")
+        in_unit(self, "gamma", "gae_lambda")
 
 
 @dataclass
@@ -173,12 +170,11 @@ class SACSection:
     target_entropy: float | None = None
 
     def __post_init__(self) -> None:
-        _positive(self, "buffer_size", "batch_size", "lr", "train_freq", "init_alpha")
-        _unit(self, "gamma")
+        positive(self, "buffer_size", "batch_size", "lr", "train_freq", "init_alpha")
+        in_unit(self, "gamma")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"must be in (0, 1], got {self.tau}", "tau")
-        if self.learning_starts < 0:
-            raise ConfigError(f"must be >= 0, got {self.learning_starts}", "learning_starts")
+        at_least(self, 0, "learning_starts")
         if self.gradient_steps == 0 or self.gradient_steps < -1:
             raise ConfigError(f"must be >= 1, or -1 for one per environment step, got {self.gradient_steps}",
                               "gradient_steps")
@@ -206,9 +202,8 @@ class EnvTrainerSection:
     wandb_project: str = "hybridflow"
 
     def __post_init__(self) -> None:
-        _positive(self, "total_env_steps", "log_freq", "return_window")
-        if self.save_freq < 0:
-            raise ConfigError(f"must be >= 0 (0: no checkpoints), got {self.save_freq}", "save_freq")
+        positive(self, "total_env_steps", "log_freq", "return_window")
+        at_least(self, 0, "save_freq", note="0: no checkpoints")
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
         if unknown:
             raise ConfigError(f"unknown logger(s) {unknown}; choose from {list(LOGGER_NAMES)}", "loggers")
@@ -228,18 +223,6 @@ class EnvRunConfig:
 
     def __post_init__(self) -> None:
         ENV_ALGORITHMS.check(self.algorithm)  # ConfigError keyed `algorithm`, naming the registered ones
-
-
-def _positive(section: Any, *keys: str) -> None:
-    for key in keys:
-        if not getattr(section, key) > 0:
-            raise ConfigError(f"must be > 0, got {getattr(section, key)}", key)
-
-
-def _unit(section: Any, *keys: str) -> None:
-    for key in keys:
-        if not 0.0 <= getattr(section, key) <= 1.0:
-            raise ConfigError(f"must be in [0, 1], got {getattr(section, key)}", key)
 
 
 # ----------------------------------------------------------------------------- user input

@@ -23,10 +23,40 @@ import yaml
 
 from hybridflow.errors import ConfigError
 
-__all__ = ["ConfigError", "config_to_dict", "load_config", "nest_dotted", "save_config", "user_tree"]
+__all__ = ["ConfigError", "at_least", "config_to_dict", "in_unit", "load_config", "nest_dotted", "positive", "save_config",
+           "user_tree"]
 
 T = TypeVar("T")
 
+
+
+# ----------------------------------------------------------------------------- range checks
+# What the sections' __post_init__ use: one ConfigError wording for every bound, keyed by the field.
+
+
+def at_least(section: Any, low: float, *keys: str, null: str | None = None, note: str = "") -> None:
+    """ConfigError "must be >= low[ or null (null)][ (note)], got value" for the first of
+    `keys` whose value is below `low`; with `null` (what null means, may be ""), None passes."""
+    _check(section, keys, lambda v: v >= low, f">= {low}", null, note)
+
+
+def positive(section: Any, *keys: str, null: str | None = None) -> None:
+    """ConfigError "must be > 0[ or null], got value" for the first of `keys` that is not > 0."""
+    _check(section, keys, lambda v: v > 0, "> 0", null, "")
+
+
+def in_unit(section: Any, *keys: str) -> None:
+    """ConfigError "must be in [0, 1], got value" for the first of `keys` outside [0, 1]."""
+    _check(section, keys, lambda v: 0.0 <= v <= 1.0, "in [0, 1]", None, "")
+
+
+def _check(section: Any, keys: tuple[str, ...], ok: Any, bound: str, null: str | None, note: str) -> None:
+    for key in keys:
+        value = getattr(section, key)
+        if (value is None and null is not None) or ok(value):
+            continue
+        nullable = "" if null is None else " or null" + (f" ({null})" if null else "")
+        raise ConfigError(f"must be {bound}{nullable}{f' ({note})' if note else ''}, got {value}", key)
 
 def _closest(name: str, options: list[str]) -> str:
     match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
@@ -201,15 +231,17 @@ def _copy(value: Any) -> Any:
 
 def config_to_dict(config: Any) -> dict:
     """A plain dict of the resolved config (tuples as lists, keys in declaration order), fit for YAML or JSON."""
-    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(config)), sort_keys=False))
+    return yaml.safe_load(yaml.safe_dump(to_plain(dataclasses.asdict(config)), sort_keys=False))
 
 
-def _plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
+    """`value` as Python values fit for YAML or JSON: lists for tuples, numpy scalars and
+    arrays through their `tolist`, inside dicts and lists."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+        return [to_plain(v) for v in value]
+    return to_plain(value.tolist()) if hasattr(value, "tolist") else value
 
 
 def save_config(config: Any, path: str | Path) -> Path:

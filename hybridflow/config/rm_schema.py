@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from hybridflow.config.loader import load_config
+from hybridflow.config.loader import at_least, load_config
 from hybridflow.config.schema import BuiltinModelSection, ComputeSection, check_run_name
 from hybridflow.data.configs import PairwiseDataConfig
 from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
@@ -56,12 +56,9 @@ class RMTrainerSection:
     console: Literal["rich", "plain", "none"] = "rich"
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ConfigError(f"must be >= 1, got {self.epochs}", "epochs")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise ConfigError(f"must be >= 1 or null (from epochs), got {self.total_steps}", "total_steps")
-        if self.eval_freq < 0:
-            raise ConfigError(f"must be >= 0 (0 = before and after only), got {self.eval_freq}", "eval_freq")
+        at_least(self, 1, "epochs")
+        at_least(self, 1, "total_steps", null="from epochs")
+        at_least(self, 0, "eval_freq", note="0 = before and after only")
 
 
 @dataclass
@@ -98,13 +95,10 @@ class RMDataSection:
     pairs: PairwiseDataConfig = field(default_factory=PairwiseDataConfig)
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "eval_batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
+        at_least(self, 1, "batch_size", "eval_batch_size")
         if not self.val_files and not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"must be in (0, 1) when val_files is empty, got {self.val_fraction}", "val_fraction")
-        if self.max_val_pairs is not None and self.max_val_pairs < 1:
-            raise ConfigError(f"must be >= 1 or null, got {self.max_val_pairs}", "max_val_pairs")
+        at_least(self, 1, "max_val_pairs", null="")
 
 
 def _default_engine() -> TrainEngineSettings:

@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from hybridflow.config.algorithm import AlgorithmSection, resolved_algorithm
 from hybridflow.config.async_schema import AsyncSection
-from hybridflow.config.loader import _build, _set_path, nest_dotted, user_tree
+from hybridflow.config.loader import _build, _set_path, at_least, in_unit, nest_dotted, user_tree
 from hybridflow.config.model_presets import read_model_presets
 from hybridflow.config.validation import validate_run_config
 from hybridflow.data.arithmetic import ArithmeticConfig
@@ -94,12 +94,10 @@ class ValidationSection:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ConfigError(f"must be >= 1, got {self.n}", "n")
+        at_least(self, 1, "n")
         if self.do_sample and self.temperature <= 0:
             raise ConfigError(f"must be > 0 when do_sample is true, got {self.temperature}", "temperature")
-        if self.seed < 0:
-            raise ConfigError(f"must be >= 0, got {self.seed}", "seed")
+        at_least(self, 0, "seed")
 
 
 @dataclass
@@ -164,12 +162,8 @@ class TrainerSection:
     max_no_signal_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_no_signal_steps is not None and self.max_no_signal_steps < 1:
-            raise ConfigError(f"must be >= 1 or null (never stop), got {self.max_no_signal_steps}",
-                              "max_no_signal_steps")
-        if self.max_restarts < 0:
-            raise ConfigError(f"must be >= 0 (0 = stop at the first worker failure), got {self.max_restarts}",
-                              "max_restarts")
+        at_least(self, 1, "max_no_signal_steps", null="never stop")
+        at_least(self, 0, "max_restarts", note="0 = stop at the first worker failure")
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
             raise ConfigError(f"must be > 0 seconds or null (no limit), got {self.call_timeout_s}", "call_timeout_s")
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
@@ -178,14 +172,9 @@ class TrainerSection:
         if "wandb" in self.loggers and importlib.util.find_spec("wandb") is None:
             raise ConfigError("includes 'wandb' but the wandb package is not installed: `pip install wandb`, or "
                               "remove 'wandb' from trainer.loggers", "loggers")
-        if self.total_steps < 1:
-            raise ConfigError(f"must be >= 1, got {self.total_steps}", "total_steps")
-        for key in ("test_freq", "save_freq"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"must be >= 0 (0 = off), got {getattr(self, key)}", key)
-        if self.keep_last_checkpoints is not None and self.keep_last_checkpoints < 1:
-            raise ConfigError(f"must be >= 1 or null (keep all), got {self.keep_last_checkpoints}",
-                              "keep_last_checkpoints")
+        at_least(self, 1, "total_steps")
+        at_least(self, 0, "test_freq", "save_freq", note="0 = off")
+        at_least(self, 1, "keep_last_checkpoints", null="keep all")
 
 
 @dataclass
@@ -219,16 +208,10 @@ class ComputeSection:
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        if self.world_size is not None and self.world_size < 1:
-            raise ConfigError(f"must be >= 1 or null (picked for the machine), got {self.world_size}", "world_size")
-        if self.threads_per_rank is not None and self.threads_per_rank < 1:
-            raise ConfigError(f"must be >= 1 or null (local cores / world_size), got {self.threads_per_rank}",
-                              "threads_per_rank")
-        if self.nodes < 1:
-            raise ConfigError(f"must be >= 1, got {self.nodes}", "nodes")
-        if self.ranks_per_node is not None and self.ranks_per_node < 1:
-            raise ConfigError(f"must be >= 1 or null (world_size / nodes), got {self.ranks_per_node}",
-                              "ranks_per_node")
+        at_least(self, 1, "world_size", null="picked for the machine")
+        at_least(self, 1, "threads_per_rank", null="local cores / world_size")
+        at_least(self, 1, "nodes")
+        at_least(self, 1, "ranks_per_node", null="world_size / nodes")
         if self.ranks_per_node is not None and self.world_size is not None \
                 and self.world_size != self.nodes * self.ranks_per_node:
             raise ConfigError(f"{self.ranks_per_node} ranks on each of nodes={self.nodes} is "
@@ -296,11 +279,8 @@ class ResourceSection(ComputeSection):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.critic_ranks < 1:
-            raise ConfigError(f"must be >= 1, got {self.critic_ranks}", "critic_ranks")
-        for key in ("min_world_size", "max_world_size"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                raise ConfigError(f"must be >= 1 or null, got {getattr(self, key)}", key)
+        at_least(self, 1, "critic_ranks")
+        at_least(self, 1, "min_world_size", "max_world_size", null="")
         if self.min_world_size is not None and self.max_world_size is not None \
                 and self.min_world_size > self.max_world_size:
             raise ConfigError(f"{self.min_world_size} is above max_world_size={self.max_world_size}",
@@ -362,9 +342,7 @@ class BuiltinTaskSection:
     num_val: int = 200
 
     def __post_init__(self) -> None:
-        for key in ("num_train", "num_val"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
+        at_least(self, 1, "num_train", "num_val")
 
 
 @dataclass
@@ -386,8 +364,7 @@ class DataSection:
     builtin: BuiltinTaskSection = field(default_factory=BuiltinTaskSection)
 
     def __post_init__(self) -> None:
-        if self.train_batch_size < 1:
-            raise ConfigError(f"must be >= 1, got {self.train_batch_size}", "train_batch_size")
+        at_least(self, 1, "train_batch_size")
         if self.val_files and not self.train_files:
             raise ConfigError("is set but train_files is empty (the built-in task); set both or neither", "val_files")
 
@@ -512,14 +489,9 @@ class SFTSection:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3, weight_decay=0.0))
 
     def __post_init__(self) -> None:
-        for key in ("steps", "test_freq"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"must be >= 0, got {getattr(self, key)}", key)
-        for key in ("batch_size", "micro_batch_size_per_device", "num_builtin_pairs"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
-        if not 0.0 <= self.builtin_carry_drop_rate <= 1.0:
-            raise ConfigError(f"must be in [0, 1], got {self.builtin_carry_drop_rate}", "builtin_carry_drop_rate")
+        at_least(self, 0, "steps", "test_freq")
+        at_least(self, 1, "batch_size", "micro_batch_size_per_device", "num_builtin_pairs")
+        in_unit(self, "builtin_carry_drop_rate")
 
     def micro_batch(self, forward_micro_batch_size_per_device: int) -> MicroBatchConfig:
         """How the SFT actor cuts its batches: one optimizer step per batch_size sequences."""

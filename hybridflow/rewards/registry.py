@@ -16,7 +16,6 @@ may hold extra per-sample values that are logged.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import re
 import sys
@@ -24,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hybridflow.registry import Registry
+from hybridflow.registry import Registry, import_file
 from hybridflow.rewards import arithmetic, gsm8k, math_answer
 
 ScoreFn = Callable[..., "float | dict[str, Any]"]
 REQUIRED_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
+USER_REWARD_PREFIX = "hybridflow_user_reward_"  # the module names of reward files (import_file)
 
 
 def _arithmetic(solution_str: str, ground_truth: Any, extra_info: dict | None) -> float:
@@ -93,22 +93,11 @@ class DispatchScore:
 
 
 def _import_file(path: Path) -> Any:
-    # A unique module name per file, so two reward files both called reward.py do not clash.
-    module_name = f"hybridflow_user_reward_{abs(hash(str(path)))}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {str(path)!r} as a Python module; is it a .py file?")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        return import_file(path, USER_REWARD_PREFIX)  # one module per file: two reward.py files do not clash
     except (Exception, SystemExit) as err:  # a file that calls exit() at import is a broken file too
-        del sys.modules[module_name]
         raise ImportError(f"importing reward file {str(path)!r} failed: {_import_failure(err)}; fix the file "
                           "(it is imported on the controller and in every reward worker)") from err
-    return module
 
 
 def _import_failure(err: BaseException) -> str:
@@ -218,7 +207,7 @@ def reward_fn_reference(fn: Callable[..., Any]) -> tuple[str, str]:
     if getattr(module, name, None) is not fn:
         raise ValueError(f"the reward function {fn!r} is not reachable as {module_name}.{name}; define it at "
                          "module level")
-    if module_name == "__main__" or module_name.startswith("hybridflow_user_reward_"):
+    if module_name == "__main__" or module_name.startswith(USER_REWARD_PREFIX):
         file = getattr(module, "__file__", None)
         if file is None:
             raise ValueError(f"the reward function {name!r} was defined interactively; put it in a .py file and "

@@ -19,7 +19,7 @@
 - setup.py: run directory, Ray, built-in model and data, worker configs and placement;
 - evaluate.py: greedy (by default) held-out evaluation, overall and per data source;
 - metrics.py, display.py, run_dir.py, loggers.py, plots.py: per-step metrics, console,
-  metrics.jsonl / TensorBoard / W&B, PNG plots.
+  metrics.jsonl / TensorBoard / W&B, PNG plots (of language-model and environment runs).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ program of your own (docs/extending.md) may use them too.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,11 +31,11 @@ from typing import Any, Callable
 import torch
 
 from hybridflow.algorithms import LagrangeMultiplier, build_kl_controller
-from hybridflow.config import ConfigError
 from hybridflow.config.algorithm import AlgorithmSpec
 from hybridflow.config.algorithm_settings import overlong_buffer_len
 from hybridflow.config.schema import RunConfig
 from hybridflow.protocol import DataProto
+from hybridflow.registry import import_object
 from hybridflow.rewards.templates import model_weight
 from hybridflow.trainer import phases as P
 from hybridflow.trainer.phases import Roles, Step
@@ -87,12 +86,7 @@ def step_program(spec: AlgorithmSpec) -> Program:
     "module:function" path names (the built-in rows name the functions below)."""
     if not isinstance(spec.program, str):
         return spec.program
-    module, _, name = spec.program.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"algorithm.name={spec.name}: its program {spec.program!r} cannot be loaded ({err}); "
-                          "fix the spec's program path") from err
+    return import_object(spec.program, "algorithm.name", "step program")
 
 
 # ----------------------------------------------------------------------------- shared parts

@@ -21,22 +21,19 @@ and a run reproduces sync mode's metrics for the same seed (tests/trainer/test_a
 
 The controller steers and carries neither weights nor batches: generation calls and weight
 syncs are non-blocking worker-group calls (CallFutures); weights go from training rank 0
-to the rollout ranks over a WeightBridge (torch.distributed). The rollout pool scores each
-finished group with the rule-based reward and leaves it in Ray's object store; the
-controller receives refs and a steering record per group (uid, oldest token's policy
-version, whether its scores differ) and decides by them; the step passes the refs on to
-the training pool's side, where the algorithm's own program runs on them
-(trainer/stream_step.py). DAPO's dynamic sampling is a steering decision: a group whose
-scores are all equal is discarded when it arrives (counted in dapo/*), and its place goes
-to new prompts.
+to the rollout ranks over a WeightBridge, received there in a background thread, so the
+rollout pool runs as far ahead as admission control allows (workers/rollout.py). The pool
+scores each finished group and leaves it in Ray's object store; the controller receives
+refs and a steering record per group (uid, oldest token's policy version, whether its
+scores differ), decides by them, and passes the refs of a step's groups on to the training
+pool's side, where the algorithm's own program runs on them (trainer/stream_step.py).
+DAPO's dynamic sampling is a steering decision: a group whose scores are all equal is
+discarded when it arrives (counted in dapo/*), and its place goes to new prompts.
 
 Every generation call names the policy version it generates with (the newest one whose
-sync was started when it was issued); the rollout ranks receive syncs in a background
-thread (workers/rollout.py), so the actor's send never waits for queued generation and
-the rollout pool runs as far ahead as admission control allows. The controller decides
-from the results it receives, in issue order, so the schedule (which prompts go in which
-call with which version, hence every token's staleness) is a function of the config and
-seed, not of timing.
+sync was started when it was issued), and the controller decides from the results in issue
+order, so the schedule (which prompts go in which call with which version, hence every
+token's staleness) is a function of the config and seed, not of timing.
 """
 
 from __future__ import annotations
@@ -214,15 +211,13 @@ class AsyncRunner:
     def _receive(self) -> None:
         """Take the next generation call's result: group refs and steering records only."""
         outputs = self.pending.popleft().get()
-        for rank in range(0, len(outputs), self.tp):  # what tp rank 0 of each generation group reports
-            metrics = outputs[rank][1]["metrics"]
-            for key in [k for k in metrics if k.endswith("/worker_restarts")]:
-                self.restarts[key] = self.restarts.get(key, 0.0) + metrics.pop(key)
-        loaded = outputs[0][1]["metrics"]
-        if loaded:
-            self.receive_metrics = loaded
         for rank in range(0, len(outputs), self.tp):  # tp rank 0 of each generation group, dp order
             refs, steering = outputs[rank]
+            metrics = steering["metrics"]
+            for key in [k for k in metrics if k.endswith("/worker_restarts")]:
+                self.restarts[key] = self.restarts.get(key, 0.0) + metrics.pop(key)
+            if rank == 0 and metrics:  # the weight sync this call loaded (every rank loads the same)
+                self.receive_metrics = metrics
             for ref, info in zip(refs, steering["groups"], strict=True):
                 self.in_flight -= 1
                 self.received += 1

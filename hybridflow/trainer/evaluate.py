@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.config.loader import to_plain
 from hybridflow.config.schema import ValidationSection
 from hybridflow.controller import WorkerGroup
 from hybridflow.protocol import DataProto
@@ -92,26 +93,13 @@ def response_records(out: DataProto, scores: torch.Tensor, tokenizer: Any) -> li
     records = []
     for i, text in enumerate(texts):
         score = float(scores[i])
-        record = {"index": _plain(nt["index"][i]) if "index" in nt else i, "data_source": str(nt["data_source"][i]),
-                  "prompt": _plain(nt["raw_prompt"][i]) if "raw_prompt" in nt else None, "response": text,
-                  "ground_truth": _plain(nt["ground_truth"][i]), "score": score, "correct": score >= 1.0,
+        record = {"index": to_plain(nt["index"][i]) if "index" in nt else i, "data_source": str(nt["data_source"][i]),
+                  "prompt": to_plain(nt["raw_prompt"][i]) if "raw_prompt" in nt else None, "response": text,
+                  "ground_truth": to_plain(nt["ground_truth"][i]), "score": score, "correct": score >= 1.0,
                   "length": int(lengths[i])}
-        record.update({key: _plain(nt[key][i]) for key in optional})
+        record.update({key: to_plain(nt[key][i]) for key in optional})
         records.append(record)
     return records
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars and arrays as Python values (JSON)."""
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
 
 
 def score_metrics(scores: torch.Tensor, lengths: torch.Tensor, data_sources: np.ndarray) -> dict[str, float]:

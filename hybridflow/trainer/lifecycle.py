@@ -168,10 +168,9 @@ def check_model_unchanged(checkpoint: Path, cfg: RunConfig) -> None:
     record = read_trainer_state(checkpoint).get(MODEL_KEY)
     if record is None:
         return
-    before, after = _flat(record["section"]), _flat(config_to_dict(cfg.model))
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    changed = changed_keys(record["section"], config_to_dict(cfg.model))
     if changed:
-        detail = ", ".join(f"model.{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in changed[:4])
+        detail = ", ".join(f"model.{k}: {before!r} -> {after!r}" for k, (before, after) in list(changed.items())[:4])
         raise ConfigError(f"the config's model differs from the one checkpoint {str(checkpoint)!r} trained "
                           f"({detail}); resume with the model the run started from (restore its config.yaml)",
                           "model")
@@ -218,17 +217,23 @@ def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:
     # config only differs where the user changed something.
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
-    before, after = _flat(config_to_dict(saved)), _flat(config_to_dict(cfg))
-    changed = sorted(k for k in before.keys() | after.keys()
-                     if before.get(k) != after.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    changed = {key: values for key, values in changed_keys(config_to_dict(saved), config_to_dict(cfg)).items()
+               if not key.startswith(RESUMABLE_CHANGES)}
     if changed:
-        detail = ", ".join(f"{k}: saved {before.get(k)!r}, now {after.get(k)!r}" for k in changed)
+        detail = ", ".join(f"{k}: saved {before!r}, now {after!r}" for k, (before, after) in changed.items())
         raise ConfigError(
             f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
             "optimizer state, data position and algorithm state only mean something with the config that "
             "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
             "workers and the held-out data), or start a new run from an exported model (model.path)")
     return cfg
+
+
+def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (value before, value after) of every value that differs between two
+    config trees (a key one of them lacks counts with None), sorted by key."""
+    old, new = _flat(before), _flat(after)
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

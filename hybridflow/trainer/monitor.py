@@ -124,12 +124,8 @@ class Sampler:
         samples = []
         for worker in self.workers:
             proc = self._local.get(worker.label)
-            if proc is None:
-                continue
-            try:
-                samples.append(Sample(now, worker.label, proc.cpu_percent(None), proc.memory_info().rss / 2**20))
-            except psutil.Error:
-                samples.append(Sample(now, worker.label, None, None))
+            if proc is not None:
+                samples.append(Sample(now, worker.label, *_usage(proc)))
         samples += self._sample_remote(now)
         return samples, (_sample_gpus(now) if self.gpu else [])
 
@@ -167,13 +163,15 @@ def _remote_usage_fn(pids: list[int]) -> dict[int, tuple[float | None, float | N
         except psutil.Error:
             pass
     time.sleep(0.2)
-    out: dict[int, tuple[float | None, float | None]] = {}
-    for pid, proc in procs.items():
-        try:
-            out[pid] = (proc.cpu_percent(None), proc.memory_info().rss / 2**20)
-        except psutil.Error:
-            out[pid] = (None, None)
-    return out
+    return {pid: _usage(proc) for pid, proc in procs.items()}
+
+
+def _usage(proc: psutil.Process) -> tuple[float | None, float | None]:
+    """(CPU % of one core since the previous call, RSS MiB) of `proc`; (None, None) once it is gone."""
+    try:
+        return proc.cpu_percent(None), proc.memory_info().rss / 2**20
+    except psutil.Error:
+        return None, None
 
 
 _REMOTE_TASK: Any = None

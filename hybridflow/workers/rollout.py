@@ -1,4 +1,5 @@
-"""`RolloutWorker`: a generation-only role on its own pool (trainer.mode one_step_off / async).
+"""`RolloutWorker`: a generation-only role on its own pool (trainer.mode one_step_off / async;
+the controller's side is trainer/async_trainer.py).
 
 Each rank holds a rollout engine (tensor parallel over consecutive ranks when
 rollout.tensor_model_parallel_size > 1). With the native engine and single-turn prompts a
@@ -16,39 +17,29 @@ rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the 
     actor.send_weights(version)                  # returns once the rollout ranks have the bytes
     group_refs, steering = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()[rank]
 
-**Weights are received in the background.** Joining the bridge starts a receiver thread
-on every rollout rank that takes each sync as soon as the actor sends it and stages it
-(the full tensors, by version), while the rank's main thread keeps generating. So the
-actor's `send_weights` never waits for the generation calls queued on the rollout pool,
-and the training pool goes on to its next step: the rollout pool can run as far ahead as
-the trainer's admission control lets it (async_rl.max_staleness), not one batch.
+**Weights are received in the background**: joining the bridge starts a receiver thread on
+every rollout rank that stages each sync (the full tensors, by version) as soon as the
+actor sends it, while the main thread keeps generating; the actor's `send_weights` never
+waits for queued generation calls. A generation call names the policy version it must
+generate with (so a run's schedule is a function of its config and seed, not of timing);
+it waits until that version is staged, loads it (in-flight sequences continue under it,
+their KV cache recomputed), drops the older staged versions and runs. Staged versions cost
+one copy of the weights each (in the training dtype).
 
-A generation call names the policy version it must generate with; it waits until that
-version is staged, loads it into the engine (in-flight sequences continue under it, their
-KV cache recomputed), drops the staged versions older than it, and runs. Naming the
-version, rather than taking the newest staged one, keeps a run's schedule a function of
-its config and seed, not of timing. Staged versions cost one copy of the weights each
-(in the training dtype); at most those between the oldest queued call's version and the
-newest sync are held.
+`generate_stream` takes one DataProto of new prompts (or None) per rank, runs at most
+`max_steps` scheduler iterations (None: until everything queued is finished) and returns,
+per rank, object refs to the prompt groups that finished (put into this node's object store;
+tensor-parallel ranks other than 0 return []) and a steering record: per group its uid,
+the policy version of its oldest token and whether its scores differ (DAPO's filter), plus
+the metrics of the weight sync it loaded. Sampling seeds follow the hybrid actor's rule
+(workers/generation.py), so a pool never ahead of training generates exactly what the
+synchronous run's actor generates.
 
-`generate_stream` takes one DataProto of new prompts (or None) per rank, adds them to the
-stream, runs at most `max_steps` scheduler iterations (None: until everything queued is
-finished) and returns, per rank, object refs to the prompt groups that finished (put into
-the object store by the rank; tensor-parallel ranks other than 0 return []) and a small
-steering record: per group its uid, the policy version
-of its oldest token and whether its scores differ (DAPO's filter), plus the weight-sync
-metrics of the version it loaded (if it loaded one). Sampling seeds follow the hybrid
-actor's rule (workers/generation.py), so a rollout pool that is never ahead of training
-generates exactly what the synchronous run's actor generates.
-
-**Rule-based rewards are scored here**, right after generation: with a `reward_fn` (it
-builds the run's RewardManager in this process) every finished group leaves the rank
-with its `token_level_scores` and its per-sample reward outcomes (rewards/manager.py:
-`sample_outcomes`). Scoring depends only on the group, it runs while the training pool
-trains, and it lets the steering record say whether a group is informative, so the
-controller can admit or drop groups without ever holding their tensors. The groups stay
-in Ray's object store; the controller hands their refs to the training pool
-(trainer/async_dataflow.py).
+**Rule-based rewards are scored here**, right after generation (`reward_fn` builds the
+run's RewardManager in this process): every group leaves the rank with its
+`token_level_scores` and per-sample reward outcomes (rewards/manager.py: `sample_outcomes`),
+scored while the training pool trains, and the steering record can say whether it is
+informative without the controller ever holding its tensors (trainer/stream_step.py).
 """
 
 from __future__ import annotations
@@ -181,9 +172,11 @@ class RolloutWorker(Worker):
                 self._receiver_error = err
                 self._staged_cv.notify_all()
 
-    def _load_version(self, version: int, timeout_s: float) -> dict[str, float]:
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_version(self, version: int, timeout_s: float = 600.0) -> dict[str, float]:
         """Wait until `version` is staged, load it and drop older staged versions; {} when
-        the engine already holds it. Metrics under weight_sync/*."""
+        the engine already holds it. Metrics under weight_sync/*. Generation calls load
+        the version they name themselves; called alone, it loads without generating."""
         require(self.engine, "the rollout engine")
         if version == self.version:
             return {}
@@ -208,11 +201,6 @@ class RolloutWorker(Worker):
         self.version = version
         return {**stats.as_metrics("weight_sync/receive"), "weight_sync/in_flight": float(in_flight)}
 
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def load_version(self, version: int, timeout_s: float = 600.0) -> dict[str, float]:
-        """Wait for `version` over the bridge and load it now (without generating)."""
-        return self._load_version(version, timeout_s)
-
     @register(dispatch=Dispatch.DP_COMPUTE, blocking=False)
     def generate_stream(self, prompts: DataProto | None, max_steps: int | None,
                         version: int) -> tuple[list[ray.ObjectRef], dict[str, Any]]:
@@ -224,7 +212,7 @@ class RolloutWorker(Worker):
         {"groups": [{uid, oldest_version, informative}], "metrics": weight_sync/* of the
         loaded sync ({} if none loaded) and reward/worker_restarts}."""
         require(self.engine, "the rollout engine")
-        metrics = self._load_version(version, timeout_s=self.bridge_timeout_s)
+        metrics = self.load_version(version, timeout_s=self.bridge_timeout_s)
         finished: list[DataProto] = []
         if prompts is not None and len(prompts):
             params = call_sampling_params(self.config.rollout, prompts.meta_info, self._generate_calls, self.dp_rank)

@@ -38,8 +38,10 @@ class EnvGroups:
     pools: list[Any]
 
     def shutdown(self) -> None:
+        """Stop the groups (those started: a failed start has None for the others), release the pools."""
         for group in (self.runners, self.learner):
-            group.shutdown()
+            if group is not None:
+                group.shutdown()
         for pool in self.pools:
             pool.release()
 
@@ -68,11 +70,7 @@ def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: Learn
         learner.init_model()
         runners = WorkerGroup(runner_pool, EnvRunnerWorker, collector_spec)
     except BaseException:
-        for group in (runners, learner):
-            if group is not None:
-                group.shutdown()
-        for pool in pools:
-            pool.release()
+        EnvGroups(runners, learner, pools).shutdown()
         raise
     return EnvGroups(runners=runners, learner=learner, pools=pools)
 

@@ -122,7 +122,7 @@ def learn(run: EnvRun, metrics: dict[str, Any], update: Callable[[], dict[str, f
 
 def ppo_submit(run: EnvRun) -> Callable[[], Any]:
     def submit() -> Any:
-        run.submitted_steps += _round_steps(run)
+        run.submitted_steps += steps_per_iteration(run.cfg)
         return run.groups.runners.rollout(run.cfg.ppo.rollout_steps, *run.take_weights())
 
     return submit
@@ -166,7 +166,7 @@ def sac_submit(run: EnvRun) -> Callable[[], Any]:
         # Uniform actions until learning_starts steps were asked for (decided at submission,
         # so sync and async runs draw the same warm-up).
         random = run.submitted_steps < run.cfg.sac.learning_starts
-        run.submitted_steps += _round_steps(run)
+        run.submitted_steps += steps_per_iteration(run.cfg)
         return run.groups.runners.transitions(run.cfg.sac.train_freq, random, *run.take_weights())
 
     return submit
@@ -196,10 +196,6 @@ def sac_gradient_steps(gradient_steps: int, train_freq: int, env_steps: int) -> 
     if gradient_steps < 0:
         return env_steps
     return max(1, gradient_steps * env_steps // train_freq)
-
-
-def _round_steps(run: EnvRun) -> int:
-    return steps_per_iteration(run.cfg)
 
 
 # ----------------------------------------------------------------------------- programs

@@ -22,8 +22,9 @@ import time
 from collections import deque
 from typing import Any
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hybridflow.trainer.display import RunDisplay
 
 
 class RecordAccumulator:
@@ -100,21 +101,11 @@ def crossed(before: int, after: int, every: int) -> bool:
     return every > 0 and after // every > before // every
 
 
-class EnvDisplay:
+class EnvDisplay(RunDisplay):
     """A progress bar over environment steps with the latest return (console: rich), one line
-    per record (plain), or nothing (none)."""
+    per record (plain), or nothing (none); `message` and `stop` are RunDisplay's."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.console = Console()
-        self._progress: Progress | None = None
-        self._task: Any = None
-
-    def message(self, text: str) -> None:
-        if self.mode != "none":
-            self.console.print(text, soft_wrap=True)
-
-    def start(self, title: str, total: int, done: int) -> None:
+    def start(self, title: str, total: int, done: int = 0) -> None:
         if self.mode == "rich":
             self._progress = Progress(TextColumn(f"[bold]{title}[/bold]"), BarColumn(),
                                       TextColumn("{task.completed:,.0f}/{task.total:,.0f} steps"),
@@ -132,8 +123,3 @@ class EnvDisplay:
             self._progress.update(self._task, completed=record["env/steps"], info=info)
         elif self.mode == "plain":
             self.console.print(f"steps {record['env/steps']:,.0f}  {info}", highlight=False)
-
-    def stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None

@@ -81,9 +81,7 @@ class EnvironmentTask:
         self.network = network_spec(cfg)
         self.run_dir = reopen_run_dir(cfg, self.checkpoint) if self.checkpoint else create_run_dir(cfg)
         self.display = EnvDisplay(cfg.trainer.console)
-        from hybridflow.trainer.display import RunDisplay
-
-        self.log = build_loggers(cfg, self.run_dir, RunDisplay(cfg.trainer.console))
+        self.log = build_loggers(cfg, self.run_dir, self.display)
         self.iteration = int(read_trainer_state(self.checkpoint)["global_step"]) if self.checkpoint else 0
         self.acc = RecordAccumulator(cfg.trainer.return_window)
         self.groups: EnvGroups | None = None
@@ -196,7 +194,7 @@ class EnvironmentTask:
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
-            from hybridflow.trainer.env.plots import plot_env_run
+            from hybridflow.trainer.plots import plot_env_run
 
             plot_env_run(self.run_dir)
         if reached is not None:
@@ -268,6 +266,7 @@ RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_w
 def resume_config(checkpoint: Path, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
     from hybridflow.trainer.checkpointing import run_config_path
+    from hybridflow.trainer.lifecycle import changed_keys
 
     saved = load_env_config(run_config_path(checkpoint))
     if config is None:
@@ -275,17 +274,10 @@ def resume_config(checkpoint: Path, config: EnvRunConfig | None) -> EnvRunConfig
     cfg = resolve_env_config(config)
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=saved.trainer.run_dir,
                                                                output_dir=saved.trainer.output_dir))
-    changed = sorted(k for k in changed_keys(config_to_dict(saved), config_to_dict(cfg)) if not k.startswith(RESUMABLE_KEYS))
+    changed = [k for k in changed_keys(config_to_dict(saved), config_to_dict(cfg)) if not k.startswith(RESUMABLE_KEYS)]
     if changed:
         raise ConfigError(f"cannot resume {str(checkpoint)!r} with a different {', '.join(changed)}: a checkpoint "
                           f"only means something with the config that wrote it (a resumed run may change "
                           f"{', '.join(RESUMABLE_KEYS)})")
     return cfg
 
-
-def changed_keys(before: Any, after: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config trees."""
-    if isinstance(before, dict) and isinstance(after, dict):
-        return [key for name in before.keys() | after.keys()
-                for key in changed_keys(before.get(name), after.get(name), f"{prefix}{name}.")]
-    return [] if before == after else [prefix.rstrip(".")]
