@@ -91,7 +91,7 @@ class StopSignal:
     def deferred(self) -> Iterator[None]:
         """While inside, a first signal is only recorded (the caller checks `received`).
         Entering starts afresh: a signal that stopped an earlier train() call is over."""
-        self.signum, self._defer = None, True
+        self.signum, self.unreported, self._defer = None, None, True
         try:
             yield
         finally:
@@ -113,6 +113,14 @@ class StopSignal:
 
 
 STOP = StopSignal()
+
+
+def swallowed_stop(err: BaseException) -> RunTerminated | None:
+    """The RunTerminated that `err` replaced, if any: Ray turns an exception raised by a
+    signal handler while it waits (ray.get, ray.wait) into a SystemExit(1) of its own."""
+    if isinstance(err, SystemExit) and not isinstance(err, RunTerminated):
+        return STOP.unreported
+    return None
 
 
 def stopped_line(step: int, checkpoint: Path | None, run_dir: Path, unit: str = "step") -> str:

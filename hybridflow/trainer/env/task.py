@@ -143,7 +143,11 @@ class EnvironmentTask:
         if cfg.distributed.num_workers > 0:
             import ray
 
+            from hybridflow.controller import init_ray
+
             self._ray_started = self._ray_started or not ray.is_initialized()
+            init_ray(address=cfg.distributed.ray_address)  # (build_env_groups finds it up)
+            STOP.install()  # after Ray's own SIGTERM handler, which ends the process with status 15
         elif self._threads_before is None:
             import torch
 
@@ -154,7 +158,6 @@ class EnvironmentTask:
             torch.set_num_threads(max(1, int(cfg.distributed.learner_cpus)))
         self.groups = build_env_groups(cfg, collector_spec(cfg, self.network, self.program),
                                        learner_spec(cfg, self.network, self.program))
-        STOP.install()  # after Ray's own SIGTERM handler (build_env_groups started Ray), which aborts
         self.run = EnvRun(cfg, self.groups)
         self.run.start_sampler(self.program.submit(self.run))
         if self.checkpoint is not None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,14 @@ SETTINGS = ["trainer.console=plain", "trainer.target_return=null", "trainer.log_
             "trainer.total_env_steps=10000000", "ppo.epochs=2", "trainer.loggers=[jsonl]"]
 
 
-def _stop_after_progress(args: list[str], run_dir: Path, signum: int) -> tuple[int, str, set[int]]:
-    """Start `args`, wait for its first logged record, send `signum`; (exit status, stderr,
-    the processes below it when the signal went)."""
+def _stop_after_progress(args: list[str], run_dir: Path, signum: int,
+                         ready: Callable[[int], bool] | None = None) -> tuple[int, str, set[int]]:
+    """Start `args`, wait for its first logged record (or until `ready(pid)`), send `signum`;
+    (exit status, stderr, the processes below it when the signal went)."""
+    ready = ready or (lambda pid: bool(logged_rl_steps(run_dir)))
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     try:
-        while not logged_rl_steps(run_dir):  # the run is stepping (the pytest timeout guards a hang)
+        while not ready(proc.pid):  # the pytest timeout guards a hang
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
         processes = descendants(proc.pid)  # Ray and its env runners, when there are any
@@ -95,6 +98,32 @@ def test_sigterm_with_a_ray_runner_shuts_ray_down_and_resumes(tmp_path):
     done = subprocess.run(resume, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=400)
     assert done.returncode == 0, done.stderr
     assert logged_rl_steps(run_dir)[-1] == iteration + 1
+
+
+def _starting_workers(pid: int) -> bool:
+    """A worker actor of the run exists: Ray is up (its handler replaced) and set-up goes on."""
+    for child in descendants(pid):
+        try:
+            if Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"ray::WorkerHost"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+@pytest.mark.slow  # Ray and the actors start in ~20-40 s on a 2-core machine
+@pytest.mark.timeout(600)
+def test_sigterm_while_ray_workers_start_abandons_the_start_with_143(tmp_path):
+    """Ray turns an exception raised by a signal handler while it waits into its own
+    SystemExit(1); the stop is still reported as the stop (trainer/entry.py)."""
+    run_dir = tmp_path / "run"
+    code, err, processes = _stop_after_progress(_cli(run_dir, "distributed.num_workers=1"), run_dir,
+                                                signal.SIGTERM, _starting_workers)
+    assert code == 143, err
+    assert err.strip().splitlines()[-1] == "hybridflow train: stopped by SIGTERM (the step in progress was abandoned)"
+    assert "Traceback" not in err and "*** SIGTERM received" not in err
+    while alive(processes):  # Ray and the worker were shut down (only a hang keeps us here)
+        time.sleep(0.2)
 
 
 SCRIPT = """
