@@ -79,12 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             return handler(args)
-        except Exception as err:  # after a SIGTERM, whatever ended the command is the stop
+        except BaseException as err:  # after a SIGTERM / SIGINT, whatever ended the command is the stop
             stopped = stopped_by_signal(err)
             if stopped is None:
                 raise
             print(f"hybridflow {args.command}: {stopped}", file=sys.stderr)
-            return 143  # 128 + SIGTERM, as if the signal had ended the process
+            return sys.modules["hybridflow.trainer.stop_signal"].STOP.exit_status  # as if the signal had ended it
     except UserInputError as err:
         print(f"hybridflow {args.command}: {err}", file=sys.stderr)
         return 2
@@ -98,14 +98,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stopped_by_signal(err: BaseException) -> str | None:
-    """The line to print when the command ended because of a SIGTERM (trainer/stop_signal.py),
-    None otherwise: the trainer's own report, or that the step in progress was abandoned."""
-    stop = sys.modules.get("hybridflow.trainer.stop_signal")  # loaded wherever a run handles SIGTERM
+    """The line to print when the command ended because of a SIGTERM or SIGINT
+    (trainer/stop_signal.py), None otherwise: the trainer's own report, or that the step in
+    progress was abandoned."""
+    stop = sys.modules.get("hybridflow.trainer.stop_signal")  # loaded wherever a run handles the signals
     if stop is None or not stop.STOP.received:
         return None
     if isinstance(err, stop.RunTerminated):
-        return str(err)
-    return f"stopped by SIGTERM (the step in progress was abandoned: {one_line(err)})"
+        return err.reported()
+    if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: reported as such
+        return None
+    return f"stopped by {stop.STOP.name} (the step in progress was abandoned: {one_line(err)})"
 
 
 def worker_failure(err: BaseException) -> str | None:

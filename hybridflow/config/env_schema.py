@@ -187,12 +187,15 @@ class EnvTrainerSection:
     a checkpoint at the end of every iteration that crosses a multiple of this many
     environment steps (save_freq 0: no checkpoints). return_window: episodes in the
     rolling mean return (episode/return_mean_window). target_return: stop once that mean
-    reaches it (null: never). The rest as in the LM trainer section."""
+    reaches it (null: never). save_on_signal: on SIGTERM / SIGINT, finish the current
+    iteration and checkpoint it before stopping (false: stop after the iteration with the
+    newest checkpoint there is). The rest as in the LM trainer section."""
 
     total_env_steps: int = 100_000
     log_freq: int = 1000
     save_freq: int = 0
     keep_last_checkpoints: int | None = None
+    save_on_signal: bool = True
     return_window: int = 20
     target_return: float | None = None
     output_dir: str = "runs"

@@ -110,8 +110,8 @@ class TrainerSection:
         <run>/checkpoints/global_step_<N>: models, optimizers, schedules, data position,
         RNG, algorithm state; `hybridflow train --resume` continues from the newest one.
     keep_last_checkpoints: keep only the newest this many checkpoints (null: all).
-    save_on_signal: on SIGTERM, finish the current step and checkpoint it before stopping
-        (exit status 143); false: stop after the step with the newest checkpoint there is.
+    save_on_signal: on SIGTERM or SIGINT, finish the current step and checkpoint it before stopping
+        (exit status 143 or 130); false: stop after the step with the newest checkpoint there is.
     save_final_model: export the trained actor as a Hugging Face dir (<run>/final_model).
     output_dir / run_dir: runs go to <output_dir>/<name>-<timestamp>/; run_dir picks an
         exact directory instead (it must not exist: a run never overwrites another).

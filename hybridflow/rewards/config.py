@@ -22,7 +22,7 @@ class RewardConfig:
     mp_context: "forkserver" (fast worker start) or "spawn".
     memory_limit_mb: address-space limit of each worker process (RLIMIT_AS); a sample that
         allocates past it fails with MemoryError instead of exhausting the machine.
-        "auto": a quarter of the machine's memory shared by the workers, between 1 and 8
+        "auto": a quarter of the machine's (or container's) memory shared by the workers, 1 to 8
         GiB each (rewards/limits.py); null: no limit. Not applied in-process (num_workers 0),
         nor are the three below.
     cpu_time_s: CPU seconds a sample may use (RLIMIT_CPU, moved before each sample); "auto":

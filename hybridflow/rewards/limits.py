@@ -2,7 +2,8 @@
 
     limits = worker_limits(config, compute_score)     # -> ScoringPool(..., limits=limits)
 
-Memory "auto": a quarter of the machine's memory, shared by the workers, each between 1
+Memory "auto": a quarter of the machine's memory (or the container's, where its cgroup
+sets a lower limit), shared by the workers, each between 1
 and 8 GiB (two workers on a 24 GiB machine: 3 GiB each, not 8; the training engines need
 the rest). CPU "auto": the per-sample time limit rounded up. Readable when confined: the
 Python installation (prefixes and site-packages), system libraries, the hybridflow
@@ -33,8 +34,25 @@ SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/etc/localtime", "/dev/null", "/de
                    "/sys/devices/system/cpu")
 
 
-def machine_memory_mb() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+def machine_memory_mb(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The memory this process may use: the machine's, or less where a container's cgroup
+    limits it (a job in a 24 GiB container on a 512 GiB host has 24)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min([physical, *cgroup_memory_limits(cgroup_root)]) // 2**20
+
+
+def cgroup_memory_limits(root: Path) -> list[int]:
+    """The memory limits in bytes set on this process's cgroup (v2 `memory.max`, v1
+    `memory/memory.limit_in_bytes`); none when unlimited or unreadable."""
+    limits = []
+    for file in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = file.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) is no limit; v1 writes no limit as a huge number, which min() drops
+            limits.append(int(text))
+    return limits
 
 
 def auto_memory_limit_mb(num_workers: int, machine_mb: int | None = None) -> int:

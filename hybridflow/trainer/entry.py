@@ -37,6 +37,7 @@ from hybridflow.config.tasks import (
     task_kind_of_checkpoint,
     task_kind_of_config,
 )
+from hybridflow.trainer.stop_signal import swallowed_stop
 
 
 class RLTrainer:
@@ -74,9 +75,12 @@ class RLTrainer:
         total. Outside `with`, the workers are released before it returns."""
         try:
             result = self.task.train(None if steps is None else as_steps(steps))
-        except BaseException:
+        except BaseException as err:
             if not self._scoped:
                 self.task.release(save=False)  # the newest complete checkpoint stays the restart point
+            stop = swallowed_stop(err)
+            if stop is not None:  # a signal's stop, which Ray turned into its own SystemExit(1)
+                raise stop from None
             raise
         if not self._scoped:
             self.task.release(save=True)

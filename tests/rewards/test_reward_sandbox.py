@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.rewards import RewardConfig, RewardManager, load_reward_fn
-from hybridflow.rewards.limits import auto_memory_limit_mb, readable_paths, worker_limits
+from hybridflow.rewards.limits import auto_memory_limit_mb, machine_memory_mb, readable_paths, worker_limits
 from test_reward_manager import make_batch, tokenizer  # noqa: F401 - the fixture
 
 REWARD_FILE = textwrap.dedent(
@@ -122,6 +122,20 @@ def test_a_sample_past_its_cpu_seconds_is_interrupted(tokenizer, setup):
     out = score(tokenizer, setup["fn"], config, ["spin:20", "spin:0"])
     assert [i for i, _ in out.errors] == [0] and "more than 1 s of CPU time" in out.errors[0][1]
     assert out.scores.tolist()[1] == 1.0  # the same worker scores the next sample
+
+
+def test_the_machine_memory_is_the_containers_where_its_cgroup_limits_it(tmp_path):
+    physical = machine_memory_mb(tmp_path / "none")  # no cgroup files: the machine's memory
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("max\n")
+    assert machine_memory_mb(v2) == physical
+    (v2 / "memory.max").write_text(f"{2 * 2**30}\n")
+    assert machine_memory_mb(v2) == min(physical, 2048)
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert machine_memory_mb(v1.parent) == physical
 
 
 def test_memory_default_follows_the_machine_and_the_worker_count(setup):

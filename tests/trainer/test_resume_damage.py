@@ -2,7 +2,7 @@
 deleted or truncated shard in the newest checkpoint falls back to the older intact one; a
 corrupt trainer_state.json is a short error; a metrics.jsonl whose last line was torn by a
 crash is read; a model that changed since the checkpoint (its directory, or config.yaml's
-model section) is refused; a payload planted in DCP's `.metadata` is refused by `export` and
+model section) is refused; a payload planted in DCP's `.metadata` is refused by `export`, `eval` and
 `--resume` before anything starts, and does not run."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_resume_by_run_name_skips_a_damaged_newest_checkpoint(tmp_path, tiny_con
     assert resume_point(True, cfg).checkpoint == older
 
 
-@pytest.mark.parametrize("command", ["export", "resume"])
+@pytest.mark.parametrize("command", ["export", "eval", "resume"])
 def test_a_payload_planted_in_dcp_metadata_is_refused_before_anything_starts(tmp_path, tiny_config, capsys,
                                                                              command):
     run_dir = tmp_path / "run"
@@ -141,8 +141,8 @@ def test_a_payload_planted_in_dcp_metadata_is_refused_before_anything_starts(tmp
     marker = tmp_path / "payload-ran"
     # DCP's real metadata carrying a payload; the sizes trainer_state.json records match it.
     checkpoint(run_dir, 1, metadata=Metadata(state_dict_metadata={}, storage_meta=Payload(marker)))
-    argv = (["export", str(run_dir), "--out", str(tmp_path / "out")] if command == "export"
-            else ["train", "--resume", str(run_dir)])
+    argv = {"export": ["export", str(run_dir), "--out", str(tmp_path / "out")], "eval": ["eval", str(run_dir)],
+            "resume": ["train", "--resume", str(run_dir)]}[command]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "actor/.metadata asks to load pathlib.Path.touch" in err and "not loaded" in err

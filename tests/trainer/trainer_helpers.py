@@ -30,6 +30,11 @@ def rl_records(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
 
 
+def logged_rl_steps(run_dir: Path) -> list[int]:
+    """The steps (an environment run's iterations) a run, maybe still running, has logged so far."""
+    return [r["step"] for r in rl_records(run_dir)] if (run_dir / "metrics.jsonl").is_file() else []
+
+
 def assert_finite(record: dict) -> None:
     """Every metric of a metrics.jsonl record is a finite number (non-finite are written as null)."""
     bad = {k: v for k, v in record.items() if k not in ("phase",) and not (

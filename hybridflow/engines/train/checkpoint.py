@@ -35,6 +35,7 @@ import errno
 import os
 import pickle
 import shutil
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -217,12 +218,25 @@ def load_plain(path: str | Path) -> Any:
     numbers, strings): `weights_only=True`, so a planted pickle payload in a checkpoint is
     refused instead of run. The error names the file."""
     try:
-        return torch.load(path, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about a planted file's pickle protocol before refusing it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
         raise CheckpointSecurityError(
             f"{str(path)!r} holds Python objects other than tensors and plain data; it was not written by "
-            f"hybridflow (or was tampered with), and is not loaded: code inside it could run. ({err})"
+            f"hybridflow (or was tampered with), and is not loaded: code inside it could run "
+            f"({unpickler_reason(err)})"
         ) from None
+
+
+def unpickler_reason(err: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused, in one line (its message is a page of
+    advice to load the file unrestricted, which is exactly what must not be done here)."""
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    reason = text.split(marker, 1)[1] if marker in text else text
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 # ----------------------------------------------------------------------------- atomic directories

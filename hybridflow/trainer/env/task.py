@@ -8,7 +8,9 @@ checkpoints of language-model runs.
 
 `train` runs iterations of the algorithm's program (programs.py) until `steps` more
 environment steps were consumed (the last iteration may pass the mark), or until the
-rolling mean return reaches trainer.target_return. Records: records.py. Checkpoints
+rolling mean return reaches trainer.target_return; a SIGTERM or SIGINT (stop_signal.py)
+lets the iteration in progress finish, checkpoints it (trainer.save_on_signal) and raises
+RunTerminated, the workers are shut down on the way out. Records: records.py. Checkpoints
 (every trainer.save_freq environment steps) hold the learner ranks' states, every runner's
 environments and RNG, batches still in flight (async sampling) and the controller's
 counters, so a resumed run continues exactly as the uninterrupted one would have
@@ -31,6 +33,7 @@ from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
 from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
+from hybridflow.trainer.stop_signal import STOP, RunTerminated, stopped_line
 
 
 @dataclass
@@ -90,6 +93,7 @@ class EnvironmentTask:
         self.saved_iteration: int | None = self.iteration if self.checkpoint else None
         self._ray_started = False
         self._threads_before: int | None = None
+        STOP.install()  # a SIGTERM while starting abandons the start (installed again once Ray is up)
 
     @property
     def env_steps(self) -> int:
@@ -137,7 +141,11 @@ class EnvironmentTask:
         if cfg.distributed.num_workers > 0:
             import ray
 
+            from hybridflow.controller import init_ray
+
             self._ray_started = self._ray_started or not ray.is_initialized()
+            init_ray(address=cfg.distributed.ray_address)  # (build_env_groups finds it up)
+            STOP.install()  # after Ray's own SIGTERM handler, which ends the process with status 15
         elif self._threads_before is None:
             import torch
 
@@ -176,21 +184,26 @@ class EnvironmentTask:
         iteration_fn = self.program.iteration
         self.display.start(f"{cfg.algorithm.upper()} {cfg.env.id}", target, run.env_steps)
         started, reached, record = time.perf_counter(), None, {}
-        while run.env_steps < target and reached is None:
-            self.iteration += 1
-            before, tick = run.env_steps, time.perf_counter()
-            metrics = iteration_fn(run)
-            metrics["timing_s/iteration"] = time.perf_counter() - tick
-            self.acc.add(metrics)
-            window = self.acc.window_mean(full=True)  # a target needs a whole window of episodes
-            if cfg.trainer.target_return is not None and window is not None and window >= cfg.trainer.target_return:
-                reached = run.env_steps
-            if crossed(before, run.env_steps, cfg.trainer.log_freq) or run.env_steps >= target or reached:
-                record = self.acc.flush(run.env_steps)
-                self.log.write("rl", self.iteration, record)
-                self.display.record(record)
-            if crossed(before, run.env_steps, cfg.trainer.save_freq):  # after the record: its steps are logged
-                self.save_checkpoint()
+        with STOP.deferred():  # a signal lets the iteration in progress finish (stop_signal.py)
+            while run.env_steps < target and reached is None:
+                self.iteration += 1
+                before, tick = run.env_steps, time.perf_counter()
+                metrics = iteration_fn(run)
+                metrics["timing_s/iteration"] = time.perf_counter() - tick
+                self.acc.add(metrics)
+                window = self.acc.window_mean(full=True)  # a target needs a whole window of episodes
+                if cfg.trainer.target_return is not None and window is not None and window >= cfg.trainer.target_return:
+                    reached = run.env_steps
+                if crossed(before, run.env_steps, cfg.trainer.log_freq) or run.env_steps >= target or reached:
+                    record = self.acc.flush(run.env_steps)
+                    self.log.write("rl", self.iteration, record)
+                    self.display.record(record)
+                if crossed(before, run.env_steps, cfg.trainer.save_freq):  # after the record: its steps are logged
+                    self.save_checkpoint()
+                if STOP.received:
+                    self.display.stop()
+                    raise RunTerminated(stopped_line(self.iteration, self._checkpoint_on_signal(), self.run_dir,
+                                                     "iteration"))
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
@@ -226,6 +239,14 @@ class EnvironmentTask:
                  "policy_version": run.version, "records": self.acc.state_dict(), "rng": controller_rng_state()}
         self.saved_checkpoint = commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
         self.saved_iteration = self.iteration
+        return self.saved_checkpoint
+
+    def _checkpoint_on_signal(self) -> Path | None:
+        """The checkpoint a run stopped by a signal leaves: this iteration's (written now with
+        trainer.save_on_signal, unless save_freq just wrote it), else the newest there is
+        (the accumulated records not yet logged are in it: a resumed run logs them)."""
+        if self.config.trainer.save_on_signal and self.saved_iteration != self.iteration:
+            return self.save_checkpoint()
         return self.saved_checkpoint
 
     def _load_checkpoint(self, checkpoint: Path) -> None:

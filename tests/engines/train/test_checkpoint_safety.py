@@ -27,11 +27,27 @@ def test_a_planted_payload_is_refused_not_run(tmp_path):
     marker = tmp_path / "payload-ran"
     planted = tmp_path / "engine_state.pt"
     torch.save({"global_step": 3, "evil": Payload(marker)}, planted)
-    with pytest.raises(CheckpointSecurityError, match="engine_state.pt.*not loaded"):
+    with pytest.raises(CheckpointSecurityError, match="engine_state.pt.*not loaded") as refused:
         load_plain(planted)
     assert not marker.exists()
+    # One line naming what was refused, not torch's page of advice to load it with weights_only=False.
+    assert "\n" not in str(refused.value) and "weights_only" not in str(refused.value)
+    assert "Unsupported global" in str(refused.value)
     torch.load(planted, weights_only=False)  # what the old loader did: the payload runs
     assert marker.exists()
+
+
+def test_a_file_that_is_only_a_payload_is_one_line_without_warnings(tmp_path, recwarn):
+    """A whole file replaced by a pickle of a payload (protocol 4, what `pickle.dumps` writes)."""
+    import pickle
+
+    marker = tmp_path / "payload-ran"
+    planted = tmp_path / "rank0.pt"
+    planted.write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(CheckpointSecurityError, match="rank0.pt.*not loaded") as refused:
+        load_plain(planted)
+    assert not marker.exists() and "\n" not in str(refused.value)
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
 
 def test_plain_checkpoint_data_still_loads(tmp_path):
