@@ -8,7 +8,7 @@ of the CPU doing nothing until its time slice ends. Measured with one competing 
 matmul job on 2 cores (benchmarks/bench_contention.py; README "Shared machine"): a
 training step 3.7-4.2x slower with the default wait and 1.5-2.0x with passive waiting
 (threads sleep at once), where a fair share of the cores is 2x; quiet, the two were
-within the noise of each other.
+within the noise of each other (2 of 16 idle cores, benchmarks/results/contention_probe_h100_host.json).
 
 libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when a process loads it (torch's
 import), so the policy travels as environment: `export_policy` puts it in the
