@@ -81,3 +81,19 @@ def test_a_worker_actor_gets_the_controllers_policy(ray_local, clean_env):
         pool.release()
     assert seen["env"] == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
     assert seen["threads"] == 2  # its CPU share (host.py), not the machine's cores
+
+
+def test_a_run_prints_its_policy_once_and_exports_it_before_its_processes_start(ray_local, clean_env, tmp_path,
+                                                                                capsys):
+    from hybridflow.trainer.setup import RunContext
+
+    cfg = load_run_config(None, [f"trainer.output_dir={tmp_path}", "trainer.console=plain", "sft.steps=0"])
+    ctx = RunContext.open(cfg)
+    try:
+        printed = capsys.readouterr().out
+        assert printed.count("OpenMP threads: passive wait") == 1
+        assert omp.worker_env() == omp.policy_env("passive")  # what the reward pool and workers start with
+        saved = yaml.safe_load((ctx.run_dir / "config.yaml").read_text())
+        assert saved["resources"]["omp_wait_policy"] == "passive"
+    finally:
+        ctx.close()
