@@ -15,6 +15,19 @@ actor, then one step); the load average and the CPU other processes took (foreig
 cores) beside them, since the cores are shared. On a quiet machine the wall time of a
 stage lies between its CPU seconds / cores and its CPU seconds (plus waits). Writes
 benchmarks/results/startup.json with the machine description.
+
+`--env` measures environment runs instead (issue 28, goal 5; about 2 minutes on a quiet
+2-core machine):
+
+    .venv/bin/pip install -e '.[bench-envs]'      # stable-baselines3, pinned
+    .venv/bin/python benchmarks/bench_startup.py --env --repeats 3
+
+Per repeat, each in a fresh process, interleaved: the floor of a start on Ray (importing
+ray, `init_ray` alone, then one actor that imports torch: what any Ray env runner pays),
+then PPO CartPole set-up as bench_vs_sb3.py times it (up to the first environment step:
+SB3's model and environments; hybridflow's trainer, Ray and its workers) for SB3,
+hybridflow in-process (0 workers) and with one Ray env runner. Writes
+benchmarks/results/startup_env.json.
 """
 
 from __future__ import annotations
@@ -88,9 +101,62 @@ def one_run(work: Path, sft_steps: int, extra: list[str]) -> dict:
     }
 
 
+# A fresh process: import ray, start hybridflow's embedded Ray, then one actor that imports
+# torch (an env runner's process does, and the learner's): the floor under a Ray runner's start.
+RAY_FLOOR = """
+import json, time
+t0 = time.perf_counter()
+import ray
+from hybridflow.controller import init_ray
+t1 = time.perf_counter()
+init_ray()
+t2 = time.perf_counter()
+
+@ray.remote(num_cpus=1)
+class Probe:
+    def ready(self):
+        import torch
+        return torch.get_num_threads()
+
+ray.get(Probe.remote().ready.remote())
+t3 = time.perf_counter()
+print(json.dumps({"import_ray_s": t1 - t0, "init_ray_s": t2 - t1, "actor_importing_torch_s": t3 - t2}))
+"""
+
+
+def env_startup(repeats: int) -> dict:
+    """--env: the Ray floor and PPO CartPole set-up of SB3, hybridflow in-process and with
+    one Ray env runner, `repeats` interleaved rounds (bench_vs_sb3.run_one, 512 steps)."""
+    from bench_vs_sb3 import run_one
+
+    systems = [("sb3", (0, "sync")), ("hybridflow", (0, "sync")), ("hybridflow", (1, "sync"))]
+    rows = []
+    for repeat in range(repeats):
+        load = os.getloadavg()[0]
+        floor = json.loads(subprocess.run([sys.executable, "-c", RAY_FLOOR], capture_output=True, text=True,
+                                          check=True).stdout.strip().splitlines()[-1])
+        row = {"repeat": repeat, "load_avg_1min": round(load, 2), "ray_floor": floor, "setup_s": {}}
+        with tempfile.TemporaryDirectory(prefix="hf_startup_env_") as tmp:
+            for system, workers in systems:
+                run = run_one(system, "ppo_cartpole", 0, workers, Path(tmp), steps=512, round_=repeat)
+                name = "sb3" if system == "sb3" else f"hybridflow workers={workers[0]}"
+                row["setup_s"][name] = run["setup_s"]
+                if "teardown_s" in run:
+                    row.setdefault("teardown_s", {})[name] = run["teardown_s"]
+        rows.append(row)
+        print(f"repeat {repeat} (load {load:.1f}): ray floor {json.dumps({k: round(v, 2) for k, v in floor.items()})}; "
+              f"set-up " + ", ".join(f"{k} {v:.1f} s" for k, v in row["setup_s"].items()), flush=True)
+    names = list(rows[0]["setup_s"])
+    summary = {"setup_s": {n: statistics.median(r["setup_s"][n] for r in rows) for n in names},
+               "ray_floor": {k: statistics.median(r["ray_floor"][k] for r in rows) for k in rows[0]["ray_floor"]}}
+    print("medians: " + json.dumps({k: {n: round(v, 2) for n, v in d.items()} for k, d in summary.items()}))
+    return {"summary": summary, "runs": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--env", action="store_true", help="environment runs: Ray floor and PPO set-up vs SB3")
     parser.add_argument("--sft-steps", type=int, default=2, help="warm-start steps (the default run has 400)")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default=str(HERE / "results" / "startup.json"))
@@ -98,6 +164,14 @@ def main() -> None:
     args = parser.parse_args()
     from bench_controller import machine
 
+    if args.env:
+        out_path = Path(args.out).with_name("startup_env.json") if args.out == parser.get_default("out") else Path(args.out)
+        result = env_startup(args.repeats)
+        out = {"benchmark": "bench_startup_env", "command": " ".join(["python", *sys.argv]), "note": args.note,
+               **result, "machine": machine()}
+        out_path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {out_path}")
+        return
     runs = []
     for repeat in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="hf_startup_") as tmp:

@@ -133,6 +133,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 "median_cpu_s_per_1k_steps": statistics.median(1000 * r["cpu_s"] / r["env_steps"] for r in group),
                 "median_cpu_s_to_target": statistics.median(r["cpu_s"] for r in reached) if reached else None,
                 "median_setup_s": statistics.median(r["setup_s"] for r in group),
+                # after the loop: plots, stopping the workers and Ray (hybridflow runs measured since it was kept)
+                "median_teardown_s": statistics.median(r["teardown_s"] for r in group) if all(
+                    "teardown_s" in r for r in group) else None,
             }
         base = rows.get("sb3")
         for row in rows.values():
@@ -148,7 +151,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def print_table(summary: dict[str, dict[str, Any]]) -> None:
     print(f"{'task':14} {'system':24} {'reached':>7} {'steps to target':>15} {'s to target':>11} "
-          f"{'steps/s':>8} {'x SB3 steps/s':>13} {'x SB3 time':>10} {'cpu s/1k':>8} {'x SB3 cpu':>9} {'setup s':>7}")
+          f"{'steps/s':>8} {'x SB3 steps/s':>13} {'x SB3 time':>10} {'cpu s/1k':>8} {'x SB3 cpu':>9} {'setup s':>7} {'teardown s':>10}")
     for task, rows in summary.items():
         for name, row in rows.items():
             def fmt(key: str, spec: str) -> str:
@@ -158,7 +161,7 @@ def print_table(summary: dict[str, dict[str, Any]]) -> None:
                   f"{fmt('median_seconds_to_target', '.1f'):>11} {fmt('median_steps_per_s', ',.0f'):>8} "
                   f"{fmt('steps_per_s_vs_sb3', '.2f'):>13} {fmt('time_to_target_vs_sb3', '.2f'):>10} "
                   f"{fmt('median_cpu_s_per_1k_steps', '.2f'):>8} {fmt('cpu_to_target_vs_sb3', '.2f'):>9} "
-                  f"{fmt('median_setup_s', '.1f'):>7}")
+                  f"{fmt('median_setup_s', '.1f'):>7} {fmt('median_teardown_s', '.1f'):>10}")
 
 
 def plot(runs: list[dict[str, Any]], out: Path) -> list[str]:

@@ -8,7 +8,8 @@ CartPole-v1, SAC Pendulum-v1), one torch thread in the training process, and the
 rule: the mean return of the last `window` finished training episodes reaches `threshold`,
 or `max_steps` environment steps. Written JSON: steps and seconds to the threshold, steps/s,
 setup seconds (building the model / starting the workers, not counted in the training
-time), CPU seconds of the training (this process and all its descendants: Ray's runner
+time; up to the first step, as SB3's: hybridflow's drawing of its plots and stopping of
+its workers after the loop are its `teardown_s`), CPU seconds of the training (this process and all its descendants: Ray's runner
 and learner processes included; up to the end of the training loop, not the plots
 hybridflow draws after it; on a loaded machine wall time is distorted, CPU time much
 less) and the curve (environment steps, rolling mean) for the plots.
@@ -169,6 +170,7 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
     start = time.perf_counter()
     with RLTrainer(config) as trainer:
         trainer._start()  # workers up before the clock starts (train() does this itself otherwise)
+        setup = time.perf_counter() - start
         roles = {} if workers == 0 else {
             **{info["pid"]: "runners" for info in trainer.groups.runners.worker_info},
             **{info["pid"]: "learner" for info in trainer.groups.learner.worker_info}}
@@ -177,14 +179,15 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
         result = trainer.train()
         split = cpu_by_role(cpu_before, roles, loop_end["cpu"])  # before close(): the workers are still there
         cpu = sum(split.values())
-    total = time.perf_counter() - start
+    total = time.perf_counter() - start  # set-up, training, plots and shutting the workers and Ray down
     records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     curve = [(int(r["env/steps"]), r["episode/return_mean_window"]) for r in records
              if r.get("episode/return_mean_window") is not None]
     phases = {key.split("/", 1)[1]: round(sum(r.get(key, 0.0) for r in records), 3)
               for key in sorted({k for r in records for k in r if k.startswith("timing_s/")})}
     return {"sampling": sampling, "iterations": result.iterations, "phases_s": phases, "cpu_by_role": split,
-            "autogroups": groups, "setup_s": total - result.wall_s, "wall_s": result.wall_s, "cpu_s": cpu,
+            "autogroups": groups, "setup_s": setup, "teardown_s": total - setup - result.wall_s,
+            "wall_s": result.wall_s, "cpu_s": cpu,
             "env_steps": result.env_steps,
             "steps_per_s": result.env_steps / result.wall_s, "reached_at_steps": result.reached_target_at,
             "time_to_target_s": result.wall_s if result.reached_target_at is not None else None, "curve": curve}

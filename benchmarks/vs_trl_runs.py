@@ -211,7 +211,8 @@ def hybridflow_config(spec: dict) -> dict:
         "trainer": {"total_steps": spec["steps"], "test_freq": 0, "save_freq": 0, "val_before_train": False,
                     "save_final_model": False, "loggers": ["jsonl"], "console": "none",
                     "output_dir": str(Path(spec["work_dir"]) / "runs")},
-        "resources": {"world_size": ranks, "threads_per_rank": spec["threads_per_rank"], "placement": "colocated"},
+        "resources": {"world_size": ranks, "threads_per_rank": spec["threads_per_rank"], "placement": "colocated",
+                      **spec.get("resources_extra", {})},  # e.g. omp_wait_policy (bench_contention.py)
         "model": {"path": spec["model_dir"]},
         "data": {"train_files": [spec["prompts_file"]], "train_batch_size": spec["prompts_per_step"],
                  "shuffle": False, "prompt": {"max_prompt_length": spec["max_prompt_length"]}},

@@ -33,6 +33,7 @@ from hybridflow.controller.decorator import MethodSpec, registered_methods
 from hybridflow.controller.dispatch import DispatchContext, Split, check_mesh
 from hybridflow.controller.errors import DispatchError
 from hybridflow.controller.faults import fault_runtime_env
+from hybridflow.controller.omp import worker_env
 from hybridflow.controller.tracing import flush_traces
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, RankInfo, gather
 from hybridflow.controller.host import RoleSpec, WorkerHost
@@ -43,6 +44,14 @@ _HostActor = ray.remote(WorkerHost)
 # How long rank 0's process may take to start (scheduling + imports) before spawning
 # fails with an error instead of waiting forever (e.g. for resources that never free up).
 START_TIMEOUT_S = 600.0
+
+
+def _runtime_env() -> dict[str, Any]:
+    """Actor options with the environment a worker process needs from the controller: the
+    fault and trace hooks (faults.py) and the OpenMP wait policy (omp.py), which a worker's
+    torch reads when it loads."""
+    env = {**fault_runtime_env().get("runtime_env", {}).get("env_vars", {}), **worker_env()}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 class HostSet:
@@ -66,7 +75,7 @@ class HostSet:
         actors = [
             _HostActor.options(
                 num_cpus=options["num_cpus"], num_gpus=options["num_gpus"], max_restarts=0, max_task_retries=0,
-                name=host_name("+".join(roles), rank, group), **fault_runtime_env(),
+                name=host_name("+".join(roles), rank, group), **_runtime_env(),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index),
             ).remote(rank, len(slots), local[rank][0], local[rank][1], options["num_cpus"])
             for rank, slot in enumerate(slots)

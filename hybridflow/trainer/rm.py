@@ -29,7 +29,7 @@ import torch
 from hybridflow.algorithms import bradley_terry_loss, pairwise_accuracy
 from hybridflow.config.dtypes import resolved_rm_dtype
 from hybridflow.config.rm_schema import RMConfig, rm_worker_config, validate_rm_config
-from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.controller import RoleSpec, WorkerGroup, omp
 from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, split_held_out
 from hybridflow.data.rl_dataset import pad_token_id_of
 from hybridflow.engines.models import load_hf_config
@@ -142,6 +142,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     display = RunDisplay(cfg.trainer.console)
     display.message(f"run directory: [bold]{run_dir}[/bold]")
     display.message(dtype_line)
+    display.message(omp.describe(cfg.resources.omp_wait_policy))
     log = MetricsLog(run_dir / "metrics.jsonl")
     ray_started = False
     groups: dict[str, WorkerGroup] = {}
@@ -158,6 +159,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
         display.message(f"{len(train)} pairs for training, {len(val)} held out")
         steps = total_steps(cfg, len(train))
         threads = cfg.resources.resolved_threads_per_rank(world)
+        omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (controller/omp.py)
         ray_started = start_ray(cfg.resources.ray_address, world * threads, cfg.resources.nodes)
         role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
         groups = build_role_groups({"rm": role}, PlacementSpec.colocated(cfg.resources.process_on_nodes(),

@@ -24,7 +24,7 @@ from hybridflow.config import ConfigError
 from hybridflow.config.dtypes import auto_note, auto_sections
 from hybridflow.config.schema import ComputeSection, RunConfig, resolve_run_config
 from hybridflow.config.validation import Layout, validate_run_config
-from hybridflow.controller import RoleSpec, WorkerGroup, init_ray
+from hybridflow.controller import RoleSpec, WorkerGroup, init_ray, omp
 from hybridflow.data import (
     RLPromptDataset,
     ResumableLoader,
@@ -94,6 +94,7 @@ class RunContext:
             display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
             display.message(f"run directory: [bold]{run_dir}[/bold]")
             display.message(auto_note(cfg, autos))  # the resolved precision, once (also in config.yaml)
+            display.message(omp.describe(cfg.resources.omp_wait_policy))
             if mapping is not None:
                 save_plan(run_dir, mapping)
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
@@ -110,6 +111,7 @@ class RunContext:
             raise
         try:
             cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
+            omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (omp.py)
             ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:

@@ -27,7 +27,6 @@ from hybridflow.engines.policy.actor_critic import NetworkSpec
 from hybridflow.engines.policy.ppo_learner import BATCH_KEYS, PPOLearner
 from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACLearner
 from hybridflow.engines.policy.weights import Weights, export_acting
-from hybridflow.engines.train.checkpoint import load_plain
 from hybridflow.protocol import DataProto
 
 
@@ -103,6 +102,10 @@ class LearnerWorker(Worker):
         if not path.is_file():
             raise FileNotFoundError(f"no learner state for rank {self.rank} at {str(path)!r}; resume with the "
                                     "distributed.num_learners the checkpoint was written with")
+        # Imported here: the language-model engine's checkpoint module pulls in transformers and
+        # torch.distributed.checkpoint (~3 s), which an environment learner needs only to resume.
+        from hybridflow.engines.train.checkpoint import load_plain
+
         self._require().load_state_dict(load_plain(path))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import sysconfig
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,14 +66,27 @@ def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: Learn
     learner_pool = ResourcePool([dist.num_learners], cpus_per_slot=dist.learner_cpus)
     pools = [runner_pool, learner_pool]
     runners = learner = None
-    try:
-        learner = WorkerGroup(learner_pool, LearnerWorker, learner_spec)
-        learner.init_model()
-        runners = WorkerGroup(runner_pool, EnvRunnerWorker, collector_spec)
-    except BaseException:
-        EnvGroups(runners, learner, pools).shutdown()
-        raise
+    # The runners' processes start while the learner's do: each imports torch (seconds), and
+    # one after the other the start-up was their sum (bench_vs_sb3.py's set-up column).
+    with ThreadPoolExecutor(1, thread_name_prefix="hybridflow-env-runners") as starter:
+        starting = starter.submit(WorkerGroup, runner_pool, EnvRunnerWorker, collector_spec)
+        try:
+            learner = WorkerGroup(learner_pool, LearnerWorker, learner_spec)
+            learner.init_model()
+            runners = starting.result()
+        except BaseException:
+            EnvGroups(_started_or_none(starting), learner, pools).shutdown()
+            raise
     return EnvGroups(runners=runners, learner=learner, pools=pools)
+
+
+def _started_or_none(starting: Future) -> Any:
+    """The group `starting` made once it is done, or None where it failed (its error is the
+    second one; the first is being raised)."""
+    try:
+        return starting.result()
+    except BaseException:
+        return None
 
 
 def ship_by_value(factory: Any) -> None:

@@ -1,0 +1,49 @@
+"""The start of an environment run on Ray: the env runners' processes start while the
+learner's do (trainer/env/groups.py), and when one side fails both are stopped and their
+CPUs given back."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+
+from hybridflow import RLTrainer
+from hybridflow.controller import WorkerError
+from hybridflow.envs import register_env
+
+
+CONTROLLER_PID = os.getpid()
+
+
+@register_env
+class BrokenAtStartEnv(gym.Env):
+    """An environment whose construction fails in an env runner's process (the controller
+    builds one too, to read its spaces)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        if os.getpid() != CONTROLLER_PID:
+            raise RuntimeError("this environment cannot be built")
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(1, np.float32), {}
+
+
+def test_a_runner_that_fails_to_start_stops_the_learner_and_frees_the_cpus(ray_local, tmp_path):
+    before = ray.available_resources().get("CPU", 0.0)
+    config = {"algorithm": "ppo", "env": "BrokenAtStartEnv", "distributed": {"num_workers": 1},
+              "trainer": {"output_dir": str(tmp_path), "console": "none", "loggers": ["jsonl"]}}
+    with RLTrainer(config) as trainer, pytest.raises(WorkerError, match="this environment cannot be built"):
+        trainer.train(steps=64)
+    deadline = time.monotonic() + 30  # Ray returns a killed actor's CPUs asynchronously
+    while ray.available_resources().get("CPU", 0.0) < before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0.0) == before
+    assert trainer.groups is None
