@@ -30,8 +30,9 @@ under a taken name needs `override=True`; the same definition again (a re-run sc
 re-imported module makes a new class object for the same code) replaces it.
 
 `import_object("package.module:attr")` is the one import-path resolver of the project
-(registries, algorithm programs, environment classes); `import_file` imports a user's .py
-file (algorithm.module, reward files).
+(registries, algorithm programs, environment classes, task kinds); `import_path_module` is
+its first half, for a "module:name" whose module registers `name` (rollout backends);
+`import_file` imports a user's .py file (algorithm.module, reward files).
 """
 
 from __future__ import annotations
@@ -67,20 +68,27 @@ def split_import_path(path: str) -> tuple[str, str] | None:
     return (module, attr) if module and attr and ":" not in attr else None
 
 
-def import_object(path: str, key: str | None = None, what: str = "object") -> Any:
-    """The object at an import path "package.module:attr" (or "package.module.attr"),
-    importing the module; a ConfigError keyed `key` naming what is wrong otherwise."""
+def import_path_module(path: str, key: str | None = None, what: str = "object") -> tuple[ModuleType, str]:
+    """The module of an import path "package.module:attr" (or "package.module.attr"),
+    imported, and the `attr` after it; a ConfigError keyed `key` naming what is wrong
+    otherwise. Importing the module runs its registrations (a registry's "module:name")."""
     parts = split_import_path(path)
     if parts is None:
         raise ConfigError(f"{path!r} is not an import path; write {what} as 'package.module:name'", key)
     module_name, attr = parts
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name), attr
     except ImportError as err:
         raise ConfigError(f"cannot import {what} {path!r}: {err}; the module must be importable (installed, or on "
-                          "PYTHONPATH)", key) from None
+                          "PYTHONPATH, in the controller and in every worker process)", key) from None
+
+
+def import_object(path: str, key: str | None = None, what: str = "object") -> Any:
+    """The object at an import path "package.module:attr" (or "package.module.attr"),
+    importing the module; a ConfigError keyed `key` naming what is wrong otherwise."""
+    module, attr = import_path_module(path, key, what)
     if not hasattr(module, attr):
-        raise ConfigError(f"cannot import {what} {path!r}: module {module_name!r} has no {what} {attr!r}", key)
+        raise ConfigError(f"cannot import {what} {path!r}: module {module.__name__!r} has no {what} {attr!r}", key)
     return getattr(module, attr)
 
 
@@ -221,18 +229,13 @@ class Registry(Generic[T]):
         attribute; else the `unknown` ConfigError."""
         if name in self:
             return self.get(name)
-        parts = split_import_path(name)
-        if parts is None:
+        if split_import_path(name) is None:
             raise self.unknown(name, key, how)
-        module, attr = parts
-        try:
-            imported = importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(f"cannot import {self.kind} {name!r}: {err}", key) from None
+        imported, attr = import_path_module(name, key, self.kind)
         if attr in self._items and getattr(self._items[attr], "__module__", None) == imported.__name__:
             return self._items[attr]
         if not hasattr(imported, attr):
-            raise ConfigError(f"cannot import {self.kind} {name!r}: module {module!r} registers no {attr!r} and has "
+            raise ConfigError(f"cannot import {self.kind} {name!r}: module {imported.__name__!r} registers no {attr!r} and has "
                               "no such attribute", key)
         return getattr(imported, attr)
 

@@ -86,7 +86,7 @@ def step_program(spec: AlgorithmSpec) -> Program:
     "module:function" path names (the built-in rows name the functions below)."""
     if not isinstance(spec.program, str):
         return spec.program
-    return import_object(spec.program, "algorithm.name", "step program")
+    return import_object(spec.program, "algorithm.name", "program")
 
 
 # ----------------------------------------------------------------------------- shared parts

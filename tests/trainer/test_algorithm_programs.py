@@ -4,6 +4,7 @@ state (Lagrange multiplier) round trip. No Ray here."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -35,6 +36,16 @@ def test_every_algorithm_name_has_a_program_a_spec_and_docs():
                 "algorithm.safe_rlhf.{lambda_init", "reward_model.path", "reward_model.add_rule_reward",
                 "cost_model.path", "cost_model.custom_fn_path", "actor.loss.policy.loss_mode"):
         assert key in text, key
+
+
+def test_a_program_path_that_does_not_import_names_the_key_and_the_path():
+    """step_program resolves a row's "module:function" with registry.import_object."""
+    missing_module = dataclasses.replace(algorithm_spec("grpo"), program="no_such_module_xyz:grpo")
+    with pytest.raises(ConfigError, match="algorithm.name: cannot import program 'no_such_module_xyz:grpo'"):
+        step_program(missing_module)
+    missing_attr = dataclasses.replace(algorithm_spec("grpo"), program="hybridflow.trainer.algorithms:no_such_fn")
+    with pytest.raises(ConfigError, match="has no program 'no_such_fn'"):
+        step_program(missing_attr)
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))

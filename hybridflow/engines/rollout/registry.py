@@ -20,12 +20,11 @@ importable there (installed, or on PYTHONPATH). docs/extending.md walks through 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, is_installed, missing_package_message
-from hybridflow.registry import Registry
+from hybridflow.registry import Registry, import_path_module
 
 if TYPE_CHECKING:  # torch: this module is read by config validation, before torch is imported
     import torch.distributed as dist
@@ -77,18 +76,9 @@ def rollout_backend(name: str) -> type[RolloutEngine]:
 def _import_external(name: str) -> str:
     """The registry name of `name`: "module:short" imports `module` (which registers
     `short`) and gives `short`; a plain name is itself."""
-    module, sep, short = name.rpartition(":") if isinstance(name, str) else ("", "", name)
-    if sep:
-        if not module or not short:
-            raise ValueError(f"rollout.name {name!r}: write an external backend as 'package.module:name'")
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ValueError(
-                f"rollout.name {name!r}: cannot import {module!r} ({err}); the module must be importable "
-                "in the controller and in every worker process (installed, or on PYTHONPATH)"
-            ) from err
-    return short
+    if not (isinstance(name, str) and ":" in name):
+        return name
+    return import_path_module(name, "rollout.name", "rollout backend")[1]
 
 
 def unsupported_tp_message(name: str, tp_size: int) -> str:

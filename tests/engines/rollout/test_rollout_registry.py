@@ -75,7 +75,7 @@ def test_module_colon_name_imports_the_module(tmp_path, monkeypatch, isolated_ba
     engine = build_rollout_engine("my_rollout_backends:external_hf", load_hf_config(tiny_llama_dir), RolloutConfig(),
                                   process_group=None, tokenizer=None, model_path=str(tiny_llama_dir))
     assert type(engine).__name__ == "ExternalHF" and engine.weight_storage_bytes() > 0
-    with pytest.raises(ValueError, match="cannot import 'no_such_module'.*PYTHONPATH"):
+    with pytest.raises(ValueError, match="rollout.name: cannot import rollout backend 'no_such_module:x'.*PYTHONPATH"):
         rollout_backend("no_such_module:x")
     with pytest.raises(ValueError, match="unknown rollout backend 'missing'"):
         rollout_backend("my_rollout_backends:missing")
