@@ -37,7 +37,7 @@ def run_train(args: argparse.Namespace) -> int:
     (PyYAML only: a config error is reported before torch is imported), its top-level keys
     checked, its kind decided once (config/tasks.py) and its config built, then the run."""
     from hybridflow.config import ConfigError, config_to_dict
-    from hybridflow.config.loader import user_tree
+    from hybridflow.config.loader import user_tree, with_overrides
     from hybridflow.config.tasks import read_task_config
 
     resume, overrides = args.resume, list(args.overrides)
@@ -49,7 +49,16 @@ def run_train(args: argparse.Namespace) -> int:
             from hybridflow.trainer.lifecycle import checkpoint_of_runs
 
             resume = checkpoint_of_runs(read_task_config(user_tree(None, overrides))[1])
-        kind, cfg = read_task_config(config_tree(args.config, resume, overrides))
+        if args.config is None and isinstance(resume, (str, Path)):
+            from hybridflow.trainer.checkpointing import saved_run
+
+            # The run's config.yaml, read once: the new config is its tree with the overrides,
+            # and the trainer checks the difference against the same tree.
+            resume = saved_run(resume)
+            tree = with_overrides(resume.tree, overrides)
+        else:
+            tree = user_tree(args.config, overrides)
+        kind, cfg = read_task_config(tree)
     except ConfigError as err:
         print(f"hybridflow train: config error: {err}", file=sys.stderr)
         return 2
@@ -63,18 +72,6 @@ def run_train(args: argparse.Namespace) -> int:
     with RLTrainer(cfg, resume=resume) as trainer:
         trainer.train()
     return 0
-
-
-def config_tree(config: str | None, resume: str | bool | None, overrides: list[str]) -> dict:
-    """The user's tree: --config FILE (or, resuming a run or checkpoint directory without
-    one, the run's saved config.yaml) with the overrides applied; read once."""
-    from hybridflow.config.loader import user_tree
-
-    if config is None and isinstance(resume, (str, Path)):
-        from hybridflow.trainer.checkpointing import find_checkpoint, run_config_path
-
-        return user_tree(run_config_path(find_checkpoint(resume)), overrides)
-    return user_tree(config, overrides)
 
 
 def run_sft(args: argparse.Namespace) -> int:

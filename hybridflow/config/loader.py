@@ -24,7 +24,7 @@ import yaml
 from hybridflow.errors import ConfigError
 
 __all__ = ["ConfigError", "at_least", "config_to_dict", "in_unit", "load_config", "nest_dotted", "positive", "save_config",
-           "user_tree"]
+           "user_tree", "with_overrides"]
 
 T = TypeVar("T")
 
@@ -196,6 +196,13 @@ def user_tree(path: str | Path | None = None, overrides: list[str] = ()) -> dict
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
         tree = loaded
+    return with_overrides(tree, overrides)
+
+
+def with_overrides(tree: dict[str, Any], overrides: list[str] = ()) -> dict[str, Any]:
+    """A copy of `tree` with the dotted overrides applied in order (`tree` is not changed,
+    so a tree read once can serve twice: a resumed run's saved config and the new one)."""
+    tree = copy.deepcopy(tree)
     for text in overrides:
         key_path, value = _parse_override(text)
         _set_path(tree, key_path, value)

@@ -35,6 +35,7 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ import torch
 import yaml
 
 from hybridflow.config import config_to_dict, save_config
+from hybridflow.config.loader import user_tree
 from hybridflow.config.schema import RunConfig
 from hybridflow.errors import UserInputError
 from hybridflow.engines.train.dcp_reader import check_dcp_metadata
@@ -203,6 +205,24 @@ def run_config_path(checkpoint_dir: str | Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class SavedRun:
+    """A checkpoint to resume and its run's saved config tree (config.yaml, read once: the
+    CLI builds the resumed config from this tree and the trainer compares against it)."""
+
+    checkpoint: Path
+    tree: dict[str, Any]
+
+
+def saved_run(resume: str | Path | SavedRun) -> SavedRun:
+    """The newest complete checkpoint of a run directory (or that checkpoint directory)
+    with its run's config.yaml, read now; a SavedRun as it is."""
+    if isinstance(resume, SavedRun):
+        return resume
+    checkpoint = find_checkpoint(resume)
+    return SavedRun(checkpoint, user_tree(run_config_path(checkpoint)))
+
+
 # ----------------------------------------------------------------------------- saving
 
 
@@ -278,9 +298,10 @@ def set_controller_rng_state(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- resuming in a run directory
 
 
-def reopen_run_dir(cfg: RunConfig, checkpoint_dir: Path) -> Path:
-    """The run directory of `checkpoint_dir`, prepared to continue after the checkpoint's
-    step (call before the loggers open metrics.jsonl); nothing in it is deleted:
+def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
+    """The run directory of `checkpoint` (a checkpoint directory, or a SavedRun: one whose
+    config.yaml was read already), prepared to continue after the checkpoint's step (call
+    before the loggers open metrics.jsonl); nothing in it is deleted:
 
     - config.yaml: replaced by `cfg` when that differs (e.g. a larger trainer.total_steps);
       the previous one is kept as config.before-resume-step<step>[-k].yaml.
@@ -291,10 +312,13 @@ def reopen_run_dir(cfg: RunConfig, checkpoint_dir: Path) -> Path:
     - final_model/: the earlier attempt's export (if it finished) moves to
       final_model.before-resume-step<step>[-k]/; the resumed run exports a new one.
     """
+    saved = checkpoint.tree if isinstance(checkpoint, SavedRun) else None
+    checkpoint_dir = checkpoint.checkpoint if isinstance(checkpoint, SavedRun) else checkpoint
     run_dir, step = run_dir_of(checkpoint_dir), checkpoint_step(checkpoint_dir)
     config_path = run_dir / "config.yaml"
-    new_config = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-    if not config_path.is_file() or config_path.read_text() != new_config:
+    if saved is None and config_path.is_file():
+        saved = yaml.safe_load(config_path.read_text())
+    if saved != config_to_dict(cfg):
         if config_path.is_file():
             os.replace(config_path, _unused(run_dir, f"config.before-resume-step{step}", ".yaml"))
         save_config(cfg, config_path)

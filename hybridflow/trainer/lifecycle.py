@@ -21,6 +21,7 @@ manifest of the model directory); `resume_point` refuses a resume whose model ch
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Sequence
@@ -28,9 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridflow.config import ConfigError, config_to_dict, load_config
+from hybridflow.config import ConfigError, config_to_dict
 from hybridflow.config.dtypes import keep_dtypes
-from hybridflow.config.schema import BuiltinModelSection, RunConfig, load_run_config, resolve_run_config
+from hybridflow.config.loader import _build, with_overrides
+from hybridflow.config.schema import (
+    BuiltinModelSection,
+    RunConfig,
+    load_run_config,
+    resolve_run_config,
+    run_config_from_tree,
+)
 from hybridflow.data import make_builtin_model_dir
 from hybridflow.engines.pretrained import pretrained_model_dir
 from hybridflow.trainer.checkpointing import (
@@ -38,11 +46,12 @@ from hybridflow.trainer.checkpointing import (
     STEP_PREFIX,
     TRAINER_STATE_FILE,
     CheckpointNotFoundError,
+    SavedRun,
     complete_checkpoints,
     find_checkpoint,
     read_trainer_state,
-    run_config_path,
     run_dir_of,
+    saved_run,
 )
 from hybridflow.trainer.preflight import manifest_difference, model_manifest
 
@@ -118,15 +127,17 @@ class ResumePoint:
     checkpoint: Path
     step: int
     cfg: RunConfig  # resolved; differs from the saved one only in RESUMABLE_CHANGES
+    saved: SavedRun | None = None  # the checkpoint with its run's config.yaml as read (once)
 
 
-def resume_point(resume: str | Path | bool, config: RunConfig | str | Path | None = None,
+def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str | Path | None = None,
                  overrides: Sequence[str] = ()) -> ResumePoint:
     """The checkpoint to resume and the config to resume it with.
 
-    `resume`: a run directory (its newest complete checkpoint), a checkpoint directory, or
+    `resume`: a run directory (its newest complete checkpoint), a checkpoint directory, a
+    SavedRun (one whose config.yaml was read already: `hybridflow train --resume`), or
     True for the newest checkpoint among the config's runs (trainer.run_dir if set, else
-    the runs named `name` under trainer.output_dir).
+    the runs named `name` under trainer.output_dir). The run's config.yaml is read once.
     `config`: a RunConfig; or a YAML file, or None for the run's saved config.yaml, with
     the dotted `overrides` applied. It may differ from the saved config only in
     RESUMABLE_CHANGES (ConfigError naming every other key).
@@ -134,23 +145,22 @@ def resume_point(resume: str | Path | bool, config: RunConfig | str | Path | Non
     if isinstance(config, RunConfig) and overrides:
         raise ValueError("overrides apply to a YAML config or to the run's saved one; with a RunConfig, "
                          "apply them when building it (load_run_config(path, overrides))")
+    wanted = config if isinstance(config, RunConfig) else None
     if resume is True:
-        wanted = config if isinstance(config, RunConfig) else load_run_config(config, list(overrides))
-        checkpoint = checkpoint_of_runs(wanted)
+        located = wanted if wanted is not None else load_run_config(config, list(overrides))
+        resume = checkpoint_of_runs(located)
+        wanted = located if config is not None else None
     elif resume is False or resume is None:
         raise ValueError(f"resume={resume!r} is not a checkpoint to resume; for a fresh run pass resume=None "
                          "to RLTrainer (or leave out --resume)")
-    else:
-        checkpoint = find_checkpoint(resume)
-    if isinstance(config, RunConfig):
-        wanted = config
-    elif config is None and not overrides:
-        wanted = None  # the saved config as it is
-    else:
-        wanted = load_run_config(config if config is not None else run_config_path(checkpoint), list(overrides))
-    cfg = resume_config(checkpoint, wanted)
-    check_model_unchanged(checkpoint, cfg)
-    return ResumePoint(checkpoint, int(read_trainer_state(checkpoint)["global_step"]), cfg)
+    run = saved_run(resume)  # the run's config.yaml, read once
+    if wanted is None and config is not None:
+        wanted = load_run_config(config, list(overrides))
+    elif wanted is None and overrides:  # overrides on the saved config
+        wanted = run_config_from_tree(with_overrides(run.tree, list(overrides)))
+    cfg = resume_config(run, wanted)  # wanted None: the saved config as it is
+    check_model_unchanged(run.checkpoint, cfg)
+    return ResumePoint(run.checkpoint, int(read_trainer_state(run.checkpoint)["global_step"]), cfg, run)
 
 
 MODEL_KEY = "model"  # trainer_state.json: the model section and the manifest of the model it trained
@@ -205,11 +215,14 @@ def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
     return find_checkpoint(newest.parent.parent)  # that run's newest intact checkpoint
 
 
-def resume_config(checkpoint_dir: Path, cfg: RunConfig | None) -> RunConfig:
-    """The config of the resumed run: the run's saved config.yaml, or `cfg` when it only
-    changes keys in RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir
-    and trainer.output_dir say). Raises ConfigError naming every other changed key."""
-    saved = resolve_run_config(load_config(RunConfig, run_config_path(checkpoint_dir)))
+def resume_config(resume: str | Path | SavedRun, cfg: RunConfig | None) -> RunConfig:
+    """The config of the resumed run (`resume`: a run or checkpoint directory, or a
+    SavedRun): the run's saved config.yaml, or `cfg` when it only changes keys in
+    RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir and
+    trainer.output_dir say). Raises ConfigError naming every other changed key."""
+    run = saved_run(resume)
+    checkpoint_dir = run.checkpoint
+    saved = resolve_run_config(_build(RunConfig, copy.deepcopy(run.tree)))
     if cfg is None:
         return saved
     cfg = resolve_run_config(keep_dtypes(cfg, saved))  # dtype: auto stays what the run measured

@@ -117,10 +117,12 @@ class LanguageModelTask:
         self.global_step = 0
         if isinstance(resume, ResumePoint) and config is not None:
             raise ValueError("a ResumePoint carries its config; pass config=None with it")
+        resume_from = None
         if resume is not None:
             point = resume if isinstance(resume, ResumePoint) else resume_point(resume, config)
             self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
-        self.ctx = RunContext.open(config, resume_from=self.resumed_from)
+            resume_from = point.saved or point.checkpoint  # saved: its config.yaml is not read again
+        self.ctx = RunContext.open(config, resume_from=resume_from)
         STOP.install()  # after Ray's own SIGTERM handler (RunContext.open started Ray), which aborts
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
         self.run_dir = self.ctx.run_dir

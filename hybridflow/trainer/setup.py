@@ -34,7 +34,7 @@ from hybridflow.data import (
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.train.config import ActorLossConfig, MicroBatchConfig
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.checkpointing import reopen_run_dir
+from hybridflow.trainer.checkpointing import SavedRun, reopen_run_dir
 from hybridflow.trainer.display import RunDisplay
 from hybridflow.trainer.lifecycle import base_model_path
 from hybridflow.trainer.loggers import RunLoggers, build_loggers
@@ -70,10 +70,10 @@ class RunContext:
     cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
 
     @classmethod
-    def open(cls, cfg: RunConfig, resume_from: Path | None = None) -> RunContext:
+    def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None) -> RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
-        directory; the run continues in its run directory instead of a new one."""
+        directory (or a SavedRun); the run continues in its run directory instead of a new one."""
         # Rebuilding the reward sections records a reward function assigned to
         # custom_fn_path after the config was made by its import path (schema.reward_reference).
         cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),

@@ -23,7 +23,7 @@ from hybridflow.cli import main as cli_main
 from hybridflow.config import ConfigError, save_config
 from hybridflow.config.schema import BuiltinModelSection
 from hybridflow.engines import pretrained
-from hybridflow.trainer.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint
+from hybridflow.trainer.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint, saved_run
 from hybridflow.trainer.lifecycle import (
     base_model_path,
     policy_start_path,
@@ -31,6 +31,7 @@ from hybridflow.trainer.lifecycle import (
     write_builtin_model,
 )
 from hybridflow.trainer.run_dir import read_metrics
+from trainer_helpers import counted_reads
 
 TINY_PRETRAINED = "tiny-pretrained-test"
 # The sizes of trainer_helpers.py's TINY model: seconds per step on 2 CPU ranks.
@@ -120,10 +121,15 @@ def _run_with_checkpoint(cfg, run_dir: Path, step: int) -> Path:
     return commit_checkpoint(tmp, {"version": STATE_VERSION, "global_step": step}, keep_last=None)
 
 
-def test_resume_point_from_a_path_from_the_run_name_and_with_overrides(tiny_config, tmp_path):
+def test_resume_point_from_a_path_from_the_run_name_and_with_overrides(tiny_config, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     saved = tiny_config("name=lifecycle", "trainer.total_steps=4")
     checkpoint = _run_with_checkpoint(saved, runs / "lifecycle-20260101-120000", 3)
+    reads = counted_reads(monkeypatch, checkpoint.parent.parent / "config.yaml")
+    assert resume_point(checkpoint, None, ["trainer.total_steps=9"]).cfg.trainer.total_steps == 9
+    assert len(reads) == 1  # the saved config and the overridden one come from one read
+    run = saved_run(checkpoint)
+    assert resume_point(run, None, ["trainer.total_steps=9"]).checkpoint == checkpoint and len(reads) == 2
 
     point = resume_point(checkpoint.parent.parent)  # a run directory: its newest checkpoint
     assert (point.checkpoint, point.step, point.cfg.trainer.total_steps) == (checkpoint, 3, 4)

@@ -5,10 +5,13 @@ environment algorithm is a declared registry row (capabilities, not name compare
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from hybridflow import RLTrainer
+from hybridflow.cli import main
 from hybridflow.config import ConfigError
 from hybridflow.config.env_algorithms import (
     ENV_ALGORITHMS,
@@ -20,6 +23,7 @@ from hybridflow.config.env_algorithms import (
 from hybridflow.config.env_schema import env_config_from_dict
 from hybridflow.controller import InProcessWorkerGroup
 from hybridflow.trainer.run_dir import read_metrics
+from trainer_helpers import counted_reads
 
 TIMING_KEYS = ("timing_s/", "env/steps_per_s", "time")
 
@@ -113,20 +117,8 @@ def test_sac_refuses_discrete_actions_by_its_declared_capability(tmp_path):
 
 @pytest.mark.parametrize("example", ["grpo_arithmetic.yaml", "ppo_cartpole.yaml"])
 def test_the_config_file_is_read_once(example, tmp_path, monkeypatch, capsys):
-    from pathlib import Path
-
-    from hybridflow.cli import main
-
     path = Path(__file__).resolve().parents[2] / "examples" / example
-    reads: list[Path] = []
-    read_text = Path.read_text
-
-    def counting(self, *args, **kwargs):
-        if self.resolve() == path:
-            reads.append(self)
-        return read_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "read_text", counting)
+    reads = counted_reads(monkeypatch, path)
     assert main(["train", "--config", str(path), "--print-config", f"trainer.output_dir={tmp_path}"]) == 0
     assert len(reads) == 1 and "trainer:" in capsys.readouterr().out
     if example == "ppo_cartpole.yaml":  # and RLTrainer reads a path once too
@@ -134,6 +126,22 @@ def test_the_config_file_is_read_once(example, tmp_path, monkeypatch, capsys):
         with RLTrainer(path) as trainer:
             assert trainer.kind.name == "environment"
         assert len(reads) == 2
+
+
+def test_resume_without_config_reads_the_runs_config_once(tmp_path, monkeypatch):
+    # `train --resume RUN key=value`: the CLI builds the config from the run's config.yaml and
+    # the trainer compares it with the saved one; both from one read of the file.
+    config = {"algorithm": "ppo", "env": "CartPole-v1", "distributed.num_workers": 0, "env.num_envs": 2,
+              "policy.hidden_size": [16], "ppo": {"rollout_steps": 16, "minibatch_size": 32, "epochs": 1},
+              "trainer.total_env_steps": 32, **_quiet(tmp_path, "resume")}
+    run_dir = RLTrainer(config).train().run_dir  # outside `with`: released with a checkpoint
+    reads = counted_reads(monkeypatch, run_dir / "config.yaml")
+    assert main(["train", "--resume", str(run_dir), "trainer.total_env_steps=64"]) == 0
+    assert len(reads) == 1
+    steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    assert steps[-1] == 64
+    with pytest.raises(ConfigError, match="cannot resume .* with a different env.num_envs"):
+        RLTrainer(env_config_from_dict({**config, "env.num_envs": 4}), resume=run_dir)
 
 
 def test_a_language_model_run_outside_with_releases_its_workers_and_continues(ray_local, tiny_config):

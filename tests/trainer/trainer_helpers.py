@@ -40,3 +40,16 @@ def assert_finite(record: dict) -> None:
     bad = {k: v for k, v in record.items() if k not in ("phase",) and not (
         isinstance(v, (int, float)) and math.isfinite(v))}
     assert not bad, f"non-finite metrics at step {record['step']}: {bad}"
+
+
+def counted_reads(monkeypatch, path: Path) -> list[Path]:
+    """The reads of `path` from now on (Path.read_text is how every config file is read)."""
+    path, reads, read_text = path.resolve(), [], Path.read_text
+
+    def counting(self, *args, **kwargs):
+        if self.resolve() == path:
+            reads.append(self)
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    return reads

@@ -19,21 +19,25 @@ counters, so a resumed run continues exactly as the uninterrupted one would have
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridflow.config import ConfigError, config_to_dict
-from hybridflow.config.env_schema import EnvRunConfig, load_env_config, resolve_env_config
+from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, resolve_env_config
 from hybridflow.config.tasks import TASK_KINDS
 from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
 from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
 from hybridflow.trainer.stop_signal import STOP, RunTerminated, stopped_line
+
+if TYPE_CHECKING:  # checkpointing is imported where it is used (EnvironmentTask.__init__)
+    from hybridflow.trainer.checkpointing import SavedRun
 
 
 @dataclass
@@ -64,8 +68,8 @@ def warn_oversubscribed(num_workers: int, say: Any, cores: int | None = None) ->
 class EnvironmentTask:
     """Creates (or reopens) the run directory at construction; starts workers on `train`."""
 
-    def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | None = None) -> None:
-        from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state, reopen_run_dir
+    def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | SavedRun | None = None) -> None:
+        from hybridflow.trainer.checkpointing import read_trainer_state, reopen_run_dir, saved_run
         from hybridflow.trainer.loggers import build_loggers
         from hybridflow.trainer.run_dir import create_run_dir
 
@@ -73,16 +77,18 @@ class EnvironmentTask:
         if resume is True:
             raise ConfigError("for environment runs give the run directory to resume (resume=<run dir>, "
                               "--resume PATH)")
+        run = None
         if resume is not None:
-            self.checkpoint = find_checkpoint(resume)
-            config = resume_config(self.checkpoint, config)
+            run = saved_run(resume)  # the run's config.yaml, read once
+            self.checkpoint = run.checkpoint
+            config = resume_config(run, config)
         elif not isinstance(config, EnvRunConfig):
             raise TypeError(f"an environment task needs an EnvRunConfig (RLTrainer builds it), got {config!r}")
         cfg = resolve_env_config(config)
         self.config = cfg
         self.program = env_program(cfg)
         self.network = network_spec(cfg)
-        self.run_dir = reopen_run_dir(cfg, self.checkpoint) if self.checkpoint else create_run_dir(cfg)
+        self.run_dir = reopen_run_dir(cfg, run) if run is not None else create_run_dir(cfg)
         self.display = EnvDisplay(cfg.trainer.console)
         self.log = build_loggers(cfg, self.run_dir, self.display)
         self.iteration = int(read_trainer_state(self.checkpoint)["global_step"]) if self.checkpoint else 0
@@ -284,12 +290,12 @@ CHECKPOINT_KIND = TASK_KINDS["environment"].checkpoint_kind  # trainer_state.jso
 RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_worker", "distributed.learner_cpus")
 
 
-def resume_config(checkpoint: Path, config: EnvRunConfig | None) -> EnvRunConfig:
+def resume_config(run: SavedRun, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
-    from hybridflow.trainer.checkpointing import run_config_path
     from hybridflow.trainer.lifecycle import changed_keys
 
-    saved = load_env_config(run_config_path(checkpoint))
+    checkpoint = run.checkpoint
+    saved = env_config_from_dict(copy.deepcopy(run.tree))
     if config is None:
         return saved
     cfg = resolve_env_config(config)
