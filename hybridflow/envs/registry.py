@@ -78,13 +78,19 @@ class EnvSource:
         env = self.factory(**self.kwargs)
         for attr in ("reset", "step", "observation_space", "action_space"):
             if not hasattr(env, attr):
-                raise TypeError(f"environment {self.name!r} ({_where(self.factory)}) has no {attr!r}; an environment "
+                where = "" if self.name == _where(self.factory) else f" ({_where(self.factory)})"
+                raise TypeError(f"environment {self.name!r}{where} has no {attr!r}; an environment "
                                 "follows the Gymnasium API (reset, step, observation_space, action_space)")
         if self.max_episode_steps is not None:
             from gymnasium.wrappers import TimeLimit
 
             env = TimeLimit(env, max_episode_steps=self.max_episode_steps)
         return env
+
+
+def _where(factory: Callable[..., Any]) -> str:
+    """Where a factory is defined, "module:name", for errors about what it made."""
+    return f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', repr(factory))}"
 
 
 def _make_gym(gym_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> Any:

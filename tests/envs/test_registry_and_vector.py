@@ -52,6 +52,24 @@ def test_lookup_order_and_errors():
         register_env("Corridor-test", dict)
 
 
+class NoStep:
+    """Has everything of a Gymnasium environment but step."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+
+def test_an_environment_without_the_gymnasium_api_is_named_with_where_it_is_defined():
+    with pytest.raises(TypeError, match=rf"environment '{__name__}:NoStep' has no 'step'; an environment follows"):
+        resolve_env(f"{__name__}:NoStep").make()
+    register_env("NoStep-test", NoStep)
+    with pytest.raises(TypeError, match=rf"environment 'NoStep-test' \({__name__}:NoStep\) has no 'step'"):
+        resolve_env("NoStep-test").make()
+
+
 def test_decorator_registers_under_the_class_name():
     @register_env
     class DecoratedCorridor(Corridor):
