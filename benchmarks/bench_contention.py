@@ -1,6 +1,6 @@
 """A run beside one competing job: how much slower than quiet (issue 28, goal 4).
 
-Run (about 6 minutes on a quiet 2-core machine):
+Run (about 7 minutes on a quiet 2-core machine):
 
     .venv/bin/pip install -e '.[bench]'        # trl, pinned; never a runtime dependency
     .venv/bin/python benchmarks/bench_contention.py
@@ -23,8 +23,9 @@ Workloads:
   one torch thread): what the wait policy does by itself. `--pin 2,3` runs the probe and
   the competitor on those cores only (a 2-core slice of a bigger, idle machine).
 
-hybridflow runs once per `--policies` entry, its `resources.omp_wait_policy` (passive:
-OpenMP threads sleep at a barrier at once; inherit: the OpenMP runtime's own wait, GNU
+hybridflow runs once per `--policies` entry, its `resources.omp_wait_policy` (short_spin,
+the default: OpenMP threads spin 1000 turns at a barrier, then sleep; passive: they
+sleep at once; inherit: the OpenMP runtime's own wait, GNU
 libgomp's spin of ~300000 turns before sleeping, as before that setting existed). TRL
 runs as a user starts it, with the OpenMP runtime's own wait.
 
@@ -296,12 +297,14 @@ def main() -> None:
                         help="probe runs: comma-separated settings, '+' joins several in one (e.g. T=1+OMP_WAIT_POLICY=PASSIVE)")
     parser.add_argument("--pin", default=None, help="probe only: run it and the competitor on these cores (taskset)")
     parser.add_argument("--systems", default="trl,hybridflow", help="trl and/or hybridflow (TRL: grpo_tiny only)")
-    parser.add_argument("--policies", default="passive,inherit",
+    parser.add_argument("--policies", default="short_spin,passive,inherit",
                         help="hybridflow's resources.omp_wait_policy values to run ('unset': the run's default, "
                              "for a tree without the setting)")
     parser.add_argument("--steps", type=int, default=10, help="grpo_tiny optimizer steps / probe steps per run")
     parser.add_argument("--sft-steps", type=int, default=40, help="sft_demo SFT steps per run (the demo has 400)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--omp-env", default="",
+                        help="OpenMP variables for every run, e.g. GOMP_SPINCOUNT=1000 (what 'inherit' runs keep)")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default=str(HERE / "results" / "contention.json"))
     args = parser.parse_args()
@@ -311,6 +314,7 @@ def main() -> None:
            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
         env.pop(name, None)  # every run and the competitor start as a user's would
+    env.update(dict(item.split("=", 1) for item in args.omp_env.split(",") if item))
     described = machine()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench_contention_") as tmp:

@@ -191,10 +191,11 @@ class ComputeSection:
         cores divided by world_size (at least 1) with an embedded Ray, else 1. GPU ranks
         reserve 1 CPU.
     omp_wait_policy: how the ranks' OpenMP (torch intra-op) threads wait at a barrier:
-        "passive" sleeps at once, so when another job shares the cores a waiting thread
-        does not burn the run's CPU share (a step beside one competing job 1.5-2x slower
-        instead of ~4x; controller/omp.py); "inherit" keeps OMP_WAIT_POLICY /
-        GOMP_SPINCOUNT as the environment sets them (unset: GNU OpenMP spins first).
+        "short_spin" spins 1000 turns then sleeps, "passive" sleeps at once, so that when
+        another job shares the cores a waiting thread does not burn the run's CPU share
+        (a step beside one competing job 1.4-2x slower instead of 4-6x; controller/omp.py);
+        "inherit" keeps OMP_WAIT_POLICY / GOMP_SPINCOUNT as the environment sets them
+        (unset: GNU OpenMP spins ~300000 turns first).
     use_gpu: one GPU per rank; false runs on CPU (gloo).
     ray_address: join this Ray cluster; null starts an embedded Ray on 127.0.0.1.
     nodes: machines the ranks are spread over (each its own node of the Ray cluster; more
@@ -207,7 +208,7 @@ class ComputeSection:
 
     world_size: int | None = None
     threads_per_rank: int | None = None
-    omp_wait_policy: Literal["passive", "inherit"] = "passive"
+    omp_wait_policy: Literal["short_spin", "passive", "inherit"] = "short_spin"
     use_gpu: bool = False
     ray_address: str | None = None
     nodes: int = 1

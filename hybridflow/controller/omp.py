@@ -9,6 +9,9 @@ matmul job on 2 cores (benchmarks/bench_contention.py; README "Shared machine"):
 training step 3.7-4.2x slower with the default wait and 1.5-2.0x with passive waiting
 (threads sleep at once), where a fair share of the cores is 2x; quiet, the two were
 within the noise of each other (2 of 16 idle cores, benchmarks/results/contention_probe_h100_host.json).
+On the tiny GRPO workload (many small parallel regions) passive was slower alone (0.255-0.317 s vs
+0.174-0.233 s per step); a short spin of 1000 turns (the default, short_spin) was 0.212 s alone
+and 0.387 s beside the job, passive 0.391 s (results/contention_grpo_spin1000.json).
 
 libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when a process loads it (torch's
 import), so the policy travels as environment: `export_policy` puts it in the
@@ -22,15 +25,19 @@ from __future__ import annotations
 
 import os
 
-POLICIES = ("passive", "inherit")
+POLICIES = ("short_spin", "passive", "inherit")
+SHORT_SPIN = 1000  # turns: tiny GRPO step as fast alone as the default spin, as robust as passive beside a job
 VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # What the environment held before any run of this process changed it ("inherit" restores it).
 _STARTING_ENV = {name: os.environ.get(name) for name in VARIABLES}
 
 
 def policy_env(policy: str) -> dict[str, str]:
-    """The variables `policy` sets: passive sleeps at once (GOMP_SPINCOUNT, which libgomp
-    prefers to OMP_WAIT_POLICY, set to 0 too); inherit keeps what the environment had."""
+    """The variables `policy` sets: short_spin spins SHORT_SPIN turns, then sleeps (libgomp
+    prefers GOMP_SPINCOUNT to OMP_WAIT_POLICY); passive sleeps at once (GOMP_SPINCOUNT 0
+    too); inherit keeps what the environment had."""
+    if policy == "short_spin":
+        return {"GOMP_SPINCOUNT": str(SHORT_SPIN)}
     if policy == "passive":
         return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
     if policy == "inherit":
@@ -56,6 +63,8 @@ def worker_env() -> dict[str, str]:
 
 def describe(policy: str) -> str:
     """The line a run prints at its start."""
+    if policy == "short_spin":
+        return f"OpenMP threads: short spin ({SHORT_SPIN} turns) then sleep at barriers (resources.omp_wait_policy)"
     if policy == "passive":
         return "OpenMP threads: passive wait (sleep at barriers; resources.omp_wait_policy)"
     env = ", ".join(f"{k}={v}" for k, v in policy_env(policy).items()) or "the OpenMP runtime's default"

@@ -34,14 +34,14 @@ class EnvProbe(Worker):
         return {"env": {k: os.environ.get(k) for k in omp.VARIABLES}, "threads": torch.get_num_threads()}
 
 
-def test_the_default_is_passive_and_is_saved_in_config_yaml(tmp_path):
+def test_the_default_is_a_short_spin_and_is_saved_in_config_yaml(tmp_path):
     from hybridflow.trainer.run_dir import create_run_dir
 
     cfg = resolve_run_config(load_run_config(None, [f"trainer.run_dir={tmp_path / 'run'}"]))
-    assert cfg.resources.omp_wait_policy == "passive"
+    assert cfg.resources.omp_wait_policy == "short_spin"
     saved = yaml.safe_load((create_run_dir(cfg) / "config.yaml").read_text())
-    assert saved["resources"]["omp_wait_policy"] == "passive"
-    assert "passive wait" in omp.describe("passive")
+    assert saved["resources"]["omp_wait_policy"] == "short_spin"
+    assert "passive wait" in omp.describe("passive") and "short spin (1000 turns)" in omp.describe("short_spin")
 
 
 def test_a_bad_policy_names_its_key():
@@ -91,9 +91,9 @@ def test_a_run_prints_its_policy_once_and_exports_it_before_its_processes_start(
     ctx = RunContext.open(cfg)
     try:
         printed = capsys.readouterr().out
-        assert printed.count("OpenMP threads: passive wait") == 1
-        assert omp.worker_env() == omp.policy_env("passive")  # what the reward pool and workers start with
+        assert printed.count("OpenMP threads: short spin") == 1
+        assert omp.worker_env() == {"GOMP_SPINCOUNT": "1000"}  # what the reward pool and workers start with
         saved = yaml.safe_load((ctx.run_dir / "config.yaml").read_text())
-        assert saved["resources"]["omp_wait_policy"] == "passive"
+        assert saved["resources"]["omp_wait_policy"] == "short_spin"
     finally:
         ctx.close()
