@@ -29,7 +29,7 @@ from bench_controller import machine
 
 from hybridflow import RLTrainer
 from hybridflow.config.schema import load_run_config
-from hybridflow.trainer.sft import run_sft_job
+from hybridflow.trainer.jobs.sft import run_sft_job
 
 COMMON = ["trainer.console=none", "trainer.save_final_model=false", "trainer.loggers=[jsonl]",
           "data.builtin.num_val=100", "resources.threads_per_rank=1"]

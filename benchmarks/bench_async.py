@@ -38,7 +38,7 @@ from bench_controller import machine
 
 from hybridflow import RLTrainer
 from hybridflow.config.schema import load_run_config
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 WORKLOAD = [
     "trainer.console=none", "trainer.test_freq=0", "trainer.save_final_model=false", "trainer.val_before_train=false",
@@ -82,7 +82,7 @@ def run_mode(mode: str, steps: int, out_dir: Path, seed: int) -> dict[str, Any]:
         "samples_per_s": round(SAMPLES_PER_STEP * len(timed) / loop_s, 3), "step_s_mean": round(loop_s / len(timed), 3),
         "wait_rollout_s_mean": mean("timing_s/wait_rollout"), "gen_s_mean": mean("timing_s/gen"),
         # both modes time the update phase where the program runs (the controller in sync,
-        # the step task beside the data in the asynchronous modes, trainer/stream_step.py)
+        # the step task beside the data in the asynchronous modes, trainer/modes/stream_step.py)
         "update_actor_s_mean": mean("timing_s/update_actor"),
         "update_actor_in_worker_s_mean": mean("timing_s/update_actor_in_worker"),
         "response_length_mean": mean("response_length/mean"),

@@ -34,8 +34,8 @@ from bench_controller import machine
 
 from hybridflow import RLTrainer
 from hybridflow.config.schema import load_run_config
-from hybridflow.trainer.live_status import LiveStatus, read_status
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.observe.live_status import LiveStatus, read_status
+from hybridflow.trainer.run.run_dir import read_metrics
 
 TINY = ["trainer.console=none", "trainer.test_freq=0", "trainer.save_final_model=false", "sft.steps=0",
         "trainer.val_before_train=false", "algorithm.name=grpo", "resources.world_size=2",

@@ -104,7 +104,7 @@ def geometric_mean_rounds(rounds: list[dict]) -> dict:
 def predicted_vs_measured(paths: list[Path]) -> dict:
     from hybridflow.planner.calibrate import cases_of, fit, leave_one_out, loo_report
     from hybridflow.planner.devices import DeviceSpec, measure_cpu
-    from hybridflow.trainer.profiles import mean_device
+    from hybridflow.trainer.jobs.profiles import mean_device
 
     files = [json.loads(p.read_text()) for p in paths]
     measured = geometric_mean_rounds([f.get("measured", f) for f in files])  # a calibration file: under "measured"

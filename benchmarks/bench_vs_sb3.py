@@ -166,7 +166,7 @@ def print_table(summary: dict[str, dict[str, Any]]) -> None:
 
 def plot(runs: list[dict[str, Any]], out: Path) -> list[str]:
     """One learning-curve PNG per task beside the JSON: <json stem>[_<task>].png."""
-    from hybridflow.trainer.plots import plot_return_curves
+    from hybridflow.trainer.observe.plots import plot_return_curves
 
     written = []
     tasks = sorted({r["task"] for r in runs})

@@ -133,7 +133,7 @@ def run_sb3(task: str, seed: int, steps: int | None) -> dict[str, Any]:
 def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int | None,
                    out_dir: str) -> dict[str, Any]:
     from hybridflow import RLTrainer
-    from hybridflow.trainer.run_dir import read_metrics
+    from hybridflow.trainer.run.run_dir import read_metrics
 
     t = TASKS[task]
     distributed: dict[str, Any] = {"num_workers": workers, "sampling": sampling}
@@ -157,7 +157,7 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
                           "gradient_steps": -1 if workers > 1 else 1}}
     # train() draws the run's plots after its loop; SB3 draws none, so the CPU count stops
     # where the loop ends (when train() calls plot_env_run).
-    from hybridflow.trainer import plots as env_plots
+    from hybridflow.trainer.observe import plots as env_plots
 
     loop_end: dict[str, dict[int, float]] = {}
     draw = env_plots.plot_env_run

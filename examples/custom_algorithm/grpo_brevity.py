@@ -19,8 +19,8 @@ from __future__ import annotations
 from hybridflow.config import ConfigError
 from hybridflow.config.algorithm import AlgorithmSpec, register_algorithm
 from hybridflow.config.schema import RunConfig
-from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import AlgoState, generate_and_score, train_critic_free
+from hybridflow.trainer.programs import phases as P
+from hybridflow.trainer.programs.algorithms import AlgoState, generate_and_score, train_critic_free
 from hybridflow.workers.reward_model import scores_at_last_response_token
 
 # Largest penalty, paid by a response of rollout.response_length tokens; small next to the

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             if stopped is None:
                 raise
             print(f"hybridflow {args.command}: {stopped}", file=sys.stderr)
-            return sys.modules["hybridflow.trainer.stop_signal"].STOP.exit_status  # as if the signal had ended it
+            return sys.modules["hybridflow.trainer.run.stop_signal"].STOP.exit_status  # as if the signal had ended it
     except UserInputError as err:
         print(f"hybridflow {args.command}: {err}", file=sys.stderr)
         return 2
@@ -99,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def stopped_by_signal(err: BaseException) -> str | None:
     """The line to print when the command ended because of a SIGTERM or SIGINT
-    (trainer/stop_signal.py), None otherwise: the trainer's own report, or that the step in
+    (trainer/run/stop_signal.py), None otherwise: the trainer's own report, or that the step in
     progress was abandoned."""
-    stop = sys.modules.get("hybridflow.trainer.stop_signal")  # loaded wherever a run handles the signals
+    stop = sys.modules.get("hybridflow.trainer.run.stop_signal")  # loaded wherever a run handles the signals
     if stop is None or not stop.STOP.received:
         return None
     if isinstance(err, stop.RunTerminated):

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     from hybridflow.config import ConfigError
-    from hybridflow.trainer.offline import evaluate_source, resolve_source, settings_lines, write_json_once
+    from hybridflow.trainer.jobs.offline import evaluate_source, resolve_source, settings_lines, write_json_once
 
     try:
         source = resolve_source(args.path, args.overrides)
@@ -79,7 +79,7 @@ def print_report(report) -> None:
 
     from hybridflow.config.dtypes import dtype_summary
     from hybridflow.config.loader import config_to_dict
-    from hybridflow.trainer.display import per_source
+    from hybridflow.trainer.observe.display import per_source
 
     src, metrics = report.source, report.metrics
     what = f"checkpoint {src.checkpoint} (step {src.step})" if src.checkpoint is not None else src.model_path

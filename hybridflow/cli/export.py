@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hybridflow.config import ConfigError
-    from hybridflow.trainer.offline import export_source, refuse_existing_dir, resolve_source
+    from hybridflow.trainer.jobs.offline import export_source, refuse_existing_dir, resolve_source
 
     try:
         refuse_existing_dir(Path(args.out))  # before anything starts

@@ -48,7 +48,7 @@ def run_monitor(args: argparse.Namespace) -> int:
     if problem:
         print(f"hybridflow monitor: {problem}", file=sys.stderr)
         return 2
-    from hybridflow.trainer.monitor import attach, profile
+    from hybridflow.trainer.observe.monitor import attach, profile
 
     try:
         workers = attach(args.run_dir, args.address)
@@ -83,7 +83,7 @@ def live(run_dir: str | None, workers: list, interval_s: float, duration_s: floa
     from rich.console import Console
     from rich.live import Live
 
-    from hybridflow.trainer.monitor import Sampler, run_ended
+    from hybridflow.trainer.observe.monitor import Sampler, run_ended
 
     sampler, start = Sampler(workers, gpu=True), time.time()
     first = _status(run_dir)
@@ -101,8 +101,8 @@ def live(run_dir: str | None, workers: list, interval_s: float, duration_s: floa
 
 
 def _status(run_dir: str | None) -> dict | None:
-    from hybridflow.trainer.live_status import read_status
-    from hybridflow.trainer.monitor import run_dtypes
+    from hybridflow.trainer.observe.live_status import read_status
+    from hybridflow.trainer.observe.monitor import run_dtypes
 
     status = read_status(run_dir) if run_dir is not None else None
     if status is not None:

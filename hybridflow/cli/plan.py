@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     if args.calibrate:
-        from hybridflow.trainer.profiles import calibrate
+        from hybridflow.trainer.jobs.profiles import calibrate
 
         path, report = calibrate()
         print(report)

@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridflow.trainer.plots import plot_run
+    from hybridflow.trainer.observe.plots import plot_run
 
     try:
         paths = plot_run(args.run_dir, args.out)

@@ -36,7 +36,7 @@ def run_rm(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
         return 0
-    from hybridflow.trainer.rm import run_rm_job
+    from hybridflow.trainer.jobs.rm import run_rm_job
 
     run_rm_job(cfg)
     return 0

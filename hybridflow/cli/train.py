@@ -46,11 +46,11 @@ def run_train(args: argparse.Namespace) -> int:
         resume, overrides = True, [resume, *overrides]
     try:
         if resume is True and args.config is None:  # the newest run of the overrides' name, with its saved config
-            from hybridflow.trainer.lifecycle import checkpoint_of_runs
+            from hybridflow.trainer.run.lifecycle import checkpoint_of_runs
 
             resume = checkpoint_of_runs(read_task_config(user_tree(None, overrides))[1])
         if args.config is None and isinstance(resume, (str, Path)):
-            from hybridflow.trainer.checkpointing import saved_run
+            from hybridflow.trainer.run.checkpointing import saved_run
 
             # The run's config.yaml, read once: the new config is its tree with the overrides,
             # and the trainer checks the difference against the same tree.
@@ -84,7 +84,7 @@ def run_sft(args: argparse.Namespace) -> int:
     if cfg.sft.steps < 1:
         print("hybridflow sft: set sft.steps to the number of fine-tuning steps (>= 1)", file=sys.stderr)
         return 2
-    from hybridflow.trainer.sft import run_sft_job
+    from hybridflow.trainer.jobs.sft import run_sft_job
 
     run_sft_job(cfg)
     return 0

@@ -13,8 +13,8 @@ Layering: config sits below the trainer and never imports it, yet a row names it
 So `program` is either the function itself (what `@register_algorithm` stores when a user's
 module, which may import the trainer's phases, decorates its program) or a
 "module:function" import path (the built-in rows below, whose programs live in
-hybridflow/trainer/algorithms.py), which the trainer imports when the run starts
-(`hybridflow.trainer.algorithms.step_program`). The registry itself lives here, so the
+hybridflow/trainer/programs/algorithms.py), which the trainer imports when the run starts
+(`hybridflow.trainer.programs.algorithms.step_program`). The registry itself lives here, so the
 config can check a name without the trainer.
 
 A user's algorithm is found by `algorithm.module` (a dotted import path, or a .py file),
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 # Critic-free estimators that need several samples per prompt (a group baseline).
 GROUP_ESTIMATORS = ("grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
-# The value models a program can ask for (hybridflow.trainer.phases.Roles has a field for
+# The value models a program can ask for (hybridflow.trainer.programs.phases.Roles has a field for
 # each): CriticWorkers with the critic.* settings.
 VALUE_ROLES = ("critic", "cost_critic")
 # Metadata that marks a field of AlgorithmSection as a settings section an algorithm may read.
@@ -407,7 +407,7 @@ def _check_dapo(cfg: RunConfig) -> None:
 
 # ----------------------------------------------------------------------------- built-in algorithms
 
-_PROGRAMS = "hybridflow.trainer.algorithms"  # where the built-in programs live (see the module docstring)
+_PROGRAMS = "hybridflow.trainer.programs.algorithms"  # where the built-in programs live (see the module docstring)
 
 for _spec in (
     AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),

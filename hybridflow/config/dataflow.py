@@ -6,7 +6,7 @@ tests/planner/test_dataflow.py runs every built-in program with recording phases
 that the description and the program say the same thing.
 
 A `FlowPhase` is named after the phase function's timing key (`timing_s/<name>` in
-hybridflow/trainer/phases.py), so predicted and measured phase times line up by name.
+hybridflow/trainer/programs/phases.py), so predicted and measured phase times line up by name.
 
     kind   "generate" (autoregressive sampling on the actor's generation engine),
            "forward" (a scoring pass: log-probs, values, reward-model scores),
@@ -77,5 +77,5 @@ def standard_dataflow(critics: tuple[str, ...], cost: bool,
     return tuple(phases)
 
 
-# The value pass of each critic role (phase names of hybridflow/trainer/phases.py).
+# The value pass of each critic role (phase names of hybridflow/trainer/programs/phases.py).
 _VALUE_PHASE = {"critic": "values", "cost_critic": "cost_values"}

@@ -268,7 +268,7 @@ def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
 
 
 # Settings of language-model runs that environment tasks do not have, and what to use.
-# Recovery (trainer/recovery.py) restarts a language-model run's worker groups from its
+# Recovery (trainer/run/recovery.py) restarts a language-model run's worker groups from its
 # checkpoint; environment tasks have no such supervisor: a worker failure stops the run
 # and `hybridflow train --resume RUN_DIR` continues it (docs/resilience.md).
 LM_ONLY_KEYS = {

@@ -1,4 +1,4 @@
-"""The config tree of a reward-model training run (`hybridflow rm`, trainer/rm.py).
+"""The config tree of a reward-model training run (`hybridflow rm`, trainer/jobs/rm.py).
 
     cfg = load_rm_config("examples/rm_hh_rlhf.yaml", ["engine.optim.lr=2e-5"])
 
@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Literal
 
 from hybridflow.config.loader import at_least, load_config
-from hybridflow.config.schema import BuiltinModelSection, ComputeSection, check_run_name
+from hybridflow.config.schema import check_run_name
+from hybridflow.config.sections.model import BuiltinModelSection
+from hybridflow.config.sections.resources import ComputeSection
 from hybridflow.data.configs import PairwiseDataConfig
 from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
 from hybridflow.errors import ConfigError

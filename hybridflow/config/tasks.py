@@ -60,7 +60,7 @@ class TaskKind:
 TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.trainer)
 TASK_KINDS.add("language_model", TaskKind(
     "language_model", None, "hybridflow.config.schema:RunConfig", "hybridflow.config.schema:run_config_from_tree",
-    "hybridflow.config.schema:resolve_run_config", "hybridflow.trainer.rl_trainer:LanguageModelTask"))
+    "hybridflow.config.schema:resolve_run_config", "hybridflow.trainer.lm.task:LanguageModelTask"))
 TASK_KINDS.add("environment", TaskKind(
     "environment", "env", "hybridflow.config.env_schema:EnvRunConfig",
     "hybridflow.config.env_schema:env_config_from_dict", "hybridflow.config.env_schema:resolve_env_config",

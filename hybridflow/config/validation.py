@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hybridflow.config.algorithm import check_algorithm
-from hybridflow.config.async_schema import check_async_settings
+from hybridflow.config.sections.async_rl import check_async_settings
 from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, require_gpu
 from hybridflow.engines.train.config import EngineSettings, MicroBatchConfig
 from hybridflow.errors import ConfigError

@@ -153,7 +153,7 @@ class WorkerGroup:
             setattr(self, name, self._bind(name, spec, getattr(worker_cls, name)))
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled (to call the group from a Ray task, trainer/stream_step.py): the same
+        """Pickled (to call the group from a Ray task, trainer/modes/stream_step.py): the same
         processes, without the pool, so that only the owner shuts them down."""
         hosts = HostSet(None, self._hosts.actors, self._hosts.infos)
         return _copy_of_group, (hosts, self.role, self.worker_cls, self.call_timeout_s, self._meshes)

@@ -1,6 +1,6 @@
 """Fit this machine's efficiency factors from short real runs (`hybridflow plan --calibrate`).
 
-The runs themselves are the trainer's business (hybridflow/trainer/profiles.py runs them;
+The runs themselves are the trainer's business (hybridflow/trainer/jobs/profiles.py runs them;
 this layer sits below the trainer). Each profile is a real RL run of the built-in tiny model on this machine's ranks with one
 mapping forced (placement, tp sizes, t_g), a few steps long; the phase times it logs
 (`timing_s/<phase>` in metrics.jsonl, the first step dropped as warm-up) are the
@@ -144,7 +144,7 @@ def fit(cases: list[tuple[Problem, Mapping, dict[str, float]]], start: Efficienc
 def cases_of(measured: dict[str, dict[str, Any]], device: DeviceSpec, output_dir: Path) -> dict[str, tuple]:
     """(problem, mapping, measured times) per profile. The problem's prompt and response
     lengths are the measured batches' padded lengths where the measurement has them
-    (trainer/profiles.py): the demo's prompts are far shorter than max_prompt_length, and
+    (trainer/jobs/profiles.py): the demo's prompts are far shorter than max_prompt_length, and
     the engines compute on the batch's longest prompt, not on the cap."""
     out = {}
     for name, m in measured.items():

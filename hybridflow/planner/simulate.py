@@ -88,7 +88,7 @@ def role_profile(problem: Problem, role: str, par: Parallel) -> tuple[dict[str, 
 
 def worker_parts(phase: FlowPhase, cost: PhaseCost, call_s: float) -> dict[str, float]:
     """What the workers time inside `phase` (hybridflow/workers/actor_rollout_ref.py,
-    trainer/metrics.py): generation's reshard and sampling, an update without its call."""
+    trainer/observe/metrics.py): generation's reshard and sampling, an update without its call."""
     if phase.kind == "generate":
         reshard = cost.parts["reshard_s"]
         return {"reshard_to_generation": reshard, "generate": cost.seconds - reshard - call_s}

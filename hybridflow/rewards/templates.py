@@ -23,7 +23,7 @@ relative tolerance), `regex` (1 if the pattern is found), `length_penalty`, `tur
 `reward_model` is the one template not scored on text in the worker pool: the reward-model
 worker group (`reward_model.path`) scores the whole sequence and the trainer adds
 weight x score on the last response token, beside the other templates' weighted sum
-(trainer/phases.py `score_sequences`). Naming it makes the templates list the whole
+(trainer/programs/phases.py `score_sequences`). Naming it makes the templates list the whole
 composition, so `reward_model.path` must be set and `reward_model.add_rule_reward` left
 false (validated at start-up); without it, `reward_model.path` keeps its old meaning (the
 model's score replaces the rule reward, or adds to it with add_rule_reward). Trajectory

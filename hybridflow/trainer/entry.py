@@ -37,7 +37,7 @@ from hybridflow.config.tasks import (
     task_kind_of_checkpoint,
     task_kind_of_config,
 )
-from hybridflow.trainer.stop_signal import swallowed_stop
+from hybridflow.trainer.run.stop_signal import swallowed_stop
 
 
 class RLTrainer:
@@ -107,7 +107,7 @@ def read_config(config: Any, resume: Any = None) -> tuple[TaskKind, Any]:
     if resume is None:
         raise TypeError("RLTrainer needs a config (a dict, a YAML path or a typed config) or resume=<run dir>")
     if isinstance(resume, (str, Path)):
-        from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state
+        from hybridflow.trainer.run.checkpointing import find_checkpoint, read_trainer_state
 
         return task_kind_of_checkpoint(read_trainer_state(find_checkpoint(resume))), None
     cfg = getattr(resume, "cfg", None)  # a worked-out resume point carries its config

@@ -1,5 +1,5 @@
 """`RolloutWorker`: a generation-only role on its own pool (trainer.mode one_step_off / async;
-the controller's side is trainer/async_trainer.py).
+the controller's side is trainer/modes/async_trainer.py).
 
 Each rank holds a rollout engine (tensor parallel over consecutive ranks when
 rollout.tensor_model_parallel_size > 1). With the native engine and single-turn prompts a
@@ -39,7 +39,7 @@ synchronous run's actor generates.
 run's RewardManager in this process): every group leaves the rank with its
 `token_level_scores` and per-sample reward outcomes (rewards/manager.py: `sample_outcomes`),
 scored while the training pool trains, and the steering record can say whether it is
-informative without the controller ever holding its tensors (trainer/stream_step.py).
+informative without the controller ever holding its tensors (trainer/modes/stream_step.py).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from hybridflow.workers.generation import (
 
 
 # Where each rule-based scorer's results go in a scored group: its token-level scores' key and
-# the prefix of its per-sample outcome columns (`sample_outcomes`); trainer/stream_step.py
+# the prefix of its per-sample outcome columns (`sample_outcomes`); trainer/modes/stream_step.py
 # reads them back as the program's scorers.
 SCORED_COLUMNS = {"reward": ("token_level_scores", ""), "cost": ("token_level_costs", "cost:")}
 # The uid suffix of ReMax's greedy response to a prompt while it is generated, and where it

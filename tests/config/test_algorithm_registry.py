@@ -118,7 +118,7 @@ def test_a_bad_spec_says_which_field_is_wrong(fields, message):
 
 def test_a_name_is_registered_once_and_the_decorator_sets_the_program():
     with pytest.raises(ValueError, match=r"'grpo' is already registered with program "
-                                         r"hybridflow.trainer.algorithms:critic_free; choose another name"):
+                                         r"hybridflow.trainer.programs.algorithms:critic_free; choose another name"):
         register_algorithm(AlgorithmSpec("grpo", ("grpo",)))(_program)
     with pytest.raises(ValueError, match="leave program unset when decorating"):
         register_algorithm(AlgorithmSpec("probe_twice", ("grpo",), program="my_pkg.algo:step"))

@@ -60,8 +60,8 @@ def test_the_builtin_and_pretrained_models_have_probe_shapes():
 
 
 def test_resolved_dtype_is_written_into_the_runs_config_yaml(model_dir, tmp_path):
-    from hybridflow.trainer.monitor import run_dtypes
-    from hybridflow.trainer.run_dir import create_run_dir
+    from hybridflow.trainer.observe.monitor import run_dtypes
+    from hybridflow.trainer.run.run_dir import create_run_dir
 
     measured(ProbeShape(576, 1536), 1, 20.0, 45.0)
     run_dir = create_run_dir(resolve_run_config(config(model_dir, f"trainer.run_dir={tmp_path / 'run'}")))

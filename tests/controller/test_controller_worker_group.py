@@ -375,7 +375,7 @@ def test_bad_dispatch_input_is_refused_before_any_worker_runs(groups, call, need
 # ------------------------------------------------------------------------ a group sent to a task
 
 def _double_in_a_task(group, batch):
-    """What a Ray task does with a group it received (trainer/stream_step.py runs a step program so)."""
+    """What a Ray task does with a group it received (trainer/modes/stream_step.py runs a step program so)."""
     out = group.double(batch)
     try:
         group.shutdown()

@@ -35,7 +35,7 @@ class EnvProbe(Worker):
 
 
 def test_the_default_is_a_short_spin_and_is_saved_in_config_yaml(tmp_path):
-    from hybridflow.trainer.run_dir import create_run_dir
+    from hybridflow.trainer.run.run_dir import create_run_dir
 
     cfg = resolve_run_config(load_run_config(None, [f"trainer.run_dir={tmp_path / 'run'}"]))
     assert cfg.resources.omp_wait_policy == "short_spin"
@@ -85,7 +85,7 @@ def test_a_worker_actor_gets_the_controllers_policy(ray_local, clean_env):
 
 def test_a_run_prints_its_policy_once_and_exports_it_before_its_processes_start(ray_local, clean_env, tmp_path,
                                                                                 capsys):
-    from hybridflow.trainer.setup import RunContext
+    from hybridflow.trainer.run.setup import RunContext
 
     cfg = load_run_config(None, [f"trainer.output_dir={tmp_path}", "trainer.console=plain", "sft.steps=0"])
     ctx = RunContext.open(cfg)

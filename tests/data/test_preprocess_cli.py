@@ -107,7 +107,7 @@ def test_verl_written_parquet_loads_unchanged(tmp_path, char_tokenizer):
                                                        (False, "0 filtered, 2 truncated")])
 def test_trainer_reports_overlong_prompts(tmp_path, capsys, char_tokenizer, filter_overlong, expected):
     from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.setup import train_prompts
+    from hybridflow.trainer.run.setup import train_prompts
 
     path = tmp_path / "verl.parquet"
     pq.write_table(pa.Table.from_pylist(_verl_rows(6, long_every=3), schema=VERL_SCHEMA), path)

@@ -197,7 +197,7 @@ def test_installing_over_a_damaged_entry_moves_it_aside(converted, scratch):
 
 @needs_package
 def test_base_model_path_resolves_model_pretrained_through_the_cache(converted, tmp_path, monkeypatch):
-    from hybridflow.trainer.lifecycle import base_model_path
+    from hybridflow.trainer.run.lifecycle import base_model_path
 
     root, path = converted
     monkeypatch.setenv("HYBRIDFLOW_CACHE", str(root))

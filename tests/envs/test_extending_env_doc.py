@@ -12,7 +12,7 @@ import pytest
 
 from hybridflow.config import ConfigError
 from hybridflow.envs import resolve_env
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 

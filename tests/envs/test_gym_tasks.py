@@ -11,7 +11,7 @@ import pytest
 from hybridflow.config import ConfigError
 from hybridflow.envs import resolve_env
 from hybridflow import RLTrainer
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 
 def _short_run(tmp_path, env: str, algorithm: str, steps: int) -> list[dict]:

@@ -38,7 +38,7 @@ def test_fit_recovers_times_made_by_known_factors(tmp_path):
 
 
 def test_mean_device_averages_rates_and_shares():
-    from hybridflow.trainer.profiles import mean_device
+    from hybridflow.trainer.jobs.profiles import mean_device
 
     a = dataclasses.replace(DEVICE, shared_flops=0.5, shared_bw=0.6)
     b = dataclasses.replace(DEVICE, peak_flops=4e10, shared_flops=1.0, shared_bw=0.8)

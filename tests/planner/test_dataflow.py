@@ -9,9 +9,9 @@ import pytest
 from hybridflow.config.algorithm import algorithm_spec
 from hybridflow.config.schema import load_run_config
 from hybridflow.planner.problem import active_phases, run_settings
-from hybridflow.trainer import phases as P
-from hybridflow.trainer.algorithms import build_algo_state, step_program
-from hybridflow.trainer.phases import Roles, Step
+from hybridflow.trainer.programs import phases as P
+from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
+from hybridflow.trainer.programs.phases import Roles, Step
 
 ROLE_NAMES = ("actor", "critic", "cost_critic", "reward_model", "cost_model", "controller")
 

@@ -78,7 +78,7 @@ def test_reward_model_template_config(tmp_path):
     the text composition; trajectory level only, no args, once; needs the model and no
     add_rule_reward (the templates list is the whole composition)."""
     from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.phases import _env_kept
+    from hybridflow.trainer.programs.phases import _env_kept
 
     specs = parse_templates([{"name": "reward_model", "weight": 0.5}, {"name": "numeric_match"}])
     assert T.model_weight([{"name": "reward_model", "weight": 0.5}]) == 0.5
@@ -162,7 +162,7 @@ def test_manager_composes_templates_on_multi_turn_batch():
 
 def test_run_config_builds_the_composed_manager():
     from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.setup import build_reward_manager
+    from hybridflow.trainer.run.setup import build_reward_manager
 
     cfg = load_run_config(None, ["reward.manager.num_workers=0",
                                  "reward.templates=[{name: numeric_match, weight: 2.0}, "

@@ -46,7 +46,7 @@ def span(out: Path, address: str) -> dict:
 def elastic(out: Path, address: str, cluster, worker_node) -> dict:
     from hybridflow import RLTrainer
     from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.live_status import read_status
+    from hybridflow.trainer.observe.live_status import read_status
 
     os.environ["HYBRIDFLOW_FAULT"] = f"hang:actor.update_actor:1:2:{out / 'fired'}"
     run_dir = out / "run"

@@ -16,9 +16,9 @@ from hybridflow.config import ConfigError
 from hybridflow.config.algorithm import algorithm_names, algorithm_spec
 from hybridflow.config.schema import load_run_config
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import algorithms
-from hybridflow.trainer.algorithms import build_algo_state, step_program
-from hybridflow.trainer.phases import Step, sample_informative_groups
+from hybridflow.trainer.programs import algorithms
+from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
+from hybridflow.trainer.programs.phases import Step, sample_informative_groups
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
 # The rows hybridflow registers itself (tests elsewhere may register more in this session).
@@ -27,7 +27,7 @@ BUILTIN = [name for name in algorithm_names() if str(algorithm_spec(name).progra
 
 def test_every_algorithm_name_has_a_program_a_spec_and_docs():
     assert len(BUILTIN) == 9
-    for name in BUILTIN:  # each row's "module:function" names a program of trainer/algorithms.py
+    for name in BUILTIN:  # each row's "module:function" names a program of trainer/programs/algorithms.py
         program = step_program(algorithm_spec(name))
         assert callable(program) and getattr(algorithms, program.__name__) is program, name
     text = DOC.read_text()
@@ -43,7 +43,7 @@ def test_a_program_path_that_does_not_import_names_the_key_and_the_path():
     missing_module = dataclasses.replace(algorithm_spec("grpo"), program="no_such_module_xyz:grpo")
     with pytest.raises(ConfigError, match="algorithm.name: cannot import program 'no_such_module_xyz:grpo'"):
         step_program(missing_module)
-    missing_attr = dataclasses.replace(algorithm_spec("grpo"), program="hybridflow.trainer.algorithms:no_such_fn")
+    missing_attr = dataclasses.replace(algorithm_spec("grpo"), program="hybridflow.trainer.programs.algorithms:no_such_fn")
     with pytest.raises(ConfigError, match="has no program 'no_such_fn'"):
         step_program(missing_attr)
 
@@ -164,8 +164,8 @@ def test_algorithm_state_saves_the_lagrange_multiplier(tmp_path):
 
 def test_a_streamed_step_serves_one_generation_and_refuses_a_second():
     """The asynchronous modes serve a program's generate phase from the rollout pool's
-    groups (trainer/stream_step.py), once per step: a program that generates again is told why."""
-    from hybridflow.trainer import phases as P
+    groups (trainer/modes/stream_step.py), once per step: a program that generates again is told why."""
+    from hybridflow.trainer.programs import phases as P
 
     groups = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)})
     step = Step(1, DataProto(), streamed=groups, served=frozenset({"generate"}))

@@ -8,7 +8,7 @@ import torch
 
 from hybridflow.engines.rollout.partial import POLICY_VERSION, oldest_version, split_groups
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.async_trainer import Group, RolloutBuffer
+from hybridflow.trainer.modes.async_trainer import Group, RolloutBuffer
 
 
 def _generated(uids: list[str], versions: list[list[int]]) -> DataProto:

@@ -1,4 +1,4 @@
-"""The asynchronous modes' controller-free data path (trainer/stream_step.py, docs/async.md):
+"""The asynchronous modes' controller-free data path (trainer/modes/stream_step.py, docs/async.md):
 each algorithm's own program runs beside the data.
 
 Each algorithm path runs here in one_step_off and, where the reproduction test in

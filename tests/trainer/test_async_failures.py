@@ -12,7 +12,7 @@ import pytest
 
 from hybridflow import RLTrainer
 from hybridflow.controller import WorkerError
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""trainer.mode one_step_off / async end to end (trainer/async_trainer.py, docs/async.md)."""
+"""trainer.mode one_step_off / async end to end (trainer/modes/async_trainer.py, docs/async.md)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
     greedy baselines (generated beside the groups on the rollout pool) equal sync's, the
     agent loop on the rollout pool plays the same episodes as the hybrid actor's, and a
     non-native backend generating whole calls samples what the hybrid actor's samples. Every
-    algorithm runs its own registered program in both modes (trainer/stream_step.py)."""
+    algorithm runs its own registered program in both modes (trainer/modes/stream_step.py)."""
     chosen = _algorithm(algorithm, tmp_path, reward_model_dir, turn_model_dir)
     sync = _run(tiny_config(*ONE_EACH, *chosen))
     asyn = _run(tiny_config(*ONE_EACH, *chosen, "trainer.mode=async", "async_rl.max_staleness=0"))
@@ -138,8 +138,8 @@ def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_loc
     (sampling seeds) and the prompts sent but not trained; the resumed run sends those
     again first and trains on with the right version. Its buffer is regenerated, so its
     later steps need not equal the uninterrupted run's."""
-    from hybridflow.trainer.async_trainer import PROMPTS_FILE
-    from hybridflow.trainer.checkpointing import read_trainer_state
+    from hybridflow.trainer.modes.async_trainer import PROMPTS_FILE
+    from hybridflow.trainer.run.checkpointing import read_trainer_state
 
     cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
                       "trainer.mode=async", "async_rl.max_staleness=2", "async_rl.chunk_prompts=2",

@@ -1,5 +1,5 @@
 """Bad input to `hybridflow train` ends in a short message and exit status 2, before a run
-directory exists and before Ray starts (trainer/preflight.py, cli/__init__.py): YAML
+directory exists and before Ray starts (trainer/run/preflight.py, cli/__init__.py): YAML
 syntax errors, an existing run_dir, broken reward files, broken model directories, broken
 or too small data files, and data sources no scorer knows."""
 
@@ -49,7 +49,7 @@ def refused(args: list[str], out: Path, capsys) -> str:
 
 def test_good_inputs_pass_the_checks(good, tmp_path):
     from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.preflight import preflight
+    from hybridflow.trainer.run.preflight import preflight
 
     cfg = load_run_config(None, argv(tmp_path, good["model"], good["data"])[1:])
     preflight(cfg)  # no error: the negative cases below differ from this in one thing each
@@ -191,7 +191,7 @@ def test_eval_refuses_data_sources_no_scorer_knows(good, tmp_path, capsys):
 def test_eval_of_a_run_without_checkpoints_uses_its_final_model(good, tmp_path):
     from hybridflow.config import save_config
     from hybridflow.config.schema import load_run_config
-    from hybridflow.trainer.offline import resolve_source
+    from hybridflow.trainer.jobs.offline import resolve_source
 
     run_dir = tmp_path / "run"
     shutil.copytree(good["model"], run_dir / "final_model")
@@ -206,7 +206,7 @@ def test_an_async_run_needing_more_gpus_than_the_machine_has_is_refused(mode):
     # On one H100 such a run waited for a second GPU (benchmarks/results/gpu_check_h100.json).
     from hybridflow.config.schema import load_run_config
     from hybridflow.errors import ConfigError
-    from hybridflow.trainer.preflight import check_gpu_count
+    from hybridflow.trainer.run.preflight import check_gpu_count
 
     cfg = load_run_config(None, ["resources.use_gpu=true", "resources.world_size=1", f"trainer.mode={mode}"])
     with pytest.raises(ConfigError) as info:

@@ -15,7 +15,7 @@ import torch
 
 from hybridflow import RLTrainer
 from hybridflow.cli import main as cli_main
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 from validation_data import two_source_overrides
 
 STEPS = 2

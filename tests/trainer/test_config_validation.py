@@ -8,7 +8,7 @@ import pytest
 from hybridflow.config import ConfigError, load_config
 from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config
 from hybridflow.config.validation import validate_run_config
-from hybridflow.trainer.run_dir import create_run_dir
+from hybridflow.trainer.run.run_dir import create_run_dir
 
 
 def test_default_config_is_valid_and_is_the_builtin_demo():
@@ -138,8 +138,8 @@ def test_every_example_config_validates_and_says_how_to_run_it():
 def test_null_layout_on_cpu_is_one_rank_with_every_core():
     # 1 rank x all cores beat one rank per core on both vs-TRL workloads (README); the
     # resolved values are what the run saves and what the ranks' CPU slots get.
-    from hybridflow.config.schema import local_cores
-    from hybridflow.trainer.setup import placement
+    from hybridflow.config.sections.resources import local_cores
+    from hybridflow.trainer.run.setup import placement
 
     cfg = resolve_run_config(load_run_config(None, []))
     assert (cfg.resources.world_size, cfg.resources.threads_per_rank) == (1, local_cores())

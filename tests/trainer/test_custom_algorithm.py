@@ -63,7 +63,7 @@ def test_the_documented_command_runs_in_async_mode(ray_local, tmp_path, monkeypa
     (docs/extending.md), from the repository root, shrunk to the tiny model and two steps."""
     from hybridflow.cli import main as cli_main
     from trainer_helpers import TINY
-    from hybridflow.trainer.run_dir import read_metrics
+    from hybridflow.trainer.run.run_dir import read_metrics
 
     monkeypatch.chdir(REPO)
     tiny = [o for o in TINY if not o.startswith(("rollout.n=", "trainer.total_steps="))]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config import ConfigError
-from hybridflow.trainer.elastic import fitting_config
-from hybridflow.trainer.setup import placement, split_nodes, start_ray
+from hybridflow.trainer.run.elastic import fitting_config
+from hybridflow.trainer.run.setup import placement, split_nodes, start_ray
 from hybridflow.config.validation import validate_run_config
 from trainer_helpers import tiny_run_config
 

@@ -11,12 +11,13 @@ import pytest
 from hybridflow.cli import main as cli_main
 from hybridflow.config import ConfigError
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, read_model_presets, write_model_presets
-from hybridflow.config.schema import BuiltinModelSection, load_run_config
+from hybridflow.config.schema import load_run_config
+from hybridflow.config.sections.model import BuiltinModelSection
 from hybridflow.data import write_records
 from hybridflow.data.arithmetic import ArithmeticConfig, rl_records
 from hybridflow.data.configs import PromptDataConfig
-from hybridflow.trainer.lifecycle import write_builtin_model
-from hybridflow.trainer.offline import resolve_source, settings_lines
+from hybridflow.trainer.run.lifecycle import write_builtin_model
+from hybridflow.trainer.jobs.offline import resolve_source, settings_lines
 from hybridflow.workers.config import RolloutWorkerConfig
 
 TINY_MODEL = BuiltinModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
@@ -98,8 +99,8 @@ def test_eval_of_a_model_directory_shows_and_saves_every_response(ray_local, mod
 def test_agent_batches_report_tool_call_rate_and_turns_in_validation():
     import numpy as np
 
-    from hybridflow.trainer.display import eval_summary
-    from hybridflow.trainer.evaluate import agent_metrics
+    from hybridflow.trainer.observe.display import eval_summary
+    from hybridflow.trainer.lm.evaluate import agent_metrics
 
     assert agent_metrics({"data_source": np.array(["a"])}) == {}  # single-turn: no agent numbers
     metrics = agent_metrics({"num_tool_calls": np.array([0, 2, 1, 0], dtype=object),
@@ -112,7 +113,7 @@ def test_agent_batches_report_tool_call_rate_and_turns_in_validation():
 def test_sft_on_conversations_saves_a_model_that_carries_its_presets(ray_local, tiny_config, tmp_path):
     """`sft.files` with a messages column trains (finite loss) and its sft_model carries the
     run's presets: a later run with model.path there computes in fp32 like the built-in model."""
-    from hybridflow.trainer.sft import run_sft_job
+    from hybridflow.trainer.jobs.sft import run_sft_job
 
     rows = [{"messages": [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": f"@add[{a},{b}]"},
                           {"role": "user", "content": f"{a + b:03d}"}, {"role": "assistant", "content": f"{a + b:03d}"}]}

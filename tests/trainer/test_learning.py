@@ -1,6 +1,6 @@
 """The built-in task learns: a shortened version of `hybridflow train` (the demo).
 
-Warm start on the imperfect teacher's answers (trainer/builtin.py), then a few GRPO steps
+Warm start on the imperfect teacher's answers (trainer/jobs/builtin.py), then a few GRPO steps
 on 2 CPU ranks. The greedy policy's reward on held-out prompts must rise clearly: the
 teacher's carry-less answers give a greedy accuracy near 30%, GRPO flips the carries.
 Seeded; the margin asked for is well below what this shortened run reaches."""
@@ -11,7 +11,7 @@ import pytest
 
 from hybridflow import RLTrainer
 from hybridflow.config.schema import load_run_config
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Where a run starts from (hybridflow/trainer/lifecycle.py): the policy's starting model
+"""Where a run starts from (hybridflow/trainer/run/lifecycle.py): the policy's starting model
 for every kind of model source, and the resume point that `hybridflow train --resume` and
 `RLTrainer(resume=...)` share.
 
@@ -21,16 +21,16 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.cli import main as cli_main
 from hybridflow.config import ConfigError, save_config
-from hybridflow.config.schema import BuiltinModelSection
+from hybridflow.config.sections.model import BuiltinModelSection
 from hybridflow.engines import pretrained
-from hybridflow.trainer.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint, saved_run
-from hybridflow.trainer.lifecycle import (
+from hybridflow.trainer.run.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint, saved_run
+from hybridflow.trainer.run.lifecycle import (
     base_model_path,
     policy_start_path,
     resume_point,
     write_builtin_model,
 )
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import counted_reads
 
 TINY_PRETRAINED = "tiny-pretrained-test"
@@ -160,7 +160,7 @@ def test_sft_warm_start_builds_the_rl_actor_in_its_workers_and_equals_a_fresh_st
     # actors, imports and rendezvous); its RL steps must equal those of a run that starts
     # new workers from the same <run>/sft_model. Same computations in the same order, so
     # the tolerance is float round-off only (1e-6 relative).
-    import hybridflow.trainer.sft as sft_module
+    import hybridflow.trainer.jobs.sft as sft_module
 
     sft_pids: list[int] = []
     build = sft_module.build_groups

@@ -1,4 +1,4 @@
-"""perf/mfu from what the workers report (trainer/metrics.py, engines/train/flops.py): each
+"""perf/mfu from what the workers report (trainer/observe/metrics.py, engines/train/flops.py): each
 rank's peak comes from its own device, the controller only adds them up, and every role's
 FLOPs are counted at that role's own model size. The end-to-end check (peaks configured
 per role, split and colocated placement) is in test_rl_e2e.py."""
@@ -10,7 +10,7 @@ import torch
 
 from hybridflow.engines.train.flops import FlopFacts, training_flops
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.metrics import FlopModel, sequence_lengths, throughput_metrics, total_peak_flops
+from hybridflow.trainer.observe.metrics import FlopModel, sequence_lengths, throughput_metrics, total_peak_flops
 
 
 def test_peaks_add_up_per_process_whatever_the_nodes_are():
@@ -49,7 +49,7 @@ def test_step_flops_count_every_role_at_its_own_size():
 
 
 def test_the_console_mentions_mfu_only_where_the_peak_is_a_known_one():
-    from hybridflow.trainer.metrics import mfu_note
+    from hybridflow.trainer.observe.metrics import mfu_note
 
     assert mfu_note(3.3e10, on_gpu=False, configured=False) is None  # a matmul timed on a busy CPU
     assert "989 TFLOP/s" in mfu_note(9.89e14, on_gpu=True, configured=False)

@@ -1,4 +1,4 @@
-"""`hybridflow monitor` (cli/monitor.py, trainer/monitor.py) against a live 2-rank GRPO run:
+"""`hybridflow monitor` (cli/monitor.py, trainer/observe/monitor.py) against a live 2-rank GRPO run:
 the profile finds both actor ranks by the run's status.json, samples them while the run
 trains, and writes report.md / report.json with the time per phase and a PNG timeline.
 No timing is asserted, only that what was measured is there and consistent.
@@ -19,8 +19,8 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.cli import main
 from hybridflow.cli.monitor import main as monitor_main
-from hybridflow.trainer.live_status import TRACE_REQUEST_FILE, read_status, read_timeline
-from hybridflow.trainer.monitor import Sample, attach, phase_intervals, summarize
+from hybridflow.trainer.observe.live_status import TRACE_REQUEST_FILE, read_status, read_timeline
+from hybridflow.trainer.observe.monitor import Sample, attach, phase_intervals, summarize
 
 GRPO_PHASES = {"gen", "reward", "old_log_prob", "adv", "update_actor", "save_checkpoint"}
 

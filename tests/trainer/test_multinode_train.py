@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state
-from hybridflow.trainer.live_status import read_status
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.checkpointing import find_checkpoint, read_trainer_state
+from hybridflow.trainer.observe.live_status import read_status
+from hybridflow.trainer.run.run_dir import read_metrics
 
 SCENARIO = Path(__file__).with_name("multinode_train_scenario.py")
 

@@ -12,7 +12,7 @@ from hybridflow import RLTrainer
 from hybridflow.algorithms import silent_groups
 from hybridflow.config import ConfigError
 from hybridflow.config.schema import load_run_config
-from hybridflow.trainer.signal import NO_SIGNAL_STEPS, SignalWatch
+from hybridflow.trainer.observe.signal import NO_SIGNAL_STEPS, SignalWatch
 from trainer_helpers import rl_records
 
 

@@ -22,7 +22,7 @@ from hybridflow.config.env_algorithms import (
 )
 from hybridflow.config.env_schema import env_config_from_dict
 from hybridflow.controller import InProcessWorkerGroup
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import counted_reads
 
 TIMING_KEYS = ("timing_s/", "env/steps_per_s", "time")

@@ -1,4 +1,4 @@
-"""Automatic recovery (trainer/recovery.py, controller/faults.py): the supervisor's rules
+"""Automatic recovery (trainer/run/recovery.py, controller/faults.py): the supervisor's rules
 without Ray (a failure at the same step counts toward trainer.max_restarts, one at a later
 step gets a fresh budget), and real failures injected into 2-rank GRPO runs: a worker error
 repeating at the same step stops after trainer.max_restarts with the last error; a rank hanging in a collective is
@@ -23,10 +23,10 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.controller import CallTimeoutError, WorkerError
 from hybridflow.controller.faults import Fault, FaultInjector, fault_runtime_env
-from hybridflow.trainer.lifecycle import resume_point
-from hybridflow.trainer.live_status import read_status
-from hybridflow.trainer.recovery import CannotRestart, Failure, supervise
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.lifecycle import resume_point
+from hybridflow.trainer.observe.live_status import read_status
+from hybridflow.trainer.run.recovery import CannotRestart, Failure, supervise
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import TINY, rl_records
 
 ROOT = Path(__file__).resolve().parents[2]

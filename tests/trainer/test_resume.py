@@ -28,7 +28,7 @@ from hybridflow import RLTrainer
 from hybridflow.cli import main
 from hybridflow.config import ConfigError, load_config, save_config
 from hybridflow.config.schema import RunConfig
-from hybridflow.trainer.checkpointing import (
+from hybridflow.trainer.run.checkpointing import (
     STATE_VERSION,
     CheckpointNotFoundError,
     actor_checkpoint_path,
@@ -41,8 +41,8 @@ from hybridflow.trainer.checkpointing import (
     run_config_path,
     set_controller_rng_state,
 )
-from hybridflow.trainer.lifecycle import resume_config
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.lifecycle import resume_config
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import rl_records
 
 # An epoch is 8 / 4 = 2 steps; rollout sampling at temperature 1 (the default) so that
@@ -61,7 +61,8 @@ from pathlib import Path
 from hybridflow import RLTrainer
 from hybridflow.config import load_config
 from hybridflow.config.schema import RunConfig
-from hybridflow.trainer import checkpointing, rl_trainer
+from hybridflow.trainer.lm import task as rl_trainer
+from hybridflow.trainer.run import checkpointing
 
 def commit_or_die(tmp, state, keep_last):
     if state["global_step"] == 2:

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from hybridflow.cli import main
 from hybridflow.config import ConfigError, save_config
-from hybridflow.trainer.checkpointing import (
+from hybridflow.trainer.run.checkpointing import (
     STATE_VERSION,
     CheckpointDamagedError,
     begin_checkpoint,
@@ -25,8 +25,8 @@ from hybridflow.trainer.checkpointing import (
     find_checkpoint,
     reopen_run_dir,
 )
-from hybridflow.trainer.lifecycle import MODEL_KEY, model_record, resume_config, resume_point
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.lifecycle import MODEL_KEY, model_record, resume_config, resume_point
+from hybridflow.trainer.run.run_dir import read_metrics
 from tests.payload import Payload
 
 SHARD = "actor/__0_0.distcp"

@@ -39,7 +39,7 @@ def test_a_function_from_a_dict_is_recorded_by_import_path(user_module, tmp_path
 
 
 def test_a_function_assigned_to_a_config_is_recorded_when_the_run_opens(user_module, tmp_path):
-    from hybridflow.trainer.setup import RunContext
+    from hybridflow.trainer.run.setup import RunContext
 
     out = tmp_path / "runs"
     cfg = load_run_config(None, [f"trainer.output_dir={out}", "model.path=/nonexistent"])

@@ -11,8 +11,8 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.config import load_config
 from hybridflow.config.schema import RunConfig
-from hybridflow.trainer.checkpointing import find_checkpoint, read_trainer_state
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.checkpointing import find_checkpoint, read_trainer_state
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import assert_finite, rl_records
 
 # Misbehaves on the first two training prompts only (data.shuffle=false puts them in step 1).

@@ -15,8 +15,8 @@ import transformers
 from hybridflow.cli import main
 from hybridflow.data import PairwiseDataConfig, PairwiseDataset, make_builtin_model_dir
 from hybridflow.engines.models import load_model
-from hybridflow.trainer.rm import init_reward_model_dir
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.jobs.rm import init_reward_model_dir
+from hybridflow.trainer.run.run_dir import read_metrics
 
 TINY = ["resources.world_size=2", "model.builtin.hidden_size=32", "model.builtin.intermediate_size=64",
         "model.builtin.num_hidden_layers=2", "model.builtin.max_position_embeddings=64", "data.pairs.max_length=64",

@@ -16,7 +16,7 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.config import load_config
 from hybridflow.config.schema import RunConfig
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import assert_finite, rl_records
 
 

@@ -1,4 +1,4 @@
-"""SIGTERM stops `hybridflow train` cleanly (trainer/stop_signal.py): the step in progress
+"""SIGTERM stops `hybridflow train` cleanly (trainer/run/stop_signal.py): the step in progress
 finishes, a checkpoint of it is written (trainer.save_on_signal), the workers and Ray are
 shut down, one line is printed and the exit status is 143. A real subprocess, a real signal."""
 
@@ -51,7 +51,7 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_143(tmp_path):
 @pytest.fixture
 def stop():
     """A fresh StopSignal installed in this process; the previous handlers come back after."""
-    from hybridflow.trainer.stop_signal import SIGNALS, StopSignal
+    from hybridflow.trainer.run.stop_signal import SIGNALS, StopSignal
 
     before = {signum: signal.getsignal(signum) for signum in SIGNALS}
     handler = StopSignal()
@@ -63,7 +63,7 @@ def stop():
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_the_first_signal_lets_the_step_finish_and_a_second_abandons_it(stop, signum):
-    from hybridflow.trainer.stop_signal import RunTerminated
+    from hybridflow.trainer.run.stop_signal import RunTerminated
 
     with stop.deferred():
         os.kill(os.getpid(), signum)
@@ -77,7 +77,7 @@ def test_the_first_signal_lets_the_step_finish_and_a_second_abandons_it(stop, si
 
 
 def test_outside_the_steps_sigterm_abandons_and_sigint_is_keyboard_interrupt(stop):
-    from hybridflow.trainer.stop_signal import RunTerminated
+    from hybridflow.trainer.run.stop_signal import RunTerminated
 
     with pytest.raises(RunTerminated) as raised:
         os.kill(os.getpid(), signal.SIGTERM)

@@ -19,9 +19,9 @@ from hybridflow import RLTrainer
 from hybridflow.cli import main as cli_main
 from hybridflow.config import ConfigError
 from hybridflow.config.schema import load_run_config
-from hybridflow.trainer.loggers import TensorBoardLogger, scalar_tags
-from hybridflow.trainer.plots import PLOTS, plot_records
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.observe.loggers import TensorBoardLogger, scalar_tags
+from hybridflow.trainer.observe.plots import PLOTS, plot_records
+from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import rl_records
 from validation_data import SOURCES, two_source_overrides
 
@@ -147,7 +147,7 @@ def test_plot_command_explains_a_directory_without_metrics(tmp_path, capsys):
 def test_wandb_logger_offline_writes_into_the_run_dir(tmp_path, monkeypatch):
     # wandb is in the [all] extra the suite installs: a plain import, so a missing package
     # fails here instead of skipping silently.
-    from hybridflow.trainer.loggers import WandbLogger
+    from hybridflow.trainer.observe.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")  # never contacts a server
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -168,7 +168,7 @@ def test_wandb_logger_offline_writes_into_the_run_dir(tmp_path, monkeypatch):
 
 def test_importing_hybridflow_does_not_import_wandb():
     # wandb takes seconds to import; only a run with the wandb logger should pay for it.
-    probe = ("import sys, hybridflow, hybridflow.cli, hybridflow.trainer.loggers; "
+    probe = ("import sys, hybridflow, hybridflow.cli, hybridflow.trainer.observe.loggers; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'wandb'))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

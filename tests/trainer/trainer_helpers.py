@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from hybridflow.config.schema import RunConfig, load_run_config
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 # A 2-layer, 32-wide model and a handful of prompts: seconds per step on 2 CPU ranks.
 TINY = [

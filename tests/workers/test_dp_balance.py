@@ -16,7 +16,7 @@ import torch
 from hybridflow.controller import RoleSpec
 from hybridflow.engines.train.batching import dp_balanced_order
 from hybridflow.protocol import DataProto
-from hybridflow.trainer import phases as P
+from hybridflow.trainer.programs import phases as P
 from hybridflow.workers import ActorRolloutRefWorker, PlacementSpec, build_role_groups, shutdown_role_groups
 from workers_setup import VOCAB, actor_config
 

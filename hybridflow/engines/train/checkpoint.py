@@ -19,7 +19,7 @@ files into an exact directory for callers that make a bigger checkpoint atomic t
 
 The directory protocol itself (`begin_atomic_dir`, `publish_atomic_dir`,
 `prune_atomic_dirs`, `write_text_atomically`) is shared with those callers: the RL
-trainer's run checkpoints (trainer/checkpointing.py) write, swap in and prune the same way.
+trainer's run checkpoints (trainer/run/checkpointing.py) write, swap in and prune the same way.
 
 Loading reads only tensors and plain data (`load_plain`: torch.load with weights_only=True;
 DCP through dcp_reader.py: `.metadata` with DCP's own classes only, the shards' non-tensor

@@ -12,7 +12,7 @@ customary. A forward alone is a third of this. MFU = achieved FLOP/s / peak FLOP
 
 The peak belongs to the device a rank runs on, so it is taken there: each worker reports
 `FlopFacts` (its model's N, L, d and its own peak, measured once per process in its own
-threads or configured) and the controller only adds them up (trainer/metrics.py).
+threads or configured) and the controller only adds them up (trainer/observe/metrics.py).
 """
 
 from __future__ import annotations

@@ -6,5 +6,5 @@ environments), what `RLTrainer` runs for a config that names an `env`:
   (config/env_algorithms.py): PPO and SAC, each a short sequence of named phases;
 - specs.py: from the config to what the workers are built with;
 - groups.py: env runners and learners as `WorkerGroup`s (or in-process ones);
-- records.py: metrics records and the console line (their PNG plots: trainer/plots.py).
+- records.py: metrics records and the console line (their PNG plots: trainer/observe/plots.py).
 """

@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hybridflow.trainer.display import RunDisplay
+from hybridflow.trainer.observe.display import RunDisplay
 
 
 class RecordAccumulator:

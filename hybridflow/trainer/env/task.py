@@ -8,7 +8,7 @@ checkpoints of language-model runs.
 
 `train` runs iterations of the algorithm's program (programs.py) until `steps` more
 environment steps were consumed (the last iteration may pass the mark), or until the
-rolling mean return reaches trainer.target_return; a SIGTERM or SIGINT (stop_signal.py)
+rolling mean return reaches trainer.target_return; a SIGTERM or SIGINT (run/stop_signal.py)
 lets the iteration in progress finish, checkpoints it (trainer.save_on_signal) and raises
 RunTerminated, the workers are shut down on the way out. Records: records.py. Checkpoints
 (every trainer.save_freq environment steps) hold the learner ranks' states, every runner's
@@ -34,10 +34,10 @@ from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
 from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
-from hybridflow.trainer.stop_signal import STOP, RunTerminated, stopped_line
+from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
 
 if TYPE_CHECKING:  # checkpointing is imported where it is used (EnvironmentTask.__init__)
-    from hybridflow.trainer.checkpointing import SavedRun
+    from hybridflow.trainer.run.checkpointing import SavedRun
 
 
 @dataclass
@@ -69,9 +69,9 @@ class EnvironmentTask:
     """Creates (or reopens) the run directory at construction; starts workers on `train`."""
 
     def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | SavedRun | None = None) -> None:
-        from hybridflow.trainer.checkpointing import read_trainer_state, reopen_run_dir, saved_run
-        from hybridflow.trainer.loggers import build_loggers
-        from hybridflow.trainer.run_dir import create_run_dir
+        from hybridflow.trainer.run.checkpointing import read_trainer_state, reopen_run_dir, saved_run
+        from hybridflow.trainer.observe.loggers import build_loggers
+        from hybridflow.trainer.run.run_dir import create_run_dir
 
         self.checkpoint: Path | None = None
         if resume is True:
@@ -190,7 +190,7 @@ class EnvironmentTask:
         iteration_fn = self.program.iteration
         self.display.start(f"{cfg.algorithm.upper()} {cfg.env.id}", target, run.env_steps)
         started, reached, record = time.perf_counter(), None, {}
-        with STOP.deferred():  # a signal lets the iteration in progress finish (stop_signal.py)
+        with STOP.deferred():  # a signal lets the iteration in progress finish (run/stop_signal.py)
             while run.env_steps < target and reached is None:
                 self.iteration += 1
                 before, tick = run.env_steps, time.perf_counter()
@@ -213,7 +213,7 @@ class EnvironmentTask:
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
-            from hybridflow.trainer.plots import plot_env_run
+            from hybridflow.trainer.observe.plots import plot_env_run
 
             plot_env_run(self.run_dir)
         if reached is not None:
@@ -227,7 +227,7 @@ class EnvironmentTask:
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the run after the current iteration into <run>/checkpoints/global_step_<iteration>."""
-        from hybridflow.trainer.checkpointing import (
+        from hybridflow.trainer.run.checkpointing import (
             STATE_VERSION,
             begin_checkpoint,
             commit_checkpoint,
@@ -258,7 +258,7 @@ class EnvironmentTask:
     def _load_checkpoint(self, checkpoint: Path) -> None:
         from collections import deque
 
-        from hybridflow.trainer.checkpointing import read_trainer_state, set_controller_rng_state
+        from hybridflow.trainer.run.checkpointing import read_trainer_state, set_controller_rng_state
         from hybridflow.trainer.env.state import load_env_state
 
         state = read_trainer_state(checkpoint)
@@ -292,7 +292,7 @@ RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_w
 
 def resume_config(run: SavedRun, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
-    from hybridflow.trainer.lifecycle import changed_keys
+    from hybridflow.trainer.run.lifecycle import changed_keys
 
     checkpoint = run.checkpoint
     saved = env_config_from_dict(copy.deepcopy(run.tree))

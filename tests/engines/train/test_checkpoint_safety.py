@@ -19,7 +19,7 @@ from hybridflow.engines.train.checkpoint import (
     load_plain,
     writing_checkpoint,
 )
-from hybridflow.trainer.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint, find_checkpoint
+from hybridflow.trainer.run.checkpointing import STATE_VERSION, begin_checkpoint, commit_checkpoint, find_checkpoint
 from tests.payload import Payload
 
 

@@ -20,7 +20,7 @@ from hybridflow.config.schema import load_run_config
 from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig, SamplingParams
 from hybridflow.envs.agent.loop import AgentLoop
 from hybridflow.errors import ConfigError
-from hybridflow.trainer.setup import build_reward_manager
+from hybridflow.trainer.run.setup import build_reward_manager
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "extending.md"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hybridflow.cli import main
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -11,7 +11,7 @@ import pytest
 
 from hybridflow.config.env_schema import load_env_config
 from hybridflow import RLTrainer
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TIMING_KEYS = ("timing_s/", "env/steps_per_s", "time")

@@ -14,7 +14,7 @@ import numpy as np
 
 from hybridflow import RLTrainer
 from hybridflow.trainer.env.task import EnvironmentTask, EnvTrainResult
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 
 
 def _load_example() -> ModuleType:

@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT stop an environment run cleanly (trainer/stop_signal.py, the mechanism of
+"""SIGTERM / SIGINT stop an environment run cleanly (trainer/run/stop_signal.py, the mechanism of
 language-model runs): the iteration in progress finishes, a checkpoint of it is written
 (trainer.save_on_signal), the env runners (in-process or Ray actors) are shut down, one line
 is printed and the exit status is 128 + the signal; `--resume` continues from the checkpoint.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow.cli import main
-from hybridflow.trainer.run_dir import read_metrics
+from hybridflow.trainer.run.run_dir import read_metrics
 from tests.processes import alive, descendants
 from trainer_helpers import logged_rl_steps
 

@@ -1,0 +1,100 @@
+"""Settings of the asynchronous trainer modes (`trainer.mode` one_step_off / async, docs/async.md).
+
+The YAML section is `async_rl` (`async` is a Python keyword, so it cannot be a field name):
+
+    trainer: {mode: async}
+    async_rl:
+      rollout_ranks: 1        # the generation-only pool, beside resources.world_size training ranks
+      max_staleness: 1        # a sample may lag this many policy versions; staler ones are dropped
+      buffer_size: 32         # prompt groups (rollout.n samples each) the buffer holds at most
+      chunk_prompts: null     # prompts per generation call (null: data.train_batch_size)
+      steps_per_call: 16      # scheduler iterations per call: weights are taken between calls
+      bucket_mb: 64           # weight-sync bucket size
+
+one_step_off is async with max_staleness 1, whole batches per generation call and no
+partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call). Partial
+rollouts need the native engine's scheduler: other rollout backends (rollout.name) and
+multi-turn agent rollouts generate whole calls, and steps_per_call does not apply.
+`check_async_settings` holds the cross-section rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hybridflow.config.loader import at_least, positive
+from hybridflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RunConfig
+
+TRAINER_MODES = ("sync", "one_step_off", "async")
+
+
+@dataclass
+class AsyncSection:
+    """See the module docstring."""
+
+    rollout_ranks: int = 1
+    max_staleness: int = 1
+    buffer_size: int = 64
+    chunk_prompts: int | None = None
+    steps_per_call: int | None = 16
+    bucket_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        at_least(self, 1, "rollout_ranks", "buffer_size")
+        at_least(self, 0, "max_staleness", note="0: on-policy")
+        at_least(self, 1, "chunk_prompts", "steps_per_call", null="")
+        positive(self, "bucket_mb")
+
+    def chunk(self, train_batch_size: int) -> int:
+        return train_batch_size if self.chunk_prompts is None else self.chunk_prompts
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * (1 << 20))
+
+
+def check_async_settings(cfg: RunConfig) -> None:
+    """Cross-section rules of the asynchronous modes (nothing to check in sync mode)."""
+    mode, a = cfg.trainer.mode, cfg.async_rl
+    if mode not in TRAINER_MODES:
+        raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
+    if mode == "sync":
+        return
+    _check_capabilities(cfg)
+    tp = cfg.rollout.tensor_model_parallel_size
+    if a.rollout_ranks % tp:
+        raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",
+                          "async_rl.rollout_ranks")
+    groups, batch = a.rollout_ranks // tp, cfg.data.train_batch_size
+    chunk = batch if mode == "one_step_off" else a.chunk(batch)
+    if chunk % groups:
+        raise ConfigError(f"{chunk} prompts per generation call cannot be shared by the {groups} generation groups "
+                          "of the rollout pool; make it a multiple", "async_rl.chunk_prompts")
+    if a.buffer_size < batch:
+        raise ConfigError(f"{a.buffer_size} groups cannot hold one step's data.train_batch_size={batch} groups",
+                          "async_rl.buffer_size")
+
+
+
+def _check_capabilities(cfg: RunConfig) -> None:
+    """The asynchronous modes run every registered program (trainer/modes/stream_step.py); of the
+    capabilities its row declares, two are served on the rollout pool with the rule-based
+    scores there (greedy_baseline: the baseline's score; dynamic_sampling: the filter on
+    the stream), so a reward model, which scores on the training pool later, cannot take part."""
+    alg, mode = cfg.algorithm, cfg.trainer.mode
+    if cfg.reward_model.path is None:
+        return
+    if alg.spec.greedy_baseline:
+        raise ConfigError(f"{mode} serves the greedy_baseline capability (algorithm.name={alg.name}) on the rollout "
+                          "pool with the rule-based reward, and reward_model.path scores on the training pool: drop "
+                          "reward_model.path or use trainer.mode=sync", "trainer.mode")
+    if alg.spec.dynamic_sampling and alg.settings.filter_groups.enable:
+        raise ConfigError(f"{mode} serves the dynamic_sampling capability (algorithm.name={alg.name}) by filtering "
+                          "groups on the rollout pool by their rule-based scores, and reward_model.path scores on "
+                          "the training pool, after the filter: drop reward_model.path, set "
+                          f"algorithm.{alg.spec.settings}.filter_groups.enable=false, or use trainer.mode=sync",
+                          f"algorithm.{alg.spec.settings}.filter_groups.enable")

@@ -1,0 +1,263 @@
+"""Scoring and exporting a saved policy outside a training run (`hybridflow eval`,
+`hybridflow export`).
+
+    source = resolve_source("runs/grpo-20260101-120000")         # run dir: its newest checkpoint
+    report = evaluate_source(source, ["test.parquet"])           # None: the run's held-out prompts
+    report.metrics["val/accuracy"], report.metrics["val/gsm8k/accuracy"]
+    export_source(resolve_source("runs/.../checkpoints/global_step_20"), "exported/")
+
+A source is a run directory (its newest complete checkpoint; its final_model/ when it saved
+no checkpoint), a checkpoint directory
+(`<run>/checkpoints/global_step_<N>`), or a Hugging Face model directory. A checkpoint is
+scored with its run's config.yaml (world size, generation and prompt settings, reward
+function, trainer.validation), so `hybridflow eval` on the checkpoint of step N repeats
+the run's own evaluation at step N; dotted overrides change any of it. A model directory
+takes the settings saved next to its weights (hybridflow_presets.json, written with every
+model a run exports: config/model_presets.py), else the config classes' defaults, never
+the built-in demo's; `settings_lines` says which values were used and where they came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from hybridflow.config.dtypes import resolved_dtypes
+from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
+from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
+from hybridflow.config.validation import validate_run_config
+from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.data import RLPromptDataset, load_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.run.checkpointing import (
+    CHECKPOINTS_DIR,
+    CheckpointNotFoundError,
+    complete_checkpoints,
+    actor_checkpoint_path,
+    checkpoint_step,
+    find_checkpoint,
+    run_config_path,
+    run_dir_of,
+)
+from hybridflow.trainer.lm.evaluate import evaluate_responses, sampling_meta
+from hybridflow.trainer.run.lifecycle import policy_start_path
+from hybridflow.trainer.run.preflight import check_model_dir, check_reward_file, check_scorers
+from hybridflow.trainer.run.setup import (
+    actor_config,
+    build_groups,
+    build_reward_manager,
+    first_prompts,
+    rank_cpus,
+    start_ray,
+    val_prompts,
+)
+from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
+
+FINAL_MODEL_DIR = "final_model"  # <run>/final_model: the exported policy (run/run_dir.py)
+
+
+@dataclass
+class ModelSource:
+    """What to load: the actor is built from `model_path`, then (for a checkpoint) its
+    weights are replaced by the checkpoint's actor."""
+
+    path: Path  # as the user gave it
+    cfg: RunConfig  # the run's config (with overrides), or the defaults for a model dir
+    model_path: str
+    checkpoint: Path | None
+    step: int | None
+    run_dir: Path | None = None  # the run whose final_model/ this is (held-out prompts from its config)
+    settings_from: str = ""  # where cfg's values come from, in words (settings_lines)
+
+
+@dataclass
+class EvalReport:
+    source: ModelSource
+    data: list[str]  # files, or ["<held-out prompts of the run>"]
+    metrics: dict[str, float]
+    responses: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # evaluate.response_records
+
+    def to_json(self) -> dict[str, Any]:
+        src = self.source
+        return {
+            "source": str(src.path), "model_path": src.model_path,
+            "checkpoint": str(src.checkpoint) if src.checkpoint is not None else None, "step": src.step,
+            "data": self.data, "sampling": sampling_meta(src.cfg.trainer.validation),
+            "response_length": src.cfg.rollout.response_length, "world_size": src.cfg.resources.world_size,
+            "settings": eval_settings(src.cfg), "settings_from": src.settings_from,
+            "metrics": self.metrics, "responses": self.responses,
+        }
+
+
+def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSource:
+    """The model source `path` names (module docstring); overrides are dotted config keys."""
+    path = Path(path)
+    with_flags = " and the command line" if overrides else ""
+    if (path / "config.json").is_file():  # a Hugging Face model directory
+        # Never the built-in demo's presets: they fit the tiny model and its 3-token answers.
+        # rollout.n only satisfies the default algorithm's checks: eval samples trainer.validation.n.
+        cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", "rollout.n=2", *overrides], demo=False)
+        saved = path / MODEL_PRESETS_FILE
+        origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
+        return _checked(ModelSource(path, _resolved(cfg), str(path), None, None,
+                                    settings_from=origin + with_flags))
+    final_model = path / FINAL_MODEL_DIR
+    if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
+            path / CHECKPOINTS_DIR):
+        # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
+        cfg = load_run_config(path / "config.yaml", list(overrides))
+        return _checked(ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path,
+                                    settings_from=f"{path / 'config.yaml'}{with_flags}"))
+    try:
+        checkpoint = find_checkpoint(path)
+    except CheckpointNotFoundError as err:
+        raise CheckpointNotFoundError(
+            f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
+            "Hugging Face model directory (with config.json)") from None
+    cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
+    return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
+                                checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}"))
+
+
+def eval_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings that decide what an evaluation measures, by their dotted keys."""
+    v = cfg.trainer.validation
+    return {"data.prompt.max_prompt_length": cfg.data.prompt.max_prompt_length,
+            "data.prompt.apply_chat_template": cfg.data.prompt.apply_chat_template,
+            "rollout.response_length": cfg.rollout.response_length, "rollout.dtype": cfg.rollout.dtype,
+            "rollout.name": cfg.rollout.name, "rollout.agent.enable": cfg.rollout.agent.enable,
+            **{f"trainer.validation.{key}": value for key, value in sampling_meta(v).items()}}
+
+
+def settings_lines(source: ModelSource) -> list[str]:
+    """What `hybridflow eval` prints before it starts: each setting and where they came from."""
+    s = eval_settings(source.cfg)
+    dtype = s["rollout.dtype"]
+    if dtype == "auto":
+        dtype = "auto (bf16 where the device computes it natively, else fp32)"
+    sampling = ("greedy" if not s["trainer.validation.do_sample"] else
+                f"sampled (temperature {s['trainer.validation.temperature']}, top_p {s['trainer.validation.top_p']}, "
+                f"top_k {s['trainer.validation.top_k']}, seed {s['trainer.validation.seed']})")
+    agent = ", agent loop on (rollout.agent.enable)" if s["rollout.agent.enable"] else ""
+    return [f"settings from {source.settings_from}:",
+            f"  prompts up to {s['data.prompt.max_prompt_length']} tokens (data.prompt.max_prompt_length), chat "
+            f"template {'on' if s['data.prompt.apply_chat_template'] else 'off'} (data.prompt.apply_chat_template)",
+            f"  responses up to {s['rollout.response_length']} tokens (rollout.response_length), dtype {dtype} "
+            f"(rollout.dtype), backend {s['rollout.name']}{agent}",
+            f"  {sampling}, {s['trainer.validation.n']} response(s) per prompt (trainer.validation.*)"]
+
+
+def _checked(source: ModelSource) -> ModelSource:
+    """`source` once train's pre-flight checks of what it reads pass (trainer/run/preflight.py):
+    the model directory (a truncated safetensors file is one line naming it, not a
+    deserializer error from a worker) and the reward file, before Ray starts."""
+    if Path(source.model_path).is_dir():  # a built-in model is written into the run dir on first use
+        check_model_dir(source.model_path, "model.path", tokenizer=True)
+    reward = source.cfg.reward
+    if reward.custom_fn_path is not None:
+        check_reward_file(reward.custom_fn_path, reward.custom_fn_name, "reward.custom_fn_path")
+    return source
+
+
+def _resolved(cfg: RunConfig) -> RunConfig:
+    # dtype: auto as the run would resolve it (a run's own config.yaml holds its value already)
+    return resolved_dtypes(dataclasses.replace(cfg, resources=resolved_resources(cfg.resources)))
+
+
+def held_out_or_files(source: ModelSource, files: Sequence[str], max_samples: int | None,
+                      tokenizer: Any) -> tuple[DataProto, list[str]]:
+    """The prompts to score: `files` (verl columns), or the run's held-out prompts."""
+    cfg = source.cfg
+    if files:
+        missing = [f for f in files if not Path(f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"data file(s) not found: {missing}; give parquet or jsonl files in verl "
+                                    "columns (prompt, data_source, reward_model.ground_truth)")
+        limit = max_samples if max_samples is not None else cfg.data.max_val_samples
+        return first_prompts(RLPromptDataset(list(files), tokenizer, cfg.data.prompt), limit), list(files)
+    if source.checkpoint is None and source.run_dir is None and not cfg.data.val_files:
+        raise ValueError("a Hugging Face model directory has no held-out prompts of its own; pass --data FILE")
+    if max_samples is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_val_samples=max_samples))
+    batch = val_prompts(cfg, tokenizer)
+    if batch is None:
+        raise ValueError("the run has no held-out prompts (data.val_files is empty); pass --data FILE")
+    return batch, ["<held-out prompts of the run>"]
+
+
+def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples: int | None = None) -> EvalReport:
+    """Score the source's policy on the prompts (trainer.validation sampling: greedy by
+    default); the report keeps every response (evaluate.response_records)."""
+    cfg = source.cfg
+    tokenizer = load_tokenizer(source.model_path)
+    prompts, data = held_out_or_files(source, files, max_samples, tokenizer)
+    if cfg.reward.custom_fn_path is None:  # the built-in scorers must know every data source
+        check_scorers(prompts.non_tensor_batch["data_source"], "--data" if files else "data.val_files")
+    reward = build_reward_manager(cfg, tokenizer)
+    try:
+        with loaded_actor(source) as (actor, generation_groups):
+            metrics, responses = evaluate_responses(actor, prompts, reward, generation_groups,
+                                                    cfg.trainer.validation)
+    finally:
+        reward.close()
+    return EvalReport(source, data, metrics, responses)
+
+
+def export_source(source: ModelSource, out_dir: str | Path) -> Path:
+    """Write the checkpoint's policy as a Hugging Face model directory (LoRA merged).
+    `out_dir` must not exist or be empty: nothing there is ever replaced."""
+    out = Path(out_dir)
+    refuse_existing_dir(out)
+    if source.checkpoint is None:
+        raise ValueError(f"{str(source.path)!r} is already a Hugging Face model directory; export takes a run "
+                         "directory or a checkpoint directory")
+    with loaded_actor(source) as (actor, _):
+        refuse_existing_dir(out)  # again: the actor took a while to start
+        actor.export_hf(str(out))
+        write_model_presets(out, source.cfg, f"checkpoint {source.checkpoint} (step {source.step})")
+    return out
+
+
+def refuse_existing_dir(path: Path) -> None:
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{str(path)!r} exists and is not an empty directory; nothing is overwritten. "
+                              "Pick a new --out directory")
+
+
+def write_json_once(path: str | Path, data: dict[str, Any]) -> Path:
+    """Write `data` to a new file (exclusive create: an existing file is never replaced)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "x", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    return path
+
+
+@contextmanager
+def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
+    """(actor group, generation groups): Ray joined or started, the actor built from the
+    source's model with the checkpoint's weights; everything stopped on exit."""
+    cfg = source.cfg
+    layout = validate_run_config(cfg)
+    ray_started = start_ray(cfg.resources.ray_address, layout.world_size * rank_cpus(cfg.resources, layout),
+                            cfg.resources.nodes)
+    groups: dict[str, WorkerGroup] = {}
+    try:
+        # Only the policy: no reference model, no critic (they do not change its answers).
+        config = dataclasses.replace(actor_config(cfg, source.model_path), use_reference=False)
+        groups = build_groups(cfg, layout, {"actor": RoleSpec(ActorRolloutRefWorker, (config,))})
+        if source.checkpoint is not None:
+            groups["actor"].load_checkpoint(actor_checkpoint_path(source.checkpoint))
+        yield groups["actor"], layout.rollout_groups
+    finally:
+        shutdown_role_groups(groups)
+        if ray_started and ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,158 @@
+"""The asynchronous modes' step: the algorithm's own program, run next to the data.
+
+trainer.mode one_step_off / async do not describe an algorithm again: each step runs the
+function on the algorithm's registry row, the one sync mode runs (programs/algorithms.py, or a
+user's `@register_algorithm` program). What changes is where its phases get their input:
+
+1. The rollout pool generates, scores each finished prompt group with the run's
+   rule-based reward and cost functions (workers/rollout.py, right after generation),
+   serves the capabilities of the row that belong to generation (a greedy baseline per
+   prompt, dynamic sampling's filter: `SERVED_BY_STREAM`) and puts every group into Ray's
+   object store. The controller receives refs and a steering record per group and admits,
+   buffers and drops groups by them (modes/async_trainer.py).
+2. For a step the controller hands the refs of the chosen groups, with the program's row,
+   the run config, the worker groups and the algorithm state, to `_run_program`: a Ray task
+   with no CPU reserved, in a Ray worker process beside the pools. There the program runs
+   top to bottom exactly as in sync mode, calling the training pool's worker groups: its
+   generate phase takes the groups (`Step.streamed`), its rule-based scorers are the scores
+   the groups arrived with (`StreamScores`), and the phases of the served capabilities only
+   report what the pool did (trainer/programs/phases.py). Reward models, log-probs, values,
+   advantages, the user's own phases and the updates run as they do in sync mode.
+3. The task returns the step's metrics, the batch's data metrics and sequence lengths
+   (`BatchSummary`) and the algorithm's cross-step state (KL controller, Lagrange
+   multiplier), which the controller loads into its own.
+
+So the controller fetches no tensor of the batch (`controller/fetched_tensor_bytes` = 0,
+tests/trainer/test_async_dataflow.py), and max_staleness=0 reproduces sync mode's metrics
+exactly (tests/trainer/test_async_modes.py): it is the same program on the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray import cloudpickle  # Ray's own copy: what its task arguments are pickled with
+
+from hybridflow.algorithms.off_policy import staleness_metrics
+from hybridflow.config.algorithm import USER_MODULE_PREFIX, AlgorithmSpec, add_algorithm
+from hybridflow.config.schema import RunConfig
+from hybridflow.controller import WorkerError
+from hybridflow.controller.decorator import registered_methods
+from hybridflow.controller.futures import RankInfo, gather
+from hybridflow.engines.rollout.partial import POLICY_VERSION
+from hybridflow.protocol import DataProto
+from hybridflow.rewards.manager import outcome_metrics
+from hybridflow.trainer.programs import phases as P
+from hybridflow.trainer.programs.algorithms import AlgoState, step_program
+from hybridflow.trainer.observe.metrics import BatchSummary
+from hybridflow.trainer.programs.phases import Roles, Step
+from hybridflow.workers.rollout import GREEDY_KEY, SCORED_COLUMNS
+
+# Who the task's failures are reported as when no worker call inside it failed.
+PROGRAM = RankInfo("step_program", 0, "", None)
+# The capabilities of an algorithm's row that the rollout pool serves with the groups.
+SERVED_BY_STREAM = ("greedy_baseline", "dynamic_sampling")
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a rule-based scorer's `score` returns, as score_sequences reads it."""
+
+    token_level_scores: torch.Tensor
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class StreamScores:
+    """A rule-based scorer (`kind` reward or cost) whose work the rollout pool already did:
+    `score` returns the scores the groups arrived with and the metrics RewardManager.score
+    reports, from the per-sample outcomes stored with them (workers/rollout.py,
+    SCORED_COLUMNS) and the pool's scoring-process restarts since the last step."""
+
+    kind: str
+    restarts: dict[str, float]
+
+    def score(self, batch: DataProto) -> Scored:
+        key, prefix = SCORED_COLUMNS[self.kind]
+        scores = batch.batch[key]
+        # (a step that received no generation call this time has no restarts to report)
+        restarts = self.restarts.get(f"{self.kind}/worker_restarts", 0.0)
+        metrics = {"reward/mean": float(scores.sum(-1).double().mean()),
+                   **outcome_metrics(batch, restarts, prefix=prefix)}
+        return Scored(scores, metrics)
+
+
+def served_capabilities(spec: AlgorithmSpec) -> frozenset[str]:
+    """The capabilities of `spec` that the rollout pool serves, plus generation itself."""
+    return frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
+
+
+def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, groups: list[ray.ObjectRef],
+                    version: int, restarts: dict[str, float]) -> None:
+    """Run the algorithm's program on the prompt groups behind `groups` (refs into the
+    object store), trained at policy `version`, in a task beside the pools (module
+    docstring). Fills step.metrics and step.summary and updates `state`; `restarts`: the
+    scoring pools' worker restarts reported by the rollout calls this step received."""
+    start = time.perf_counter()
+    spec = cfg.algorithm.spec
+    _ship_user_module(spec)
+    if step.balance_dp:
+        _learn_layouts(roles)
+    scorers = dataclasses.replace(roles, reward=StreamScores("reward", restarts),
+                                  cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
+    ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp,
+                              served_capabilities(spec), *groups)
+    try:
+        report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
+    except WorkerError as err:
+        raise _inner_worker_error(err) from err
+    step.metrics.update(report["metrics"])
+    state.load_state_dict(report["state"])
+    step.summary = BatchSummary(report["data"], report["seq_lens"])
+    step.metrics["timing_s/train"] = time.perf_counter() - start
+
+
+@ray.remote(num_cpus=0)
+def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoState, index: int, version: int,
+                 balance_dp: bool, served: frozenset[str], *groups: DataProto) -> dict[str, Any]:
+    """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2)."""
+    add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
+    greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
+    batch = P.concat_generated(list(groups))
+    step = Step(index, DataProto(), balance_dp=balance_dp, streamed=batch, served=served,
+                streamed_greedy=P.concat_generated(greedy) if greedy else None)
+    step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
+    step_program(spec)(step, roles, cfg, state)
+    summary = BatchSummary.of(step.batch)
+    return {"metrics": step.metrics, "data": summary.metrics, "seq_lens": summary.seq_lens,
+            "state": state.state_dict()}
+
+
+def _ship_user_module(spec: AlgorithmSpec) -> None:
+    """A program from a .py file (algorithm.module) lives in a module no other process can
+    import: send its functions by value."""
+    module = getattr(spec.program, "__module__", "")
+    if module.startswith(USER_MODULE_PREFIX):
+        cloudpickle.register_pickle_by_value(sys.modules[module])
+
+
+def _learn_layouts(roles: Roles) -> None:
+    """Have each group learn how its dp-split methods cut a batch (asked of the workers once,
+    then cached), so the copies the task receives do not ask again every step."""
+    for group in (roles.actor, roles.critic, roles.cost_critic, roles.reward_model, roles.cost_model):
+        for method, spec in registered_methods(group.worker_cls).items() if group is not None else ():
+            if spec.dispatch.proto_parts:
+                group.dp_parts(method)
+
+
+def _inner_worker_error(err: WorkerError) -> WorkerError:
+    """The WorkerError a worker-group call inside the task raised (it names the role and
+    rank), else `err`."""
+    cause = getattr(err.__cause__, "cause", None)
+    return cause if isinstance(cause, WorkerError) else err

@@ -1,0 +1,215 @@
+"""RL algorithms as short programs over worker groups (HybridFlow paper, Figure 4).
+
+Each function runs one step, top to bottom: generate -> reward -> old and reference
+log-probs -> values -> advantages -> critic update -> actor update. The actor's new
+weights reach the generation engine at the start of the next step's generate (weight
+sync by resharding). Which program an `algorithm.name` runs, and everything else the name
+implies (roles, estimator, presets, checks), is its row in the algorithm registry
+(`hybridflow.config.algorithm`); `step_program` finds the function of a row, and
+docs/algorithms.md lists the rows.
+
+- critic_free: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo; they
+  differ only in the estimator and the presets (Dr.GRPO: no std, seq-mean-token-sum-norm).
+- remax: one extra greedy response per prompt; its reward is the baseline.
+- dapo: dynamic sampling (informative groups only, more prompts until the batch is full),
+  overlong shaping; clip-higher and the token-mean loss are presets.
+- ppo: GAE with a learned critic.
+- safe_rlhf: PPO on reward and cost (two critics) under a Lagrange multiplier.
+
+Any of them can take its reward from a reward model (`reward_model.path`) instead of, or
+in addition to, the rule-based function. `generate_and_score`, `log_probs`,
+`shaped_rewards` and `train_critic_free` are the building blocks the programs share; a
+program of your own (docs/extending.md) may use them too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from hybridflow.algorithms import LagrangeMultiplier, build_kl_controller
+from hybridflow.config.algorithm import AlgorithmSpec
+from hybridflow.config.algorithm_settings import overlong_buffer_len
+from hybridflow.config.schema import RunConfig
+from hybridflow.protocol import DataProto
+from hybridflow.registry import import_object
+from hybridflow.rewards.templates import model_weight
+from hybridflow.trainer.programs import phases as P
+from hybridflow.trainer.programs.phases import Roles, Step
+
+
+@dataclass
+class AlgoState:
+    """What lives across steps besides the models and the data position; checkpoints save
+    it (`state_dict`) so a resumed run continues with the same coefficients."""
+
+    kl_ctrl: Any  # hybridflow.algorithms Fixed/AdaptiveKLController, or None without KL in reward
+    lagrange: LagrangeMultiplier | None = None  # Safe-RLHF's lambda, None for other algorithms
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
+                "lagrange": self.lagrange.state_dict() if self.lagrange is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state.get("kl_ctrl") is None) != (self.kl_ctrl is None):
+            raise ValueError("the checkpoint's KL-in-reward setting differs from this run's "
+                             "(algorithm.use_kl_in_reward); resume with the config the checkpoint was written with")
+        # Checkpoints written before Safe-RLHF existed have no "lagrange" entry.
+        if (state.get("lagrange") is None) != (self.lagrange is None):
+            raise ValueError("the checkpoint's algorithm differs from this run's (one has a Safe-RLHF Lagrange "
+                             "multiplier, the other not); resume with the config the checkpoint was written with")
+        if self.kl_ctrl is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.lagrange is not None:
+            self.lagrange.load_state_dict(state["lagrange"])
+
+
+def build_algo_state(cfg: RunConfig) -> AlgoState:
+    """The cross-step state of `cfg.algorithm`, freshly initialised."""
+    alg = cfg.algorithm
+    kl = alg.kl_ctrl
+    kl_ctrl = build_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon) if alg.use_kl_in_reward else None
+    # A row with the lagrangian capability reads the multiplier's settings from its section.
+    lagrange = alg.settings.multiplier() if alg.spec.lagrangian else None
+    return AlgoState(kl_ctrl=kl_ctrl, lagrange=lagrange)
+
+
+# A step program: one RL step over the worker groups, metrics into step.metrics.
+Program = Callable[[Step, Roles, RunConfig, AlgoState], None]
+
+
+def step_program(spec: AlgorithmSpec) -> Program:
+    """The step function of a registry row: the function itself, or the one its
+    "module:function" path names (the built-in rows name the functions below)."""
+    if not isinstance(spec.program, str):
+        return spec.program
+    return import_object(spec.program, "algorithm.name", "program")
+
+
+# ----------------------------------------------------------------------------- shared parts
+
+
+def rule_reward_manager(roles: Roles, cfg: RunConfig) -> Any:
+    """The rule-based reward manager, or None where the reward model replaces it (a
+    reward.templates list naming reward_model keeps both: it composes them)."""
+    replaced = not cfg.reward_model.add_rule_reward and model_weight(cfg.reward.templates) is None
+    return None if roles.reward_model is not None and replaced else roles.reward
+
+
+def reward_model_weight(cfg: RunConfig) -> float:
+    """The reward model's weight: its reward.templates entry's, else 1."""
+    weight = model_weight(cfg.reward.templates)
+    return 1.0 if weight is None else weight
+
+
+def _score(batch: DataProto, roles: Roles, cfg: RunConfig) -> torch.Tensor:
+    """Token-level scores of any generated batch, from the run's reward sources."""
+    return P.score_sequences(batch, rule_reward_manager(roles, cfg), roles.reward_model, reward_model_weight(cfg))[0]
+
+
+def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0) -> None:
+    """rollout.n responses per prompt and their token_level_scores from the run's reward sources."""
+    P.generate(step, roles.actor, cfg.rollout.n, round=round)
+    P.compute_reward(step, rule_reward_manager(roles, cfg), roles.reward_model, reward_model_weight(cfg))
+
+
+def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
+    """old_log_probs (unless the update computes them itself: RunConfig.fuses_old_log_probs),
+    and ref_log_probs where the run uses the reference policy (KL)."""
+    if not cfg.fuses_old_log_probs:
+        P.compute_old_log_probs(step, roles.actor)
+    if cfg.use_reference:
+        P.compute_ref_log_probs(step, roles.actor)
+
+
+def shaped_rewards(step: Step, cfg: RunConfig, state: AlgoState) -> None:
+    """token_level_rewards: the scores, minus the KL penalty with algorithm.use_kl_in_reward."""
+    if cfg.algorithm.use_kl_in_reward:
+        P.rewards_with_kl_penalty(step, state.kl_ctrl, cfg.algorithm.kl_penalty)
+    else:
+        P.rewards_are_scores(step)
+
+
+def train_critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState,
+                      extra_keys: tuple[str, ...] = ()) -> None:
+    """Everything after scoring for the critic-free programs: log-probs, rewards, advantages
+    of algorithm.adv_estimator (`extra_keys`: batch tensors it reads, e.g. baseline_rewards),
+    actor update."""
+    log_probs(step, roles, cfg)
+    shaped_rewards(step, cfg, state)
+    P.compute_advantages(step, cfg.algorithm.estimator, cfg.algorithm.advantage_config(), extra_keys)
+    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                   with_behaviour=cfg.actor.loss.off_policy.enabled)
+
+
+def group_unit(cfg: RunConfig) -> int:
+    """Fewest groups whose samples fill whole actor mini-batches (rollout.n samples a group)."""
+    mini = cfg.actor.micro_batch.mini_batch_size
+    return mini // math.gcd(mini, cfg.rollout.n)
+
+
+# ----------------------------------------------------------------------------- programs
+
+
+def critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
+    """GRPO (Shao et al. 2024), RLOO (Ahmadian et al. 2024), REINFORCE++ and its group-baseline
+    variant (Hu 2025), Dr.GRPO (Liu et al. 2025): no critic; the advantage comes from the
+    estimator of `algorithm.name` (group baselines, or batch-whitened returns)."""
+    generate_and_score(step, roles, cfg)
+    train_critic_free(step, roles, cfg, state)
+
+
+def remax(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
+    """ReMax (Li et al. 2023): advantage = reward - reward of the greedy response to the prompt."""
+    prompts = step.batch
+    generate_and_score(step, roles, cfg)
+    P.compute_greedy_baseline(step, prompts, roles.actor, lambda batch: _score(batch, roles, cfg))
+    train_critic_free(step, roles, cfg, state, extra_keys=("baseline_rewards",))
+
+
+def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
+    """DAPO (Yu et al. 2025): dynamic sampling, overlong reward shaping, clip-higher, token-mean loss."""
+    d = cfg.algorithm.dapo
+    if d.filter_groups.enable:
+        P.sample_informative_groups(step, lambda part, r: generate_and_score(part, roles, cfg, round=r),
+                                    cfg.data.train_batch_size, d.filter_groups.max_extra_rounds, group_unit(cfg))
+    else:
+        generate_and_score(step, roles, cfg)
+    if d.overlong_buffer.enable:
+        P.add_overlong_penalty(step, cfg.rollout.response_length, overlong_buffer_len(cfg),
+                               d.overlong_buffer.penalty_factor)
+    train_critic_free(step, roles, cfg, state)
+
+
+def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
+    """PPO (Schulman et al. 2017) with GAE advantages from a learned critic."""
+    generate_and_score(step, roles, cfg)
+    log_probs(step, roles, cfg)
+    P.compute_values(step, roles.critic)
+    shaped_rewards(step, cfg, state)
+    P.compute_advantages(step, "gae", cfg.algorithm.advantage_config())
+    P.update_critic(step, roles.critic)
+    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                   with_behaviour=cfg.actor.loss.off_policy.enabled)
+
+
+def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
+    """Safe-RLHF (Dai et al. 2023): PPO on reward and cost, each with its own critic; the
+    multiplier lambda follows the mean episode cost against algorithm.safe_rlhf.cost_limit."""
+    adv_config = cfg.algorithm.advantage_config()
+    generate_and_score(step, roles, cfg)
+    P.compute_cost(step, roles.cost_fn, roles.cost_model)
+    log_probs(step, roles, cfg)
+    P.compute_values(step, roles.critic)
+    P.compute_cost_values(step, roles.cost_critic)
+    shaped_rewards(step, cfg, state)
+    P.compute_advantages(step, "gae", adv_config)
+    P.compute_safe_advantages(step, state.lagrange, adv_config)
+    P.update_critic(step, roles.critic)
+    P.update_cost_critic(step, roles.cost_critic)
+    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                   with_behaviour=cfg.actor.loss.off_policy.enabled)
+

@@ -1,0 +1,467 @@
+"""The phases of an RL step, each one named function on worker-group calls.
+
+A phase reads what earlier phases put into `step.batch` (names from ARCHITECTURE.md),
+adds its own keys, and records its metrics and wall time (`timing_s/<phase>`) in
+`step.metrics`. Algorithms (programs/algorithms.py) are short sequences of these calls.
+
+Besides the common phases (generate, reward, log-probs, values, advantages, updates):
+ReMax's greedy baseline, Safe-RLHF's cost / cost values / cost advantages / cost critic,
+DAPO's overlong shaping and dynamic sampling (`sample_informative_groups`, which runs
+generate + reward once per round). Keys they add: baseline_rewards, token_level_costs,
+cost_values, cost_advantages, cost_returns.
+
+Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
+goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
+(trainer.balance_batch) and hands per-sample outputs back in the batch's own order.
+
+Every trainer.mode runs the same phases: in one_step_off / async (trainer/modes/stream_step.py)
+`generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
+the capabilities that pool served (`Step.served`: ReMax's greedy responses, DAPO's filter)
+use what came with the groups instead of calling the actor.
+
+Weight sync has no phase of its own: the actor's updated weights reach the generation
+engine inside the next `generate_sequences` call (3D-HybridEngine reshard), timed by the
+worker as `timing_s/reshard_to_generation`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from hybridflow.algorithms import (
+    AdvantageConfig,
+    LagrangeMultiplier,
+    apply_kl_in_reward,
+    combine_reward_cost_advantages,
+    compute_advantage,
+    compute_cost_advantages,
+    dynamic_sampling_filter,
+    overlong_reward_penalty,
+    silent_groups,
+)
+from hybridflow.controller import WorkerGroup
+from hybridflow.engines.rollout.batch_io import left_pad_prompts
+from hybridflow.engines.train.batching import dp_balanced_order
+from hybridflow.engines.train.actor import FORWARD_KEYS as ACTOR_FORWARD_KEYS
+from hybridflow.engines.train.actor import OLD_LOG_PROBS
+from hybridflow.engines.train.actor import UPDATE_KEYS as ACTOR_UPDATE_KEYS
+from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
+from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.observe.metrics import BatchSummary, rename_worker_metrics
+from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SILENT_GROUPS, GROUPS = "adv/silent_groups", "adv/groups"  # record_signal
+
+
+@dataclass
+class Roles:
+    """What the step program talks to."""
+
+    actor: WorkerGroup  # ActorRolloutRefWorker: generation, log-probs, reference policy, update
+    critic: WorkerGroup | None  # CriticWorker (algorithms with a critic: ppo, safe_rlhf)
+    reward: Any  # hybridflow.rewards.RewardManager: scores responses in worker processes
+    reward_model: WorkerGroup | None = None  # RewardModelWorker (reward_model.path)
+    cost_critic: WorkerGroup | None = None  # CriticWorker of the costs (safe_rlhf)
+    cost_model: WorkerGroup | None = None  # RewardModelWorker scoring costs (cost_model.path)
+    cost_fn: Any = None  # RewardManager of the rule-based cost function (cost_model.custom_fn_path)
+
+
+@dataclass
+class Step:
+    """One RL step in flight: the batch (prompts at first) and what the phases measured."""
+
+    index: int
+    batch: DataProto
+    metrics: dict[str, float] = field(default_factory=dict)
+    # The next batch of prompts from the run's loader, for programs that generate more
+    # than one batch per step (DAPO's dynamic sampling); None where there is no loader.
+    more_prompts: Callable[[], DataProto] | None = None
+    # trainer.balance_batch: reorder dp-split calls for equal tokens per rank (dp_call).
+    balance_dp: bool = True
+    # Told each phase's name as it starts (the trainer's live status: observe/live_status.py).
+    on_phase: Callable[[str], None] | None = None
+    # Set where the batch stayed in the workers (the asynchronous modes): its metrics and
+    # sequence lengths; `batch` is then empty.
+    summary: BatchSummary | None = None
+    # The asynchronous modes (trainer/modes/stream_step.py): the batch their rollout pool generated
+    # and scored for this step, which the generate phase takes instead of calling the actor,
+    # and the capabilities of the algorithm's row (AlgorithmSpec.capabilities) the pool served
+    # with it, whose phases then only report what it did.
+    streamed: DataProto | None = None
+    served: frozenset[str] = frozenset()
+    streamed_greedy: DataProto | None = None  # greedy_baseline: one greedy response per group
+
+
+def phase(name: str) -> Callable[[F], F]:
+    """Time the decorated phase into step.metrics["timing_s/<name>"] (summed over the calls
+    of one step: DAPO generates several times)."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def timed(step: Step, *args: Any, **kwargs: Any) -> Any:
+            if step.on_phase is not None:
+                step.on_phase(name)
+            start = time.perf_counter()
+            try:
+                return fn(step, *args, **kwargs)
+            finally:
+                key = f"timing_s/{name}"
+                step.metrics[key] = step.metrics.get(key, 0.0) + time.perf_counter() - start
+
+        timed.phase_name = name  # type: ignore[attr-defined]  # the planner's dataflow test reads it
+        return timed  # type: ignore[return-value]
+
+    return wrap
+
+
+def _worker_metrics(out: DataProto) -> dict[str, float]:
+    return dict(out.meta_info.pop("metrics", {}))
+
+
+def _select(batch: DataProto, keys: tuple[str, ...]) -> DataProto:
+    # Only what the worker reads travels; meta_info (temperature) goes along.
+    return batch.select(batch_keys=keys, non_tensor_keys=[])
+
+
+def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto) -> DataProto:
+    """``group.<method>(data)`` for a method that cuts `data` into contiguous dp-rank parts.
+
+    With `step.balance_dp` the rows of `data` (a selected copy: reordered in place) are
+    first permuted by `dp_balanced_order`, so every dp rank gets a near-equal number of
+    valid tokens and no rank waits for the one that drew the long sequences; per-sample
+    outputs are put back in the original order. The permutation keeps each optimizer
+    step's (mini-batch's) sample set, so results do not change beyond float summation order.
+    A batch that the ranks do not divide is sent as it is (dispatch pads it).
+    """
+    call = getattr(group, method)
+    dp = group.dp_parts(method) if step.balance_dp else 1
+    if dp == 1 or len(data) % dp:
+        return call(data)
+    order = dp_balanced_order(data.batch["attention_mask"], dp)
+    data.reorder(order)
+    out = call(data)
+    if out.batch or out.non_tensor_batch:  # per-sample outputs (updates return only metrics)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        out.reorder(inverse)
+    return out
+
+
+@phase("gen")
+def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
+    """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group), unique
+    within the step across generation rounds. In the asynchronous modes the rollout pool's
+    stream serves it: the step's batch is the groups it generated (`Step.streamed`)."""
+    if step.served:
+        step.batch = take_streamed(step)
+        return
+    prompts = step.batch
+    prefix = f"{step.index}-" if round == 0 else f"{step.index}.{round}-"
+    prompts.non_tensor_batch["uid"] = np.array([f"{prefix}{i}" for i in range(len(prompts))], dtype=object)
+    out = actor.generate_sequences(prompts)
+    step.metrics.update(_worker_metrics(out))
+    if len(out) != len(prompts) * n:
+        raise RuntimeError(f"generate_sequences returned {len(out)} samples for {len(prompts)} prompts x n={n}")
+    step.batch = out
+
+
+def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | None,
+                    model_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """Token-level scores [B, R] of `batch` and their metrics: the rule-based function's
+    (a RewardManager; failures and timeouts score error_score), the model's score x
+    `model_weight` (the reward_model template's weight) put on the last response token, or
+    the sum of both. A multi-turn row whose environment failed (score_override) gets no
+    model score: its configured error_score stands."""
+    if rule is None and model is None:
+        raise ValueError("score_sequences needs a rule-based scorer, a scoring model, or both")
+    scores, metrics = None, {}
+    if rule is not None:
+        out = rule.score(batch)
+        scores, metrics = out.token_level_scores, dict(out.metrics)
+        metrics.pop("reward/mean")  # the same number as score/mean (observe/metrics.py)
+    if model is not None:
+        rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
+        scores = add_model_scores(scores, batch, rm, model_weight, metrics)
+    return scores, metrics
+
+
+def add_model_scores(scores: torch.Tensor | None, batch: DataProto, rm_scores: torch.Tensor, model_weight: float,
+                     metrics: dict[str, float]) -> torch.Tensor:
+    """`scores` (None: none yet) plus the reward model's scores [B] x `model_weight` on each
+    last response token (rows whose environment failed get none); its metrics into `metrics`."""
+    weighted = model_weight * rm_scores.to(torch.float32) * _env_kept(batch)
+    placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
+    metrics["reward/model_score_mean"] = float(rm_scores.double().mean())
+    metrics["template/reward_model"] = float(weighted.double().mean())
+    return placed if scores is None else scores + placed
+
+
+def _env_kept(batch: DataProto) -> torch.Tensor:
+    """[B] 0 for rows whose environment failed (a non-NaN score_override), else 1."""
+    override = batch.non_tensor_batch.get("score_override")
+    if override is None:
+        return torch.ones(len(batch))
+    return torch.tensor([float(math.isnan(float(v))) for v in override])
+
+
+@phase("reward")
+def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = None, model_weight: float = 1.0) -> None:
+    """token_level_scores from the reward function and/or the reward model (score_sequences)."""
+    step.batch.batch["token_level_scores"], metrics = score_sequences(step.batch, rule, model, model_weight)
+    step.metrics.update(metrics)
+
+
+@phase("cost")
+def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> None:
+    """token_level_costs (Safe-RLHF) from the cost function and/or the cost model."""
+    costs, metrics = score_sequences(step.batch, rule, model)
+    set_costs(step, costs, metrics)
+
+
+def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> None:
+    """token_level_costs = `costs`; the scorers' `metrics` under cost/, and the episode costs' stats."""
+    step.batch.batch["token_level_costs"] = costs
+    step.metrics.update({key.replace("reward/", "cost/", 1): value for key, value in metrics.items()})
+    episode = costs.double().sum(-1)
+    step.metrics.update({"cost/mean": float(episode.mean()), "cost/max": float(episode.max()),
+                         "cost/min": float(episode.min())})
+
+
+def take_streamed(step: Step) -> DataProto:
+    """The batch the rollout pool's stream generated for `step` (once: the asynchronous modes
+    serve one generation per step; more rounds are the dynamic_sampling capability)."""
+    if step.streamed is None:
+        raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async serve "
+                           "one generation per step from the rollout pool (declare dynamic_sampling on the "
+                           "algorithm's AlgorithmSpec for more rounds of informative groups), or use trainer.mode=sync")
+    batch, step.streamed = step.streamed, None
+    return batch
+
+
+@phase("greedy_baseline")
+def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
+                            score: Callable[[DataProto], torch.Tensor]) -> None:
+    """ReMax: baseline_rewards [B], the score of one greedy response to each sample's prompt.
+
+    `prompts` carry the `uid` that `generate` gave them; `score` returns token-level scores.
+    In the asynchronous modes (the greedy_baseline capability served by the rollout pool)
+    the greedy responses arrive with the groups (`Step.streamed_greedy`), scored there.
+    """
+    if "greedy_baseline" in step.served:  # generated with the groups on the rollout pool
+        out = step.streamed_greedy
+    else:
+        greedy = DataProto(batch=prompts.batch, non_tensor_batch=prompts.non_tensor_batch,
+                           meta_info={**prompts.meta_info, "do_sample": False, "n": 1})
+        out = actor.generate_sequences(greedy)
+        out.meta_info.pop("metrics", None)
+    by_uid = dict(zip(out.non_tensor_batch["uid"], score(out).sum(-1).tolist()))
+    baseline = torch.tensor([by_uid[u] for u in step.batch.non_tensor_batch["uid"]], dtype=torch.float32)
+    step.batch.batch["baseline_rewards"] = baseline
+    step.metrics["remax/baseline_mean"] = float(baseline.double().mean())
+
+
+@phase("old_log_prob")
+def compute_old_log_probs(step: Step, actor: WorkerGroup) -> None:
+    """old_log_probs (and entropys) of the responses under the policy that sampled them."""
+    step.batch.union(dp_call(step, actor, "compute_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS)))
+
+
+@phase("ref")
+def compute_ref_log_probs(step: Step, actor: WorkerGroup) -> None:
+    """ref_log_probs under the frozen reference policy (KL loss or KL in reward)."""
+    step.batch.union(dp_call(step, actor, "compute_ref_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS)))
+
+
+@phase("values")
+def compute_values(step: Step, critic: WorkerGroup) -> None:
+    """values [B, R]: the critic's estimate before each response token."""
+    step.batch.union(dp_call(step, critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS)))
+
+
+@phase("cost_values")
+def compute_cost_values(step: Step, cost_critic: WorkerGroup) -> None:
+    """cost_values [B, R]: the cost critic's estimate (Safe-RLHF)."""
+    out = dp_call(step, cost_critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS))
+    step.batch.batch["cost_values"] = out.batch["values"]
+
+
+@phase("kl_reward")
+def rewards_with_kl_penalty(step: Step, kl_ctrl: Any, kl_type: str) -> None:
+    """token_level_rewards = scores - beta * KL(actor || reference) per token."""
+    b = step.batch.batch
+    rewards, metrics = apply_kl_in_reward(b["token_level_scores"], b["old_log_probs"], b["ref_log_probs"],
+                                          b["response_mask"], kl_ctrl, kl_type)
+    b["token_level_rewards"] = rewards
+    step.metrics.update({"kl/penalty": metrics["kl_penalty"], "kl/coef": metrics["kl_coef"]})
+
+
+def rewards_are_scores(step: Step) -> None:
+    """token_level_rewards = token_level_scores (no KL in the reward)."""
+    step.batch.batch["token_level_rewards"] = step.batch.batch["token_level_scores"]
+
+
+@phase("adv")
+def compute_advantages(step: Step, estimator: str, config: AdvantageConfig, extra_keys: tuple[str, ...] = ()) -> None:
+    """advantages and returns with the named estimator (docs/algorithms.md); `extra_keys`
+    are batch tensors passed to it by name (remax: baseline_rewards)."""
+    b = step.batch.batch
+    advantages, returns = compute_advantage(
+        estimator, b["token_level_rewards"], b["response_mask"], config=config,
+        values=b.get("values"), uid=step.batch.non_tensor_batch["uid"], **{key: b[key] for key in extra_keys},
+    )
+    b["advantages"], b["returns"] = advantages, returns
+
+
+@phase("cost_adv")
+def compute_safe_advantages(step: Step, multiplier: LagrangeMultiplier, config: AdvantageConfig) -> None:
+    """Safe-RLHF: cost advantages (GAE with the cost critic), the multiplier's update from the
+    batch's mean episode cost, then advantages = (A_reward - lambda A_cost) / (1 + lambda)."""
+    b = step.batch.batch
+    b["cost_advantages"], b["cost_returns"] = compute_cost_advantages(
+        b["token_level_costs"], b["response_mask"], b["cost_values"], config)
+    lam = multiplier.update(float(b["token_level_costs"].double().sum(-1).mean()))
+    b["advantages"] = combine_reward_cost_advantages(b["advantages"], b["cost_advantages"], lam)
+    step.metrics["safe_rlhf/lambda"] = lam
+
+
+@phase("overlong")
+def add_overlong_penalty(step: Step, max_response_length: int, buffer_len: int, penalty_factor: float) -> None:
+    """DAPO soft overlong punishment, added to token_level_scores at the last response token."""
+    b = step.batch.batch
+    penalty = overlong_reward_penalty(b["response_mask"].sum(-1), max_response_length, buffer_len, penalty_factor)
+    b["token_level_scores"] = b["token_level_scores"] + scores_at_last_response_token(penalty, b["response_mask"])
+    step.metrics["dapo/overlong_penalty_mean"] = float(penalty.double().mean())
+    step.metrics["dapo/overlong_ratio"] = float((penalty < 0).double().mean())
+
+
+@phase("update_critic")
+def update_critic(step: Step, critic: WorkerGroup) -> None:
+    """One value-function update on the step's batch."""
+    out = dp_call(step, critic, "update_critic", _select(step.batch, CRITIC_UPDATE_KEYS))
+    step.metrics.update(rename_worker_metrics(_worker_metrics(out), "critic"))
+
+
+@phase("update_cost_critic")
+def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
+    """One update of the cost critic towards cost_returns (Safe-RLHF)."""
+    out = dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch))
+    step.metrics.update(cost_critic_metrics(_worker_metrics(out)))
+
+
+def cost_critic_input(batch: DataProto) -> DataProto:
+    """What the cost critic's update reads: the critic's keys, with cost_values and cost_returns
+    as its values and returns."""
+    data = _select(batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
+    data.batch["values"], data.batch["returns"] = batch.batch["cost_values"], batch.batch["cost_returns"]
+    return data
+
+
+def cost_critic_metrics(worker_metrics: dict[str, float]) -> dict[str, float]:
+    """The cost critic's update metrics under cost_critic/ (the worker reports them as critic/)."""
+    metrics = rename_worker_metrics(worker_metrics, "cost_critic")
+    return {key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()}
+
+
+@phase("update_actor")
+def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
+    """One policy update on the step's batch (plus the KL loss when configured; with
+    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
+    Records adv/silent_groups and adv/groups first (`record_signal`)."""
+    record_signal(step)
+    out = dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)))
+    step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
+
+
+def record_signal(step: Step) -> None:
+    """adv/silent_groups of adv/groups: the groups whose advantages are all 0, which give the
+    policy gradient nothing (algorithms.silent_groups); the trainer reports steps where all are."""
+    b = step.batch
+    if "uid" not in b.non_tensor_batch:  # a batch not drawn in groups (a caller's own): nothing to count
+        return
+    silent, groups = silent_groups(b.batch["advantages"], b.batch["response_mask"], b.non_tensor_batch["uid"])
+    step.metrics[SILENT_GROUPS], step.metrics[GROUPS] = float(silent), float(groups)
+
+
+def actor_update_keys(batch: DataProto, with_ref: bool, with_behaviour: bool) -> tuple[str, ...]:
+    """The tensors the actor's update reads from `batch` (see update_actor)."""
+    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
+    if OLD_LOG_PROBS in batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
+        keys += (OLD_LOG_PROBS,)
+    return keys
+
+
+# ----------------------------------------------------------------------------- DAPO dynamic sampling
+
+
+@phase("dynamic_sampling")
+def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], None], groups: int,
+                              max_extra_rounds: int, group_unit: int) -> None:
+    """DAPO dynamic sampling: generate and score (`sample_round(step, round)`), drop the groups
+    whose scores are all equal, and repeat with `step.more_prompts()` until `groups` groups
+    are kept; the batch is then exactly the first `groups` kept groups.
+
+    After `max_extra_rounds` extra rounds the step trains on the groups kept so far, cut to
+    a multiple of `group_unit` (whole actor mini-batches), and reports dapo/cap_hit = 1;
+    a RuntimeError if that leaves nothing. Metrics: dapo/rounds, dapo/generated_groups,
+    dapo/kept_groups (informative groups found), dapo/trained_groups, dapo/cap_hit.
+
+    In the asynchronous modes (the dynamic_sampling capability served by the rollout pool's
+    stream) the groups were filtered as they arrived, with the same metrics but dapo/rounds:
+    one round takes them.
+    """
+    if "dynamic_sampling" in step.served:
+        sample_round(step, 0)
+        return
+    kept: list[DataProto] = []
+    generated = found = rounds = 0
+    prompts = step.batch
+    while True:
+        part = Step(step.index, prompts, step.metrics, balance_dp=step.balance_dp)
+        sample_round(part, rounds)
+        rounds += 1
+        keep, counts = dynamic_sampling_filter(part.batch.non_tensor_batch["uid"],
+                                               part.batch.batch["token_level_scores"].sum(-1))
+        generated += int(counts["num_groups"])
+        found += int(counts["kept_groups"])
+        kept.append(part.batch[np.flatnonzero(keep)])
+        if found >= groups or rounds > max_extra_rounds:
+            break
+        if step.more_prompts is None:
+            raise RuntimeError("dynamic sampling needs more prompts but this step has no loader (Step.more_prompts)")
+        prompts = step.more_prompts()
+    target = groups if found >= groups else found - found % group_unit
+    if target == 0:
+        raise RuntimeError(
+            f"dynamic sampling kept {found} groups with differing rewards in {rounds} rounds ({generated} generated), "
+            f"fewer than the {group_unit} one actor mini-batch needs: every other group scored all-equal. Raise "
+            "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups"
+        )
+    step.batch = first_groups(concat_generated(kept), target)
+    trained = len(set(step.batch.non_tensor_batch["uid"].tolist()))
+    step.metrics.update({"dapo/rounds": float(rounds), "dapo/generated_groups": float(generated),
+                         "dapo/kept_groups": float(found), "dapo/trained_groups": float(trained),
+                         "dapo/cap_hit": float(found < groups)})
+
+
+def concat_generated(parts: list[DataProto]) -> DataProto:
+    """Generated batches of several rounds as one: prompts left-padded to the widest round's."""
+    width = max(part.batch["prompts"].shape[1] for part in parts)
+    return DataProto.concat([left_pad_prompts(part, width) for part in parts])
+
+
+def first_groups(batch: DataProto, count: int) -> DataProto:
+    """The samples of the first `count` groups (by first appearance of their uid)."""
+    uids = batch.non_tensor_batch["uid"]
+    chosen = set(list(dict.fromkeys(uids.tolist()))[:count])
+    return batch[np.flatnonzero([u in chosen for u in uids])]

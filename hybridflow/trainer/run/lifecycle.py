@@ -1,0 +1,264 @@
+"""Where a run starts from, decided in one place for every entry point.
+
+Which model the policy starts from (the trainer, SFT, `hybridflow eval` and `hybridflow
+export` all ask here):
+
+    base_model_path(cfg, run_dir, write_builtin=True)   # model.path | model.pretrained's cache
+                                                        # dir | the built-in <run>/model
+    policy_start_path(cfg, run_dir)                     # <run>/sft_model after an SFT warm
+                                                        # start, else the base model
+
+Which checkpoint a resumed run continues from, and with which config (`hybridflow train
+--resume` and `RLTrainer(resume=...)`):
+
+    point = resume_point("runs/grpo-20260101-120000")   # or a checkpoint dir, or True
+    point.checkpoint, point.step, point.cfg
+    check_steps_left(point.step, point.cfg.trainer.total_steps)
+
+A checkpoint records the model it trained (`model_record`: the model section and a
+manifest of the model directory); `resume_point` refuses a resume whose model changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridflow.config import ConfigError, config_to_dict
+from hybridflow.config.dtypes import keep_dtypes
+from hybridflow.config.loader import _build, with_overrides
+from hybridflow.config.schema import RunConfig, load_run_config, resolve_run_config, run_config_from_tree
+from hybridflow.config.sections.model import BuiltinModelSection
+from hybridflow.data import make_builtin_model_dir
+from hybridflow.engines.pretrained import pretrained_model_dir
+from hybridflow.trainer.run.checkpointing import (
+    CHECKPOINTS_DIR,
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    CheckpointNotFoundError,
+    SavedRun,
+    complete_checkpoints,
+    find_checkpoint,
+    read_trainer_state,
+    run_dir_of,
+    saved_run,
+)
+from hybridflow.trainer.run.preflight import manifest_difference, model_manifest
+
+BUILTIN_MODEL_DIR = "model"  # <run>/model: the built-in tiny model (model.path and model.pretrained null)
+SFT_MODEL_DIR = "sft_model"  # <run>/sft_model: the policy after the SFT warm start (sft.steps > 0)
+
+
+# ----------------------------------------------------------------------------- the starting model
+
+
+def write_builtin_model(builtin: BuiltinModelSection, out_dir: Path, seed: int) -> Path:
+    """The built-in tiny model of `builtin`'s sizes, initialised from `seed`, written to `out_dir`."""
+    sizes = dataclasses.asdict(builtin)
+    family = sizes.pop("family")
+    return make_builtin_model_dir(out_dir, family=family, seed=seed, **sizes)
+
+
+def base_model_path(cfg: RunConfig, run_dir: Path, *, write_builtin: bool) -> str:
+    """The model the config names, before any fine-tuning: model.path; model.pretrained's
+    directory in the cache (converted on first use, engines/pretrained.py); or the
+    built-in tiny model in <run>/model. That one is written there when `write_builtin`
+    and missing (a run starting), and must exist otherwise (a finished run being read)."""
+    if cfg.model.path is not None:
+        return cfg.model.path
+    if cfg.model.pretrained is not None:
+        return str(pretrained_model_dir(cfg.model.pretrained))
+    path = run_dir / BUILTIN_MODEL_DIR
+    if (path / "config.json").is_file():  # a resumed run keeps the model it started with
+        return str(path)
+    if not write_builtin:
+        raise _missing_model(path)
+    return str(write_builtin_model(cfg.model.builtin, path, cfg.seed))
+
+
+def policy_start_path(cfg: RunConfig, run_dir: Path) -> str:
+    """The model the RL policy is built from, before its first step or before a
+    checkpoint's weights replace its own: <run>/sft_model when the run warm-starts with
+    SFT (sft.steps > 0; SFT writes it first), else `base_model_path`. Raises
+    FileNotFoundError when the run directory lacks the model it should hold."""
+    if cfg.sft.steps == 0:
+        return base_model_path(cfg, run_dir, write_builtin=False)
+    path = run_dir / SFT_MODEL_DIR
+    if not (path / "config.json").is_file():
+        raise _missing_model(path)
+    return str(path)
+
+
+def _missing_model(path: Path) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"the run's starting model {str(path)!r} is missing (the actor is built from it before a "
+        "checkpoint's weights are loaded); restore the directory, or pass model.path=DIR")
+
+
+# ----------------------------------------------------------------------------- resuming
+
+# Keys a resumed run may change: how long and how often (trainer.*), where it runs
+# (resources.*), how rewards are run (not what they score), and which held-out prompts it
+# reports on. Anything else (model, data, algorithm, optimizer, rollout, seeds) would make
+# the saved weights, optimizer moments, data position or algorithm state mean something else.
+RESUMABLE_CHANGES = (
+    "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
+    "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
+    "reward.manager.mp_context", "reward.manager.memory_limit_mb", "reward.manager.max_failed_share",
+    "reward.manager.max_failed_steps", "reward.manager.cpu_time_s", "reward.manager.file_size_limit_mb",
+    "reward.manager.sandbox", "reward.manager.readable_paths",
+)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues: the checkpoint, its step, and the run's config."""
+
+    checkpoint: Path
+    step: int
+    cfg: RunConfig  # resolved; differs from the saved one only in RESUMABLE_CHANGES
+    saved: SavedRun | None = None  # the checkpoint with its run's config.yaml as read (once)
+
+
+def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str | Path | None = None,
+                 overrides: Sequence[str] = ()) -> ResumePoint:
+    """The checkpoint to resume and the config to resume it with.
+
+    `resume`: a run directory (its newest complete checkpoint), a checkpoint directory, a
+    SavedRun (one whose config.yaml was read already: `hybridflow train --resume`), or
+    True for the newest checkpoint among the config's runs (trainer.run_dir if set, else
+    the runs named `name` under trainer.output_dir). The run's config.yaml is read once.
+    `config`: a RunConfig; or a YAML file, or None for the run's saved config.yaml, with
+    the dotted `overrides` applied. It may differ from the saved config only in
+    RESUMABLE_CHANGES (ConfigError naming every other key).
+    """
+    if isinstance(config, RunConfig) and overrides:
+        raise ValueError("overrides apply to a YAML config or to the run's saved one; with a RunConfig, "
+                         "apply them when building it (load_run_config(path, overrides))")
+    wanted = config if isinstance(config, RunConfig) else None
+    if resume is True:
+        located = wanted if wanted is not None else load_run_config(config, list(overrides))
+        resume = checkpoint_of_runs(located)
+        wanted = located if config is not None else None
+    elif resume is False or resume is None:
+        raise ValueError(f"resume={resume!r} is not a checkpoint to resume; for a fresh run pass resume=None "
+                         "to RLTrainer (or leave out --resume)")
+    run = saved_run(resume)  # the run's config.yaml, read once
+    if wanted is None and config is not None:
+        wanted = load_run_config(config, list(overrides))
+    elif wanted is None and overrides:  # overrides on the saved config
+        wanted = run_config_from_tree(with_overrides(run.tree, list(overrides)))
+    cfg = resume_config(run, wanted)  # wanted None: the saved config as it is
+    check_model_unchanged(run.checkpoint, cfg)
+    return ResumePoint(run.checkpoint, int(read_trainer_state(run.checkpoint)["global_step"]), cfg, run)
+
+
+MODEL_KEY = "model"  # trainer_state.json: the model section and the manifest of the model it trained
+
+
+def model_record(cfg: RunConfig, model_path: str) -> dict[str, Any]:
+    """What a checkpoint records of the model it was trained from (checked on resume)."""
+    return {"section": config_to_dict(cfg.model), "manifest": model_manifest(model_path)}
+
+
+def check_model_unchanged(checkpoint: Path, cfg: RunConfig) -> None:
+    """Refuse to resume when the model differs from the one the checkpoint trained: the
+    config's model section (config.yaml edited) or the model directory's config.json and
+    weight files (model.path replaced). Checkpoints without a record pass."""
+    record = read_trainer_state(checkpoint).get(MODEL_KEY)
+    if record is None:
+        return
+    changed = changed_keys(record["section"], config_to_dict(cfg.model))
+    if changed:
+        detail = ", ".join(f"model.{k}: {before!r} -> {after!r}" for k, (before, after) in list(changed.items())[:4])
+        raise ConfigError(f"the config's model differs from the one checkpoint {str(checkpoint)!r} trained "
+                          f"({detail}); resume with the model the run started from (restore its config.yaml)",
+                          "model")
+    path = base_model_path(cfg, run_dir_of(checkpoint), write_builtin=False)
+    difference = manifest_difference(record["manifest"], model_manifest(path))
+    if difference is not None:
+        raise ConfigError(f"the model directory {path!r} changed since checkpoint {str(checkpoint)!r} was "
+                          f"written: {difference}. Resume with the model the run started from", "model.path")
+
+
+def checkpoint_of_runs(cfg: RunConfig) -> Path:
+    """The newest complete checkpoint of the config's runs: trainer.run_dir if set, else the
+    runs named `name` under trainer.output_dir (what `--resume` without PATH continues)."""
+    if cfg.trainer.run_dir is not None:
+        return find_checkpoint(cfg.trainer.run_dir)
+    return latest_run_checkpoint(cfg.trainer.output_dir, cfg.name)
+
+
+def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
+    """The newest complete checkpoint (most recently written) among the runs named
+    `<name>-<timestamp>` under `output_dir`."""
+    root = Path(output_dir)
+    pattern = re.compile(rf"^{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")
+    runs = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)] if root.is_dir() else []
+    found = [ckpt for run in runs for ckpt in complete_checkpoints(run / CHECKPOINTS_DIR)]
+    if not found:
+        raise CheckpointNotFoundError(
+            f"--resume found no checkpoint: no run {name}-<timestamp> under {str(root)!r} has a complete "
+            f"{CHECKPOINTS_DIR}/{STEP_PREFIX}<N> ({len(runs)} run(s) of that name). Pass the run directory "
+            "explicitly (--resume PATH), or set name / trainer.output_dir to the run's")
+    newest = max(found, key=lambda p: (p / TRAINER_STATE_FILE).stat().st_mtime_ns)
+    return find_checkpoint(newest.parent.parent)  # that run's newest intact checkpoint
+
+
+def resume_config(resume: str | Path | SavedRun, cfg: RunConfig | None) -> RunConfig:
+    """The config of the resumed run (`resume`: a run or checkpoint directory, or a
+    SavedRun): the run's saved config.yaml, or `cfg` when it only changes keys in
+    RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir and
+    trainer.output_dir say). Raises ConfigError naming every other changed key."""
+    run = saved_run(resume)
+    checkpoint_dir = run.checkpoint
+    saved = resolve_run_config(_build(RunConfig, copy.deepcopy(run.tree)))
+    if cfg is None:
+        return saved
+    cfg = resolve_run_config(keep_dtypes(cfg, saved))  # dtype: auto stays what the run measured
+    # The run continues in the checkpoint's directory; keep the saved values so that the
+    # config only differs where the user changed something.
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
+    changed = {key: values for key, values in changed_keys(config_to_dict(saved), config_to_dict(cfg)).items()
+               if not key.startswith(RESUMABLE_CHANGES)}
+    if changed:
+        detail = ", ".join(f"{k}: saved {before!r}, now {after!r}" for k, (before, after) in changed.items())
+        raise ConfigError(
+            f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
+            "optimizer state, data position and algorithm state only mean something with the config that "
+            "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
+            "workers and the held-out data), or start a new run from an exported model (model.path)")
+    return cfg
+
+
+def changed_keys(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (value before, value after) of every value that differs between two
+    config trees (a key one of them lacks counts with None), sorted by key."""
+    old, new = _flat(before), _flat(after)
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)}
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_steps_left(global_step: int, total_steps: int) -> int:
+    """Steps from `global_step` to `total_steps`; a ConfigError when there are none (a
+    resumed run must never silently train zero steps)."""
+    if global_step >= total_steps:
+        raise ConfigError(
+            f"nothing to train: the run is at step {global_step} and trainer.total_steps={total_steps}; "
+            f"raise trainer.total_steps (e.g. trainer.total_steps={global_step + total_steps}) to train further")
+    return total_steps - global_step

@@ -1,0 +1,309 @@
+"""Checks of what a run reads, made on the controller before its run directory exists and
+before Ray starts: the model directories, the data files and the reward file.
+
+    preflight(cfg)          # raises ConfigError keyed by the setting to change
+
+Each problem a new user meets (a typo in a path, a truncated download, a jsonl line cut
+short, a prompt column under another name, too few rows for one batch, a reward file that
+does not import) is reported here in one message that names the file and the fix, instead
+of as a traceback from a worker a minute later. Only the standard library, PyYAML and
+pyarrow are used: no model is loaded, so the checks take well under a second for the
+model and reward file (the data files are read once, as the run reads them anyway).
+
+A model directory is checked from its files alone: config.json parses; its weights exist
+and every safetensors file is complete (its header's tensors end where the file ends);
+the embedding and the number of decoder layers in the weights agree with config.json; a
+tokenizer file is there (policy only). `model_manifest` (a fingerprint of config.json and
+the weight files) is recorded with each checkpoint so a resume can tell that the model
+changed (run/lifecycle.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hybridflow.data.records import SUFFIXES, PromptRecord, from_row, read_many
+from hybridflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hybridflow.config.schema import RunConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
+    """Check the run's model directories, data files and reward file (module docstring).
+    `new_run`: the run starts a new directory (an explicit trainer.run_dir must not exist)."""
+    if new_run and cfg.trainer.run_dir is not None and Path(cfg.trainer.run_dir).exists():
+        raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
+                          "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
+                          "trainer.run_dir")
+    if cfg.resources.use_gpu and cfg.resources.ray_address is None:
+        import torch
+
+        check_gpu_count(cfg, torch.cuda.device_count())
+    if cfg.model.path is not None:
+        check_model_dir(cfg.model.path, "model.path", tokenizer=True)
+    check_lengths_fit(cfg, 1, "the shortest possible prompt")  # the data's own lengths: once tokenized
+    if cfg.critic.model_path is not None and cfg.use_critic:
+        check_model_dir(cfg.critic.model_path, "critic.model_path", tokenizer=False)
+    for key in ("reward_model", "cost_model"):
+        if getattr(cfg, key).path is not None:
+            check_model_dir(getattr(cfg, key).path, f"{key}.path", tokenizer=False)
+    reward_fn = None
+    if cfg.reward.custom_fn_path is not None:
+        reward_fn = check_reward_file(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, "reward.custom_fn_path")
+    if cfg.cost_model.custom_fn_path is not None:
+        check_reward_file(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, "cost_model.custom_fn_path")
+    if cfg.data.train_files:
+        records = prompt_records(cfg.data.train_files, "data.train_files", cfg)
+        limit = cfg.data.prompt.max_samples
+        usable = len(records) if limit is None else min(len(records), limit)
+        if usable < cfg.data.train_batch_size:
+            raise ConfigError(
+                f"the training files hold {usable} usable prompt rows, fewer than one batch "
+                f"(data.train_batch_size={cfg.data.train_batch_size}); set data.train_batch_size to at most "
+                f"{usable}, or add rows", "data.train_batch_size")
+        if reward_fn is None and cfg.reward_model.path is None:
+            check_scorers((r.data_source for r in records), "data.train_files")
+    if cfg.data.val_files:
+        records = prompt_records(cfg.data.val_files, "data.val_files", cfg)
+        if reward_fn is None:
+            check_scorers((r.data_source for r in records), "data.val_files")
+
+
+def check_gpu_count(cfg: RunConfig, visible: int) -> None:
+    """An embedded Ray has this machine's GPUs only: a run that needs more would wait for
+    them until the pool's reservation times out (seen on one H100 with trainer.mode=async:
+    the rollout pool's GPU beside the training rank's). Refuse before anything starts."""
+    train = cfg.resources.resolved_world_size()
+    rollout = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
+    if train + rollout <= visible:
+        return
+    if rollout:
+        raise ConfigError(
+            f"trainer.mode={cfg.trainer.mode} runs a generation pool of async_rl.rollout_ranks={rollout} GPU(s) "
+            f"beside {train} training rank(s): {train + rollout} GPUs, and this machine has {visible}; use "
+            "trainer.mode=sync here, fewer resources.world_size ranks, or a Ray cluster (resources.ray_address)",
+            "trainer.mode")
+    raise ConfigError(f"{train} ranks with resources.use_gpu=true need {train} GPUs, and this machine has "
+                      f"{visible}; set resources.world_size to at most {visible}, or join a Ray cluster "
+                      "(resources.ray_address)", "resources.world_size")
+
+
+# ----------------------------------------------------------------------------- lengths
+
+
+def model_positions(cfg: RunConfig) -> tuple[int, str] | None:
+    """How many positions (prompt + response) the policy's generation has, and the setting
+    or file that says so; None when the model directory does not say."""
+    if cfg.rollout.max_model_len is not None:
+        return cfg.rollout.max_model_len, "rollout.max_model_len"
+    if cfg.model.uses_builtin:
+        return cfg.model.builtin.max_position_embeddings, "model.builtin.max_position_embeddings"
+    if cfg.model.path is None:
+        return None
+    value = read_model_config(Path(cfg.model.path), "model.path").get("max_position_embeddings")
+    return (int(value), f"max_position_embeddings in {cfg.model.path}/config.json") if value else None
+
+
+def check_lengths_fit(cfg: RunConfig, longest_prompt: int, what: str) -> None:
+    """Raise ConfigError(rollout.response_length) when `longest_prompt` tokens plus the
+    response do not fit the model's positions (found here, not by the workers a minute later)."""
+    found = model_positions(cfg)
+    response = cfg.rollout.response_length
+    if found is None or longest_prompt + response <= found[0]:
+        return
+    positions, source = found
+    room = positions - longest_prompt
+    raise ConfigError(f"{what} ({longest_prompt} tokens) + rollout.response_length ({response}) = "
+                      f"{longest_prompt + response} positions, more than the model's {positions} ({source}); lower "
+                      f"rollout.response_length{f' to at most {room}' if room >= 1 else ''}, or "
+                      "data.prompt.max_prompt_length (longer prompts are filtered or truncated) to leave it room",
+                      "rollout.response_length")
+
+
+# ----------------------------------------------------------------------------- model directories
+
+
+def check_model_dir(path: str | Path, key: str, *, tokenizer: bool) -> None:
+    """Raise ConfigError(key) unless `path` is a complete local Hugging Face model directory."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{str(path)!r} is not a directory; give a local Hugging Face model directory "
+                          "(config.json, *.safetensors, tokenizer files). Nothing is downloaded", key)
+    config = read_model_config(path, key)
+    tensors = weight_shapes(path, key)
+    if tensors is not None:
+        _check_sizes(path, config, tensors, key)
+    if tokenizer and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{str(path)!r} has no tokenizer (none of {list(TOKENIZER_FILES)}); copy the model's "
+                          "tokenizer files into it (tokenizer.save_pretrained(path))", key)
+
+
+def read_model_config(path: Path, key: str) -> dict[str, Any]:
+    """config.json of a model directory as a dict (ConfigError when missing or not JSON)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{str(path)!r} has no config.json; is it a Hugging Face model directory?", key)
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{config_file} is not valid JSON ({err}); restore the file from the model's "
+                          "source", key) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_file} must hold a JSON object, got {type(config).__name__}", key)
+    return config
+
+
+def weight_shapes(path: Path, key: str) -> dict[str, list[int]] | None:
+    """Tensor name -> shape over the directory's safetensors files, each checked complete;
+    None when the weights are pytorch_model*.bin (not inspectable without loading)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        if any(path.glob("pytorch_model*.bin")):
+            return None
+        raise ConfigError(f"{str(path)!r} has a config.json but no weights (*.safetensors); save the model "
+                          "with save_pretrained, or copy its weight files in", key)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wanted = set(json.loads(index.read_text())["weight_map"].values())
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{index} is not a valid safetensors index ({err})", key) from None
+        missing = sorted(wanted - {f.name for f in files})
+        if missing:
+            raise ConfigError(f"{str(path)!r} lacks weight file(s) {missing} named in {index.name}; copy them in",
+                              key)
+    shapes: dict[str, list[int]] = {}
+    for file in files:
+        shapes.update(safetensors_shapes(file, key))
+    return shapes
+
+
+def safetensors_shapes(file: Path, key: str) -> dict[str, list[int]]:
+    """Tensor name -> shape from a safetensors header, after checking the file holds every
+    byte its header promises (a truncated download or copy fails here)."""
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(handle.read(length))
+        end = max((int(t["data_offsets"][1]) for n, t in header.items() if n != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{file} is not a readable safetensors file ({err}); copy or download it again",
+                          key) from None
+    if 8 + length + end != size:
+        raise ConfigError(f"{file} is truncated or damaged: its header describes {8 + length + end} bytes, the "
+                          f"file has {size}; copy or download it again", key)
+    return {name: list(t["shape"]) for name, t in header.items() if name != "__metadata__"}
+
+
+def _check_sizes(path: Path, config: dict[str, Any], shapes: dict[str, list[int]], key: str) -> None:
+    """The embedding [vocab_size, hidden_size] and the decoder-layer count of the weights
+    against config.json (a mismatch would otherwise surface as a worker's load error)."""
+    embeddings = [shape for name, shape in shapes.items() if name.endswith("embed_tokens.weight")]
+    expected = [config.get("vocab_size"), config.get("hidden_size")]
+    if embeddings and None not in expected and embeddings[0] != expected:
+        raise ConfigError(f"{str(path)!r}: the weights' embedding is {embeddings[0]} but config.json says "
+                          f"vocab_size={expected[0]}, hidden_size={expected[1]}; config.json and the weights "
+                          "come from different models", key)
+    layers = {int(m.group(1)) for name in shapes if (m := _LAYER.search(name))}
+    declared = config.get("num_hidden_layers")
+    if layers and isinstance(declared, int) and len(layers) != declared:
+        raise ConfigError(f"{str(path)!r}: the weights hold {len(layers)} decoder layers but config.json says "
+                          f"num_hidden_layers={declared}; config.json and the weights come from different models",
+                          key)
+
+
+def model_manifest(path: str | Path) -> dict[str, Any]:
+    """What identifies the model in `path`: config.json's content and each weight file's
+    name, size and header hash (cheap: the tensor data is not read)."""
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    files = {}
+    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("pytorch_model*.bin")):
+        with file.open("rb") as handle:
+            head = handle.read(1 << 20)
+        files[file.name] = {"bytes": file.stat().st_size, "head_sha256": hashlib.sha256(head).hexdigest()}
+    return {"config": config, "files": files}
+
+
+def manifest_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """A short description of how two model manifests differ (None: the same model)."""
+    old, new = saved["config"], current["config"]
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "transformers_version")
+    if changed:
+        return "config.json differs in " + ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
+    if saved["files"] != current["files"]:
+        return f"the weight files differ ({sorted(saved['files'])} -> {sorted(current['files'])}, sizes or content)"
+    return None
+
+
+# ----------------------------------------------------------------------------- data files
+
+
+def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRecord]:
+    """Every row of `files` read as the RL dataset will. ConfigError on a missing,
+    unreadable or empty file, a malformed row or a row without a usable prompt."""
+    for name in files:
+        file = Path(name)
+        if not file.is_file():
+            raise ConfigError(f"data file {name!r} does not exist", key)
+        if not name.lower().endswith(SUFFIXES):
+            raise ConfigError(f"data file {name!r} is not one of {list(SUFFIXES)}", key)
+    rows = _rows(files, key)
+    if not rows:
+        raise ConfigError(f"{files} hold no rows; give files with at least data.train_batch_size prompts", key)
+    prompt = cfg.data.prompt
+    try:
+        return [from_row(row, index, prompt.prompt_key, prompt.default_data_source) for index, row in enumerate(rows)]
+    except ValueError as err:
+        raise ConfigError(f"{files}: {err}", key) from None
+
+
+def _rows(files: list[str], key: str) -> list[dict]:
+    try:
+        return read_many(files)
+    except ValueError as err:  # a malformed jsonl line names file:line
+        raise ConfigError(str(err), key) from None
+    except Exception as err:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError) on a non-parquet file
+        raise ConfigError(f"cannot read {files}: {type(err).__name__}: {err}; is it really the format its "
+                          "suffix says (parquet / jsonl)?", key) from None
+
+
+def check_scorers(data_sources: Iterable[str], key: str) -> None:
+    """Every one of `data_sources` (one per row) has a built-in or registered scorer (for
+    runs and evaluations without a reward file)."""
+    from hybridflow.rewards.registry import SCORERS
+
+    sources = Counter(str(source) for source in data_sources)
+    unknown = {source: n for source, n in sources.items() if source not in SCORERS}
+    if unknown:
+        raise ConfigError(
+            f"no scorer for data_source {', '.join(f'{s!r} ({n} rows)' for s, n in sorted(unknown.items()))}; "
+            f"built-in: {sorted(SCORERS)}. Set reward.custom_fn_path to your reward file, or "
+            "hybridflow.rewards.register_scorer(data_source, fn) in the script that starts the run", key)
+
+
+# ----------------------------------------------------------------------------- reward file
+
+
+def check_reward_file(path: str, name: str, key: str) -> Any:
+    """Import the reward function `name` from `path` (FileRewardFn); ConfigError naming the file."""
+    from hybridflow.rewards.registry import load_reward_fn
+
+    try:
+        return load_reward_fn(path, name)
+    except (OSError, ImportError, AttributeError, TypeError) as err:
+        raise ConfigError(str(err), key) from None

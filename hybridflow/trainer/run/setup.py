@@ -1,0 +1,348 @@
+"""Everything a run needs before its first step, built from the validated config.
+
+`RunContext.open(cfg)` validates the config, checks the model, data and reward files
+(run/preflight.py), creates the run directory (config.yaml; removed again when the start fails),
+starts or joins Ray, finds the starting model (run/lifecycle.py: writes the built-in one when
+model.path and model.pretrained are null), loads the tokenizer, the prompt data sets and
+the reward manager. The worker-config builders turn config sections into the workers'
+typed configs; `build_groups` places the roles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from hybridflow.algorithms import PolicyLossConfig
+from hybridflow.config import ConfigError
+from hybridflow.config.dtypes import auto_note, auto_sections
+from hybridflow.config.schema import RunConfig, resolve_run_config
+from hybridflow.config.sections.resources import ComputeSection
+from hybridflow.config.validation import Layout, validate_run_config
+from hybridflow.controller import RoleSpec, WorkerGroup, init_ray, omp
+from hybridflow.data import (
+    RLPromptDataset,
+    ResumableLoader,
+    load_tokenizer,
+    rl_records,
+)
+from hybridflow.engines.models import load_hf_config
+from hybridflow.engines.train.config import ActorLossConfig, MicroBatchConfig
+from hybridflow.protocol import DataProto
+from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
+from hybridflow.trainer.observe.display import RunDisplay
+from hybridflow.trainer.run.lifecycle import base_model_path
+from hybridflow.trainer.observe.loggers import RunLoggers, build_loggers
+from hybridflow.trainer.run.preflight import check_lengths_fit, preflight
+from hybridflow.trainer.run.run_dir import create_run_dir, discard_unused_run_dir
+from hybridflow.workers import (
+    ActorRolloutRefConfig,
+    ActorRolloutRefWorker,
+    CriticWorker,
+    CriticWorkerConfig,
+    PlacementSpec,
+    RewardModelWorker,
+    RewardModelWorkerConfig,
+    build_role_groups,
+    shutdown_role_groups,
+)
+
+
+@dataclass
+class RunContext:
+    """The run's directory, logs, tokenizer, data and reward manager (shared by SFT and RL)."""
+
+    cfg: RunConfig
+    layout: Layout
+    run_dir: Path
+    log: RunLoggers  # every logger of trainer.loggers behind one write()
+    display: RunDisplay
+    model_path: str
+    tokenizer: Any
+    val_batch: DataProto | None
+    reward: Any  # RewardManager
+    ray_started: bool
+    cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
+
+    @classmethod
+    def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None) -> RunContext:
+        """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
+        stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
+        directory (or a SavedRun); the run continues in its run directory instead of a new one."""
+        # Rebuilding the reward sections records a reward function assigned to
+        # custom_fn_path after the config was made by its import path (schema.reward_reference).
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),
+                                  cost_model=dataclasses.replace(cfg.cost_model))
+        validate_run_config(cfg)  # before anything starts
+        preflight(cfg, new_run=resume_from is None)  # model, data and reward files, before the run dir
+        mapping = None
+        if cfg.resources.placement == "auto":  # the planner's mapping becomes the run's settings
+            from hybridflow.planner.apply import resolve_auto_placement
+
+            cfg, mapping = resolve_auto_placement(cfg)
+        autos = auto_sections(cfg)
+        cfg = resolve_run_config(cfg)
+        layout = validate_run_config(cfg)
+        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        try:
+            # Without the "console" logger nothing is printed (trainer.console picks the style).
+            display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
+            display.message(f"run directory: [bold]{run_dir}[/bold]")
+            display.message(auto_note(cfg, autos))  # the resolved precision, once (also in config.yaml)
+            display.message(omp.describe(cfg.resources.omp_wait_policy))
+            if mapping is not None:
+                save_plan(run_dir, mapping)
+                display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
+            model_path = base_model_path(cfg, run_dir, write_builtin=True)
+            tokenizer = load_tokenizer(model_path)
+            val_batch = val_prompts(cfg, tokenizer)
+            if val_batch is not None:
+                longest = int(val_batch.batch["attention_mask"].sum(-1).max())
+                check_lengths_fit(cfg, longest, "the longest held-out prompt")
+            reward = build_reward_manager(cfg, tokenizer)
+        except BaseException:
+            if resume_from is None:
+                discard_unused_run_dir(run_dir)
+            raise
+        try:
+            cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
+            omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (omp.py)
+            ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
+            log = build_loggers(cfg, run_dir, display)
+        except BaseException:
+            reward.close()
+            if resume_from is None:
+                discard_unused_run_dir(run_dir)
+            raise
+        return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_started)
+
+    def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
+        """The context of this run continuing from `checkpoint` with `cfg` (an automatic
+        restart, run/recovery.py; cfg differs at most in resources.*): as `--resume` opens it
+        (metrics after the checkpoint set aside), on the same Ray, which the new context
+        stops at the end if this one would have."""
+        ray_started, self.ray_started = self.ray_started, False
+        self.close()
+        ctx = RunContext.open(cfg, resume_from=checkpoint)
+        ctx.ray_started = ray_started
+        return ctx
+
+    def close(self) -> None:
+        self.display.stop()
+        self.reward.close()
+        if self.cost is not None:
+            self.cost.close()
+        self.log.close()
+        if self.ray_started and ray.is_initialized():
+            ray.shutdown()
+
+
+def save_plan(run_dir: Path, mapping: Any) -> None:
+    """The planner's chosen mapping and its prediction, beside config.yaml (placement auto)."""
+    import json
+
+    path = run_dir / "plan.json"
+    if not path.exists():  # a resumed run keeps the plan it started with
+        path.write_text(json.dumps(mapping.to_dict(), indent=2))
+
+
+def start_ray(ray_address: str | None, cpus: int, nodes: int = 1) -> bool:
+    """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
+    with at least the `cpus` logical CPUs the job's ranks reserve (one node: `nodes` > 1
+    needs a cluster); reuse one already running. Returns whether this call started it (and
+    the job should stop it)."""
+    if ray.is_initialized():
+        return False
+    if ray_address is None and nodes > 1:
+        raise ConfigError(f"{nodes} nodes need a Ray cluster: start one (`ray start --head` on one machine, "
+                          "`ray start --address HEAD:6379` on the others) and set resources.ray_address=HEAD:6379",
+                          "resources.nodes")
+    if ray_address is not None:
+        init_ray(address=ray_address)
+    else:
+        # The ranks set their own thread counts; the CPU count only lets every rank be placed.
+        init_ray(num_cpus=max(os.cpu_count() or 1, cpus))
+    return True
+
+
+def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
+    """Ray CPUs of one rank's slot: its torch threads on CPU (resources.threads_per_rank);
+    the cores are shared with the rollout pool of the asynchronous modes."""
+    return resources.resolved_threads_per_rank(layout.world_size + layout.rollout_pool_ranks)
+
+
+def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
+    from hybridflow.rewards import RewardManager, load_reward_fn
+
+    from hybridflow.rewards.templates import ComposedScore, parse_templates
+
+    fn, specs = None, parse_templates(cfg.reward.templates)
+    if cfg.reward.custom_fn_path is not None:
+        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name)
+    elif any(s.level == "trajectory" for s in specs):
+        fn = ComposedScore(specs)
+    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn, turn_templates=specs)
+
+
+def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The rule-based cost function of safe_rlhf scored like a reward function (reward.manager
+    settings), or None without cost_model.custom_fn_path."""
+    from hybridflow.rewards import RewardManager, load_reward_fn
+
+    if cfg.cost_model.custom_fn_path is None:
+        return None
+    fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name)
+    return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
+
+
+def train_prompts(cfg: RunConfig, tokenizer: Any) -> RLPromptDataset:
+    """The training prompts; how many were over data.prompt.max_prompt_length goes to the console."""
+    if cfg.data.train_files:
+        ds = RLPromptDataset(cfg.data.train_files, tokenizer, cfg.data.prompt)
+    else:
+        task = cfg.data.builtin
+        ds = RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "train", task.num_train))
+    stats = ds.stats
+    # The same console rule as RunContext.open (rl_trainer calls this without the context).
+    RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none").message(
+        f"train prompts: {stats['kept']} of {stats['rows']} kept; longer than data.prompt.max_prompt_length="
+        f"{cfg.data.prompt.max_prompt_length} tokens: {stats['filtered_overlong']} filtered, "
+        f"{stats['truncated']} truncated"
+    )
+    return ds
+
+
+def val_prompts(cfg: RunConfig, tokenizer: Any) -> DataProto | None:
+    """The held-out prompts as one batch (None: nothing to evaluate on): data.val_files
+    (verl columns; data_source picks the scorer and the val/<data_source>/* metrics), or
+    the built-in task's held-out split."""
+    if cfg.data.val_files:
+        ds = RLPromptDataset(cfg.data.val_files, tokenizer, cfg.data.prompt)
+    elif not cfg.data.train_files:
+        task = cfg.data.builtin
+        ds = RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "test", task.num_val))
+    else:
+        return None
+    return first_prompts(ds, cfg.data.max_val_samples)
+
+
+def first_prompts(ds: RLPromptDataset, limit: int | None) -> DataProto:
+    """The first `limit` prompts of `ds` (all with None) as one batch, in file order."""
+    count = len(ds) if limit is None else min(len(ds), limit)
+    return ds.collate([ds[i] for i in range(count)])
+
+
+def endless(loader: ResumableLoader) -> Iterator[Any]:
+    """Batches of the loader, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
+    return ActorRolloutRefConfig(
+        engine=cfg.actor.engine_config(model_path, cfg.seed), loss=cfg.actor.loss, rollout=cfg.rollout,
+        use_reference=cfg.use_reference,
+    )
+
+
+def sft_actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
+    """The actor for supervised fine-tuning: the "gpg" policy loss -A log pi with A = 1
+    on every response token is the token-mean negative log-likelihood (see jobs/sft.py)."""
+    engine = dataclasses.replace(
+        cfg.actor.engine_config(model_path, cfg.seed),
+        optim=cfg.sft.optim,
+        micro_batch=MicroBatchConfig(
+            mini_batch_size=cfg.sft.batch_size, micro_batch_size_per_device=cfg.sft.micro_batch_size_per_device,
+            forward_micro_batch_size_per_device=cfg.actor.micro_batch.forward_micro_batch_size_per_device,
+        ),
+    )
+    loss = ActorLossConfig(policy=PolicyLossConfig(loss_mode="gpg", loss_agg_mode="token-mean"))
+    return ActorRolloutRefConfig(engine=engine, loss=loss, rollout=cfg.rollout, use_reference=False)
+
+
+def critic_config(cfg: RunConfig, policy_path: str) -> CriticWorkerConfig:
+    path = cfg.critic.model_path if cfg.critic.model_path is not None else policy_path
+    return CriticWorkerConfig(engine=cfg.critic.engine_config(path, cfg.seed), loss=cfg.critic.loss)
+
+
+def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec:
+    """Split placement puts the critics (the algorithm's `critics`) on the critic ranks,
+    every other role (reward and cost models too) on the actor's."""
+    use_gpu = cfg.resources.use_gpu
+    critics = cfg.algorithm.spec.critics
+    nodes = cfg.resources.process_on_nodes()  # ranks per node, nodes in order
+    if cfg.resources.placement == "split" and any(role in critics for role in roles):
+        actor_nodes, critic_nodes = split_nodes(nodes, [layout.actor_ranks, layout.critic_ranks])
+        return PlacementSpec(
+            pools={"actor_pool": actor_nodes, "critic_pool": critic_nodes},
+            mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
+            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout),
+        )
+    return PlacementSpec.colocated(nodes, use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout))
+
+
+def split_nodes(nodes: list[int], sizes: list[int]) -> list[list[int]]:
+    """Cut ranks-per-node `nodes` into consecutive parts of `sizes` ranks, each as its own
+    ranks-per-node list: split_nodes([2, 2], [3, 1]) == [[2, 1], [1]]."""
+    parts, node, left = [], 0, nodes[0]
+    for size in sizes:
+        part = []
+        while size:
+            take = min(size, left)
+            part.append(take)
+            size, left = size - take, left - take
+            if left == 0 and node + 1 < len(nodes):
+                node, left = node + 1, nodes[node + 1]
+        parts.append(part)
+    return parts
+
+
+def build_groups(cfg: RunConfig, layout: Layout, roles: dict[str, RoleSpec]) -> dict[str, WorkerGroup]:
+    """Place and initialise the roles (model loading, sharding, generation engine); every
+    call of theirs is limited to trainer.call_timeout_s."""
+    groups = build_role_groups(roles, placement(cfg, layout, list(roles)))
+    for group in groups.values():
+        group.call_timeout_s = cfg.trainer.call_timeout_s
+    try:
+        for group in groups.values():
+            group.init_model()
+    except BaseException:
+        shutdown_role_groups(groups)
+        raise
+    return groups
+
+
+def rl_roles(cfg: RunConfig, model_path: str) -> dict[str, RoleSpec]:
+    """The worker roles of cfg.algorithm: the actor; the critics its spec names (critic, and
+    cost_critic for safe_rlhf, each with the critic.* settings); reward_model and cost_model
+    where their path is set."""
+    roles = {"actor": RoleSpec(ActorRolloutRefWorker, (actor_config(cfg, model_path),))}
+    for role in cfg.algorithm.spec.critics:
+        roles[role] = RoleSpec(CriticWorker, (critic_config(cfg, model_path),))
+    for key in ("reward_model", "cost_model"):
+        section = getattr(cfg, key)
+        if section.path is not None:
+            roles[key] = RoleSpec(RewardModelWorker, (score_model_config(cfg, key, model_path),))
+    return roles
+
+
+def score_model_config(cfg: RunConfig, key: str, policy_path: str) -> RewardModelWorkerConfig:
+    """The worker config of `cfg.<key>` (reward_model or cost_model), checked against the
+    policy: the scorer reads the policy's token ids, so its vocabulary must cover them."""
+    section = getattr(cfg, key)
+    scorer, policy = load_hf_config(section.path), load_hf_config(policy_path)
+    if scorer.vocab_size < policy.vocab_size:
+        raise ConfigError(
+            f"{key}.path={section.path!r} has a vocabulary of {scorer.vocab_size} tokens but the policy "
+            f"({policy_path}) has {policy.vocab_size}: a scoring model must share the policy's tokenizer"
+        )
+    return RewardModelWorkerConfig(engine=section.engine_config(section.path, cfg.seed))
