@@ -235,8 +235,8 @@ class Registry(Generic[T]):
         if attr in self._items and getattr(self._items[attr], "__module__", None) == imported.__name__:
             return self._items[attr]
         if not hasattr(imported, attr):
-            raise ConfigError(f"cannot import {self.kind} {name!r}: module {imported.__name__!r} registers no {attr!r} and has "
-                              "no such attribute", key)
+            raise ConfigError(f"cannot import {self.kind} {name!r}: module {imported.__name__!r} registers no "
+                              f"{attr!r} and has no such attribute", key)
         return getattr(imported, attr)
 
     def unknown(self, name: object, key: str | None, how: str = "", candidates: list[str] | None = None) -> ConfigError:

@@ -3,7 +3,8 @@
     cfg = load_run_config("examples/grpo_arithmetic.yaml", ["actor.optim.lr=1e-4"])
     cfg = load_run_config()               # the built-in demo: arithmetic, tiny model, GRPO
 
-Sections (each a dataclass). Every setting is declared once, where it is read: the role
+Sections (each a dataclass, one module per section in config/sections/; this module composes
+them into `RunConfig`). Every setting is declared once, where it is read: the role
 sections are the engine's and the workers' own config classes (actor and critic subclass
 TrainEngineSettings, reward_model and cost_model EngineSettings, rollout is a
 RolloutWorkerConfig), so their defaults are those classes' defaults; the algorithm's

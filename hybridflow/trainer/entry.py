@@ -14,7 +14,7 @@ environment tasks).
 once), or a typed config (RunConfig, EnvRunConfig). What it is gets decided once, here:
 the top-level keys are checked against every task kind's (a misspelt key is a ConfigError
 with the closest key, before anything else), then the kind's row (config/tasks.py) says
-which config tree it is and which implementation runs it (rl_trainer.LanguageModelTask,
+which config tree it is and which implementation runs it (lm/task.py: LanguageModelTask,
 env/task.py: EnvironmentTask). With only `resume`, the checkpoint's recorded kind decides.
 
 Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray

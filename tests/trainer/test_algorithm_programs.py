@@ -43,7 +43,8 @@ def test_a_program_path_that_does_not_import_names_the_key_and_the_path():
     missing_module = dataclasses.replace(algorithm_spec("grpo"), program="no_such_module_xyz:grpo")
     with pytest.raises(ConfigError, match="algorithm.name: cannot import program 'no_such_module_xyz:grpo'"):
         step_program(missing_module)
-    missing_attr = dataclasses.replace(algorithm_spec("grpo"), program="hybridflow.trainer.programs.algorithms:no_such_fn")
+    missing_attr = dataclasses.replace(algorithm_spec("grpo"),
+                                       program="hybridflow.trainer.programs.algorithms:no_such_fn")
     with pytest.raises(ConfigError, match="has no program 'no_such_fn'"):
         step_program(missing_attr)
 

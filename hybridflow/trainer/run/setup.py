@@ -76,7 +76,7 @@ class RunContext:
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
         directory (or a SavedRun); the run continues in its run directory instead of a new one."""
         # Rebuilding the reward sections records a reward function assigned to
-        # custom_fn_path after the config was made by its import path (schema.reward_reference).
+        # custom_fn_path after the config was made by its import path (config/sections/rewards.py: reward_reference).
         cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),
                                   cost_model=dataclasses.replace(cfg.cost_model))
         validate_run_config(cfg)  # before anything starts
@@ -209,7 +209,7 @@ def train_prompts(cfg: RunConfig, tokenizer: Any) -> RLPromptDataset:
         task = cfg.data.builtin
         ds = RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "train", task.num_train))
     stats = ds.stats
-    # The same console rule as RunContext.open (rl_trainer calls this without the context).
+    # The same console rule as RunContext.open (lm/task.py calls this without the context).
     RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none").message(
         f"train prompts: {stats['kept']} of {stats['rows']} kept; longer than data.prompt.max_prompt_length="
         f"{cfg.data.prompt.max_prompt_length} tokens: {stats['filtered_overlong']} filtered, "
