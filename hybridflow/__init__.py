@@ -6,21 +6,15 @@ stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hybridflow.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "DataProto": "hybridflow.protocol",
-    "RLTrainer": "hybridflow.trainer.entry",  # the one trainer: language-model runs and environment tasks
+    "DataProto": "protocol",
+    "RLTrainer": "trainer.entry",  # the one trainer: language-model runs and environment tasks
 }
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hybridflow' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, ["__version__"])
 
 
 __all__ = ["DataProto", "RLTrainer", "__version__"]

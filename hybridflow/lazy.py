@@ -12,12 +12,15 @@ A value is "module" (the same name in hybridflow.<package>.<module>) or "module:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """Module-level `__getattr__` and `__dir__` that import `table`'s names on first use."""
+def lazy_exports(package: str, table: Mapping[str, str], eager: Iterable[str] = ()
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """Module-level `__getattr__` and `__dir__` that import `table`'s names on first use
+    (`eager`: the names the package imports itself, listed by `__dir__` too)."""
+    listed = sorted({*table, *eager})
 
     def __getattr__(name: str) -> Any:
         if name not in table:
@@ -26,6 +29,6 @@ def lazy_exports(package: str, table: Mapping[str, str]) -> tuple[Callable[[str]
         return getattr(importlib.import_module(f"{package}.{module}"), attr or name)
 
     def __dir__() -> list[str]:
-        return sorted(table)
+        return list(listed)
 
     return __getattr__, __dir__

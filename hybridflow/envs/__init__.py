@@ -15,19 +15,11 @@ Heavy modules (torch, gymnasium) load on first use, so registering an environmen
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from hybridflow.lazy import lazy_exports
 from hybridflow.envs.registry import EnvSource, register_env, registered_envs, resolve_env
 
 _LAZY = {"Collector": "collector", "CollectorSpec": "collector", "VecEnv": "vector", "RewardScaler": "vector",
          "action_spec": "spaces", "obs_dim": "spaces"}
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"hybridflow.envs.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'hybridflow.envs' has no attribute {name!r}")
-
-
 __all__ = sorted(["EnvSource", "register_env", "registered_envs", "resolve_env", *_LAZY])
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -9,9 +9,7 @@ processes import this package and must not pay for torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from hybridflow.lazy import lazy_exports
 from hybridflow.rewards.registry import (
     SCORERS,
     DispatchScore,
@@ -22,13 +20,6 @@ from hybridflow.rewards.registry import (
 )
 
 _LAZY = {"RewardManager": "manager", "RewardConfig": "config", "RewardOutput": "manager", "ScoringPool": "pool"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"hybridflow.rewards.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'hybridflow.rewards' has no attribute {name!r}")
-
 
 __all__ = [
     "SCORERS",
@@ -42,3 +33,4 @@ __all__ = [
     "load_reward_fn",
     "register_scorer",
 ]
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -13,8 +13,7 @@ Ray ranks, the env trainer runs them in-process with `distributed.num_workers: 0
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hybridflow.lazy import lazy_exports
 
 # Lazy: `hybridflow.envs` reads ActionSpec from here, and registering an environment in a
 # user's script should not import torch.
@@ -24,11 +23,7 @@ _LAZY = {
     "SACModel": "sac_model", "SACUpdateConfig": "sac_learner",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"hybridflow.engines.policy.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'hybridflow.engines.policy' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = sorted(_LAZY)
