@@ -27,7 +27,6 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hybridflow.config import ConfigError
 from hybridflow.config.model_presets import write_model_presets
@@ -229,7 +228,7 @@ class LanguageModelTask:
     def train(self, steps: int | None = None) -> TrainResult:
         """Run `steps` more RL steps (default: until trainer.total_steps), evaluating before
         and after."""
-        cfg, ctx = self.config, self.ctx
+        cfg = self.config
         if steps is None:
             steps = check_steps_left(self.global_step, cfg.trainer.total_steps)
         if steps < 1:
