@@ -25,8 +25,8 @@ venv: $(STAMP)
 demo: venv
 	$(VENV)/bin/hybridflow train
 
-# Two stages: everything but the tests marked slow (1547 tests, 14 min on 2 quiet cores),
-# then the 79 slow ones (23 min); a failure in the first stage stops before the second.
+# Two stages: everything but the tests marked slow (1565 tests, 14 min on 2 cores at load ~2),
+# then the 81 slow ones (23 min); a failure in the first stage stops before the second.
 test: venv
 	$(PY) -m pytest -q -m "not slow"
 	$(PY) -m pytest -q -m slow
