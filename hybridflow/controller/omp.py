@@ -11,7 +11,9 @@ training step 3.7-4.2x slower with the default wait and 1.5-2.0x with passive wa
 within the noise of each other (2 of 16 idle cores, benchmarks/results/contention_probe_h100_host.json).
 On the tiny GRPO workload (many small parallel regions) passive was slower alone (0.255-0.317 s vs
 0.174-0.233 s per step); a short spin of 1000 turns (the default, short_spin) was 0.212 s alone
-and 0.387 s beside the job, passive 0.391 s (results/contention_grpo_spin1000.json).
+and 0.387 s beside the job, passive 0.391 s (results/contention_grpo_spin1000.json); a later
+quiet A/B of two rounds found no quiet cost for either and passive better beside the job (2.17x
+vs 2.67x, results/contention_grpo_quiet_stop30.json): which default is right is still open.
 
 libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when a process loads it (torch's
 import), so the policy travels as environment: `export_policy` puts it in the
@@ -26,7 +28,7 @@ from __future__ import annotations
 import os
 
 POLICIES = ("short_spin", "passive", "inherit")
-SHORT_SPIN = 1000  # turns: tiny GRPO step as fast alone as the default spin, as robust as passive beside a job
+SHORT_SPIN = 1000  # turns; beside a job 2.67x vs passive 2.17x in a later quiet A/B (contention_grpo_quiet_stop30.json)
 VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # What the environment held before any run of this process changed it ("inherit" restores it).
 _STARTING_ENV = {name: os.environ.get(name) for name in VARIABLES}
