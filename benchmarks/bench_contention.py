@@ -23,11 +23,13 @@ Workloads:
   one torch thread): what the wait policy does by itself. `--pin 2,3` runs the probe and
   the competitor on those cores only (a 2-core slice of a bigger, idle machine).
 
-hybridflow runs once per `--policies` entry, its `resources.omp_wait_policy` (short_spin,
-the default: OpenMP threads spin 1000 turns at a barrier, then sleep; passive: they
-sleep at once; inherit: the OpenMP runtime's own wait, GNU
-libgomp's spin of ~300000 turns before sleeping, as before that setting existed). TRL
-runs as a user starts it, with the OpenMP runtime's own wait.
+hybridflow runs once per `--policies` entry, its `resources.omp_wait_policy` (auto, the
+default: passive and the free cores' threads when other work keeps the cores busy as the
+run starts, else inherit; short_spin: OpenMP threads spin 1000 turns at a barrier, then
+sleep; passive: they sleep at once; inherit: the OpenMP runtime's own wait, GNU libgomp's
+spin of ~300000 turns before sleeping, as before that setting existed); each run's
+resolved policy and threads per rank (its config.yaml) are recorded as `resolved_policy`
+("passive x1"). TRL runs as a user starts it, with the OpenMP runtime's own wait.
 
 Method. For each repeat, workload, system and policy: a quiet run, then the same run
 beside the competitor (interleaved, so load from elsewhere hits both alike). Step time:
@@ -53,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -246,17 +249,30 @@ def one_pair(workload: str, system: str, policy: str, args: argparse.Namespace, 
                 result = run_sft_demo(run_dir, args.sft_steps, policy, env)
             else:
                 assert grpo is not None
+                # hybridflow's threads per rank are the run's own choice, as a user starts it
+                # (resources.threads_per_rank null: all cores alone, fewer on a shared machine)
                 spec = {**grpo, "system": system, "work_dir": str(run_dir), "threads": os.cpu_count() or 1,
-                        "ranks": 1, "threads_per_rank": os.cpu_count() or 1}
+                        "ranks": 1, "threads_per_rank": None if system == "hybridflow" else os.cpu_count() or 1}
                 if system == "hybridflow" and policy != "unset":
                     spec["resources_extra"] = {"omp_wait_policy": policy}
                 result = run_grpo_tiny(spec, env, run_dir / "log.txt")
         finally:
             competitor_cores = competitor.stop() if competitor is not None else None
         result["competitor_cpu_cores"] = competitor_cores
+        result["resolved_policy"] = resolved_policy(run_dir)
         row[mode] = result
     row["slowdown"] = row["contended"]["median_step_s"] / row["quiet"]["median_step_s"]
     return row
+
+
+def resolved_policy(run_dir: Path) -> str | None:
+    """resources.omp_wait_policy and threads_per_rank as the hybridflow run under `run_dir`
+    saved them, e.g. "passive x1" (None: no run there)."""
+    saved = sorted(run_dir.rglob("config.yaml"))
+    if not saved:
+        return None
+    resources = yaml.safe_load(saved[0].read_text()).get("resources") or {}
+    return f"{resources.get('omp_wait_policy')} x{resources.get('threads_per_rank')}"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -266,7 +282,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("|" + "|".join("---" for _ in head) + "|")
     for r in rows:
         q, c = r["quiet"], r["contended"]
-        cells = (r["workload"], r["system"], r["policy"], f"{q['median_step_s']:.3f}", f"{c['median_step_s']:.3f}",
+        policy = r["policy"] if r["policy"] != "auto" else \
+            f"auto ({q.get('resolved_policy')} / {c.get('resolved_policy')})"
+        cells = (r["workload"], r["system"], policy, f"{q['median_step_s']:.3f}", f"{c['median_step_s']:.3f}",
                  f"{r['slowdown']:.2f}x", f"{c['max_step_s']:.2f}", f"{q['own_cpu_cores']:.2f} / {c['own_cpu_cores']:.2f}",
                  f"{c['competitor_cpu_cores']:.2f}", f"{q['load_avg_before'][0]:.1f}-{c['load_avg_after'][0]:.1f}",
                  f"{q['foreign_cpu_cores']:.2f}")
@@ -297,7 +315,7 @@ def main() -> None:
                         help="probe runs: comma-separated settings, '+' joins several in one (e.g. T=1+OMP_WAIT_POLICY=PASSIVE)")
     parser.add_argument("--pin", default=None, help="probe only: run it and the competitor on these cores (taskset)")
     parser.add_argument("--systems", default="trl,hybridflow", help="trl and/or hybridflow (TRL: grpo_tiny only)")
-    parser.add_argument("--policies", default="short_spin,passive,inherit",
+    parser.add_argument("--policies", default="auto,short_spin,passive,inherit",
                         help="hybridflow's resources.omp_wait_policy values to run ('unset': the run's default, "
                              "for a tree without the setting)")
     parser.add_argument("--steps", type=int, default=10, help="grpo_tiny optimizer steps / probe steps per run")

@@ -219,10 +219,14 @@ def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
     """A copy with the values that null or auto stand for filled in (resources.world_size
     and threads_per_rank, algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len, each
-    role's dtype: auto, config/dtypes.py): what a run saves as its config.yaml."""
+    role's dtype: auto, config/dtypes.py, resources.omp_wait_policy: auto and on a shared
+    machine threads_per_rank, controller/omp.py):
+    what a run saves as its config.yaml."""
     from hybridflow.config.dtypes import resolved_dtypes
+    from hybridflow.controller import omp  # imports Ray and torch: only when a run resolves
 
-    cfg = dataclasses.replace(cfg, resources=resolved_resources(cfg.resources), algorithm=resolved_algorithm(cfg))
+    resources = omp.resolve_for_load(cfg.resources, resolved_resources(cfg.resources))
+    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg))
     return resolved_dtypes(cfg)
 
 

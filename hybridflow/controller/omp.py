@@ -10,10 +10,27 @@ training step 3.7-4.2x slower with the default wait and 1.5-2.0x with passive wa
 (threads sleep at once), where a fair share of the cores is 2x; quiet, the two were
 within the noise of each other (2 of 16 idle cores, benchmarks/results/contention_probe_h100_host.json).
 On the tiny GRPO workload (many small parallel regions) passive was slower alone (0.255-0.317 s vs
-0.174-0.233 s per step); a short spin of 1000 turns (the default, short_spin) was 0.212 s alone
+0.174-0.233 s per step); a short spin of 1000 turns (short_spin) was 0.212 s alone
 and 0.387 s beside the job, passive 0.391 s (results/contention_grpo_spin1000.json); a later
 quiet A/B of two rounds found no quiet cost for either and passive better beside the job (2.17x
 vs 2.67x, results/contention_grpo_quiet_stop30.json): which default is right is still open.
+
+So neither fixed policy is right everywhere: the spin is what a quiet machine wants (the
+SmolLM2 GRPO step was 8% slower with the short spin than with the runtime's own, median of
+3 interleaved rounds: results/issue23_before_after_r3.json), sleeping is what a shared one wants. The
+default, "auto", looks before the run starts: `busy_cores` samples /proc/stat for
+AUTO_SAMPLE_S while this process sleeps; if other work kept at least AUTO_BUSY_CORES of the
+cores this process may run on busy (steal time included: a VM's vCPU taken by the
+hypervisor deschedules threads the same way), the run waits passively, else it inherits
+the runtime's spin. On a shared machine a run that leaves its thread count to the machine
+(resources.threads_per_rank null) also gets only the cores the other work leaves free
+(`resolve_for_load`): a passive thread whose partner is descheduled still waits for it at
+every barrier, and one thread that never waits did better. The choices are made once per
+run (printed, saved in config.yaml, kept on --resume; a process starting runs back to back
+measures at most once a minute); a job that starts beside the run later is not seen.
+Runs of the tiny models computed identical metrics on 1 and 2 threads; a bigger model may
+differ in the last bits (reductions split over threads), so set threads_per_rank for
+bit-identical reruns on a machine whose load varies.
 
 libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when a process loads it (torch's
 import), so the policy travels as environment: `export_policy` puts it in the
@@ -25,13 +42,129 @@ controller's own torch is loaded by then; it computes little while its workers r
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-POLICIES = ("short_spin", "passive", "inherit")
+POLICIES = ("auto", "short_spin", "passive", "inherit")
 SHORT_SPIN = 1000  # turns; beside a job 2.67x vs passive 2.17x in a later quiet A/B (contention_grpo_quiet_stop30.json)
 VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 # What the environment held before any run of this process changed it ("inherit" restores it).
 _STARTING_ENV = {name: os.environ.get(name) for name in VARIABLES}
+
+
+AUTO_SAMPLE_S = 0.3  # how long "auto" watches the cores before the run starts
+AUTO_BUSY_CORES = 0.5  # other work on at least this many cores: the machine is shared
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # /proc/stat: user nice system irq softirq steal (not idle, iowait)
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What "auto" chose and what it saw: other work's busy cores (None: not measurable
+    here); `threads`: the torch threads per rank it gave a shared machine's run (None: the
+    usual cores / ranks)."""
+
+    policy: str
+    busy_cores: float | None
+    cores: int
+    threads: int | None = None
+
+    @property
+    def reason(self) -> str:
+        if self.busy_cores is None:
+            return "auto: the cores' load is not readable here (no /proc/stat), so the runtime's spin"
+        seen = f"other work kept {self.busy_cores:.1f} of {self.cores} cores busy at the start"
+        if self.policy != "passive":
+            return f"auto: {seen}, so the runtime spin"
+        threads = "" if self.threads is None else \
+            f" and {self.threads} torch thread{'s' if self.threads > 1 else ''} per rank (the cores left free)"
+        return f"auto: {seen}, so passive{threads}"
+
+    def free_core_threads(self, world_size: int) -> int:
+        """Torch threads per rank that fit the cores other work left free (at least 1)."""
+        free = self.cores - (self.busy_cores or 0.0)
+        return max(1, min(self.cores // world_size, int(free / world_size + 0.5)))
+
+
+def _cpu_times(cpus: set[int]) -> tuple[float, float] | None:
+    """(busy, total) jiffies of `cpus` from /proc/stat; None where it cannot be read."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    busy = total = 0.0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            values = [float(v) for v in fields[:8]]
+            busy += sum(values[i] for i in _BUSY_FIELDS)
+            total += sum(values)
+    return (busy, total) if total else None
+
+
+def busy_cores(seconds: float = AUTO_SAMPLE_S) -> tuple[float | None, int]:
+    """Cores kept busy by other work over `seconds` (this process sleeps meanwhile), among
+    the cores this process may run on, and their number. (None, n) where not measurable."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    before = _cpu_times(cpus)
+    time.sleep(seconds)
+    after = _cpu_times(cpus)
+    if before is None or after is None or after[1] <= before[1]:
+        return None, len(cpus)
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return round(share * len(cpus), 2), len(cpus)
+
+
+def choose_auto(measure=busy_cores) -> AutoChoice:
+    """passive where other work already shares the cores, else inherit (module docstring)."""
+    busy, cores = measure()
+    shared = busy is not None and busy >= AUTO_BUSY_CORES
+    return AutoChoice("passive" if shared else "inherit", busy, cores)
+
+
+AUTO_REUSE_S = 60.0  # a process starting runs back to back (a script, the tests) measures once a minute
+_last_auto: AutoChoice | None = None  # what `resolve` last chose for "auto", for the run's start line
+_last_auto_at = 0.0
+
+
+def resolve(policy: str, measure=None) -> str:
+    """The policy a run uses for config value `policy`: "auto" measured now (`choose_auto`;
+    a measurement of this process less than AUTO_REUSE_S old is reused), any other as it
+    is. `measure` replaces `busy_cores` (tests), always measuring."""
+    global _last_auto, _last_auto_at
+    if policy != "auto":
+        return policy
+    now = time.monotonic()
+    if measure is not None or _last_auto is None or now - _last_auto_at > AUTO_REUSE_S:
+        _last_auto, _last_auto_at = choose_auto(measure or busy_cores), now
+    return _last_auto.policy
+
+
+def resolve_for_load(asked: Any, resolved: Any) -> Any:
+    """`resolved` (the resources section with world size and threads filled in from
+    `asked`) with omp_wait_policy resolved; when "auto" found the machine shared and
+    `asked` left threads_per_rank to the run on an embedded CPU Ray, the threads are cut to
+    the cores other work leaves free: beside one competing 2-thread job, the demo's SFT
+    step took 0.19-0.21 s on 1 thread and 0.30-0.34 s on 2 passive ones (0.09 s alone;
+    benchmarks/results/contention_sft_threads.json). Both choices are in `last_auto()`."""
+    global _last_auto
+    policy = resolve(asked.omp_wait_policy)
+    threads = resolved.threads_per_rank
+    adapt = (asked.omp_wait_policy == "auto" and policy == "passive" and asked.threads_per_rank is None
+             and not asked.use_gpu and asked.ray_address is None)
+    if adapt and _last_auto is not None:
+        threads = _last_auto.free_core_threads(resolved.world_size)
+        if threads != resolved.threads_per_rank:
+            _last_auto = dataclasses.replace(_last_auto, threads=threads)
+    return dataclasses.replace(resolved, omp_wait_policy=policy, threads_per_rank=threads)
+
+
+def last_auto() -> AutoChoice | None:
+    """The choice the latest `resolve("auto")` of this process made (None: none yet)."""
+    return _last_auto
 
 
 def policy_env(policy: str) -> dict[str, str]:
@@ -63,8 +196,10 @@ def worker_env() -> dict[str, str]:
     return {name: os.environ[name] for name in VARIABLES if name in os.environ}
 
 
-def describe(policy: str) -> str:
-    """The line a run prints at its start."""
+def describe(policy: str, auto: AutoChoice | None = None) -> str:
+    """The line a run prints at its start (`auto`: why "auto" chose `policy`)."""
+    if auto is not None:
+        return f"{describe(policy)} ({auto.reason})"
     if policy == "short_spin":
         return f"OpenMP threads: short spin ({SHORT_SPIN} turns) then sleep at barriers (resources.omp_wait_policy)"
     if policy == "passive":

@@ -141,11 +141,13 @@ def test_null_layout_on_cpu_is_one_rank_with_every_core():
     from hybridflow.config.sections.resources import local_cores
     from hybridflow.trainer.run.setup import placement
 
-    cfg = resolve_run_config(load_run_config(None, []))
+    # (omp_wait_policy inherit: "auto" would give a machine that other work shares fewer
+    # threads, tests/controller/test_omp.py)
+    cfg = resolve_run_config(load_run_config(None, ["resources.omp_wait_policy=inherit"]))
     assert (cfg.resources.world_size, cfg.resources.threads_per_rank) == (1, local_cores())
     layout = validate_run_config(cfg)
     assert placement(cfg, layout, ["actor"]).cpus_per_slot == local_cores()
-    two = resolve_run_config(load_run_config(None, ["resources.world_size=2"])).resources
+    two = resolve_run_config(load_run_config(None, ["resources.world_size=2", "resources.omp_wait_policy=inherit"])).resources
     assert two.threads_per_rank == max(1, local_cores() // 2)
     pinned = resolve_run_config(load_run_config(None, ["resources.threads_per_rank=3"])).resources
     assert (pinned.world_size, pinned.threads_per_rank) == (1, 3)

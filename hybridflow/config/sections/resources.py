@@ -24,14 +24,18 @@ class ComputeSection:
         in half the time of 2 ranks x 1 thread on both the tiny and the SmolLM2 workload,
         README "GRPO step vs TRL"); on CPU joining a cluster one per local core as on GPUs.
     threads_per_rank: torch threads of each CPU rank (its Ray CPU share); null = the local
-        cores divided by world_size (at least 1) with an embedded Ray, else 1. GPU ranks
-        reserve 1 CPU.
+        cores divided by world_size (at least 1) with an embedded Ray (on a machine
+        omp_wait_policy auto finds shared: the cores other work leaves free), else 1. GPU
+        ranks reserve 1 CPU. Set it for bit-identical reruns of a big model on a machine
+        whose load varies.
     omp_wait_policy: how the ranks' OpenMP (torch intra-op) threads wait at a barrier:
-        "short_spin" spins 1000 turns then sleeps, "passive" sleeps at once, so that when
-        another job shares the cores a waiting thread does not burn the run's CPU share
-        (a step beside one competing job 1.4-2x slower instead of 4-6x; controller/omp.py);
-        "inherit" keeps OMP_WAIT_POLICY / GOMP_SPINCOUNT as the environment sets them
-        (unset: GNU OpenMP spins ~300000 turns first).
+        "auto" looks at the cores for 0.3 s before the run starts and picks "passive" when
+        other work keeps at least half a core busy, else "inherit" (the choice is printed
+        and saved in config.yaml; controller/omp.py). "passive" sleeps at once, so that when
+        another job shares the cores a waiting thread does not burn the run's CPU share;
+        "short_spin" spins 1000 turns then sleeps; "inherit" keeps OMP_WAIT_POLICY /
+        GOMP_SPINCOUNT as the environment sets them (unset: GNU OpenMP spins ~300000 turns
+        first, the fastest on a quiet machine).
     use_gpu: one GPU per rank; false runs on CPU (gloo).
     ray_address: join this Ray cluster; null starts an embedded Ray on 127.0.0.1.
     nodes: machines the ranks are spread over (each its own node of the Ray cluster; more
@@ -44,7 +48,7 @@ class ComputeSection:
 
     world_size: int | None = None
     threads_per_rank: int | None = None
-    omp_wait_policy: Literal["short_spin", "passive", "inherit"] = "short_spin"
+    omp_wait_policy: Literal["auto", "short_spin", "passive", "inherit"] = "auto"
     use_gpu: bool = False
     ray_address: str | None = None
     nodes: int = 1

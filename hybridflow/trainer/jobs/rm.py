@@ -17,6 +17,7 @@ The run directory (same rules as the RL trainer's: never reused):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -138,11 +139,14 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     world = validate_rm_config(cfg)
     # engine.dtype auto resolved here (as `hybridflow train` does), so config.yaml says what ran
     cfg, dtype_line = resolved_rm_dtype(cfg, cfg.resources.resolved_threads_per_rank(world))
+    omp_auto = cfg.resources.omp_wait_policy == "auto"
+    cfg = dataclasses.replace(cfg, resources=dataclasses.replace(
+        cfg.resources, omp_wait_policy=omp.resolve(cfg.resources.omp_wait_policy)))
     run_dir = create_run_dir(cfg)
     display = RunDisplay(cfg.trainer.console)
     display.message(f"run directory: [bold]{run_dir}[/bold]")
     display.message(dtype_line)
-    display.message(omp.describe(cfg.resources.omp_wait_policy))
+    display.message(omp.describe(cfg.resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
     log = MetricsLog(run_dir / "metrics.jsonl")
     ray_started = False
     groups: dict[str, WorkerGroup] = {}

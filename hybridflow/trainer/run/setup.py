@@ -87,6 +87,7 @@ class RunContext:
 
             cfg, mapping = resolve_auto_placement(cfg)
         autos = auto_sections(cfg)
+        omp_auto = cfg.resources.omp_wait_policy == "auto"
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
@@ -95,7 +96,7 @@ class RunContext:
             display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
             display.message(f"run directory: [bold]{run_dir}[/bold]")
             display.message(auto_note(cfg, autos))  # the resolved precision, once (also in config.yaml)
-            display.message(omp.describe(cfg.resources.omp_wait_policy))
+            display.message(omp.describe(cfg.resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
             if mapping is not None:
                 save_plan(run_dir, mapping)
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
