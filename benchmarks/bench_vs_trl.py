@@ -75,7 +75,7 @@ GSM8K_TRAIN = HERE.parent.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 @dataclass(frozen=True)
 class Workload:
     name: str
-    model: str  # "tiny" or "smollm2"
+    model: str  # "tiny", "smollm2" or "qwen05" (Qwen2.5-0.5B's shape, random weights)
     prompts: str  # "arithmetic" or "gsm8k"
     prompts_per_step: int
     n: int
@@ -92,7 +92,18 @@ WORKLOADS = {
     "tiny": Workload("tiny", "tiny", "arithmetic", 8, 8, 8, 32, 1e-4, 64, 64, False),
     "smollm2_32": Workload("smollm2_32", "smollm2", "gsm8k", 4, 4, 32, 160, 1e-6, 4, 8, True),
     "smollm2_128": Workload("smollm2_128", "smollm2", "gsm8k", 4, 4, 128, 160, 1e-6, 4, 8, True),
+    # issue 28, goal 3: half a billion parameters, 8 prompts x 4 samples, 64 new tokens
+    "qwen05_64": Workload("qwen05_64", "qwen05", "gsm8k", 8, 4, 64, 160, 1e-6, 4, 8, True),
 }
+
+# Qwen2.5-0.5B's config.json (huggingface.co/Qwen/Qwen2.5-0.5B): 494M parameters, tied
+# embeddings. Speed and memory need its shape, not its weights: random weights (seed 0), and
+# SmolLM2's tokenizer (no Qwen tokenizer is on this machine). Ids past the tokenizer's 49152
+# decode to nothing in both systems, so every sample runs the full 64 tokens.
+QWEN05_CONFIG = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                     num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+                     use_sliding_window=False)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -109,7 +120,27 @@ def model_dir(workload: Workload, work: Path) -> Path:
         return path
     from hybridflow.engines.pretrained import pretrained_model_dir
 
-    return pretrained_model_dir("smollm2-135m-instruct")
+    smollm2 = pretrained_model_dir("smollm2-135m-instruct")
+    if workload.model == "qwen05":
+        return qwen05_model_dir(work / "qwen05_random", smollm2)
+    return smollm2
+
+
+def qwen05_model_dir(path: Path, tokenizer_dir: Path) -> Path:
+    """A Qwen2.5-0.5B-shaped model with random weights (fp32, seed 0) and `tokenizer_dir`'s
+    tokenizer, written once into `path`."""
+    if (path / "config.json").is_file():
+        return path
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = Qwen2Config(**QWEN05_CONFIG, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def prompt_rows(workload: Workload, tokenizer: Any, count: int) -> list[dict]:
