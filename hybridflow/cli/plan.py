@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "llama-7b, llama-13b, llama-34b, llama-70b")
     p.add_argument("--runtime", choices=("trainer", "paper"), default="trainer",
                    help="trainer: what hybridflow's trainer runs (colocated/split critics, no pipeline, phases "
-                   "one after another); paper: every placement, pipeline parallel, pools overlapping")
+                   "one after another as with trainer.concurrent_phases=false); paper: every placement, pipeline parallel, pools overlapping")
     p.add_argument("--top", type=int, default=5, help="mappings to show (default 5)")
     p.add_argument("--json", default=None, help="also write the result to this JSON file")
     p.add_argument("--calibrate", action="store_true", help="profile this machine and store the fitted factors")

@@ -11,6 +11,9 @@ controller neither waits for nor copies the data. When the receiving call needs 
 different split, a small Ray task (no CPU reserved, so it always schedules) regroups the
 parts next to the data. `value_future` wraps any object ref (a Ray task's output) the same
 way, so data made outside a worker group can be passed into one.
+Several calls in flight together are waited for as one (`gather_calls`: the first failure
+among them raises at once, and each value comes with the time it arrived), which is how a
+step program's `concurrently` block collects its calls (trainer/programs/concurrent.py).
 
 **What the controller fetches is counted** (`LEDGER`, a `FetchLedger`): every value that
 `gather` brings to the controller adds its tensor and array bytes, so a program can show
@@ -20,7 +23,9 @@ way, so data made outside a worker group can be passed into one.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,40 +88,52 @@ class RankInfo:
     pid: int | None
 
 
-def gather(refs: list[ray.ObjectRef], owners: list[RankInfo], method: str,
-           timeout_s: float | None = None) -> list[Any]:
-    """Values of ``refs`` in order; a failure raises `WorkerError` within seconds."""
+def gather(refs: list[ray.ObjectRef], owners: list[RankInfo], method: str | Sequence[str],
+           timeout_s: float | None = None, arrivals: list[float] | None = None) -> list[Any]:
+    """Values of ``refs`` in order; a failure raises `WorkerError` within seconds.
+
+    `method` names the call in errors: one label, or one per ref (refs of several calls
+    gathered together, `gather_calls`). `arrivals`, when given, receives each value's
+    arrival time (time.monotonic() when it was fetched), by position."""
     position = {ref: i for i, ref in enumerate(refs)}
+    labels = [method] * len(refs) if isinstance(method, str) else list(method)
     results: list[Any] = [None] * len(refs)
+    arrived = arrivals if arrivals is not None else []
+    arrived[:] = [math.nan] * len(refs)
     pending = list(refs)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while pending:
         wait_s = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
         ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
-        failures = _fetch(ready, position, results)
+        failures = _fetch(ready, position, results, arrived)
         if failures:
             failures += _late_failures(pending, position)
-            raise _primary_error(failures, owners, method)
+            raise _primary_error(failures, owners, labels)
         if pending and deadline is not None and time.monotonic() >= deadline:
-            raise _timeout_error([owners[position[r]] for r in pending], method, timeout_s)
+            late = [position[r] for r in pending]
+            raise _timeout_error([owners[i] for i in late], labels[late[0]], timeout_s)
     return results
 
 
-def _fetch(ready: list[ray.ObjectRef], position: dict, results: list[Any]) -> list[tuple[int, RayError]]:
-    """Store the values of ``ready`` refs; return (index, error) of those that failed."""
+def _fetch(ready: list[ray.ObjectRef], position: dict, results: list[Any],
+           arrived: list[float]) -> list[tuple[int, RayError]]:
+    """Store the values of ``ready`` refs (and when they came); return (index, error) of those that failed."""
     try:
         values = ray.get(ready)
     except RayError:
         values = None
+    now = time.monotonic()
     if values is not None:
         for ref, value in zip(ready, values):
             results[position[ref]] = value
+            arrived[position[ref]] = now
             LEDGER.add(value)
         return []
     failures = []
     for ref in ready:  # one failed: fetch one by one to know which
         try:
             results[position[ref]] = ray.get(ref)
+            arrived[position[ref]] = now
             LEDGER.add(results[position[ref]])
         except RayError as err:
             failures.append((position[ref], err))
@@ -129,15 +146,15 @@ def _late_failures(pending: list[ray.ObjectRef], position: dict) -> list[tuple[i
     if not pending:
         return []
     ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
-    return _fetch(ready, position, [None] * len(position))
+    return _fetch(ready, position, [None] * len(position), [math.nan] * len(position))
 
 
-def _primary_error(failures: list[tuple[int, RayError]], owners: list[RankInfo], method: str) -> WorkerError:
+def _primary_error(failures: list[tuple[int, RayError]], owners: list[RankInfo], labels: list[str]) -> WorkerError:
     """The error to raise: a death before an exception, then the lowest rank; the others
     are listed in its message."""
     failures.sort(key=lambda f: (not isinstance(f[1], RayActorError), owners[f[0]].rank))
     index, err = failures[0]
-    primary = to_worker_error(err, owners[index], method)
+    primary = to_worker_error(err, owners[index], labels[index])
     others = [f"{owners[i].role} rank {owners[i].rank}: {type(e).__name__}" for i, e in failures[1:]]
     if others:
         primary.args = (f"{primary.args[0]}\nAlso failed: {'; '.join(others)}",)
@@ -221,10 +238,20 @@ class CallFuture:
         still running after `timeout_s` (default: the group's call_timeout_s) raise
         `CallTimeoutError`."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        values = gather(self._refs, self._owners, self.method, timeout_s)
-        pad = self._pad_size
-        if isinstance(pad, ray.ObjectRef):
-            pad = gather([pad], [self._owners[0]], f"{self.method} (padding size)", timeout_s)[0]
+        return gather_calls([self], timeout_s)[0][0]
+
+    def _waits(self) -> tuple[list[ray.ObjectRef], list[RankInfo], list[str]]:
+        """What `get` waits for: each rank's output, then the padding size where it is a ref."""
+        refs, owners, labels = list(self._refs), list(self._owners), [self.method] * len(self._refs)
+        if isinstance(self._pad_size, ray.ObjectRef):
+            refs.append(self._pad_size)
+            owners.append(self._owners[0])
+            labels.append(f"{self.method} (padding size)")
+        return refs, owners, labels
+
+    def _collect(self, values: list[Any]) -> Any:
+        """The call's value from what `_waits` fetched."""
+        pad = values[len(self._refs)] if isinstance(self._pad_size, ray.ObjectRef) else self._pad_size
         ctx = dataclasses.replace(self._ctx, pad_size=pad)
         return self._mode.collect(ctx, [values[i] for i in self._selected])
 
@@ -236,6 +263,27 @@ class CallFuture:
             else:
                 self._whole = _collect_task.remote(self._mode, self._ctx, self._pad_size, *self.parts)
         return self._whole
+
+
+def gather_calls(futures: Sequence[CallFuture], timeout_s: float | None) -> list[tuple[Any, float]]:
+    """Wait for several calls in flight together and collect each: (value, arrival) per
+    future, in order, where arrival is the time.monotonic() its last output came in.
+
+    One wait for all of them (`gather`): the first failure among them raises at once (a
+    death before an exception, then the lowest rank), whichever call it belongs to, and
+    `timeout_s` bounds the whole wait."""
+    refs: list[ray.ObjectRef] = []
+    owners: list[RankInfo] = []
+    labels: list[str] = []
+    bounds = []
+    for future in futures:
+        f_refs, f_owners, f_labels = future._waits()
+        bounds.append((len(refs), len(refs) + len(f_refs)))
+        refs, owners, labels = refs + f_refs, owners + f_owners, labels + f_labels
+    arrivals: list[float] = []
+    values = gather(refs, owners, labels, timeout_s, arrivals)
+    return [(future._collect(values[lo:hi]), max(arrivals[lo:hi], default=time.monotonic()))
+            for future, (lo, hi) in zip(futures, bounds)]
 
 
 def value_future(ref: ray.ObjectRef, label: str, owner: RankInfo) -> CallFuture:

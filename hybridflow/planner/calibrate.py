@@ -42,8 +42,11 @@ from hybridflow.planner.simulate import Mapping, Pool, simulate
 
 # The run every profile shares: the built-in demo task, 12 steps (the first is warm-up; the
 # median of 11 is robust to a few slow steps), nothing but training.
+# Calls one after another (trainer.concurrent_phases=false): the simulator's rule for this
+# trainer (Capabilities.here(): pools never overlap), which the phase and step times fit.
 BASE = ["trainer.console=none", "trainer.total_steps=12", "trainer.test_freq=0", "trainer.save_final_model=false",
-        "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1"]
+        "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1",
+        "trainer.concurrent_phases=false"]
 # Mappings of PPO / GRPO on 2 ranks: colocated vs split, dp vs tp, t_g 1 vs 2; and GRPO on 1 rank.
 PROFILES: dict[str, list[str]] = {
     "ppo colocated dp2 t_g1": ["algorithm.name=ppo"],

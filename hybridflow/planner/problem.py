@@ -49,7 +49,10 @@ class Capabilities:
         reference policy is a second model inside the actor's worker).
     pipeline: pipeline-parallel training (the engine here has none).
     overlap: phases of one stage on different pools run at the same time (the paper's
-        runtime); the trainer here calls one phase after another, so it is False.
+        runtime). False here: the model of trainer.concurrent_phases=false (what the
+        calibration profiles run). By default the trainer overlaps the pools in part (the
+        log-prob/value calls, the updates; not the controller's scoring), which this
+        model does not count (trainer/programs/concurrent.py).
     """
 
     together: tuple[tuple[str, ...], ...] = ()

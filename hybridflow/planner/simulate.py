@@ -5,7 +5,8 @@ updates; a stage reads only what earlier stages wrote):
 - phases on one pool run one after another (they share the devices and processes);
 - with `Capabilities.overlap`, the pools of one stage run at the same time, so a stage
   lasts as long as its busiest pool, and the step is the sum of its stages; without it
-  (this trainer: the controller waits for each call) the step is the sum of all phases.
+  (this trainer with trainer.concurrent_phases=false: the controller waits for each call)
+  the step is the sum of all phases.
 Rule-based scoring runs on the controller, a pool of its own; Efficiency.per_step_s adds
 the controller's own work per step.
 

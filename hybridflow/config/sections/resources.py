@@ -109,7 +109,8 @@ class ResourceSection(ComputeSection):
     """Processes and where the roles run: ComputeSection's keys and
 
     placement: "colocated" (every role in the same processes, verl's default),
-        "split" (actor and critic in separate processes; the step calls their phases one after another), or
+        "split" (actor and critic in separate processes; their log-prob/value calls and their updates
+        overlap: trainer.concurrent_phases), or
         "auto" (the planner picks placement, critic_ranks and the tp sizes; docs/planner.md).
     critic_ranks: with split placement, ranks of the critic; the actor gets the rest.
     min_world_size / max_world_size: elastic restarts (trainer.max_restarts): when the

@@ -272,7 +272,8 @@ class LanguageModelTask:
                 step = self.async_runner.step(self.global_step)
             else:
                 step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches),
-                            balance_dp=cfg.trainer.balance_batch, on_phase=self.status.phase)
+                            balance_dp=cfg.trainer.balance_batch, concurrent=cfg.trainer.concurrent_phases,
+                            on_phase=self.status.phase)
                 algorithm(step, self.roles, cfg, self.state)
             step.metrics["timing_s/step"] = time.perf_counter() - start
             # What the controller fetched from the workers during the step (controller/futures.py).

@@ -289,7 +289,8 @@ class AsyncRunner:
         return err
 
     def _step(self, index: int) -> Step:
-        step = Step(index, DataProto(), balance_dp=self.cfg.trainer.balance_batch)
+        step = Step(index, DataProto(), balance_dp=self.cfg.trainer.balance_batch,
+                    concurrent=self.cfg.trainer.concurrent_phases)
         dropped_before = self.buffer.dropped
         if self.sync is None:  # the first step of a run, or of a resumed one
             self.sync = start_weight_sync(self.roles.actor, self.version)

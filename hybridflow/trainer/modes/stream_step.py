@@ -17,7 +17,9 @@ user's `@register_algorithm` program). What changes is where its phases get thei
    generate phase takes the groups (`Step.streamed`), its rule-based scorers are the scores
    the groups arrived with (`StreamScores`), and the phases of the served capabilities only
    report what the pool did (trainer/programs/phases.py). Reward models, log-probs, values,
-   advantages, the user's own phases and the updates run as they do in sync mode.
+   advantages, the user's own phases and the updates run as they do in sync mode: the
+   program's `concurrently` blocks submit the training pool's independent calls (log-probs
+   beside values, the updates) together, as futures (trainer/programs/concurrent.py).
 3. The task returns the step's metrics, the batch's data metrics and sequence lengths
    (`BatchSummary`) and the algorithm's cross-step state (KL controller, Lagrange
    multiplier), which the controller loads into its own.
@@ -106,7 +108,7 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
         _learn_layouts(roles)
     scorers = dataclasses.replace(roles, reward=StreamScores("reward", restarts),
                                   cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
-    ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp,
+    ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
                               served_capabilities(spec), *groups)
     try:
         report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
@@ -120,12 +122,12 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
 
 @ray.remote(num_cpus=0)
 def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoState, index: int, version: int,
-                 balance_dp: bool, served: frozenset[str], *groups: DataProto) -> dict[str, Any]:
+                 balance_dp: bool, concurrent: bool, served: frozenset[str], *groups: DataProto) -> dict[str, Any]:
     """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2)."""
     add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
     greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
     batch = P.concat_generated(list(groups))
-    step = Step(index, DataProto(), balance_dp=balance_dp, streamed=batch, served=served,
+    step = Step(index, DataProto(), balance_dp=balance_dp, concurrent=concurrent, streamed=batch, served=served,
                 streamed_greedy=P.concat_generated(greedy) if greedy else None)
     step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
     step_program(spec)(step, roles, cfg, state)

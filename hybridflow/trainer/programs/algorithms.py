@@ -1,7 +1,10 @@
 """RL algorithms as short programs over worker groups (HybridFlow paper, Figure 4).
 
 Each function runs one step, top to bottom: generate -> reward -> old and reference
-log-probs -> values -> advantages -> critic update -> actor update. The actor's new
+log-probs -> values -> advantages -> critic update -> actor update. The log-probs and
+values, and the updates, are `P.concurrently` blocks: their calls are in flight together
+and run at once where the roles have processes of their own (resources.placement: split),
+with the same results as one after another (trainer/programs/concurrent.py). The actor's new
 weights reach the generation engine at the start of the next step's generate (weight
 sync by resharding). Which program an `algorithm.name` runs, and everything else the name
 implies (roles, estimator, presets, checks), is its row in the algorithm registry
@@ -118,11 +121,13 @@ def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0)
 
 def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
     """old_log_probs (unless the update computes them itself: RunConfig.fuses_old_log_probs),
-    and ref_log_probs where the run uses the reference policy (KL)."""
-    if not cfg.fuses_old_log_probs:
-        P.compute_old_log_probs(step, roles.actor)
-    if cfg.use_reference:
-        P.compute_ref_log_probs(step, roles.actor)
+    and ref_log_probs where the run uses the reference policy (KL): submitted together (one
+    block, or part of the caller's), they run one after another in the actor's processes."""
+    with P.concurrently(step):
+        if not cfg.fuses_old_log_probs:
+            P.compute_old_log_probs(step, roles.actor)
+        if cfg.use_reference:
+            P.compute_ref_log_probs(step, roles.actor)
 
 
 def shaped_rewards(step: Step, cfg: RunConfig, state: AlgoState) -> None:
@@ -187,13 +192,15 @@ def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
 def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """PPO (Schulman et al. 2017) with GAE advantages from a learned critic."""
     generate_and_score(step, roles, cfg)
-    log_probs(step, roles, cfg)
-    P.compute_values(step, roles.critic)
+    with P.concurrently(step):  # the actor's log-probs beside the critic's values
+        log_probs(step, roles, cfg)
+        P.compute_values(step, roles.critic)
     shaped_rewards(step, cfg, state)
     P.compute_advantages(step, "gae", cfg.algorithm.advantage_config())
-    P.update_critic(step, roles.critic)
-    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
-                   with_behaviour=cfg.actor.loss.off_policy.enabled)
+    with P.concurrently(step):  # the critic's update beside the actor's
+        P.update_critic(step, roles.critic)
+        P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                       with_behaviour=cfg.actor.loss.off_policy.enabled)
 
 
 def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
@@ -202,14 +209,16 @@ def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> Non
     adv_config = cfg.algorithm.advantage_config()
     generate_and_score(step, roles, cfg)
     P.compute_cost(step, roles.cost_fn, roles.cost_model)
-    log_probs(step, roles, cfg)
-    P.compute_values(step, roles.critic)
-    P.compute_cost_values(step, roles.cost_critic)
+    with P.concurrently(step):  # the actor's log-probs beside the two critics' values
+        log_probs(step, roles, cfg)
+        P.compute_values(step, roles.critic)
+        P.compute_cost_values(step, roles.cost_critic)
     shaped_rewards(step, cfg, state)
     P.compute_advantages(step, "gae", adv_config)
     P.compute_safe_advantages(step, state.lagrange, adv_config)
-    P.update_critic(step, roles.critic)
-    P.update_cost_critic(step, roles.cost_critic)
-    P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
-                   with_behaviour=cfg.actor.loss.off_policy.enabled)
+    with P.concurrently(step):  # the critics' updates beside the actor's
+        P.update_critic(step, roles.critic)
+        P.update_cost_critic(step, roles.cost_critic)
+        P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
+                       with_behaviour=cfg.actor.loss.off_policy.enabled)
 

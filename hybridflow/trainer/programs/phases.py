@@ -12,7 +12,14 @@ cost_values, cost_advantages, cost_returns.
 
 Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
 goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
-(trainer.balance_batch) and hands per-sample outputs back in the batch's own order.
+(trainer.balance_batch) and hands per-sample outputs back in the batch's own order, to
+the phase's `then` (what it does with them).
+
+Independent phases on different worker groups run at once inside ``with
+concurrently(step):`` (trainer/programs/concurrent.py): their calls are submitted together
+and each `then` runs at the block's end in program order, so the step ends as if they had
+run one after another; a phase there that reads what another writes is refused. The
+programs use it for the log-probs and values, and for the updates.
 
 Every trainer.mode runs the same phases: in one_step_off / async (trainer/modes/stream_step.py)
 `generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
@@ -57,6 +64,7 @@ from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
 from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.observe.metrics import BatchSummary, rename_worker_metrics
+from hybridflow.trainer.programs.concurrent import Block, ConcurrencyError, concurrently
 from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -101,6 +109,11 @@ class Step:
     streamed: DataProto | None = None
     served: frozenset[str] = frozenset()
     streamed_greedy: DataProto | None = None  # greedy_baseline: one greedy response per group
+    # trainer.concurrent_phases: the calls of a `concurrently` block are in flight together
+    # (False: each is waited for when submitted; the results are the same).
+    concurrent: bool = True
+    # The `concurrently` block running now (None outside one): dp_call and `phase` defer to it.
+    block: Block | None = field(default=None, repr=False)
 
 
 def phase(name: str) -> Callable[[F], F]:
@@ -112,6 +125,8 @@ def phase(name: str) -> Callable[[F], F]:
         def timed(step: Step, *args: Any, **kwargs: Any) -> Any:
             if step.on_phase is not None:
                 step.on_phase(name)
+            if step.block is not None and step.block.current is None:  # timed by the block (concurrent.py)
+                return step.block.run_phase(name, lambda: fn(step, *args, **kwargs))
             start = time.perf_counter()
             try:
                 return fn(step, *args, **kwargs)
@@ -134,8 +149,10 @@ def _select(batch: DataProto, keys: tuple[str, ...]) -> DataProto:
     return batch.select(batch_keys=keys, non_tensor_keys=[])
 
 
-def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto) -> DataProto:
-    """``group.<method>(data)`` for a method that cuts `data` into contiguous dp-rank parts.
+def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto,
+            then: Callable[[DataProto], None] | None = None) -> DataProto | None:
+    """``group.<method>(data)`` for a method that cuts `data` into contiguous dp-rank parts;
+    `then(result)` handles the result (the phase's writes into step.batch and step.metrics).
 
     With `step.balance_dp` the rows of `data` (a selected copy: reordered in place) are
     first permuted by `dp_balanced_order`, so every dp rank gets a near-equal number of
@@ -143,18 +160,33 @@ def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto) -> Dat
     outputs are put back in the original order. The permutation keeps each optimizer
     step's (mini-batch's) sample set, so results do not change beyond float summation order.
     A batch that the ranks do not divide is sent as it is (dispatch pads it).
+
+    Outside a `concurrently` block the call is waited for, `then` runs, and the result is
+    returned. Inside one it is submitted without waiting, `then` is required and runs at the
+    block's end, and nothing is returned.
     """
-    call = getattr(group, method)
     dp = group.dp_parts(method) if step.balance_dp else 1
-    if dp == 1 or len(data) % dp:
-        return call(data)
-    order = dp_balanced_order(data.batch["attention_mask"], dp)
-    data.reorder(order)
-    out = call(data)
-    if out.batch or out.non_tensor_batch:  # per-sample outputs (updates return only metrics)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(len(order))
-        out.reorder(inverse)
+    order = None
+    if dp > 1 and len(data) % dp == 0:
+        order = dp_balanced_order(data.batch["attention_mask"], dp)
+        data.reorder(order)
+
+    def in_batch_order(out: DataProto) -> DataProto:
+        if order is not None and (out.batch or out.non_tensor_batch):  # updates return only metrics
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(len(order))
+            out.reorder(inverse)
+        return out
+
+    if step.block is not None:
+        if then is None:
+            raise ConcurrencyError(f"dp_call({group!r}, {method!r}) inside a concurrently block needs then=: the "
+                                   "result arrives at the block's end, where then(result) handles it")
+        step.block.submit(group, method, data, lambda out: then(in_batch_order(out)))
+        return None
+    out = in_batch_order(getattr(group, method)(data))
+    if then is not None:
+        then(out)
     return out
 
 
@@ -274,26 +306,28 @@ def compute_greedy_baseline(step: Step, prompts: DataProto, actor: WorkerGroup,
 @phase("old_log_prob")
 def compute_old_log_probs(step: Step, actor: WorkerGroup) -> None:
     """old_log_probs (and entropys) of the responses under the policy that sampled them."""
-    step.batch.union(dp_call(step, actor, "compute_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS)))
+    dp_call(step, actor, "compute_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS), then=step.batch.union)
 
 
 @phase("ref")
 def compute_ref_log_probs(step: Step, actor: WorkerGroup) -> None:
     """ref_log_probs under the frozen reference policy (KL loss or KL in reward)."""
-    step.batch.union(dp_call(step, actor, "compute_ref_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS)))
+    dp_call(step, actor, "compute_ref_log_prob", _select(step.batch, ACTOR_FORWARD_KEYS), then=step.batch.union)
 
 
 @phase("values")
 def compute_values(step: Step, critic: WorkerGroup) -> None:
     """values [B, R]: the critic's estimate before each response token."""
-    step.batch.union(dp_call(step, critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS)))
+    dp_call(step, critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS), then=step.batch.union)
 
 
 @phase("cost_values")
 def compute_cost_values(step: Step, cost_critic: WorkerGroup) -> None:
     """cost_values [B, R]: the cost critic's estimate (Safe-RLHF)."""
-    out = dp_call(step, cost_critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS))
-    step.batch.batch["cost_values"] = out.batch["values"]
+    def add(out: DataProto) -> None:
+        step.batch.batch["cost_values"] = out.batch["values"]
+
+    dp_call(step, cost_critic, "compute_values", _select(step.batch, CRITIC_FORWARD_KEYS), then=add)
 
 
 @phase("kl_reward")
@@ -348,15 +382,15 @@ def add_overlong_penalty(step: Step, max_response_length: int, buffer_len: int, 
 @phase("update_critic")
 def update_critic(step: Step, critic: WorkerGroup) -> None:
     """One value-function update on the step's batch."""
-    out = dp_call(step, critic, "update_critic", _select(step.batch, CRITIC_UPDATE_KEYS))
-    step.metrics.update(rename_worker_metrics(_worker_metrics(out), "critic"))
+    dp_call(step, critic, "update_critic", _select(step.batch, CRITIC_UPDATE_KEYS),
+            then=lambda out: step.metrics.update(rename_worker_metrics(_worker_metrics(out), "critic")))
 
 
 @phase("update_cost_critic")
 def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
     """One update of the cost critic towards cost_returns (Safe-RLHF)."""
-    out = dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch))
-    step.metrics.update(cost_critic_metrics(_worker_metrics(out)))
+    dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch),
+            then=lambda out: step.metrics.update(cost_critic_metrics(_worker_metrics(out))))
 
 
 def cost_critic_input(batch: DataProto) -> DataProto:
@@ -379,8 +413,8 @@ def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour:
     `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
     Records adv/silent_groups and adv/groups first (`record_signal`)."""
     record_signal(step)
-    out = dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)))
-    step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor"))
+    dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)),
+            then=lambda out: step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor")))
 
 
 def record_signal(step: Step) -> None:
