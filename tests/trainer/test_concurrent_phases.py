@@ -234,6 +234,10 @@ class Meeting(Worker):
         return DataProto.from_dict({self.name: batch.batch["x"] * (2 if self.name == "left" else -1),
                                     f"{self.name}_met": torch.full((len(batch),), float(met))})
 
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def fail(self, batch: DataProto) -> DataProto:
+        raise ValueError(f"{self.name} cannot")
+
 
 @P.phase("meet")
 def meet(step: P.Step, group, folder: Path, wait_s: float) -> None:
@@ -251,6 +255,11 @@ def split_groups(ray_local):
     left.shutdown()
     right.shutdown()
     pool.release()
+
+
+@P.phase("fails")
+def fails(step: P.Step, group) -> None:
+    P.dp_call(step, group, "fail", step.batch.select(batch_keys=["x"], non_tensor_keys=[]), then=step.batch.union)
 
 
 def _meeting(groups, folder: Path, wait_s: float, block: bool, concurrent: bool = True) -> P.Step:
@@ -306,3 +315,16 @@ def test_safe_rlhf_split_logs_the_same_numbers_with_and_without_concurrent_phase
             runs[concurrent] = [comparable(r) for r in rl_records(trainer.train(steps=2).run_dir)]
     assert len(runs["true"]) == 2 and "cost_critic/vf_loss" in runs["true"][0] and "critic/vf_loss" in runs["true"][0]
     assert runs["true"] == runs["false"]
+
+
+def test_a_failing_call_raises_at_the_blocks_end_and_nothing_is_applied(split_groups, tmp_path):
+    from hybridflow.controller import WorkerError
+
+    left, right = split_groups
+    (tmp_path / "right").touch()  # left's call need not wait
+    step = P.Step(1, DataProto.from_dict({"x": torch.arange(4.0)}))
+    with pytest.raises(WorkerError, match=r"Meeting rank 0 .* raised in Meeting.fail: ValueError: right cannot"):
+        with P.concurrently(step):
+            meet(step, left, tmp_path, 0.0)
+            fails(step, right)
+    assert step_keys(step) == ["x"] and step.metrics == {}
