@@ -26,8 +26,9 @@ the runtime's spin. On a shared machine a run that leaves its thread count to th
 (resources.threads_per_rank null) also gets only the cores the other work leaves free
 (`resolve_for_load`): a passive thread whose partner is descheduled still waits for it at
 every barrier, and one thread that never waits did better. The choices are made once per
-run (printed, saved in config.yaml, kept on --resume; a process starting runs back to back
-measures at most once a minute); a job that starts beside the run later is not seen.
+run (printed, saved in config.yaml, kept on --resume; a process that starts several runs
+measures at its first and keeps that choice); a job that starts beside the run later is
+not seen.
 Runs of the tiny models computed identical metrics on 1 and 2 threads; a bigger model may
 differ in the last bits (reductions split over threads), so set threads_per_rank for
 bit-identical reruns on a machine whose load varies.
@@ -125,21 +126,19 @@ def choose_auto(measure=busy_cores) -> AutoChoice:
     return AutoChoice("passive" if shared else "inherit", busy, cores)
 
 
-AUTO_REUSE_S = 60.0  # a process starting runs back to back (a script, the tests) measures once a minute
-_last_auto: AutoChoice | None = None  # what `resolve` last chose for "auto", for the run's start line
-_last_auto_at = 0.0
+_last_auto: AutoChoice | None = None  # what `resolve` chose for "auto" in this process
 
 
 def resolve(policy: str, measure=None) -> str:
-    """The policy a run uses for config value `policy`: "auto" measured now (`choose_auto`;
-    a measurement of this process less than AUTO_REUSE_S old is reused), any other as it
-    is. `measure` replaces `busy_cores` (tests), always measuring."""
-    global _last_auto, _last_auto_at
+    """The policy a run uses for config value `policy`: "auto" measured (`choose_auto`) at
+    the first run this process starts and kept for its later ones, so that runs of one
+    script (or test session) compare at the same thread count; any other as it is.
+    `measure` replaces `busy_cores` (tests), always measuring."""
+    global _last_auto
     if policy != "auto":
         return policy
-    now = time.monotonic()
-    if measure is not None or _last_auto is None or now - _last_auto_at > AUTO_REUSE_S:
-        _last_auto, _last_auto_at = choose_auto(measure or busy_cores), now
+    if measure is not None or _last_auto is None:
+        _last_auto = choose_auto(measure or busy_cores)
     return _last_auto.policy
 
 
@@ -163,7 +162,7 @@ def resolve_for_load(asked: Any, resolved: Any) -> Any:
 
 
 def last_auto() -> AutoChoice | None:
-    """The choice the latest `resolve("auto")` of this process made (None: none yet)."""
+    """The choice `resolve("auto")` made in this process (None: none yet)."""
     return _last_auto
 
 

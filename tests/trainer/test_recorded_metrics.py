@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hybridflow import RLTrainer
+from hybridflow.config.sections.resources import local_cores
 from test_algorithms_e2e import HALF_UNIFORM_REWARD, STEPPED_COST, VARIED_REWARD
 from test_algorithms_e2e import reward_model_dir  # noqa: F401 - a fixture (a random reward model)
 from trainer_helpers import rl_records
@@ -37,7 +38,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_algorithm" 
 RECORD = os.environ.get("HYBRIDFLOW_RECORD_METRICS") == "1"
 
 # One training rank, one rollout rank (async modes), no evaluation: the cheapest real run.
-BASE = ("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false")
+# Threads as recorded (all cores), also where resources.omp_wait_policy auto would find the
+# machine shared and take fewer (controller/omp.py): the last bits of a log-prob depend on them.
+BASE = ("resources.world_size=1", f"resources.threads_per_rank={local_cores()}", "async_rl.rollout_ranks=1",
+        "trainer.val_before_train=false")
 SKIP = ("timing_s/", "perf/", "reshard/", "weight_sync/", "controller/", "agent_loop/")
 ASYNC_1 = ("trainer.mode=async", "async_rl.max_staleness=1", "async_rl.chunk_prompts=2", "async_rl.steps_per_call=3")
 # The fixture was recorded when dtype "auto" meant bf16 on any CPU with AVX512_BF16 (this
