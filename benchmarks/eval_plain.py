@@ -252,6 +252,8 @@ def main() -> None:
     parser.add_argument("--max-prompt-length", type=int, default=512, help="as data.prompt.max_prompt_length")
     parser.add_argument("--answer", choices=("last-number", "strict", "exact"), default="last-number")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="weights and compute (as rollout.dtype; compare like with like)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--show", type=int, default=5, help="sample responses in the JSON and on the console")
     parser.add_argument("--compare", type=Path, default=None, metavar="REPORT.json",
@@ -270,7 +272,8 @@ def main() -> None:
     t0 = time.perf_counter()
     model_dir = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     items, dropped = items_of([Path(f) for f in args.data], tokenizer, args.max_prompt_length, args.limit)
     if not items:
         raise SystemExit("eval_plain: no prompts left to score")
@@ -290,7 +293,7 @@ def main() -> None:
         "label": args.label, "model": str(args.model), "model_dir": str(model_dir), "data": args.data,
         "settings": {"decoding": "greedy", "max_new_tokens": args.max_new_tokens,
                      "max_prompt_length": args.max_prompt_length, "limit": args.limit, "answer": args.answer,
-                     "batch_size": args.batch_size, "dtype": "fp32", "chat_template": True},
+                     "batch_size": args.batch_size, "dtype": args.dtype, "chat_template": True},
         "prompts_dropped_as_too_long": dropped,
         "all": summary(records, args.show),
         "per_source": {s: summary([r for r in records if r["data_source"] == s], args.show) for s in sources},
