@@ -11,6 +11,7 @@ here, rendered with the tokenizer's own chat template, generated with transforme
     python benchmarks/eval_plain.py runs/<run> --data F ...                 # the run's final_model/
     python benchmarks/eval_plain.py exported_dir --data F ...               # `hybridflow export` output
     python benchmarks/eval_plain.py MODEL --data F --compare report.json    # agreement with `hybridflow eval --output`
+    python benchmarks/eval_plain.py MODEL --data F --dtype bf16             # as rollout.dtype bf16 (fp32 by default)
 
 MODEL is a Hugging Face directory (config.json, safetensors, tokenizer), a run directory
 (its final_model/), or the name `smollm2-135m-instruct` (the directory hybridflow's
