@@ -45,5 +45,7 @@ def test_a_runner_that_fails_to_start_stops_the_learner_and_frees_the_cpus(ray_l
     deadline = time.monotonic() + 30  # Ray returns a killed actor's CPUs asynchronously
     while ray.available_resources().get("CPU", 0.0) < before and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0.0) == before
+    # >=: an earlier test's actors may still have been returning their CPUs when `before`
+    # was read (the session's Ray is shared); what this run held must all be back
+    assert ray.available_resources().get("CPU", 0.0) >= before
     assert trainer.groups is None
