@@ -64,7 +64,8 @@ from hybridflow.engines.train.critic import FORWARD_KEYS as CRITIC_FORWARD_KEYS
 from hybridflow.engines.train.critic import UPDATE_KEYS as CRITIC_UPDATE_KEYS
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.observe.metrics import BatchSummary, rename_worker_metrics
-from hybridflow.trainer.programs.concurrent import Block, ConcurrencyError, concurrently  # noqa: F401 (programs call P.concurrently)
+# concurrently is re-exported: programs call P.concurrently
+from hybridflow.trainer.programs.concurrent import Block, ConcurrencyError, concurrently  # noqa: F401
 from hybridflow.workers.reward_model import SCORE_KEYS, scores_at_last_response_token
 
 F = TypeVar("F", bound=Callable[..., Any])
