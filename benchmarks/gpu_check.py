@@ -353,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.budget_s
     torch.manual_seed(0)
     init_process_group(args.device)
-    record: dict[str, Any] = {"machine": machine(args.device), "args": {
-        k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "out"}, "cases": {}}
+    settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items() if k != "out"}
+    record: dict[str, Any] = {"machine": machine(args.device), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "args": settings, "cases": {}}
     peak_size = 1024 if args.tiny else 8192
     peak = measure_matmul_flops(torch.bfloat16, size=peak_size, seconds=0.2 if args.tiny else 1.0)
     record["bf16_matmul_peak_tflop_s"] = round(peak / 1e12, 2)
