@@ -53,6 +53,11 @@ PROFILES: dict[str, list[str]] = {
     "ppo colocated dp2 t_g2": ["algorithm.name=ppo", "rollout.tensor_model_parallel_size=2"],
     "ppo colocated actor tp2 t_g2": ["algorithm.name=ppo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
     "ppo split 1|1": ["algorithm.name=ppo", "resources.placement=split", "resources.critic_ranks=1"],
+    # The same mapping with the programs' concurrently blocks on: the actor's and the critic's
+    # update (and log-probs / values) at once, the one profile of the blocks model
+    # (Capabilities.blocks; simulate.py).
+    "ppo split 1|1 concurrent": ["algorithm.name=ppo", "resources.placement=split", "resources.critic_ranks=1",
+                                 "trainer.concurrent_phases=true"],
     "grpo colocated dp2 t_g1": ["algorithm.name=grpo"],
     "grpo colocated tp2 t_g2": ["algorithm.name=grpo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
     # One rank of one thread: every phase alone on a core, no collectives. Besides the

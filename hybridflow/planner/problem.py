@@ -136,10 +136,18 @@ class Problem:
     @functools.cached_property
     def overlapped_blocks(self) -> tuple[str, ...]:
         """The `concurrently` blocks whose pools the simulator overlaps (Capabilities.blocks),
-        in program order: those of the active phases; none without the capability."""
+        in program order: those whose active phases run on roles that can sit in different
+        pools (not all of one Capabilities.together group; e.g. PPO's log-probs and values,
+        not GRPO's old and reference log-probs, which share the actor's processes). None
+        without the capability."""
         if not self.caps.blocks:
             return ()
-        return tuple(dict.fromkeys(p.block for p in self.phases if p.block is not None))
+        group = {role: i for i, roles in enumerate(self.caps.together) for role in roles}
+        roles_of: dict[str, set] = {}
+        for p in self.phases:
+            if p.block is not None:
+                roles_of.setdefault(p.block, set()).add(group.get(p.role, p.role))
+        return tuple(block for block, groups in roles_of.items() if len(groups) > 1)
 
 
 def active_phases(phases: tuple[FlowPhase, ...], settings: dict[str, bool]) -> tuple[FlowPhase, ...]:

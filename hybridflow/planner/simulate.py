@@ -96,7 +96,8 @@ def role_profile(problem: Problem, role: str, par: Parallel) -> tuple[dict[str, 
     """Costs of the role's phases and its memory on `par` (what search and simulate share)."""
     load = problem.roles[role]
     phases = role_phases(problem, role)
-    costs = {p.name: phase_cost(p, load, par, problem.workload, problem.cluster) for p in phases}
+    costs = {p.name: phase_cost(p, load, par, problem.workload, problem.cluster, busy_devices(problem, p))
+             for p in phases}
     return costs, role_memory(load, par, problem.workload, phases)
 
 
@@ -134,6 +135,15 @@ def memory_reason(pool: Pool, memories: dict[str, RoleMemory], limit: float) -> 
 def columns(problem: Problem) -> int:
     """Entries of a pool's time vector: the stages, then the overlapped blocks."""
     return STAGES + len(problem.overlapped_blocks)
+
+
+def busy_devices(problem: Problem, phase: FlowPhase) -> int:
+    """Devices computing while `phase` runs, where more than its own pool's: in an
+    overlapped block the other pools' phases of the block run beside it, so it is costed
+    with the share of a node whose devices all compute (cost.shared: 1 on GPUs; this
+    machine's two vCPUs share a core). An upper bound where the other pools' share of the
+    block ends first. 0: its own pool's."""
+    return problem.cluster.devices_per_node if phase.block in problem.overlapped_blocks else 0
 
 
 def add_phase(times: list[float], problem: Problem, phase: FlowPhase, seconds: float) -> None:

@@ -17,7 +17,7 @@ from hybridflow.config.schema import load_run_config
 from hybridflow.planner.cost import Parallel
 from hybridflow.planner.problem import Capabilities, problem_from_config
 from hybridflow.planner.simulate import Mapping, Pool, combine, role_profile, simulate
-from planner_cases import EFF, ppo_problem
+from planner_cases import EFF, cluster, ppo_problem
 
 PAR = {"actor": Parallel(2, gen_tp=1), "reference": Parallel(2), "critic": Parallel(2)}
 SPLIT = (Pool(("actor", "reference"), 2), Pool(("critic",), 2))
@@ -88,31 +88,55 @@ def test_what_overlaps_is_the_declared_blocks_not_the_phase_names():
     assert _step(problem, SPLIT) < _step(updates_only, SPLIT) < _step(undeclared, SPLIT)
 
 
+def test_a_block_phase_shares_the_node_with_the_other_pools_phases():
+    """Split 1 | 1 on a node whose devices keep half their rate while both compute: beside
+    the other pool (in a block) a scoring or update phase computes at that share, alone
+    (without blocks, or generation) at the full rate."""
+    half = cluster(2, shared=0.5)
+    on = dataclasses.replace(ppo_problem(2, Capabilities.here(concurrent_phases=True)), cluster=half)
+    off = dataclasses.replace(ppo_problem(2, Capabilities.here(concurrent_phases=False)), cluster=half)
+    for role, par in (("actor", Parallel(1, gen_tp=1)), ("critic", Parallel(1))):
+        costs_on, costs_off = role_profile(on, role, par)[0], role_profile(off, role, par)[0]
+        for name in costs_on:
+            in_block = name in ("old_log_prob", "values", "update_actor", "update_critic")
+            assert costs_on[name].compute_s == pytest.approx(costs_off[name].compute_s * (2 if in_block else 1))
+
+
 def test_the_runs_setting_decides_and_the_declaration_is_checked(tmp_path):
-    for setting in (True, False):
-        cfg = load_run_config(None, ["algorithm.name=ppo", f"trainer.concurrent_phases={str(setting).lower()}"])
+    def blocks(*overrides: str) -> tuple[str, ...]:
+        cfg = load_run_config(None, list(overrides))
         caps = Capabilities.for_run(cfg)
-        assert caps.blocks is setting and not caps.overlap
-        problem = problem_from_config(cfg, ppo_problem().cluster, caps)
-        assert problem.overlapped_blocks == (("scoring", "updates") if setting else ())
+        assert caps.blocks is cfg.trainer.concurrent_phases and not caps.overlap
+        return problem_from_config(cfg, ppo_problem().cluster, caps).overlapped_blocks
+
+    on, off = "trainer.concurrent_phases=true", "trainer.concurrent_phases=false"
+    assert blocks("algorithm.name=ppo", "actor.old_log_probs=recompute", on) == ("scoring", "updates")
+    assert blocks("algorithm.name=ppo", "actor.old_log_probs=recompute", off) == ()
+    # Fused old log-probs and no reference: the critic's values are alone in their block.
+    assert blocks("algorithm.name=ppo", "actor.old_log_probs=auto", on) == ("updates",)
+    # GRPO's old and reference log-probs share a block, and always the actor's processes.
+    assert blocks("algorithm.name=grpo", "actor.old_log_probs=recompute", "actor.loss.use_kl_loss=true", on) == ()
     with pytest.raises(ValueError, match="overlap .* already covers blocks"):
         Capabilities(overlap=True, blocks=True)
     with pytest.raises(ValueError, match="a generate phase cannot be in a concurrently block"):
         FlowPhase("gen", "actor", "generate", block="scoring")
 
 
-@pytest.mark.parametrize("setting", ["true", "false"])
-def test_cli_plans_with_the_configs_setting(setting, tmp_path):
-    out = tmp_path / "plan.json"
-    args = ["plan", "--nodes", "1", "--devices-per-node", "8", "--device", "a100-80gb", "--model", "llama-7b",
-            "--top", "50", "--json", str(out), "algorithm.name=ppo", "data.train_batch_size=64", "rollout.n=1",
-            "actor.micro_batch.mini_batch_size=64", "critic.micro_batch.mini_batch_size=64",
-            f"trainer.concurrent_phases={setting}"]
-    assert main(args) == 0
-    result = json.loads(out.read_text())
-    assert result["overlapped_blocks"] == (["scoring", "updates"] if setting == "true" else [])
-    split = [m for m in result["mappings"] if m["placement"] != "colocated"]
-    assert split  # a split mapping is among the 50 best
-    for m in split:
-        blocks = m["stage_s"][3:]
-        assert len(blocks) == (2 if setting == "true" else 0)
+def test_cli_plans_with_the_configs_setting(tmp_path):
+    """`hybridflow plan` (the trainer's runtime) reads trainer.concurrent_phases: with it the
+    split mappings are faster than without, the colocated ones the same."""
+    best = {}
+    for setting in ("true", "false"):
+        out = tmp_path / f"plan_{setting}.json"
+        assert main(["plan", "--nodes", "1", "--devices-per-node", "8", "--device", "a100-80gb", "--model",
+                     "llama-7b", "--top", "50", "--json", str(out), "algorithm.name=ppo", "data.train_batch_size=64",
+                     "rollout.n=1", "actor.micro_batch.mini_batch_size=64", "critic.micro_batch.mini_batch_size=64",
+                     "actor.old_log_probs=recompute", f"trainer.concurrent_phases={setting}"]) == 0
+        result = json.loads(out.read_text())
+        assert result["overlapped_blocks"] == (["scoring", "updates"] if setting == "true" else [])
+        mappings = result["mappings"]
+        assert all(len(m["stage_s"]) == (5 if setting == "true" else 3) for m in mappings)
+        best[setting] = {placement: min(m["step_s"] for m in mappings if m["placement"] == placement)
+                         for placement in ("colocated", "actor | critic")}
+    assert best["true"]["colocated"] == pytest.approx(best["false"]["colocated"], rel=1e-12)
+    assert best["true"]["actor | critic"] < best["false"]["actor | critic"]
