@@ -2,6 +2,7 @@
 against measured step times on this machine.
 
     PYTHONPATH=. python benchmarks/bench_planner.py                 # paper scale + search time
+    PYTHONPATH=. python benchmarks/bench_planner.py --concurrent-blocks   # only the table below
     PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE [FILE ...]
         # + predicted vs measured (leave-one-out) and the ranking check. FILE: measurements of
         # calibrate.PROFILES with the device they ran on, e.g. ~/.cache/hybridflow/planner/cpu.json
@@ -17,6 +18,12 @@ replica (the KV cache of 256 would not fit 13B at t_g 8). For each setup: the pl
 paper's runtime (every placement, pipeline parallel, pools overlapping), and the best
 colocated / split (actor+reference | critic+reward model) / standalone mappings for the
 comparison with the paper's findings. Writes JSON with the machine description.
+
+--concurrent-blocks: the same PPO workload without the reward model (actor, reference,
+critic) in the runtime of this trainer (Capabilities.for_run), the best colocated and the
+best split (actor+reference | critic) mapping with trainer.concurrent_phases false and true
+(the programs' concurrently blocks overlapping the split pools; docs/planner.md);
+writes benchmarks/results/planner_concurrent_blocks.json.
 """
 
 from __future__ import annotations
@@ -83,6 +90,27 @@ def paper_scale(rm_dir: Path) -> list[dict]:
     return rows
 
 
+def concurrent_blocks() -> list[dict]:
+    """Best colocated / split step of the paper's PPO (no reward model) as this trainer runs
+    it, with and without the concurrent blocks (module docstring)."""
+    placements = {"colocated": [["actor", "reference", "critic"]], "split": [["actor", "reference"], ["critic"]]}
+    rows = []
+    for model in ("llama-7b", "llama-13b", "llama-34b"):
+        for devices in (16, 32, 64, 128):
+            row: dict = {"model": model, "devices": devices}
+            for setting in ("false", "true"):
+                cfg = load_run_config(None, [*PAPER_OVERRIDES, f"trainer.concurrent_phases={setting}"])
+                problem = problem_from_config(cfg, Cluster.of(devices // 8, 8, "a100-80gb"), Capabilities.for_run(cfg),
+                                              LLAMA[model])
+                for name, blocks in placements.items():
+                    row[f"{name} concurrent_phases={setting}"] = best_of(problem, blocks)
+            rows.append(row)
+            steps = "  ".join(f"{k} {v['step_s']:8.1f} s" if v else f"{k} {'-':>8}" for k, v in row.items()
+                              if isinstance(v, dict) or v is None)
+            print(f"{model:10} {devices:4d}  {steps}", flush=True)
+    return rows
+
+
 def geometric_mean_rounds(rounds: list[dict]) -> dict:
     """One measurement per profile from several rounds: the geometric mean of each time
     (a ratio error stays a ratio error), the mean lengths, the highest load."""
@@ -144,8 +172,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measured", type=Path, nargs="+", default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/planner.json"))
+    parser.add_argument("--concurrent-blocks", action="store_true")
     args = parser.parse_args()
     out = {"machine": machine()}
+    if args.concurrent_blocks:
+        out["concurrent_blocks"] = concurrent_blocks()
+        path = args.out.with_name("planner_concurrent_blocks.json")
+        path.write_text(json.dumps(out, indent=1))
+        print(f"wrote {path}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         rm_dir = save_tiny_reward_model(Path(tmp) / "rm")
         start = time.perf_counter()
