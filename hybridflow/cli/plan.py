@@ -94,7 +94,8 @@ def as_json(result, problem) -> dict:
     return {"cluster": {"nodes": c.nodes, "devices_per_node": c.devices_per_node, "device": c.device.__dict__,
                         "efficiency": c.efficiency.to_dict()},
             "roles": list(problem.roles), "phases": [p.__dict__ for p in problem.phases],
-            "overlap": problem.caps.overlap, "overlapped_blocks": list(problem.overlapped_blocks), "search_s": result.seconds, "placements": result.placements,
+            "overlap": problem.caps.overlap, "overlapped_blocks": list(problem.overlapped_blocks),
+            "search_s": result.seconds, "placements": result.placements,
             "evaluated": result.evaluated, "mappings": [m.to_dict() for m in result.mappings],
             "rejected": result.rejected}
 
