@@ -16,6 +16,7 @@ from hybridflow.config.dataflow import FlowPhase
 from hybridflow.config.schema import load_run_config
 from hybridflow.planner.cost import Parallel
 from hybridflow.planner.problem import Capabilities, problem_from_config
+from hybridflow.planner.search import brute_force, search
 from hybridflow.planner.simulate import Mapping, Pool, combine, role_profile, simulate
 from planner_cases import EFF, cluster, ppo_problem
 
@@ -100,6 +101,17 @@ def test_a_block_phase_shares_the_node_with_the_other_pools_phases():
         for name in costs_on:
             in_block = name in ("old_log_prob", "values", "update_actor", "update_critic")
             assert costs_on[name].compute_s == pytest.approx(costs_off[name].compute_s * (2 if in_block else 1))
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_search_finds_the_brute_force_optimum_with_blocks_on_a_shared_node(devices):
+    """The search's Pareto fronts stay exact with the block entries and the shared rate."""
+    problem = dataclasses.replace(ppo_problem(devices, Capabilities.here(concurrent_phases=True)),
+                                  cluster=cluster(devices, shared=0.5))
+    best, result = brute_force(problem), search(problem, top=3)
+    assert best is not None and result.mappings[0].step_s == pytest.approx(best.step_s, rel=1e-9)
+    for m in result.mappings:
+        assert simulate(problem, Mapping(m.pools, dict(m.parallel))).step_s == pytest.approx(m.step_s)
 
 
 def test_the_runs_setting_decides_and_the_declaration_is_checked(tmp_path):
