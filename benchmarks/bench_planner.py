@@ -2,6 +2,8 @@
 against measured step times on this machine.
 
     PYTHONPATH=. python benchmarks/bench_planner.py                 # paper scale + search time
+    PYTHONPATH=. python benchmarks/bench_planner.py --concurrent-blocks   # only the table below
+    PYTHONPATH=. python benchmarks/bench_planner.py --concurrent-check 2  # runs: split 1|1, blocks off / on
     PYTHONPATH=. python benchmarks/bench_planner.py --measured FILE [FILE ...]
         # + predicted vs measured (leave-one-out) and the ranking check. FILE: measurements of
         # calibrate.PROFILES with the device they ran on, e.g. ~/.cache/hybridflow/planner/cpu.json
@@ -17,6 +19,17 @@ replica (the KV cache of 256 would not fit 13B at t_g 8). For each setup: the pl
 paper's runtime (every placement, pipeline parallel, pools overlapping), and the best
 colocated / split (actor+reference | critic+reward model) / standalone mappings for the
 comparison with the paper's findings. Writes JSON with the machine description.
+
+--concurrent-blocks: the same PPO workload without the reward model (actor, reference,
+critic) in the runtime of this trainer (Capabilities.for_run), the best colocated and the
+best split (actor+reference | critic) mapping with trainer.concurrent_phases false and true
+(the programs' concurrently blocks overlapping the split pools; docs/planner.md);
+writes benchmarks/results/planner_concurrent_blocks.json.
+
+--concurrent-check ROUNDS: real runs here (Ray, 2 ranks): the calibration profiles "ppo
+split 1|1" and "ppo split 1|1 concurrent", interleaved ROUNDS times, each against the
+prediction of the shipped CPU factors (CPU_DEFAULT, not a fit) on the device measured
+before and after; writes benchmarks/results/planner_concurrent_check.json.
 """
 
 from __future__ import annotations
@@ -83,6 +96,59 @@ def paper_scale(rm_dir: Path) -> list[dict]:
     return rows
 
 
+def concurrent_blocks() -> list[dict]:
+    """Best colocated / split step of the paper's PPO (no reward model) as this trainer runs
+    it, with and without the concurrent blocks (module docstring)."""
+    placements = {"colocated": [["actor", "reference", "critic"]], "split": [["actor", "reference"], ["critic"]]}
+    rows = []
+    for model in ("llama-7b", "llama-13b", "llama-34b"):
+        for devices in (16, 32, 64, 128):
+            row: dict = {"model": model, "devices": devices}
+            for setting in ("false", "true"):
+                cfg = load_run_config(None, [*PAPER_OVERRIDES, f"trainer.concurrent_phases={setting}"])
+                problem = problem_from_config(cfg, Cluster.of(devices // 8, 8, "a100-80gb"), Capabilities.for_run(cfg),
+                                              LLAMA[model])
+                for name, blocks in placements.items():
+                    row[f"{name} concurrent_phases={setting}"] = best_of(problem, blocks)
+            rows.append(row)
+            steps = "  ".join(f"{k} {v['step_s']:8.1f} s" if v else f"{k} {'-':>8}" for k, v in row.items()
+                              if isinstance(v, dict) or v is None)
+            print(f"{model:10} {devices:4d}  {steps}", flush=True)
+    return rows
+
+
+def concurrent_check(rounds: int) -> dict:
+    """Measured against predicted step and phase times of split 1 | 1 with the blocks off and
+    on (module docstring)."""
+    from hybridflow.planner.calibrate import PROFILES, cases_of, predict, profile_config
+    from hybridflow.planner.devices import CPU_DEFAULT, measure_cpu
+    from hybridflow.trainer.jobs.profiles import mean_device, measure
+    from hybridflow.trainer.run.setup import start_ray
+
+    names = ["ppo split 1|1", "ppo split 1|1 concurrent"]
+    work = Path(tempfile.mkdtemp(prefix="bench-planner-concurrent-"))
+    start_ray(None, 2)
+    devices, runs = [measure_cpu()], []
+    for round_ in range(rounds):
+        for name in names:
+            runs.append({"round": round_, "profile": name, **measure(profile_config(PROFILES[name], work))})
+        devices.append(measure_cpu())
+    device = mean_device(*devices)
+    phases = ("gen", "values", "update_critic", "update_actor", "step")
+    for run in runs:
+        problem, mapping, _ = cases_of({run["profile"]: run}, device, work)[run["profile"]]
+        m = predict(problem, mapping, CPU_DEFAULT)
+        run["predicted"] = {**m.phase_s, "step": m.step_s}
+        pairs = [(k, run["predicted"].get(k, math.nan), run["times"].get(k, math.nan)) for k in phases]
+        cells = "  ".join(f"{k} {p:.3f}/{t:.3f}" for k, p, t in pairs)
+        print(f"round {run['round']} {run['profile']:26} predicted/measured s: {cells}  (load {run['load_avg_1']:.1f})")
+    for name in names:
+        ratio = math.exp(statistics.fmean(math.log(r["predicted"]["step"] / r["times"]["step"])
+                                          for r in runs if r["profile"] == name))
+        print(f"{name:26} step predicted / measured, geometric mean over the rounds: {ratio:.3f}")
+    return {"device": device.__dict__, "factors": CPU_DEFAULT.to_dict(), "runs": runs}
+
+
 def geometric_mean_rounds(rounds: list[dict]) -> dict:
     """One measurement per profile from several rounds: the geometric mean of each time
     (a ratio error stays a ratio error), the mean lengths, the highest load."""
@@ -144,8 +210,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measured", type=Path, nargs="+", default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/planner.json"))
+    parser.add_argument("--concurrent-blocks", action="store_true")
+    parser.add_argument("--concurrent-check", type=int, default=0, metavar="ROUNDS")
     args = parser.parse_args()
     out = {"machine": machine()}
+    if args.concurrent_check:
+        out["concurrent_check"] = concurrent_check(args.concurrent_check)
+        out["machine_after"] = machine()
+        path = args.out.with_name("planner_concurrent_check.json")
+        path.write_text(json.dumps(out, indent=1))
+        print(f"wrote {path}")
+        return
+    if args.concurrent_blocks:
+        out["concurrent_blocks"] = concurrent_blocks()
+        path = args.out.with_name("planner_concurrent_blocks.json")
+        path.write_text(json.dumps(out, indent=1))
+        print(f"wrote {path}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         rm_dir = save_tiny_reward_model(Path(tmp) / "rm")
         start = time.perf_counter()

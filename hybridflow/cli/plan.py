@@ -31,8 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="replace every role's model with a named shape: "
                    "llama-7b, llama-13b, llama-34b, llama-70b")
     p.add_argument("--runtime", choices=("trainer", "paper"), default="trainer",
-                   help="trainer: what hybridflow's trainer runs (colocated/split critics, no pipeline, phases "
-                   "one after another as with trainer.concurrent_phases=false); paper: every placement, pipeline parallel, pools overlapping")
+                   help="trainer: what hybridflow's trainer runs (colocated/split critics, no pipeline; the "
+                   "program's concurrently blocks overlap across pools when the config's trainer.concurrent_phases "
+                   "is true, else phases one after another); paper: every placement, pipeline parallel, pools "
+                   "overlapping stage by stage")
     p.add_argument("--top", type=int, default=5, help="mappings to show (default 5)")
     p.add_argument("--json", default=None, help="also write the result to this JSON file")
     p.add_argument("--calibrate", action="store_true", help="profile this machine and store the fitted factors")
@@ -63,7 +65,7 @@ def run_plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"hybridflow plan: {err}", file=sys.stderr)
         return 2
-    caps = Capabilities.here() if args.runtime == "trainer" else Capabilities()
+    caps = Capabilities.for_run(cfg) if args.runtime == "trainer" else Capabilities()
     problem = problem_from_config(cfg, cluster, caps, LLAMA.get(args.model) if args.model else None)
     result = search(problem, args.top)
     print(render(result, problem))
@@ -92,7 +94,8 @@ def as_json(result, problem) -> dict:
     return {"cluster": {"nodes": c.nodes, "devices_per_node": c.devices_per_node, "device": c.device.__dict__,
                         "efficiency": c.efficiency.to_dict()},
             "roles": list(problem.roles), "phases": [p.__dict__ for p in problem.phases],
-            "overlap": problem.caps.overlap, "search_s": result.seconds, "placements": result.placements,
+            "overlap": problem.caps.overlap, "overlapped_blocks": list(problem.overlapped_blocks),
+            "search_s": result.seconds, "placements": result.placements,
             "evaluated": result.evaluated, "mappings": [m.to_dict() for m in result.mappings],
             "rejected": result.rejected}
 

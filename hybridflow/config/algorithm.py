@@ -76,8 +76,9 @@ class AlgorithmSpec:
     settings: the section of `algorithm` it reads (dapo, safe_rlhf) or None; a section set in
         a run whose algorithm does not read it is a ConfigError.
     check: its own check of the run config (run by validate_run_config); raises ConfigError.
-    dataflow: the phases its program runs (hybridflow/config/dataflow.py), read by the
-        auto-mapping planner; None: `standard_dataflow(critics, cost)`, the shape of every
+    dataflow: the phases its program runs and the `concurrently` block each runs in
+        (hybridflow/config/dataflow.py), read by the auto-mapping planner; None:
+        `standard_dataflow(critics, cost)`, the shape and blocks of every built-in
         generate -> score -> log-probs -> values -> update program.
 
     Capabilities: what the program needs from an execution mode beyond generate-and-score

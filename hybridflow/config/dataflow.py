@@ -19,6 +19,11 @@ hybridflow/trainer/programs/phases.py), so predicted and measured phase times li
            "old_log_probs" (the update does not compute them itself), "rule_reward" (the
            rule-based function scores), "rule_cost" (cost_model.custom_fn_path set).
     samples_per_prompt  responses a generate phase samples per prompt (None: rollout.n).
+    block  the `P.concurrently` block the program calls the phase in (None: on its own).
+           A block's calls are submitted together; with trainer.concurrent_phases those on
+           different processes run at the same time (hybridflow/trainer/programs/concurrent.py),
+           which the planner counts (hybridflow/planner/simulate.py). tests/planner/
+           test_dataflow.py checks the declared blocks against the blocks the program opens.
     stage  0 generation, 1 scoring passes, 2 updates: a phase reads only what earlier stages
            wrote, so phases of one stage on different resource pools may run at once (paper
            section 6: the dataflow's parallelism between models).
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 
 KINDS = ("generate", "forward", "train", "controller")
 CONDITIONS = ("always", "reward_model", "cost_model", "reference", "old_log_probs", "rule_reward", "rule_cost")
+BLOCK_KINDS = ("forward", "train")  # the kinds a `concurrently` block can hold
 _STAGE = {"generate": 0, "forward": 1, "controller": 1, "train": 2}
 
 
@@ -42,10 +48,16 @@ class FlowPhase:
     kind: str
     when: str = "always"
     samples_per_prompt: int | None = None
+    block: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"FlowPhase {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.block is not None and self.kind not in BLOCK_KINDS:
+            # Only worker-group calls are deferred by a block; generation replaces the batch
+            # (refused inside one) and controller work runs where the program calls it.
+            raise ValueError(f"FlowPhase {self.name!r}: a {self.kind} phase cannot be in a concurrently block "
+                             f"(block={self.block!r}); only {BLOCK_KINDS} phases can, or set block=None")
         if self.when not in CONDITIONS:
             raise ValueError(f"FlowPhase {self.name!r}: when must be one of {CONDITIONS}, got {self.when!r}")
 
@@ -59,7 +71,10 @@ def standard_dataflow(critics: tuple[str, ...], cost: bool,
     """The phases of the generate -> score -> log-probs -> values -> update programs, in the
     order the programs call them: the rule reward and/or reward model, the cost model
     (`cost`), `extra_scoring` (e.g. ReMax's greedy baseline), old and reference log-probs,
-    one value pass and one update per critic, the actor update."""
+    one value pass and one update per critic, the actor update. Their blocks, as the
+    built-in programs open them (trainer/programs/algorithms.py): the log-probs and the
+    critics' values in one ("scoring"), the critics' updates with the actor's ("updates",
+    only with critics: a critic-free program updates the actor on its own)."""
     phases = [
         FlowPhase("gen", "actor", "generate"),
         FlowPhase("reward", "controller", "controller", when="rule_reward"),
@@ -68,12 +83,13 @@ def standard_dataflow(critics: tuple[str, ...], cost: bool,
     if cost:
         phases += [FlowPhase("cost", "controller", "controller", when="rule_cost"),
                    FlowPhase("cost", "cost_model", "forward", when="cost_model")]
+    updates = "updates" if critics else None
     phases += [*extra_scoring,
-               FlowPhase("old_log_prob", "actor", "forward", when="old_log_probs"),
-               FlowPhase("ref", "reference", "forward", when="reference")]
-    phases += [FlowPhase(_VALUE_PHASE[c], c, "forward") for c in critics]
-    phases += [FlowPhase(f"update_{c}", c, "train") for c in critics]
-    phases.append(FlowPhase("update_actor", "actor", "train"))
+               FlowPhase("old_log_prob", "actor", "forward", when="old_log_probs", block="scoring"),
+               FlowPhase("ref", "reference", "forward", when="reference", block="scoring")]
+    phases += [FlowPhase(_VALUE_PHASE[c], c, "forward", block="scoring") for c in critics]
+    phases += [FlowPhase(f"update_{c}", c, "train", block=updates) for c in critics]
+    phases.append(FlowPhase("update_actor", "actor", "train", block=updates))
     return tuple(phases)
 
 

@@ -29,7 +29,7 @@ def plan(config: RunConfig, cluster: Cluster, *, top: int = 5, caps: Capabilitie
     """The best `top` mappings of `config`'s dataflow on `cluster`, fastest first.
 
     caps: what the runtime can run (default: the paper's runtime, every placement,
-    overlapping pools; `Capabilities.here()` for this trainer). model: replace every role's
-    model with this shape (e.g. LLAMA["llama-70b"]).
+    overlapping pools; `Capabilities.for_run(config)` for this trainer). model: replace
+    every role's model with this shape (e.g. LLAMA["llama-70b"]).
     """
     return search(problem_from_config(config, cluster, caps, model), top).mappings

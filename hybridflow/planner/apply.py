@@ -1,9 +1,10 @@
 """`resources.placement: auto`: the planner's best mapping as concrete run settings.
 
 `resolve_auto_placement(cfg)` plans on the run's own devices (resources.world_size ranks,
-CPU or the local GPU type) with what this trainer can run (`Capabilities.here()`:
-colocated or split critics, dp x tp per role, the actor's t_g), and returns the config with
-the chosen mapping written into it (placement, critic_ranks, tp sizes, t_g) plus the
+CPU or the local GPU type) with what this trainer can run (`Capabilities.for_run(cfg)`:
+colocated or split critics, dp x tp per role, the actor's t_g, the program's concurrent
+blocks overlapped across pools as the run's trainer.concurrent_phases says), and returns
+the config with the chosen mapping written into it (placement, critic_ranks, tp sizes, t_g) plus the
 mapping. The first mapping that also passes `validate_run_config` wins, so the run never
 gets a mapping the engine refuses. The trainer saves that config as the run's config.yaml
 and the prediction as plan.json.
@@ -39,7 +40,7 @@ def local_device(use_gpu: bool) -> str:
 
 
 def mapping_config(cfg: RunConfig, mapping: Mapping) -> RunConfig:
-    """`cfg` with the mapping's placement and parallel sizes (Capabilities.here() mappings)."""
+    """`cfg` with the mapping's placement and parallel sizes (Capabilities.here mappings)."""
     critics = set(cfg.algorithm.spec.critics)
     critic_pools = [p for p in mapping.pools if critics & set(p.roles)]
     split = len(mapping.pools) > 1
@@ -62,7 +63,7 @@ def resolve_auto_placement(cfg: RunConfig) -> tuple[RunConfig, Mapping]:
     """The config with the planner's mapping in place of placement=auto (module docstring)."""
     world = cfg.resources.resolved_world_size()
     cluster = Cluster.of(1, world, local_device(cfg.resources.use_gpu))
-    result = search(problem_from_config(cfg, cluster, Capabilities.here()), top=_CANDIDATES)
+    result = search(problem_from_config(cfg, cluster, Capabilities.for_run(cfg)), top=_CANDIDATES)
     refused = []
     for mapping in result.mappings:
         candidate = mapping_config(cfg, mapping)

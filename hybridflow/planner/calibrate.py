@@ -42,8 +42,8 @@ from hybridflow.planner.simulate import Mapping, Pool, simulate
 
 # The run every profile shares: the built-in demo task, 12 steps (the first is warm-up; the
 # median of 11 is robust to a few slow steps), nothing but training.
-# Calls one after another (trainer.concurrent_phases=false): the simulator's rule for this
-# trainer (Capabilities.here(): pools never overlap), which the phase and step times fit.
+# Calls one after another (trainer.concurrent_phases=false) unless a profile says otherwise:
+# the simulator's rule for this trainer then has no pools overlap (Capabilities.for_run).
 BASE = ["trainer.console=none", "trainer.total_steps=12", "trainer.test_freq=0", "trainer.save_final_model=false",
         "trainer.val_before_train=false", "sft.steps=0", "trainer.loggers=[jsonl]", "reward.manager.num_workers=1",
         "trainer.concurrent_phases=false"]
@@ -53,6 +53,11 @@ PROFILES: dict[str, list[str]] = {
     "ppo colocated dp2 t_g2": ["algorithm.name=ppo", "rollout.tensor_model_parallel_size=2"],
     "ppo colocated actor tp2 t_g2": ["algorithm.name=ppo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
     "ppo split 1|1": ["algorithm.name=ppo", "resources.placement=split", "resources.critic_ranks=1"],
+    # The same mapping with the programs' concurrently blocks on: the actor's and the critic's
+    # update (and log-probs / values) at once, the one profile of the blocks model
+    # (Capabilities.blocks; simulate.py).
+    "ppo split 1|1 concurrent": ["algorithm.name=ppo", "resources.placement=split", "resources.critic_ranks=1",
+                                 "trainer.concurrent_phases=true"],
     "grpo colocated dp2 t_g1": ["algorithm.name=grpo"],
     "grpo colocated tp2 t_g2": ["algorithm.name=grpo", "actor.tp_size=2", "rollout.tensor_model_parallel_size=2"],
     # One rank of one thread: every phase alone on a core, no collectives. Besides the
@@ -153,7 +158,7 @@ def cases_of(measured: dict[str, dict[str, Any]], device: DeviceSpec, output_dir
     for name, m in measured.items():
         cfg = profile_config(PROFILES[name], output_dir)
         cluster = Cluster(1, cfg.resources.resolved_world_size(), device, CPU_DEFAULT)
-        problem = problem_from_config(cfg, cluster, Capabilities.here())
+        problem = problem_from_config(cfg, cluster, Capabilities.for_run(cfg))
         if "lengths" in m:
             work = dataclasses.replace(problem.workload, prompt_len=round(m["lengths"]["prompt"]),
                                        response_len=round(m["lengths"]["response"]))

@@ -189,7 +189,7 @@ def _micro_batches(sequences: int, dp: int, per_device: int) -> int:
     return math.ceil(math.ceil(sequences / dp) / max(1, per_device))
 
 
-def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) -> PhaseCost:
+def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster, busy: int = 0) -> PhaseCost:
     dev, eff, shape = cluster.device, cluster.efficiency, load.shape
     s, S = work.seq_len, work.sequences
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) * load.epochs
@@ -199,7 +199,7 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) 
     optimizer_steps = max(1, S // max(1, load.mini_batch)) * load.epochs
     # The pipeline drains at every optimizer step: its bubble is (pp - 1) / (micro-batches per step).
     bubble = 1 + (par.pp - 1) / max(1, micro // optimizer_steps)
-    compute = flops / (par.devices * dev.peak_flops * eff.train * shared(par.devices, cluster)[0]) * bubble
+    compute = flops / (par.devices * dev.peak_flops * eff.train * shared(max(par.devices, busy), cluster)[0]) * bubble
     e = load.dtype_bytes
     shard_group = shape.params / (par.tp * par.pp)
     dp_bw = link_bw(par.dp, par.devices, cluster)
@@ -218,12 +218,12 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) 
                       "collectives": sum(calls), "micro_batches": micro})
 
 
-def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster) -> PhaseCost:
+def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster, busy: int = 0) -> PhaseCost:
     dev, eff, shape = cluster.device, cluster.efficiency, load.shape
     s, S = work.seq_len, work.sequences
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
     micro = _micro_batches(S, par.dp, load.forward_micro_batch)
-    rate = par.devices * dev.peak_flops * eff.forward * shared(par.devices, cluster)[0]
+    rate = par.devices * dev.peak_flops * eff.forward * shared(max(par.devices, busy), cluster)[0]
     compute = flops / rate * (1 + (par.pp - 1) / micro)
     e = load.dtype_bytes
     gather = ring_bytes(par.dp, e * shape.params / (par.tp * par.pp)) * micro / link_bw(par.dp, par.devices, cluster)
@@ -291,12 +291,14 @@ def controller_cost(work: Workload, eff: Efficiency) -> PhaseCost:
 
 
 def phase_cost(phase: FlowPhase, load: RoleLoad | None, par: Parallel | None, work: Workload,
-               cluster: Cluster) -> PhaseCost:
-    """The cost of `phase` run by a role with `load` on `par` (None for controller phases)."""
+               cluster: Cluster, busy: int = 0) -> PhaseCost:
+    """The cost of `phase` run by a role with `load` on `par` (None for controller phases);
+    `busy`: devices computing at once, where more than the role's own (a scoring or update
+    phase beside other pools' phases: simulate.busy_devices); they share a node's rate."""
     if phase.kind == "controller":
         return controller_cost(work, cluster.efficiency)
     if phase.kind == "train":
-        return train_cost(load, par, work, cluster)
+        return train_cost(load, par, work, cluster, busy)
     if phase.kind == "forward":
-        return forward_cost(load, par, work, cluster)
+        return forward_cost(load, par, work, cluster, busy)
     return generate_cost(load, par, work, cluster, phase.samples_per_prompt)

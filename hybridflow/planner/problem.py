@@ -9,6 +9,7 @@ reward_model.*; batch sizes from data, rollout and the roles' micro_batch sectio
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from hybridflow.config.dataflow import FlowPhase
@@ -49,22 +50,38 @@ class Capabilities:
         reference policy is a second model inside the actor's worker).
     pipeline: pipeline-parallel training (the engine here has none).
     overlap: phases of one stage on different pools run at the same time (the paper's
-        runtime). False here: the model of trainer.concurrent_phases=false (what the
-        calibration profiles run). By default the trainer overlaps the pools in part (the
-        log-prob/value calls, the updates; not the controller's scoring), which this
-        model does not count (trainer/programs/concurrent.py).
+        runtime), whatever the program's blocks.
+    blocks: phases of one `concurrently` block of the program (FlowPhase.block) on different
+        pools run at the same time; everything else, and each call's dispatch and collection
+        by the controller (Efficiency.call_s), one after another (this trainer with
+        trainer.concurrent_phases: true; trainer/programs/concurrent.py). With neither, every
+        phase runs after the one before (trainer.concurrent_phases: false).
+    A pool is one set of processes: its phases run one after another in any case.
     """
 
     together: tuple[tuple[str, ...], ...] = ()
     shares_engine: tuple[tuple[str, str], ...] = ()
     pipeline: bool = True
     overlap: bool = True
+    blocks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.overlap and self.blocks:
+            raise ValueError("Capabilities: overlap (every stage's pools at once) already covers blocks; "
+                             "set one of them")
 
     @classmethod
-    def here(cls) -> Capabilities:
-        """What hybridflow's trainer runs (resources.placement colocated / split)."""
+    def here(cls, concurrent_phases: bool) -> Capabilities:
+        """What hybridflow's trainer runs (resources.placement colocated / split), with
+        `concurrent_phases` the run's trainer.concurrent_phases (`for_run` reads it)."""
         return cls(together=(("actor", "reference", "reward_model", "cost_model"), ("critic", "cost_critic")),
-                   shares_engine=(("reference", "actor"),), pipeline=False, overlap=False)
+                   shares_engine=(("reference", "actor"),), pipeline=False, overlap=False,
+                   blocks=concurrent_phases)
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig) -> Capabilities:
+        """`here` for the run config `cfg`: its trainer.concurrent_phases decides the blocks."""
+        return cls.here(concurrent_phases=cfg.trainer.concurrent_phases)
 
 
 @dataclass(frozen=True)
@@ -115,6 +132,22 @@ class Problem:
     def model_roles(self) -> tuple[str, ...]:
         """Roles that need devices, actor first."""
         return tuple(r for r in self.roles)
+
+    @functools.cached_property
+    def overlapped_blocks(self) -> tuple[str, ...]:
+        """The `concurrently` blocks whose pools the simulator overlaps (Capabilities.blocks),
+        in program order: those whose active phases run on roles that can sit in different
+        pools (not all of one Capabilities.together group; e.g. PPO's log-probs and values,
+        not GRPO's old and reference log-probs, which share the actor's processes). None
+        without the capability."""
+        if not self.caps.blocks:
+            return ()
+        group = {role: i for i, roles in enumerate(self.caps.together) for role in roles}
+        roles_of: dict[str, set] = {}
+        for p in self.phases:
+            if p.block is not None:
+                roles_of.setdefault(p.block, set()).add(group.get(p.role, p.role))
+        return tuple(block for block, groups in roles_of.items() if len(groups) > 1)
 
 
 def active_phases(phases: tuple[FlowPhase, ...], settings: dict[str, bool]) -> tuple[FlowPhase, ...]:

@@ -36,6 +36,8 @@ from hybridflow.planner.simulate import (
     Infeasible,
     Mapping,
     Pool,
+    add_phase,
+    columns,
     combine,
     memory_reason,
     role_phases,
@@ -43,12 +45,11 @@ from hybridflow.planner.simulate import (
     simulate,
 )
 
-STAGES = 3
-
 
 @dataclass
 class Candidate:
-    """One role unit's configuration on a pool size: its stage times and memory."""
+    """One role unit's configuration on a pool size: its time vector (simulate.py: the
+    stages, then the overlapped blocks) and memory."""
 
     parallel: dict[str, Parallel]
     stages: tuple[float, ...]
@@ -153,12 +154,12 @@ class Search:
             cands = []
             for par in parallel_options(self.problem, role, n):
                 pars = {role: par, **{r: Parallel(par.dp, par.tp, par.pp) for r in shared}}
-                stages = [0.0] * STAGES
+                stages = [0.0] * columns(self.problem)
                 memories = {}
                 for r, p in pars.items():
                     costs, memories[r] = role_profile(self.problem, r, p)
                     for phase in role_phases(self.problem, r):
-                        stages[phase.stage] += costs[phase.name].seconds
+                        add_phase(stages, self.problem, phase, costs[phase.name].seconds)
                 reason = memory_reason(Pool(tuple(pars), n), memories, self.limit)
                 if reason:
                     self.reject(f"{role} {par.label()}: {reason}")
@@ -180,18 +181,21 @@ class Search:
                     self.reject(reason)
                     continue
                 pars = {r: p for c in choice for r, p in c.parallel.items()}
-                stages = tuple(sum(c.stages[i] for c in choice) for i in range(STAGES))
+                stages = tuple(sum(c.stages[i] for c in choice) for i in range(columns(self.problem)))
                 combos.append(Candidate(pars, stages, memories))
-            front = _pareto(combos, with_memory=False, overlap=self.problem.caps.overlap)
+            # Only the pools' sum matters where nothing overlaps: then the front is its best.
+            overlaps = self.problem.caps.overlap or bool(self.problem.overlapped_blocks)
+            front = _pareto(combos, with_memory=False, overlap=overlaps)
             # Runners-up for the top-K list: the K fastest combinations by their own total too.
             extra = [c for c in sorted(combos, key=lambda c: sum(c.stages))[:self.top] if c not in front]
             self._fronts[key] = front + extra
         return self._fronts[key]
 
     def controller_stages(self) -> list[float]:
-        stages = [0.0] * STAGES
+        stages = [0.0] * columns(self.problem)
         for phase in role_phases(self.problem, CONTROLLER):
-            stages[phase.stage] += phase_cost(phase, None, None, self.problem.workload, self.problem.cluster).seconds
+            add_phase(stages, self.problem, phase,
+                      phase_cost(phase, None, None, self.problem.workload, self.problem.cluster).seconds)
         return stages
 
 

@@ -3,10 +3,21 @@
 Timing rules (hybridflow/config/dataflow.py gives each phase a stage: generation, scoring,
 updates; a stage reads only what earlier stages wrote):
 - phases on one pool run one after another (they share the devices and processes);
-- with `Capabilities.overlap`, the pools of one stage run at the same time, so a stage
-  lasts as long as its busiest pool, and the step is the sum of its stages; without it
-  (this trainer with trainer.concurrent_phases=false: the controller waits for each call)
-  the step is the sum of all phases.
+- with `Capabilities.overlap` (the paper's runtime), the pools of one stage run at the
+  same time, so a stage lasts as long as its busiest pool, and the step is the sum of its
+  stages;
+- with `Capabilities.blocks` (this trainer with trainer.concurrent_phases=true), the
+  phases of one `concurrently` block of the program (FlowPhase.block) run at once where
+  they sit in different pools: the block lasts as long as its busiest pool's share, plus
+  the controller's dispatch and collection of each of its calls (Efficiency.call_s), which
+  it does one call after another; phases outside the blocks run one after another;
+- with neither (trainer.concurrent_phases=false: the controller waits for each call) the
+  step is the sum of all phases.
+So each pool has a time vector: one entry per stage (what runs one after another, or
+stage by stage with overlap) and one per overlapped block (`add_phase`); `combine` sums
+the stages over the pools (with overlap: takes their busiest) and takes each block's
+busiest pool. Colocated, a block's phases share one pool and add up as before. The step
+time never decreases when an entry grows, which keeps the search's Pareto fronts exact.
 Rule-based scoring runs on the controller, a pool of its own; Efficiency.per_step_s adds
 the controller's own work per step.
 
@@ -27,6 +38,7 @@ from hybridflow.planner.problem import Problem
 
 USABLE_MEMORY = 0.9  # of a device's memory: allocator fragmentation, runtime context
 CONTROLLER = "controller"
+STAGES = 3  # generation, scoring, updates (FlowPhase.stage)
 _GIB = 2**30
 
 
@@ -48,6 +60,7 @@ class Mapping:
     # Parts of phases the workers time on their own (timing_s/reshard_to_generation and
     # generate inside gen, update_<role>_in_worker): a phase less its call overhead.
     within_s: dict[str, float] = field(default_factory=dict)
+    # The step's parts (`combine`): the three stages, then each overlapped block (Problem.overlapped_blocks).
     stage_s: list[float] = field(default_factory=list)
     peak_bytes: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0
@@ -83,7 +96,8 @@ def role_profile(problem: Problem, role: str, par: Parallel) -> tuple[dict[str, 
     """Costs of the role's phases and its memory on `par` (what search and simulate share)."""
     load = problem.roles[role]
     phases = role_phases(problem, role)
-    costs = {p.name: phase_cost(p, load, par, problem.workload, problem.cluster) for p in phases}
+    costs = {p.name: phase_cost(p, load, par, problem.workload, problem.cluster, busy_devices(problem, p))
+             for p in phases}
     return costs, role_memory(load, par, problem.workload, phases)
 
 
@@ -118,18 +132,46 @@ def memory_reason(pool: Pool, memories: dict[str, RoleMemory], limit: float) -> 
             f"{fmt_bytes(limit)} usable at {worst_role}/{phase} (+{fmt_bytes(worst)}; {parts})")
 
 
-def combine(stage_by_pool: list[list[float]], overlap: bool) -> tuple[float, list[float]]:
-    """Step time from per-pool stage times (module docstring rules)."""
-    stages = [max(col) if overlap else sum(col) for col in zip(*stage_by_pool)]
-    return sum(stages), stages
+def columns(problem: Problem) -> int:
+    """Entries of a pool's time vector: the stages, then the overlapped blocks."""
+    return STAGES + len(problem.overlapped_blocks)
+
+
+def busy_devices(problem: Problem, phase: FlowPhase) -> int:
+    """Devices computing while `phase` runs, where more than its own pool's: in an
+    overlapped block the other pools' phases of the block run beside it, so it is costed
+    with the share of a node whose devices all compute (cost.shared: 1 on GPUs; this
+    machine's two vCPUs share a core). An upper bound where the other pools' share of the
+    block ends first. 0: its own pool's."""
+    return problem.cluster.devices_per_node if phase.block in problem.overlapped_blocks else 0
+
+
+def add_phase(times: list[float], problem: Problem, phase: FlowPhase, seconds: float) -> None:
+    """Add `phase`'s seconds to its pool's time vector `times` (module docstring): to its
+    stage; in an overlapped block, the controller's dispatch and collection (call_s) to its
+    stage and the rest to the block's entry."""
+    blocks = problem.overlapped_blocks
+    if phase.block is None or phase.block not in blocks:
+        times[phase.stage] += seconds
+        return
+    call = min(problem.cluster.efficiency.call_s, seconds)
+    times[phase.stage] += call
+    times[STAGES + blocks.index(phase.block)] += seconds - call
+
+
+def combine(by_pool: list[list[float]], overlap: bool) -> tuple[float, list[float]]:
+    """Step time from the pools' time vectors (module docstring rules): each stage summed
+    over the pools (with `overlap`, its busiest pool), each block its busiest pool."""
+    entries = list(zip(*by_pool))
+    parts = [max(e) if overlap else sum(e) for e in entries[:STAGES]] + [max(e) for e in entries[STAGES:]]
+    return sum(parts), parts
 
 
 def simulate(problem: Problem, mapping: Mapping) -> Mapping:
     """Fill `mapping`'s prediction; raises Infeasible (with the reason) if it does not fit."""
     where = pool_of(mapping)
     limit = problem.cluster.device.memory_bytes * USABLE_MEMORY
-    n_stages = 3
-    stage_by_pool = [[0.0] * n_stages for _ in range(len(mapping.pools) + 1)]  # last: controller
+    stage_by_pool = [[0.0] * columns(problem) for _ in range(len(mapping.pools) + 1)]  # last: controller
     phase_s: dict[str, float] = {}
     within: dict[str, float] = {}
     memories: list[dict[str, RoleMemory]] = [{} for _ in mapping.pools]
@@ -137,13 +179,13 @@ def simulate(problem: Problem, mapping: Mapping) -> Mapping:
         costs, mem = role_profile(problem, role, mapping.parallel[role])
         memories[where[role]][role] = mem
         for phase in role_phases(problem, role):
-            stage_by_pool[where[role]][phase.stage] += costs[phase.name].seconds
+            add_phase(stage_by_pool[where[role]], problem, phase, costs[phase.name].seconds)
             phase_s[phase.name] = phase_s.get(phase.name, 0.0) + costs[phase.name].seconds
             for name, seconds in worker_parts(phase, costs[phase.name], problem.cluster.efficiency.call_s).items():
                 within[name] = within.get(name, 0.0) + seconds
     for phase in role_phases(problem, CONTROLLER):
         cost = phase_cost(phase, None, None, problem.workload, problem.cluster)
-        stage_by_pool[-1][phase.stage] += cost.seconds
+        add_phase(stage_by_pool[-1], problem, phase, cost.seconds)
         phase_s[phase.name] = phase_s.get(phase.name, 0.0) + cost.seconds
     for pool, mems in zip(mapping.pools, memories):
         reason = memory_reason(pool, mems, limit)

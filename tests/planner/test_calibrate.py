@@ -63,3 +63,18 @@ def test_a_calibration_of_an_older_cost_model_is_ignored(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="older cost model"):
         device, eff = load_device("cpu")
     assert eff == CPU_DEFAULT and isinstance(eff, Efficiency) and device == DEVICE
+
+
+def test_measure_runs_the_concurrent_split_profile(ray_local, tmp_path):
+    """`hybridflow plan --calibrate`'s runs (trainer/jobs/profiles.py): the split profile with
+    the concurrent blocks, two steps; its phase times and lengths are what cases_of reads."""
+    from hybridflow.trainer.jobs.profiles import measure
+
+    cfg = profile_config([*PROFILES["ppo split 1|1 concurrent"], "trainer.total_steps=2"], tmp_path)
+    assert cfg.trainer.concurrent_phases and cfg.resources.placement == "split"
+    m = measure(cfg)
+    assert m["steps"] == 1 and {"step", "gen", "values", "update_critic", "update_actor"} <= set(m["times"])
+    assert m["lengths"]["prompt"] > 0 and m["lengths"]["response"] > 0
+    problem, mapping, times = cases_of({"ppo split 1|1 concurrent": m}, DEVICE, tmp_path)["ppo split 1|1 concurrent"]
+    assert problem.overlapped_blocks == ("updates",) and times is m["times"]
+    assert mapping.placement() == "actor | critic"

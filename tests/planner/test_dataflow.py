@@ -1,8 +1,11 @@
 """The planner's dataflow (AlgorithmSpec.phases) says what the step programs do: every
 built-in program runs here with recording phase functions (no workers), and the phases it
-calls with a model, in order, are the spec's active phases."""
+calls with a model, in order, are the spec's active phases, in the `concurrently` blocks
+the spec declares (FlowPhase.block): the planner overlaps those across pools."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -16,8 +19,10 @@ from hybridflow.trainer.programs.phases import Roles, Step
 ROLE_NAMES = ("actor", "critic", "cost_critic", "reward_model", "cost_model", "controller")
 
 
-def _record(monkeypatch) -> list[tuple[str, str]]:
-    calls: list[tuple[str, str]] = []
+def _record(monkeypatch) -> list[tuple[str, str, int | None]]:
+    """Replace the phase functions by recorders of (phase, role, the block it runs in: the
+    id of the step's open `concurrently` block, the real one of concurrent.py, or None)."""
+    calls: list[tuple[str, str, int | None]] = []
     for attr in dir(P):
         fn = getattr(P, attr)
         if not callable(fn) or isinstance(fn, type) or getattr(fn, "__module__", None) != P.__name__ or attr == "phase":
@@ -28,9 +33,11 @@ def _record(monkeypatch) -> list[tuple[str, str]]:
             continue
 
         def recorder(*args, _name=name, **kwargs):
+            step = next(a for a in args if isinstance(a, Step))
+            block = None if step.block is None else id(step.block)
             for arg in (*args, *kwargs.values()):
                 if isinstance(arg, str) and arg in ROLE_NAMES:
-                    calls.append((_name, arg))
+                    calls.append((_name, arg, block))
 
         monkeypatch.setattr(P, attr, recorder)
     return calls
@@ -62,8 +69,16 @@ def test_program_calls_the_phases_its_spec_lists(name, extra, monkeypatch, tmp_p
     calls = _record(monkeypatch)
     step_program(cfg.algorithm.spec)(Step(0, batch=None), _roles(cfg), cfg, build_algo_state(cfg))
     owner = {"reference": "actor"}  # the reference policy runs in the actor's worker
-    expected = [(p.name, owner.get(p.role, p.role)) for p in active_phases(cfg.algorithm.spec.phases, run_settings(cfg))]
-    assert calls == expected
+    declared = active_phases(cfg.algorithm.spec.phases, run_settings(cfg))
+    assert [(name, role) for name, role, _ in calls] == [(p.name, owner.get(p.role, p.role)) for p in declared]
+    assert _partition([block for _, _, block in calls]) == _partition([p.block for p in declared])
+
+
+def _partition(labels: list) -> list[int | None]:
+    """Which calls share a block, whatever the blocks are called: each label replaced by
+    the position of its first call (None: not in a block)."""
+    first: dict = {}
+    return [None if label is None else first.setdefault(label, i) for i, label in enumerate(labels)]
 
 
 def test_a_spec_that_misses_a_phase_is_caught(monkeypatch):
@@ -72,4 +87,18 @@ def test_a_spec_that_misses_a_phase_is_caught(monkeypatch):
     calls = _record(monkeypatch)
     step_program(cfg.algorithm.spec)(Step(0, batch=None), _roles(cfg), cfg, build_algo_state(cfg))
     standard = [(p.name, p.role) for p in active_phases(algorithm_spec("grpo").phases, run_settings(cfg))]
-    assert ("greedy_baseline", "actor") in calls and calls != standard
+    assert ("greedy_baseline", "actor") in [(n, r) for n, r, _ in calls] and [(n, r) for n, r, _ in calls] != standard
+
+
+def test_a_spec_that_misses_a_block_is_caught(monkeypatch):
+    """The block check can fail: PPO's program against its dataflow without the blocks."""
+    cfg = load_run_config(None, ["algorithm.name=ppo", "actor.old_log_probs=recompute"])
+    calls = _record(monkeypatch)
+    step_program(cfg.algorithm.spec)(Step(0, batch=None), _roles(cfg), cfg, build_algo_state(cfg))
+    serial = [dataclasses.replace(p, block=None) for p in active_phases(cfg.algorithm.spec.phases, run_settings(cfg))]
+    recorded = _partition([block for _, _, block in calls])
+    assert recorded != _partition([p.block for p in serial])
+    # the actor's update and the critic's are in one block, the values with the log-probs in another
+    by_name = dict(zip([n for n, _, _ in calls], recorded))
+    assert by_name["update_actor"] == by_name["update_critic"] is not None
+    assert by_name["values"] == by_name["old_log_prob"] is not None and by_name["values"] != by_name["update_actor"]

@@ -58,12 +58,13 @@ def test_enumeration_helpers():
     assert pool_sizes(32, 8) == [1, 2, 4, 8, 16, 24, 32]
     assert sorted(splits(8, 2, pool_sizes(8, 4))) == [(4, 4)]  # a pool is 1, 2, 4 devices or whole nodes
     assert sorted(splits(3, 2, pool_sizes(3, 3))) == [(1, 2), (2, 1)]
-    here = placements(ppo_problem(4, Capabilities.here()))
+    here = placements(ppo_problem(4, Capabilities.here(concurrent_phases=False)))
     assert sorted(here) == sorted([[("actor", "reference", "critic")], [("actor", "reference"), ("critic",)]])
 
 
-@pytest.mark.parametrize("caps", [Capabilities(), Capabilities.here(), Capabilities(overlap=False)],
-                         ids=["paper", "trainer", "no-overlap"])
+@pytest.mark.parametrize("caps", [Capabilities(), Capabilities.here(concurrent_phases=False),
+                                  Capabilities.here(concurrent_phases=True), Capabilities(overlap=False)],
+                         ids=["paper", "trainer", "trainer-concurrent", "no-overlap"])
 @pytest.mark.parametrize("memory", [1e9, 60_000], ids=["roomy", "tight"])
 def test_search_finds_the_brute_force_optimum(caps, memory):
     problem = ppo_problem(4, caps, memory=memory)

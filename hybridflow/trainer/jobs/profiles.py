@@ -25,7 +25,7 @@ def measure(cfg: RunConfig) -> dict[str, Any]:
     over the steps after the first, and the batch's padded lengths (the longest prompt and
     response of a step: what the engines compute on), which the cost model is given in
     place of the config's caps (calibrate.cases_of)."""
-    from hybridflow.trainer.lm.task import RLTrainer
+    from hybridflow.trainer.entry import RLTrainer
     from hybridflow.trainer.run.run_dir import read_metrics
 
     with RLTrainer(cfg) as trainer:
