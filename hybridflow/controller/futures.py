@@ -14,6 +14,9 @@ way, so data made outside a worker group can be passed into one.
 Several calls in flight together are waited for as one (`gather_calls`: the first failure
 among them raises at once, and each value comes with the time it arrived), which is how a
 step program's `concurrently` block collects its calls (trainer/programs/concurrent.py).
+Where several of them ran on a process that died, the error names the one it died in: a
+call starts on a process only once the controller holds the result of the call before it
+there (worker_group.HostSet.submit), so the finished ones have their values.
 
 **What the controller fetches is counted** (`LEDGER`, a `FetchLedger`): every value that
 `gather` brings to the controller adds its tensor and array bytes, so a program can show
@@ -72,6 +75,8 @@ def payload_bytes(value: Any) -> int:
     return 0
 
 
+# What a call's label gets when the failure was in fetching its padding size (a ref).
+PADDING_LABEL = " (padding size)"
 # How often a pending call re-checks for a failed rank; it bounds how late a death is seen.
 POLL_S = 0.2
 # After a first failure, how long to wait for other ranks' failures (see _late_failures).
@@ -150,9 +155,14 @@ def _late_failures(pending: list[ray.ObjectRef], position: dict) -> list[tuple[i
 
 
 def _primary_error(failures: list[tuple[int, RayError]], owners: list[RankInfo], labels: list[str]) -> WorkerError:
-    """The error to raise: a death before an exception, then the lowest rank; the others
-    are listed in its message."""
-    failures.sort(key=lambda f: (not isinstance(f[1], RayActorError), owners[f[0]].rank))
+    """The error to raise: a death before an exception, then the lowest rank, then the
+    earliest ref (refs are in submission order); the others are listed in its message.
+
+    The last key names the call a process actually failed in: a process runs its calls in
+    submission order, and a call starts there only once the controller holds the result
+    of the one before it (worker_group.HostSet.submit), so its later calls that failed too
+    never ran (they fail with its death, or with its exception passed on)."""
+    failures.sort(key=lambda f: (not isinstance(f[1], RayActorError), owners[f[0]].rank, f[0]))
     index, err = failures[0]
     primary = to_worker_error(err, owners[index], labels[index])
     others = [f"{owners[i].role} rank {owners[i].rank}: {type(e).__name__}" for i, e in failures[1:]]
@@ -246,7 +256,7 @@ class CallFuture:
         if isinstance(self._pad_size, ray.ObjectRef):
             refs.append(self._pad_size)
             owners.append(self._owners[0])
-            labels.append(f"{self.method} (padding size)")
+            labels.append(f"{self.method}{PADDING_LABEL}")
         return refs, owners, labels
 
     def _collect(self, values: list[Any]) -> Any:
@@ -270,8 +280,9 @@ def gather_calls(futures: Sequence[CallFuture], timeout_s: float | None) -> list
     future, in order, where arrival is the time.monotonic() its last output came in.
 
     One wait for all of them (`gather`): the first failure among them raises at once (a
-    death before an exception, then the lowest rank), whichever call it belongs to, and
-    `timeout_s` bounds the whole wait."""
+    death before an exception, then the lowest rank, then the earliest of `futures`: on one
+    process, the call it failed in), whichever call it belongs to, and `timeout_s` bounds
+    the whole wait."""
     refs: list[ray.ObjectRef] = []
     owners: list[RankInfo] = []
     labels: list[str] = []
@@ -284,6 +295,12 @@ def gather_calls(futures: Sequence[CallFuture], timeout_s: float | None) -> list
     values = gather(refs, owners, labels, timeout_s, arrivals)
     return [(future._collect(values[lo:hi]), max(arrivals[lo:hi], default=time.monotonic()))
             for future, (lo, hi) in zip(futures, bounds)]
+
+
+def failed_future(err: WorkerError, futures: Sequence[CallFuture]) -> int | None:
+    """Which of `futures` (waited for together by `gather_calls`) the error it raised is
+    about: the first whose label the error names (None: none of them)."""
+    return next((i for i, f in enumerate(futures) if err.method in (f.method, f"{f.method}{PADDING_LABEL}")), None)
 
 
 def value_future(ref: ray.ObjectRef, label: str, owner: RankInfo) -> CallFuture:

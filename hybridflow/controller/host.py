@@ -82,11 +82,14 @@ class WorkerHost:
         instance.__init__(*spec.args, **spec.kwargs)
         self._roles[role] = instance
 
-    def execute(self, role: str, method: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Run ``role.method``; ObjectRef arguments were already resolved by Ray."""
+    @ray.method(num_returns=2)
+    def execute(self, role: str, method: str, after: None, /, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+        """Run ``role.method``; ObjectRef arguments were already resolved by Ray. Returns the
+        value and a token (None) that a later call on this process may wait for (`after`:
+        the token of the call before it, already resolved; see HostSet.submit)."""
         self._faults.before_call(role, method)
         with self._traces.call(role, method):
-            return getattr(self._roles[role], method)(*args, **kwargs)
+            return getattr(self._roles[role], method)(*args, **kwargs), None
 
     def flush_trace(self) -> None:
         """Write the torch profiler trace being recorded, if any (tracing.py)."""

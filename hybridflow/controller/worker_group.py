@@ -14,6 +14,11 @@ have lost the rank's state anyway.
 ``wg.call_timeout_s`` (None: no limit) bounds every call: ranks still running after it
 raise `CallTimeoutError`, which catches a hang in a collective instead of waiting forever.
 
+Calls on one process run in the order they were submitted, and one submitted behind a call
+still in flight there starts only once the controller holds that call's result
+(`HostSet.submit`): so when a process dies, the earliest of its calls that failed is the
+one it died in, and every call it finished has its value.
+
 A fault-injection hook for tests of recovery (controller/faults.py) is read from the
 HYBRIDFLOW_FAULT environment variable of the controller and handed to every worker process.
 """
@@ -62,6 +67,7 @@ class HostSet:
         self.actors = actors
         self.infos = infos
         self.alive = True
+        self._last: dict[int, ray.ObjectRef] = {}  # per rank: the token of the newest call submitted (`submit`)
 
     @classmethod
     def spawn(cls, pool: ResourcePool, roles: Mapping[str, RoleSpec]) -> HostSet:
@@ -93,6 +99,31 @@ class HostSet:
             hosts.kill()
             raise
         return hosts
+
+    def submit(self, role: str, method: str, ranks: list[int],
+               per_rank: list[tuple[tuple, dict]]) -> list[ray.ObjectRef]:
+        """Run ``role.method`` on `ranks` (one (args, kwargs) each); the value refs, by rank.
+
+        A process runs its calls one after another, in the order they were submitted. A
+        call submitted while the one before it on the same process is still in flight is
+        held back inside Ray until the controller holds that call's result: it waits for
+        the earlier call's token (its second return, a top-level argument, which Ray resolves
+        on the submitting side first). Otherwise the process could finish call A, start call
+        B and die in B before A's reply reached the controller; Ray then fails A's ref too
+        (its reply is lost with the process), and a block of concurrent calls could not tell
+        which call the process died in (futures.gather names the earliest failed call). A
+        call that raised passes its error on to the call held behind it, which then does
+        not run; a call whose predecessor's result is already in is not held at all."""
+        tokens = {rank: self._last[rank] for rank in ranks if rank in self._last}
+        _, in_flight = ray.wait(list(tokens.values()), num_returns=len(tokens), timeout=0,
+                                fetch_local=False) if tokens else ([], [])
+        held = set(in_flight)
+        refs = []
+        for rank, (args, kwargs) in zip(ranks, per_rank):
+            after = tokens[rank] if tokens.get(rank) in held else None
+            value, self._last[rank] = self.actors[rank].execute.remote(role, method, after, *args, **kwargs)
+            refs.append(value)
+        return refs
 
     def owners(self, role: str) -> list[RankInfo]:
         return [RankInfo(role, rank, info["ip"], info["pid"]) for rank, info in enumerate(self.infos)]
@@ -223,8 +254,7 @@ class WorkerGroup:
         mesh = self._mesh(mode.mesh, label) if mode.mesh is not None else None
         ctx = DispatchContext(label=label, mode=mode.name, world_size=len(targets), mesh=mesh)
         split = _normalize(mode.split(ctx, args, kwargs), ctx)
-        refs = [self._hosts.actors[rank].execute.remote(self.role, method, *rank_args, **rank_kwargs)
-                for rank, (rank_args, rank_kwargs) in zip(targets, split.per_rank)]
+        refs = self._hosts.submit(self.role, method, targets, split.per_rank)
         selected = mode.select(ctx) if mode.select is not None else list(range(len(targets)))
         owners = self._hosts.owners(self.role)
         future_cls = DataProtoFuture if mode.proto_parts else CallFuture

@@ -5,18 +5,22 @@ another; a block whose phases depend on each other is refused.
 The overlap itself is shown on Ray with two worker groups on processes of their own (split
 placement): each call waits, for a bounded time, for a file the other call writes when it
 starts, so a call sees the other only if both were submitted before either was awaited. The
-rules run on in-process groups (no Ray), the same calls the programs make.
+rules run on in-process groups (no Ray), the same calls the programs make. A process killed
+in one of a block's calls (roles colocated) is reported with that call and its phase.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from hybridflow.controller import Dispatch, InProcessWorkerGroup, ResourcePool, Worker, WorkerGroup, register
+from hybridflow.controller import (Dispatch, InProcessWorkerGroup, ResourcePool, RoleSpec, Worker, WorkerError,
+                                   WorkerGroup, create_colocated_worker_groups, register)
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.programs import phases as P
 from hybridflow.trainer.programs.concurrent import ConcurrencyError
@@ -328,3 +332,63 @@ def test_a_failing_call_raises_at_the_blocks_end_and_nothing_is_applied(split_gr
             meet(step, left, tmp_path, 0.0)
             fails(step, right)
     assert step_keys(step) == ["x"] and step.metrics == {}
+
+
+# ----------------------------------------------------------------------------- on Ray, colocated: who failed
+
+
+class Updater(Worker):
+    """A block's call: it takes a moment and finishes, or (`dies`) rank 1's process SIGKILLs
+    itself as the call starts."""
+
+    def __init__(self, dies: bool) -> None:
+        self.dies = dies
+
+    @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
+    def update(self, batch: DataProto) -> DataProto:
+        if self.dies and self.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.5)
+        return DataProto.from_dict({"updated": batch.batch["x"] + 1})
+
+
+@P.phase("update_critic")
+def update_first(step: P.Step, group) -> None:
+    P.dp_call(step, group, "update", step.batch.select(batch_keys=["x"], non_tensor_keys=[]), then=step.batch.union)
+
+
+@P.phase("update_actor")
+def update_second(step: P.Step, group) -> None:
+    P.dp_call(step, group, "update", step.batch.select(batch_keys=["x"], non_tensor_keys=[]), then=step.batch.union)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("dying, phase", [("actor", "update_actor"), ("critic", "update_critic")])
+def test_a_process_killed_in_a_blocks_call_is_reported_with_that_call_and_phase(dying, phase, ray_local):
+    """The recovery test's case (tests/trainer/test_resume.py) in small: critic and actor
+    share two processes, the block submits the critic's update then the actor's, and rank 1
+    dies as the `dying` role's call starts. The error, and the live phase a restart record
+    takes, are that call's. (With the actor dying, the critic's call there had finished, but
+    its reply could be lost with the process, and the block named the critic; a call is now
+    held back until the controller has the result of the one before it on its process:
+    controller/worker_group.py HostSet.submit. With the critic dying, the phase used to be
+    the block's last, update_actor.)"""
+    pool = ResourcePool([2])
+    try:
+        for _ in range(3):  # each round kills rank 1: a fresh pair
+            roles = {role: RoleSpec(Updater, (role == dying,)) for role in ("critic", "actor")}
+            groups = create_colocated_worker_groups(pool, roles)
+            phases: list[str] = []
+            step = P.Step(1, DataProto.from_dict({"x": torch.arange(4.0)}), balance_dp=False, on_phase=phases.append)
+            try:
+                with pytest.raises(WorkerError) as caught:
+                    with P.concurrently(step):
+                        update_first(step, groups["critic"])
+                        update_second(step, groups["actor"])
+            finally:
+                groups["critic"].shutdown()
+            err = caught.value
+            assert (err.role, err.rank, err.died, err.method) == (dying, 1, True, f"{dying}.update"), str(err)
+            assert phases[-1] == phase and step_keys(step) == ["x"]
+    finally:
+        pool.release()

@@ -68,13 +68,12 @@ class TrainerSection:
     balance_batch: before each call that splits the batch over dp ranks (log-probs,
         values, updates), swap rows between ranks so each gets a near-equal token count;
         every mini-/micro-batch keeps its samples, so results only change by float order.
-    concurrent_phases: true: the step programs' independent phases (the actor's log-probs and
-        the critics' values; the critics' and the actor's updates) are in flight together and
-        run at once where the roles have processes of their own (resources.placement: split;
-        tiny PPO 1|1 0.085 -> 0.070 s per step); false (default): each call is waited for
-        before the next (same results; trainer/programs/concurrent.py). Off by default until
-        a failure inside a block names the right role: a colocated process killed in the
-        actor's update was reported as the critic's death (tests/trainer/test_resume.py).
+    concurrent_phases: true (default): the step programs' independent phases (the actor's
+        log-probs and the critics' values; the critics' and the actor's updates) are in flight
+        together and run at once where the roles have processes of their own
+        (resources.placement: split); a failure names the call that failed first (on a dead
+        process, the one it was running); false: each call is waited for before the next
+        (same results; trainer/programs/concurrent.py).
     mode: "sync" (every phase waits for the previous one), "one_step_off" or "async"
         (generation on a separate rollout pool, overlapped with training; settings in
         async_rl, docs/async.md).
@@ -105,7 +104,7 @@ class TrainerSection:
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
     balance_batch: bool = True
-    concurrent_phases: bool = False
+    concurrent_phases: bool = True
     max_restarts: int = 2
     call_timeout_s: float | None = 1800.0
     mode: Literal["sync", "one_step_off", "async"] = "sync"

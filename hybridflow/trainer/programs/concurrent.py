@@ -32,9 +32,12 @@ as soon as it is submitted: the same results and checks, nothing overlaps.
   write, or replacing step.batch (as generate does), raises at once;
 - dp_call inside a block needs `then` (there is no result to return yet).
 A block inside a block is part of the outer one. A phase inside a phase is part of the
-outer phase. A call that fails raises when the block ends (the first failure among its
-calls, `controller.futures.gather_calls`), and nothing of the block is applied; other
-calls of the block may still finish on their workers.
+outer phase. A call that fails raises when the block ends, and nothing of the block is
+applied; other calls of the block may still finish on their workers. The error names the
+call that failed first (`controller.futures.gather_calls`: a death before an exception, then
+the lowest rank; on one process, the earliest of its calls, the one it failed in, since a
+call starts there only after the controller has the result of the one before,
+`controller.worker_group.HostSet.submit`), and the live status's phase becomes that call's.
 
 **Timing.** timing_s/<phase> of a phase in a block is the phase's own time: its submission
 work, plus the time from its call's start (its submission, or, where an earlier call of
@@ -50,7 +53,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hybridflow.controller.futures import CallFuture, gather_calls
+from hybridflow.controller.errors import WorkerError
+from hybridflow.controller.futures import CallFuture, failed_future, gather_calls
 from hybridflow.protocol import DataProto
 
 if TYPE_CHECKING:
@@ -288,7 +292,16 @@ class Block:
         limits = [c.future.timeout_s for c in remote]
         # Calls on one set of processes run one after another: the wait may take their sum.
         limit = None if None in limits else sum(limits)
-        for call, (value, arrived) in zip(remote, gather_calls([c.future for c in remote], limit) if remote else []):
+        try:
+            results = gather_calls([c.future for c in remote], limit) if remote else []
+        except WorkerError as err:
+            failed = failed_future(err, [c.future for c in remote])
+            if failed is not None and self.step.on_phase is not None:
+                # The live status (and a restart's record) name the phase whose call failed,
+                # not the block's last phase.
+                self.step.on_phase(remote[failed].phase.name)
+            raise
+        for call, (value, arrived) in zip(remote, results):
             call.value, call.arrived, call.done = value, arrived, True
         for call in calls:
             if not call.done:  # an in-process group's (already computed) or a plain value
