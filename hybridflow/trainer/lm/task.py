@@ -298,6 +298,8 @@ class LanguageModelTask:
         return metrics
 
     def _failure(self, err: WorkerError) -> Failure:
+        if self.async_runner is not None and not err.died:  # failed anywhere in the loop, e.g. the checkpoint
+            err = self.async_runner.root_cause(err)
         return Failure.of(err, self.global_step, self.status.current_phase)
 
     def _restart(self, failure: Failure, restarts: int) -> None:

@@ -275,9 +275,12 @@ class AsyncRunner:
         try:
             return self._step(index)
         except WorkerError as err:
-            raise self._root_cause(err) from err
+            raise self.root_cause(err) from err
 
-    def _root_cause(self, err: WorkerError) -> WorkerError:
+    def root_cause(self, err: WorkerError) -> WorkerError:
+        """`err`, or, where a pool's process is gone, the error naming that death: a failure
+        seen elsewhere (a peer's broken weight-sync connection, a call queued behind it on the
+        same process, e.g. the step's checkpoint) is its symptom."""
         for role, group in (("rollout", self.rollout), ("actor", self.roles.actor)):
             dead = dead_ranks(group)
             if dead:
