@@ -37,7 +37,8 @@ def summary(trial: dict) -> dict:
     step_s = sum(s.get("timing_s/step", 0.0) for s in steps)
     eval_s = sum(s.get("timing_s/eval", 0.0) for s in steps) + sum(e.get("timing_s/eval", 0.0)
                                                                     for e in train.get("evals", []))
-    phases = {name: round(sum(s.get(k, 0.0) for s in steps for k in keys), 1) for name, keys in PHASES}
+    # milliseconds: a tiny run's phases are under 0.1 s, and rounding them to 0.1 made them equal
+    phases = {name: round(sum(s.get(k, 0.0) for s in steps for k in keys), 3) for name, keys in PHASES}
     plain = trial.get("eval_plain", {})
     return {
         "name": trial["name"], "steps": len(steps), "held_out": points,
@@ -46,8 +47,8 @@ def summary(trial: dict) -> dict:
         "same_verdict_rows": plain.get("compare", {}).get("same_correct"),
         "distinct_answers": plain.get("after", {}).get("distinct_answers"),
         "top_share": plain.get("after", {}).get("top_share"),
-        "wall_s": {"train_total": train["wall_s"], "rl_steps": round(step_s, 1), **phases,
-                   "held_out_evals": round(eval_s, 1), "start_up_and_export": round(train["wall_s"] - step_s - eval_s, 1),
+        "wall_s": {"train_total": train["wall_s"], "rl_steps": round(step_s, 3), **phases,
+                   "held_out_evals": round(eval_s, 3), "start_up_and_export": round(train["wall_s"] - step_s - eval_s, 3),
                    "hybridflow_eval_cli": trial.get("hybridflow_eval", {}).get("wall_s"),
                    "eval_plain": plain.get("wall_s")},
     }
