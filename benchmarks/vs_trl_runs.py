@@ -156,10 +156,12 @@ def run_trl(spec: dict) -> dict:
                 records[-1]["reward_mean"] = float(logs["reward"])
 
     batch = spec["prompts_per_step"] * spec["n"]
+    accumulation = spec.get("trl_grad_accumulation", 1)
     config = GRPOConfig(
         output_dir=str(Path(spec["work_dir"]) / "trl_out"),
-        per_device_train_batch_size=batch,  # one optimizer step = one batch of prompts x n
-        gradient_accumulation_steps=1,
+        # one optimizer step = one batch of prompts x n, in `accumulation` backward passes
+        per_device_train_batch_size=batch // accumulation,
+        gradient_accumulation_steps=accumulation,
         num_generations=spec["n"],
         max_completion_length=spec["max_new_tokens"],
         temperature=spec["temperature"],
