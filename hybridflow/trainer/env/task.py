@@ -183,8 +183,6 @@ class EnvironmentTask:
                 raise ConfigError(f"nothing to train: the run is at {run.env_steps} environment steps and "
                                   f"trainer.total_env_steps={cfg.trainer.total_env_steps}; raise it or pass steps",
                                   "trainer.total_env_steps")
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
         target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
         iteration_fn = self.program.iteration

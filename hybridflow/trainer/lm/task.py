@@ -229,10 +229,8 @@ class LanguageModelTask:
         """Run `steps` more RL steps (default: until trainer.total_steps), evaluating before
         and after."""
         cfg = self.config
-        if steps is None:
+        if steps is None:  # RLTrainer.train checked a given one (as_steps)
             steps = check_steps_left(self.global_step, cfg.trainer.total_steps)
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
         self.setup()
         before = self._accuracy_before()
         end = self.global_step + steps
