@@ -33,7 +33,7 @@ from hybridflow.data import (
     rl_records,
 )
 from hybridflow.engines.models import load_hf_config
-from hybridflow.engines.train.config import ActorLossConfig, MicroBatchConfig
+from hybridflow.engines.train.config import ActorLossConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
 from hybridflow.trainer.observe.display import RunDisplay
@@ -259,13 +259,8 @@ def sft_actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
     """The actor for supervised fine-tuning: the "gpg" policy loss -A log pi with A = 1
     on every response token is the token-mean negative log-likelihood (see jobs/sft.py)."""
     engine = dataclasses.replace(
-        cfg.actor.engine_config(model_path, cfg.seed),
-        optim=cfg.sft.optim,
-        micro_batch=MicroBatchConfig(
-            mini_batch_size=cfg.sft.batch_size, micro_batch_size_per_device=cfg.sft.micro_batch_size_per_device,
-            forward_micro_batch_size_per_device=cfg.actor.micro_batch.forward_micro_batch_size_per_device,
-        ),
-    )
+        cfg.actor.engine_config(model_path, cfg.seed), optim=cfg.sft.optim,
+        micro_batch=cfg.sft.micro_batch(cfg.actor.micro_batch.forward_micro_batch_size_per_device))
     loss = ActorLossConfig(policy=PolicyLossConfig(loss_mode="gpg", loss_agg_mode="token-mean"))
     return ActorRolloutRefConfig(engine=engine, loss=loss, rollout=cfg.rollout, use_reference=False)
 
