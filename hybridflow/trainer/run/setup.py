@@ -91,6 +91,7 @@ class RunContext:
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        reward = None
         try:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
             display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
@@ -107,17 +108,13 @@ class RunContext:
                 longest = int(val_batch.batch["attention_mask"].sum(-1).max())
                 check_lengths_fit(cfg, longest, "the longest held-out prompt")
             reward = build_reward_manager(cfg, tokenizer)
-        except BaseException:
-            if resume_from is None:
-                discard_unused_run_dir(run_dir)
-            raise
-        try:
             cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
             omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (omp.py)
             ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
-            reward.close()
+            if reward is not None:
+                reward.close()
             if resume_from is None:
                 discard_unused_run_dir(run_dir)
             raise
