@@ -82,8 +82,6 @@ class EnvironmentTask:
             run = saved_run(resume)  # the run's config.yaml, read once
             self.checkpoint = run.checkpoint
             config = resume_config(run, config)
-        elif not isinstance(config, EnvRunConfig):
-            raise TypeError(f"an environment task needs an EnvRunConfig (RLTrainer builds it), got {config!r}")
         cfg = resolve_env_config(config)
         self.config = cfg
         self.program = env_program(cfg)

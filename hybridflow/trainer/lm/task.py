@@ -109,9 +109,6 @@ class LanguageModelTask:
         resumed run may change (e.g. a larger trainer.total_steps); anything else is a
         ConfigError.
         """
-        if not isinstance(config, RunConfig) and not (config is None and resume is not None):
-            raise TypeError(f"a language-model run needs a RunConfig (hybridflow.config.schema), "
-                            f"got {type(config).__name__}")
         self.resumed_from: Path | None = None  # the checkpoint this trainer started from
         self.global_step = 0
         if isinstance(resume, ResumePoint) and config is not None:
