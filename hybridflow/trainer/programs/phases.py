@@ -225,19 +225,12 @@ def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | Non
         metrics.pop("reward/mean")  # the same number as score/mean (observe/metrics.py)
     if model is not None:
         rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
-        scores = add_model_scores(scores, batch, rm, model_weight, metrics)
+        weighted = model_weight * rm.to(torch.float32) * _env_kept(batch)
+        placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
+        metrics["reward/model_score_mean"] = float(rm.double().mean())
+        metrics["template/reward_model"] = float(weighted.double().mean())
+        scores = placed if scores is None else scores + placed
     return scores, metrics
-
-
-def add_model_scores(scores: torch.Tensor | None, batch: DataProto, rm_scores: torch.Tensor, model_weight: float,
-                     metrics: dict[str, float]) -> torch.Tensor:
-    """`scores` (None: none yet) plus the reward model's scores [B] x `model_weight` on each
-    last response token (rows whose environment failed get none); its metrics into `metrics`."""
-    weighted = model_weight * rm_scores.to(torch.float32) * _env_kept(batch)
-    placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
-    metrics["reward/model_score_mean"] = float(rm_scores.double().mean())
-    metrics["template/reward_model"] = float(weighted.double().mean())
-    return placed if scores is None else scores + placed
 
 
 def _env_kept(batch: DataProto) -> torch.Tensor:
@@ -257,13 +250,9 @@ def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = Non
 
 @phase("cost")
 def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> None:
-    """token_level_costs (Safe-RLHF) from the cost function and/or the cost model."""
+    """token_level_costs (Safe-RLHF) from the cost function and/or the cost model; the
+    scorers' metrics under cost/, and the episode costs' stats."""
     costs, metrics = score_sequences(step.batch, rule, model)
-    set_costs(step, costs, metrics)
-
-
-def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> None:
-    """token_level_costs = `costs`; the scorers' `metrics` under cost/, and the episode costs' stats."""
     step.batch.batch["token_level_costs"] = costs
     step.metrics.update({key.replace("reward/", "cost/", 1): value for key, value in metrics.items()})
     episode = costs.double().sum(-1)
