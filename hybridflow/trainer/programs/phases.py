@@ -378,23 +378,18 @@ def update_critic(step: Step, critic: WorkerGroup) -> None:
 
 @phase("update_cost_critic")
 def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
-    """One update of the cost critic towards cost_returns (Safe-RLHF)."""
-    dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch),
-            then=lambda out: step.metrics.update(cost_critic_metrics(_worker_metrics(out))))
+    """One update of the cost critic towards cost_returns (Safe-RLHF): it reads the critic's
+    keys, with cost_values and cost_returns as its values and returns; its metrics go under
+    cost_critic/ (the worker reports them as critic/)."""
+    b = step.batch.batch
+    data = _select(step.batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
+    data.batch["values"], data.batch["returns"] = b["cost_values"], b["cost_returns"]
 
+    def add_metrics(out: DataProto) -> None:
+        metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
+        step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
 
-def cost_critic_input(batch: DataProto) -> DataProto:
-    """What the cost critic's update reads: the critic's keys, with cost_values and cost_returns
-    as its values and returns."""
-    data = _select(batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
-    data.batch["values"], data.batch["returns"] = batch.batch["cost_values"], batch.batch["cost_returns"]
-    return data
-
-
-def cost_critic_metrics(worker_metrics: dict[str, float]) -> dict[str, float]:
-    """The cost critic's update metrics under cost_critic/ (the worker reports them as critic/)."""
-    metrics = rename_worker_metrics(worker_metrics, "cost_critic")
-    return {key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()}
+    dp_call(step, cost_critic, "update_critic", data, then=add_metrics)
 
 
 @phase("update_actor")
