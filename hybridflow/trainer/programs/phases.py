@@ -398,7 +398,10 @@ def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour:
     `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
     Records adv/silent_groups and adv/groups first (`record_signal`)."""
     record_signal(step)
-    dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)),
+    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
+    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
+        keys += (OLD_LOG_PROBS,)
+    dp_call(step, actor, "update_actor", _select(step.batch, keys),
             then=lambda out: step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor")))
 
 
@@ -410,14 +413,6 @@ def record_signal(step: Step) -> None:
         return
     silent, groups = silent_groups(b.batch["advantages"], b.batch["response_mask"], b.non_tensor_batch["uid"])
     step.metrics[SILENT_GROUPS], step.metrics[GROUPS] = float(silent), float(groups)
-
-
-def actor_update_keys(batch: DataProto, with_ref: bool, with_behaviour: bool) -> tuple[str, ...]:
-    """The tensors the actor's update reads from `batch` (see update_actor)."""
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
-    if OLD_LOG_PROBS in batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
-        keys += (OLD_LOG_PROBS,)
-    return keys
 
 
 # ----------------------------------------------------------------------------- DAPO dynamic sampling
