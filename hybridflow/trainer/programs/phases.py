@@ -196,8 +196,13 @@ def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
     """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group), unique
     within the step across generation rounds. In the asynchronous modes the rollout pool's
     stream serves it: the step's batch is the groups it generated (`Step.streamed`)."""
-    if step.served:
-        step.batch = take_streamed(step)
+    if step.served:  # once: the stream serves one generation per step (more rounds: dynamic_sampling)
+        if step.streamed is None:
+            raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async "
+                               "serve one generation per step from the rollout pool (declare dynamic_sampling on "
+                               "the algorithm's AlgorithmSpec for more rounds of informative groups), or use "
+                               "trainer.mode=sync")
+        step.batch, step.streamed = step.streamed, None
         return
     prompts = step.batch
     prefix = f"{step.index}-" if round == 0 else f"{step.index}.{round}-"
@@ -258,17 +263,6 @@ def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> Non
     episode = costs.double().sum(-1)
     step.metrics.update({"cost/mean": float(episode.mean()), "cost/max": float(episode.max()),
                          "cost/min": float(episode.min())})
-
-
-def take_streamed(step: Step) -> DataProto:
-    """The batch the rollout pool's stream generated for `step` (once: the asynchronous modes
-    serve one generation per step; more rounds are the dynamic_sampling capability)."""
-    if step.streamed is None:
-        raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async serve "
-                           "one generation per step from the rollout pool (declare dynamic_sampling on the "
-                           "algorithm's AlgorithmSpec for more rounds of informative groups), or use trainer.mode=sync")
-    batch, step.streamed = step.streamed, None
-    return batch
 
 
 @phase("greedy_baseline")
