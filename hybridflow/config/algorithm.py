@@ -154,11 +154,6 @@ class AlgorithmSpec:
         return tuple(name for name in CAPABILITIES if getattr(self, name))
 
     @property
-    def sections(self) -> tuple[str, ...]:
-        """The settings sections of `algorithm` it reads."""
-        return () if self.settings is None else (self.settings,)
-
-    @property
     def trained_roles(self) -> tuple[str, ...]:
         """The roles RL updates and checkpoints save: the actor and the critics."""
         return ("actor", *self.critics)
@@ -362,11 +357,10 @@ def check_algorithm(cfg: RunConfig) -> None:
                 f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
                 f"remove that setting (the name sets it) or choose another algorithm.name"
             )
-    defaults = {f.name: f.default_factory() for f in dataclasses.fields(AlgorithmSection) if f.name in settings_sections()}
-    for section, default in defaults.items():
-        if section not in spec.sections and getattr(alg, section) != default:
+    for section in settings_sections():
+        if spec.settings != section and getattr(alg, section) != _section_default(section):
             raise ConfigError(f"algorithm.{section}.* is read only by algorithm.name="
-                              f"{_readers(lambda s: section in s.sections)} (this run: {alg.name}); remove it")
+                              f"{_readers(lambda s: s.settings == section)} (this run: {alg.name}); remove it")
     if spec.cost and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
         raise ConfigError(f"algorithm.name={alg.name} needs a cost: set cost_model.path (a cost model directory) "
                           "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
