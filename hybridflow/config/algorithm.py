@@ -237,7 +237,11 @@ def _import_algorithm_module(module: str) -> ModuleType:
     Python path) or the path of a .py file; importing it runs its @register_algorithm.
     ConfigErrors are keyed relative to the algorithm section (AlgorithmSection calls this)."""
     if module.endswith(".py"):
-        return _import_file(Path(module), module)
+        if not Path(module).is_file():
+            raise ConfigError(f"there is no such file as {module!r} ({Path(module).resolve()}); give the path of the "
+                              ".py file that registers the algorithm (relative paths start from the working "
+                              "directory)", "module")
+        return import_file(Path(module), USER_MODULE_PREFIX)  # one module per file, whatever its name
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
@@ -245,13 +249,6 @@ def _import_algorithm_module(module: str) -> ModuleType:
             raise  # the module exists; something it imports is missing
         raise ConfigError(f"{module!r} cannot be imported ({err}); give a module on the Python path (pip install "
                           "-e your package, or PYTHONPATH) or the path of a .py file", "module") from err
-
-
-def _import_file(path: Path, given: str) -> ModuleType:
-    if not path.is_file():
-        raise ConfigError(f"there is no such file as {given!r} ({path.resolve()}); give the path of the .py file that "
-                          "registers the algorithm (relative paths start from the working directory)", "module")
-    return import_file(path, USER_MODULE_PREFIX)  # one module per file, whatever its name
 
 
 # ----------------------------------------------------------------------------- the config section
