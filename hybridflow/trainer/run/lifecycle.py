@@ -59,9 +59,7 @@ SFT_MODEL_DIR = "sft_model"  # <run>/sft_model: the policy after the SFT warm st
 
 def write_builtin_model(builtin: BuiltinModelSection, out_dir: Path, seed: int) -> Path:
     """The built-in tiny model of `builtin`'s sizes, initialised from `seed`, written to `out_dir`."""
-    sizes = dataclasses.asdict(builtin)
-    family = sizes.pop("family")
-    return make_builtin_model_dir(out_dir, family=family, seed=seed, **sizes)
+    return make_builtin_model_dir(out_dir, seed=seed, **dataclasses.asdict(builtin))  # family and sizes
 
 
 def base_model_path(cfg: RunConfig, run_dir: Path, *, write_builtin: bool) -> str:
