@@ -177,7 +177,6 @@ def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     from hybridflow.rewards import RewardManager, load_reward_fn
-
     from hybridflow.rewards.templates import ComposedScore, parse_templates
 
     fn, specs = None, parse_templates(cfg.reward.templates)
