@@ -154,11 +154,6 @@ class AlgorithmSpec:
         return tuple(name for name in CAPABILITIES if getattr(self, name))
 
     @property
-    def sections(self) -> tuple[str, ...]:
-        """The settings sections of `algorithm` it reads."""
-        return () if self.settings is None else (self.settings,)
-
-    @property
     def trained_roles(self) -> tuple[str, ...]:
         """The roles RL updates and checkpoints save: the actor and the critics."""
         return ("actor", *self.critics)
@@ -242,7 +237,11 @@ def _import_algorithm_module(module: str) -> ModuleType:
     Python path) or the path of a .py file; importing it runs its @register_algorithm.
     ConfigErrors are keyed relative to the algorithm section (AlgorithmSection calls this)."""
     if module.endswith(".py"):
-        return _import_file(Path(module), module)
+        if not Path(module).is_file():
+            raise ConfigError(f"there is no such file as {module!r} ({Path(module).resolve()}); give the path of the "
+                              ".py file that registers the algorithm (relative paths start from the working "
+                              "directory)", "module")
+        return import_file(Path(module), USER_MODULE_PREFIX)  # one module per file, whatever its name
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
@@ -250,13 +249,6 @@ def _import_algorithm_module(module: str) -> ModuleType:
             raise  # the module exists; something it imports is missing
         raise ConfigError(f"{module!r} cannot be imported ({err}); give a module on the Python path (pip install "
                           "-e your package, or PYTHONPATH) or the path of a .py file", "module") from err
-
-
-def _import_file(path: Path, given: str) -> ModuleType:
-    if not path.is_file():
-        raise ConfigError(f"there is no such file as {given!r} ({path.resolve()}); give the path of the .py file that "
-                          "registers the algorithm (relative paths start from the working directory)", "module")
-    return import_file(path, USER_MODULE_PREFIX)  # one module per file, whatever its name
 
 
 # ----------------------------------------------------------------------------- the config section
@@ -362,11 +354,10 @@ def check_algorithm(cfg: RunConfig) -> None:
                 f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "
                 f"remove that setting (the name sets it) or choose another algorithm.name"
             )
-    defaults = {f.name: f.default_factory() for f in dataclasses.fields(AlgorithmSection) if f.name in settings_sections()}
-    for section, default in defaults.items():
-        if section not in spec.sections and getattr(alg, section) != default:
+    for section in settings_sections():
+        if spec.settings != section and getattr(alg, section) != _section_default(section):
             raise ConfigError(f"algorithm.{section}.* is read only by algorithm.name="
-                              f"{_readers(lambda s: section in s.sections)} (this run: {alg.name}); remove it")
+                              f"{_readers(lambda s: s.settings == section)} (this run: {alg.name}); remove it")
     if spec.cost and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
         raise ConfigError(f"algorithm.name={alg.name} needs a cost: set cost_model.path (a cost model directory) "
                           "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")

@@ -32,9 +32,8 @@ from typing import Any, Literal
 
 from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec
 from hybridflow.config.loader import _build, at_least, in_unit, nest_dotted, positive, user_tree
+from hybridflow.config.sections.trainer import LOGGER_NAMES
 from hybridflow.errors import ConfigError
-
-LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
 
 
 @dataclass

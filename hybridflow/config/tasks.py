@@ -42,9 +42,6 @@ class TaskKind:
     def root_class(self) -> type:
         return import_object(self.root, None, "config tree")
 
-    def top_level_keys(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self.root_class())]
-
     def build(self, tree: dict[str, Any]) -> Any:
         """The typed, validated config of a user's tree (its dotted keys allowed)."""
         return import_object(self.build_path, None, "config builder")(tree)
@@ -101,7 +98,7 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
     misspelt marker would otherwise make a run of the wrong kind."""
     if not isinstance(tree, dict):
         raise ConfigError(f"a config is a mapping of keys to values, got {type(tree).__name__}")
-    known = sorted({key for kind in _kinds() for key in kind.top_level_keys()})
+    known = sorted({f.name for kind in _kinds() for f in dataclasses.fields(kind.root_class())})
     for key in tree:
         if not isinstance(key, str):
             raise ConfigError(f"config keys are strings, got {key!r}")

@@ -142,10 +142,6 @@ class RolloutWorker(Worker):
         if r.name == "native" and not r.agent.enable:
             self.stream = StreamingRollout(engine, slots=r.max_num_seqs, max_len=engine.max_len)
 
-    @property
-    def dp_size(self) -> int:
-        return self.world_size // self.config.rollout.tensor_model_parallel_size
-
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
     def join_weight_bridge(self, host: str, port: int, world_size: int, manifest: list[TensorMeta],
                            bucket_bytes: int) -> None:
@@ -321,12 +317,6 @@ class RolloutWorker(Worker):
         """Versions received and not loaded yet (for tests and debugging)."""
         with self._staged_cv:
             return sorted(self._staged)
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def in_flight(self) -> int:
-        """Sequences queued or being generated on this rank (0 between whole calls)."""
-        require(self.engine, "the rollout engine")
-        return self.stream.in_flight if self.stream is not None else 0
 
     @register(dispatch=Dispatch.RANK_ZERO)
     def generation_weights(self) -> dict[str, torch.Tensor]:

@@ -79,7 +79,6 @@ def check_async_settings(cfg: RunConfig) -> None:
                           "async_rl.buffer_size")
 
 
-
 def _check_capabilities(cfg: RunConfig) -> None:
     """The asynchronous modes run every registered program (trainer/modes/stream_step.py); of the
     capabilities its row declares, two are served on the rollout pool with the rule-based

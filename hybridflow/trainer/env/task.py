@@ -82,8 +82,6 @@ class EnvironmentTask:
             run = saved_run(resume)  # the run's config.yaml, read once
             self.checkpoint = run.checkpoint
             config = resume_config(run, config)
-        elif not isinstance(config, EnvRunConfig):
-            raise TypeError(f"an environment task needs an EnvRunConfig (RLTrainer builds it), got {config!r}")
         cfg = resolve_env_config(config)
         self.config = cfg
         self.program = env_program(cfg)
@@ -183,8 +181,6 @@ class EnvironmentTask:
                 raise ConfigError(f"nothing to train: the run is at {run.env_steps} environment steps and "
                                   f"trainer.total_env_steps={cfg.trainer.total_env_steps}; raise it or pass steps",
                                   "trainer.total_env_steps")
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
         target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
         iteration_fn = self.program.iteration

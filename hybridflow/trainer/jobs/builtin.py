@@ -37,9 +37,8 @@ def teacher_answer(problem: Problem, forget_carry: bool) -> str:
 
 
 def teacher_sft_records(task: ArithmeticConfig, count: int, carry_drop_rate: float, seed: int) -> list[dict]:
-    """`count` prompt/response pairs of the train split, answered by the imperfect teacher."""
-    if not 0.0 <= carry_drop_rate <= 1.0:
-        raise ValueError(f"carry_drop_rate must be in [0, 1], got {carry_drop_rate}")
+    """`count` prompt/response pairs of the train split, answered by the imperfect teacher
+    (`carry_drop_rate` in [0, 1]: SFTSection checks sft.builtin_carry_drop_rate)."""
     rng = np.random.default_rng([seed, 0x5F7])
     records = []
     for problem in generate_problems(task, "train", count):

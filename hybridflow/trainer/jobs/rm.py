@@ -111,12 +111,6 @@ def score_pairs(group: WorkerGroup, ds: PairwiseDataset, batch_size: int) -> tup
     return torch.cat(chosen), torch.cat(rejected)
 
 
-def held_out_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
-    loss, metrics = bradley_terry_loss(chosen, rejected)
-    return {"val/accuracy": pairwise_accuracy(chosen, rejected), "val/loss": float(loss),
-            "val/margin": float(metrics["margin"]), "val/pairs": float(len(chosen))}
-
-
 def total_steps(cfg: RMConfig, train_pairs: int) -> int:
     if cfg.trainer.total_steps is not None:
         return cfg.trainer.total_steps
@@ -183,7 +177,9 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
 def _evaluate(cfg: RMConfig, group: WorkerGroup, val: PairwiseDataset, step: int,
               log: MetricsLog) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
     chosen, rejected = score_pairs(group, val, cfg.data.eval_batch_size)
-    metrics = held_out_metrics(chosen, rejected)
+    loss, bt = bradley_terry_loss(chosen, rejected)
+    metrics = {"val/accuracy": pairwise_accuracy(chosen, rejected), "val/loss": float(loss),
+               "val/margin": float(bt["margin"]), "val/pairs": float(len(chosen))}
     log.write("rm_eval", step, metrics)
     return metrics, chosen, rejected
 

@@ -44,8 +44,7 @@ def sft_pairs(ctx: RunContext) -> SFTDataset:
     cfg = ctx.cfg
     if cfg.sft.files:
         return SFTDataset(cfg.sft.files, ctx.tokenizer, cfg.sft.data)
-    if cfg.data.train_files:
-        raise ValueError("sft.files is empty and data.train_files is set: give the SFT pairs in sft.files")
+    # (sft.files empty with data.train_files set is refused by validate_run_config: _check_sft)
     rows = teacher_sft_records(cfg.data.builtin.task, cfg.sft.num_builtin_pairs, cfg.sft.builtin_carry_drop_rate,
                                cfg.seed)
     return SFTDataset(None, ctx.tokenizer, cfg.sft.data, rows=rows)

@@ -109,9 +109,6 @@ class LanguageModelTask:
         resumed run may change (e.g. a larger trainer.total_steps); anything else is a
         ConfigError.
         """
-        if not isinstance(config, RunConfig) and not (config is None and resume is not None):
-            raise TypeError(f"a language-model run needs a RunConfig (hybridflow.config.schema), "
-                            f"got {type(config).__name__}")
         self.resumed_from: Path | None = None  # the checkpoint this trainer started from
         self.global_step = 0
         if isinstance(resume, ResumePoint) and config is not None:
@@ -229,10 +226,8 @@ class LanguageModelTask:
         """Run `steps` more RL steps (default: until trainer.total_steps), evaluating before
         and after."""
         cfg = self.config
-        if steps is None:
+        if steps is None:  # RLTrainer.train checked a given one (as_steps)
             steps = check_steps_left(self.global_step, cfg.trainer.total_steps)
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
         self.setup()
         before = self._accuracy_before()
         end = self.global_step + steps
@@ -252,7 +247,8 @@ class LanguageModelTask:
             write_model_presets(self.run_dir / "final_model", self.config,
                                 f"run {self.run_dir} after RL step {self.global_step}")
         result = TrainResult(self.run_dir, self.global_step, before, after, metrics, self.stopped)
-        self._plot()
+        if "jsonl" in self.config.trainer.loggers:  # the plots of the run so far, from metrics.jsonl
+            plot_run(self.run_dir)
         self._report(result)
         return result
 
@@ -306,7 +302,8 @@ class LanguageModelTask:
         """Tear every worker group down (hung processes are killed), then continue from the
         newest complete checkpoint as `--resume` would (run/recovery.py), on the world size the
         cluster holds now when the run is elastic (run/elastic.py)."""
-        lost_node = self._node_of(failure) if failure.cause == "died" else None
+        group = self.groups.get(failure.role) if failure.cause == "died" else None  # a dead rank's group
+        lost_node = group.worker_info[failure.rank]["node_id"] if group is not None else None  # its Ray node
         shutdown_role_groups(self.groups)
         self.groups, self.roles = {}, None
         checkpoints = complete_checkpoints(self.run_dir / CHECKPOINTS_DIR)
@@ -332,11 +329,6 @@ class LanguageModelTask:
             **failure.record(restarts, self.global_step), "restart/world_size": after.world_size,
             "restart/nodes": after.nodes, "restart/previous_world_size": before.world_size,
             "restart/previous_nodes": before.nodes})
-
-    def _node_of(self, failure: Failure) -> str | None:
-        """The Ray node id of the failed rank (None when its group is unknown)."""
-        group = self.groups.get(failure.role)
-        return group.worker_info[failure.rank]["node_id"] if group is not None else None
 
     def _step_metrics(self, step: Step) -> dict[str, float]:
         cfg = self.config
@@ -384,11 +376,6 @@ class LanguageModelTask:
             return None
         self.ctx.log.write("eval", self.global_step, metrics)
         return metrics["val/accuracy"]
-
-    def _plot(self) -> None:
-        """Plots of the run so far into <run>/plots (they are drawn from metrics.jsonl)."""
-        if "jsonl" in self.config.trainer.loggers:
-            plot_run(self.run_dir)
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the current step into <run>/checkpoints/global_step_<N> (every role's

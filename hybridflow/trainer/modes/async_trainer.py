@@ -357,11 +357,6 @@ class AsyncRunner:
                              f"{state['requeued_prompts']}: the checkpoint is damaged")
         self.rollout.restore_generate_calls(self.calls)
 
-    def close(self) -> None:
-        """Wait for nothing: the groups are killed by the trainer's close."""
-        self.pending.clear()
-        self.sync = None
-
 
 def dead_ranks(group: WorkerGroup, timeout_s: float = 5.0) -> list[int]:
     """Ranks of `group` whose process is gone (a busy rank counts as alive)."""

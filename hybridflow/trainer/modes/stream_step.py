@@ -90,11 +90,6 @@ class StreamScores:
         return Scored(scores, metrics)
 
 
-def served_capabilities(spec: AlgorithmSpec) -> frozenset[str]:
-    """The capabilities of `spec` that the rollout pool serves, plus generation itself."""
-    return frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
-
-
 def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, groups: list[ray.ObjectRef],
                     version: int, restarts: dict[str, float]) -> None:
     """Run the algorithm's program on the prompt groups behind `groups` (refs into the
@@ -108,8 +103,10 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
         _learn_layouts(roles)
     scorers = dataclasses.replace(roles, reward=StreamScores("reward", restarts),
                                   cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
+    # What the pool served: generation itself and the row's capabilities it serves
+    served = frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
     ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
-                              served_capabilities(spec), *groups)
+                              served, *groups)
     try:
         report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
     except WorkerError as err:

@@ -25,10 +25,9 @@ from typing import Any, Protocol
 
 from hybridflow.config.schema import RunConfig
 from hybridflow.trainer.observe.display import RunDisplay, eval_summary
+# RL_PHASES: their keys share one step axis in TensorBoard / W&B, as in the plots
+from hybridflow.trainer.observe.plots import RL_PHASES
 from hybridflow.trainer.run.run_dir import MetricsLog
-
-# Phases whose steps count RL steps: their keys share one step axis in TensorBoard / W&B.
-RL_PHASES = ("rl", "eval")
 
 
 class MetricLogger(Protocol):

@@ -43,23 +43,20 @@ def _stats(prefix: str, values: torch.Tensor, ops: tuple[str, ...] = ("mean", "m
     return {f"{prefix}/{op}": float(table[op]()) if op != "std" or values.numel() > 1 else 0.0 for op in ops}
 
 
-def _token_values(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return x[mask.bool()]
-
-
 def data_metrics(batch: DataProto) -> dict[str, float]:
     """Statistics of what the step generated and computed (see the module docstring)."""
     b = batch.batch
     mask = b["response_mask"]
+    tokens = mask.bool()  # the response tokens of every sequence
     out: dict[str, float] = {}
     out.update(_stats("score", b["token_level_scores"].sum(-1), ("mean", "std", "max", "min")))
     if "token_level_rewards" in b:
         out.update(_stats("reward", b["token_level_rewards"].sum(-1)))
     if "advantages" in b:
-        out.update(_stats("adv", _token_values(b["advantages"], mask), ("mean", "std", "max", "min")))
-        out.update(_stats("returns", _token_values(b["returns"], mask)))
+        out.update(_stats("adv", b["advantages"][tokens], ("mean", "std", "max", "min")))
+        out.update(_stats("returns", b["returns"][tokens]))
     if "values" in b:
-        out.update(_stats("values", _token_values(b["values"], mask)))
+        out.update(_stats("values", b["values"][tokens]))
     if "entropys" in b:
         out["actor/entropy"] = float(masked_mean(b["entropys"], mask))
     if "ref_log_probs" in b:

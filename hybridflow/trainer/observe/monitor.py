@@ -20,6 +20,7 @@ use of every role in it; busy and idle time per worker and device) and timeline.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -174,17 +175,12 @@ def _usage(proc: psutil.Process) -> tuple[float | None, float | None]:
         return None, None
 
 
-_REMOTE_TASK: Any = None
-
-
+@functools.cache
 def _remote_usage() -> Any:
     """`_remote_usage_fn` as a zero-CPU Ray task (made once, when a remote worker is watched)."""
-    global _REMOTE_TASK
-    if _REMOTE_TASK is None:
-        import ray
+    import ray
 
-        _REMOTE_TASK = ray.remote(num_cpus=0)(_remote_usage_fn)
-    return _REMOTE_TASK
+    return ray.remote(num_cpus=0)(_remote_usage_fn)
 
 
 def _cuda_devices() -> int:

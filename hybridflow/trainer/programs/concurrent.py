@@ -258,8 +258,7 @@ class Block:
             raise ConcurrencyError(f"{getattr(group, 'role', group)}.{method} was called inside a concurrently block "
                                    "outside any phase; call it from a phase (@phase)")
         self._flush_metrics(phase)  # what the phase recorded before the call comes first
-        submit = getattr(group, "submit", None)
-        future = submit(method, data) if submit is not None else _Done(getattr(group, method)(data))
+        future = group.submit(method, data)  # a WorkerGroup's CallFuture, an InProcessWorkerGroup's ReadyFuture
         call = _Call(future, then, frozenset(getattr(group, "workers", ())), time.monotonic(), phase)
         if not self.step.concurrent or not isinstance(future, CallFuture):
             # Waited for here (or computed already, an in-process group): the phase's own
@@ -304,7 +303,7 @@ class Block:
         for call, (value, arrived) in zip(remote, results):
             call.value, call.arrived, call.done = value, arrived, True
         for call in calls:
-            if not call.done:  # an in-process group's (already computed) or a plain value
+            if not call.done:  # an in-process group's (already computed)
                 call.value, call.arrived, call.done = call.future.get(), time.monotonic(), True
 
     def _call_starts(self) -> dict[int, float]:
@@ -353,16 +352,6 @@ class Block:
                     f"the same block writes {sorted(k for w, k in written if w == where)}: a phase there must not "
                     "read what another writes (it would see the value from before the block); move the reading "
                     "phase after the block")
-
-
-class _Done:
-    """The value of a group call made without `submit` (a group of another kind)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self) -> Any:
-        return self.value
 
 
 def _snapshot(step: Step) -> dict[str, dict]:

@@ -196,8 +196,13 @@ def generate(step: Step, actor: WorkerGroup, n: int, round: int = 0) -> None:
     """n samples per prompt; `uid` marks the samples of one prompt (the GRPO group), unique
     within the step across generation rounds. In the asynchronous modes the rollout pool's
     stream serves it: the step's batch is the groups it generated (`Step.streamed`)."""
-    if step.served:
-        step.batch = take_streamed(step)
+    if step.served:  # once: the stream serves one generation per step (more rounds: dynamic_sampling)
+        if step.streamed is None:
+            raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async "
+                               "serve one generation per step from the rollout pool (declare dynamic_sampling on "
+                               "the algorithm's AlgorithmSpec for more rounds of informative groups), or use "
+                               "trainer.mode=sync")
+        step.batch, step.streamed = step.streamed, None
         return
     prompts = step.batch
     prefix = f"{step.index}-" if round == 0 else f"{step.index}.{round}-"
@@ -225,19 +230,12 @@ def score_sequences(batch: DataProto, rule: Any | None, model: WorkerGroup | Non
         metrics.pop("reward/mean")  # the same number as score/mean (observe/metrics.py)
     if model is not None:
         rm = model.compute_rm_score(_select(batch, SCORE_KEYS)).batch["rm_scores"]
-        scores = add_model_scores(scores, batch, rm, model_weight, metrics)
+        weighted = model_weight * rm.to(torch.float32) * _env_kept(batch)
+        placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
+        metrics["reward/model_score_mean"] = float(rm.double().mean())
+        metrics["template/reward_model"] = float(weighted.double().mean())
+        scores = placed if scores is None else scores + placed
     return scores, metrics
-
-
-def add_model_scores(scores: torch.Tensor | None, batch: DataProto, rm_scores: torch.Tensor, model_weight: float,
-                     metrics: dict[str, float]) -> torch.Tensor:
-    """`scores` (None: none yet) plus the reward model's scores [B] x `model_weight` on each
-    last response token (rows whose environment failed get none); its metrics into `metrics`."""
-    weighted = model_weight * rm_scores.to(torch.float32) * _env_kept(batch)
-    placed = scores_at_last_response_token(weighted, batch.batch["response_mask"])
-    metrics["reward/model_score_mean"] = float(rm_scores.double().mean())
-    metrics["template/reward_model"] = float(weighted.double().mean())
-    return placed if scores is None else scores + placed
 
 
 def _env_kept(batch: DataProto) -> torch.Tensor:
@@ -257,29 +255,14 @@ def compute_reward(step: Step, rule: Any | None, model: WorkerGroup | None = Non
 
 @phase("cost")
 def compute_cost(step: Step, rule: Any | None, model: WorkerGroup | None) -> None:
-    """token_level_costs (Safe-RLHF) from the cost function and/or the cost model."""
+    """token_level_costs (Safe-RLHF) from the cost function and/or the cost model; the
+    scorers' metrics under cost/, and the episode costs' stats."""
     costs, metrics = score_sequences(step.batch, rule, model)
-    set_costs(step, costs, metrics)
-
-
-def set_costs(step: Step, costs: torch.Tensor, metrics: dict[str, float]) -> None:
-    """token_level_costs = `costs`; the scorers' `metrics` under cost/, and the episode costs' stats."""
     step.batch.batch["token_level_costs"] = costs
     step.metrics.update({key.replace("reward/", "cost/", 1): value for key, value in metrics.items()})
     episode = costs.double().sum(-1)
     step.metrics.update({"cost/mean": float(episode.mean()), "cost/max": float(episode.max()),
                          "cost/min": float(episode.min())})
-
-
-def take_streamed(step: Step) -> DataProto:
-    """The batch the rollout pool's stream generated for `step` (once: the asynchronous modes
-    serve one generation per step; more rounds are the dynamic_sampling capability)."""
-    if step.streamed is None:
-        raise RuntimeError("the step program generated twice in one step; trainer.mode one_step_off / async serve "
-                           "one generation per step from the rollout pool (declare dynamic_sampling on the "
-                           "algorithm's AlgorithmSpec for more rounds of informative groups), or use trainer.mode=sync")
-    batch, step.streamed = step.streamed, None
-    return batch
 
 
 @phase("greedy_baseline")
@@ -389,23 +372,18 @@ def update_critic(step: Step, critic: WorkerGroup) -> None:
 
 @phase("update_cost_critic")
 def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
-    """One update of the cost critic towards cost_returns (Safe-RLHF)."""
-    dp_call(step, cost_critic, "update_critic", cost_critic_input(step.batch),
-            then=lambda out: step.metrics.update(cost_critic_metrics(_worker_metrics(out))))
+    """One update of the cost critic towards cost_returns (Safe-RLHF): it reads the critic's
+    keys, with cost_values and cost_returns as its values and returns; its metrics go under
+    cost_critic/ (the worker reports them as critic/)."""
+    b = step.batch.batch
+    data = _select(step.batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
+    data.batch["values"], data.batch["returns"] = b["cost_values"], b["cost_returns"]
 
+    def add_metrics(out: DataProto) -> None:
+        metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
+        step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
 
-def cost_critic_input(batch: DataProto) -> DataProto:
-    """What the cost critic's update reads: the critic's keys, with cost_values and cost_returns
-    as its values and returns."""
-    data = _select(batch, tuple(k for k in CRITIC_UPDATE_KEYS if k not in ("values", "returns")))
-    data.batch["values"], data.batch["returns"] = batch.batch["cost_values"], batch.batch["cost_returns"]
-    return data
-
-
-def cost_critic_metrics(worker_metrics: dict[str, float]) -> dict[str, float]:
-    """The cost critic's update metrics under cost_critic/ (the worker reports them as critic/)."""
-    metrics = rename_worker_metrics(worker_metrics, "cost_critic")
-    return {key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()}
+    dp_call(step, cost_critic, "update_critic", data, then=add_metrics)
 
 
 @phase("update_actor")
@@ -414,7 +392,10 @@ def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour:
     `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
     Records adv/silent_groups and adv/groups first (`record_signal`)."""
     record_signal(step)
-    dp_call(step, actor, "update_actor", _select(step.batch, actor_update_keys(step.batch, with_ref, with_behaviour)),
+    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
+    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
+        keys += (OLD_LOG_PROBS,)
+    dp_call(step, actor, "update_actor", _select(step.batch, keys),
             then=lambda out: step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor")))
 
 
@@ -426,14 +407,6 @@ def record_signal(step: Step) -> None:
         return
     silent, groups = silent_groups(b.batch["advantages"], b.batch["response_mask"], b.non_tensor_batch["uid"])
     step.metrics[SILENT_GROUPS], step.metrics[GROUPS] = float(silent), float(groups)
-
-
-def actor_update_keys(batch: DataProto, with_ref: bool, with_behaviour: bool) -> tuple[str, ...]:
-    """The tensors the actor's update reads from `batch` (see update_actor)."""
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
-    if OLD_LOG_PROBS in batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
-        keys += (OLD_LOG_PROBS,)
-    return keys
 
 
 # ----------------------------------------------------------------------------- DAPO dynamic sampling

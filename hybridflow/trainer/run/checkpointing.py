@@ -326,7 +326,8 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
     if metrics_path.is_file():
         text = metrics_path.read_text(encoding="utf-8")
         lines = text.splitlines(keepends=True)
-        kept = [line for line, record in metrics_lines(text, str(metrics_path)) if _keep_record(record, step)]
+        kept = [line for line, record in metrics_lines(text, str(metrics_path))
+                if record["phase"] == "sft" or int(record["step"]) <= step]
         if len(kept) != len(lines):
             shutil.copy2(metrics_path, _unused(run_dir, f"metrics.before-resume-step{step}", ".jsonl"))
             write_text_atomically(metrics_path, "".join(kept))
@@ -334,10 +335,6 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
     if final_model.exists():
         os.replace(final_model, _unused(run_dir, f"final_model.before-resume-step{step}", ""))
     return run_dir
-
-
-def _keep_record(record: dict[str, Any], step: int) -> bool:
-    return record["phase"] == "sft" or int(record["step"]) <= step
 
 
 def _unused(directory: Path, stem: str, suffix: str) -> Path:

@@ -59,9 +59,7 @@ SFT_MODEL_DIR = "sft_model"  # <run>/sft_model: the policy after the SFT warm st
 
 def write_builtin_model(builtin: BuiltinModelSection, out_dir: Path, seed: int) -> Path:
     """The built-in tiny model of `builtin`'s sizes, initialised from `seed`, written to `out_dir`."""
-    sizes = dataclasses.asdict(builtin)
-    family = sizes.pop("family")
-    return make_builtin_model_dir(out_dir, family=family, seed=seed, **sizes)
+    return make_builtin_model_dir(out_dir, seed=seed, **dataclasses.asdict(builtin))  # family and sizes
 
 
 def base_model_path(cfg: RunConfig, run_dir: Path, *, write_builtin: bool) -> str:
@@ -188,16 +186,11 @@ def check_model_unchanged(checkpoint: Path, cfg: RunConfig) -> None:
 
 def checkpoint_of_runs(cfg: RunConfig) -> Path:
     """The newest complete checkpoint of the config's runs: trainer.run_dir if set, else the
-    runs named `name` under trainer.output_dir (what `--resume` without PATH continues)."""
+    newest (most recently written) among the runs named `<name>-<timestamp>` under
+    trainer.output_dir (what `--resume` without PATH continues)."""
     if cfg.trainer.run_dir is not None:
         return find_checkpoint(cfg.trainer.run_dir)
-    return latest_run_checkpoint(cfg.trainer.output_dir, cfg.name)
-
-
-def latest_run_checkpoint(output_dir: str | Path, name: str) -> Path:
-    """The newest complete checkpoint (most recently written) among the runs named
-    `<name>-<timestamp>` under `output_dir`."""
-    root = Path(output_dir)
+    root, name = Path(cfg.trainer.output_dir), cfg.name
     pattern = re.compile(rf"^{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")
     runs = [p for p in root.iterdir() if p.is_dir() and pattern.match(p.name)] if root.is_dir() else []
     found = [ckpt for run in runs for ckpt in complete_checkpoints(run / CHECKPOINTS_DIR)]

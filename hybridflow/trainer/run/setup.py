@@ -33,7 +33,7 @@ from hybridflow.data import (
     rl_records,
 )
 from hybridflow.engines.models import load_hf_config
-from hybridflow.engines.train.config import ActorLossConfig, MicroBatchConfig
+from hybridflow.engines.train.config import ActorLossConfig
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
 from hybridflow.trainer.observe.display import RunDisplay
@@ -91,6 +91,7 @@ class RunContext:
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        reward = None
         try:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
             display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
@@ -107,17 +108,13 @@ class RunContext:
                 longest = int(val_batch.batch["attention_mask"].sum(-1).max())
                 check_lengths_fit(cfg, longest, "the longest held-out prompt")
             reward = build_reward_manager(cfg, tokenizer)
-        except BaseException:
-            if resume_from is None:
-                discard_unused_run_dir(run_dir)
-            raise
-        try:
             cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
             omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (omp.py)
             ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
-            reward.close()
+            if reward is not None:
+                reward.close()
             if resume_from is None:
                 discard_unused_run_dir(run_dir)
             raise
@@ -180,7 +177,6 @@ def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     from hybridflow.rewards import RewardManager, load_reward_fn
-
     from hybridflow.rewards.templates import ComposedScore, parse_templates
 
     fn, specs = None, parse_templates(cfg.reward.templates)
@@ -259,13 +255,8 @@ def sft_actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
     """The actor for supervised fine-tuning: the "gpg" policy loss -A log pi with A = 1
     on every response token is the token-mean negative log-likelihood (see jobs/sft.py)."""
     engine = dataclasses.replace(
-        cfg.actor.engine_config(model_path, cfg.seed),
-        optim=cfg.sft.optim,
-        micro_batch=MicroBatchConfig(
-            mini_batch_size=cfg.sft.batch_size, micro_batch_size_per_device=cfg.sft.micro_batch_size_per_device,
-            forward_micro_batch_size_per_device=cfg.actor.micro_batch.forward_micro_batch_size_per_device,
-        ),
-    )
+        cfg.actor.engine_config(model_path, cfg.seed), optim=cfg.sft.optim,
+        micro_batch=cfg.sft.micro_batch(cfg.actor.micro_batch.forward_micro_batch_size_per_device))
     loss = ActorLossConfig(policy=PolicyLossConfig(loss_mode="gpg", loss_agg_mode="token-mean"))
     return ActorRolloutRefConfig(engine=engine, loss=loss, rollout=cfg.rollout, use_reference=False)
 

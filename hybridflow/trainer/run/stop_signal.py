@@ -31,7 +31,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-EXIT_STATUS = 128 + signal.SIGTERM
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
