@@ -76,7 +76,18 @@ def run_one(system: str, task: str, seed: int, workers: tuple[int, str], tmp: Pa
     cmd += ["--steps", str(steps)] if steps else []
     env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
     load_before = os.getloadavg()[0]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    for attempt in (1, 2):  # a Ray start can fail now and then on a loaded machine; its log is kept
+        log = out.with_suffix(f".try{attempt}.log")
+        with log.open("w") as err:
+            # cwd: Ray's workers put the driver's working directory on their path, so a baseline
+            # run started from this tree would import this tree's hybridflow in its workers.
+            done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                  cwd=str(tree) if tree else None).returncode == 0
+        if done:
+            break
+        print(f"run failed ({log}); {'trying once more' if attempt == 1 else 'giving up'}", flush=True)
+    if not done:
+        raise RuntimeError(f"{' '.join(cmd)} failed twice; see {log}")
     result = json.loads(out.read_text())
     result["baseline"] = tree is not None
     result["load_avg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
