@@ -25,6 +25,10 @@ sync for 1, async for more). `--steps N` profiles instead: every run takes exact
 environment steps (no threshold stop), `--rounds` times over, runs interleaved, and a second
 table splits each system's time: the controller's wall seconds per phase and CPU seconds
 per process role (vs_sb3_runs.py), per 1000 environment steps (medians over seeds and rounds).
+
+`--baseline-tree DIR` adds, after each hybridflow run, the same run of the hybridflow in
+another source tree (e.g. `git archive <commit> | tar -x -C DIR`), labelled "baseline":
+a before/after comparison interleaved in one run, so both see the same load.
 """
 
 from __future__ import annotations
@@ -58,19 +62,34 @@ def parse_workers(spec: str) -> list[tuple[int, str]]:
 
 
 def run_one(system: str, task: str, seed: int, workers: tuple[int, str], tmp: Path, steps: int | None = None,
-            round_: int = 0) -> dict[str, Any]:
-    """One run in its own process; a run whose JSON is already in the work dir is reused."""
+            round_: int = 0, tree: Path | None = None) -> dict[str, Any]:
+    """One run in its own process; a run whose JSON is already in the work dir is reused.
+    `tree`: run that source tree's hybridflow (its vs_sb3_runs.py, on its PYTHONPATH)."""
     count, sampling = workers
     budget = f"-{steps}steps-r{round_}" if steps else ""
-    out = tmp / f"{system}-{task}-{seed}-{count}{'-' + sampling if count else ''}{budget}.json"
+    out = tmp / f"{system}{'-baseline' if tree else ''}-{task}-{seed}-{count}{'-' + sampling if count else ''}{budget}.json"
     if out.is_file():
         return json.loads(out.read_text())
-    cmd = [sys.executable, str(HERE / "vs_sb3_runs.py"), "--system", system, "--task", task, "--seed", str(seed),
+    runs_py = (tree / "benchmarks" if tree else HERE) / "vs_sb3_runs.py"
+    cmd = [sys.executable, str(runs_py), "--system", system, "--task", task, "--seed", str(seed),
            "--workers", str(count), "--sampling", sampling, "--run-dir", str(tmp / "runs"), "--out", str(out)]
     cmd += ["--steps", str(steps)] if steps else []
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
     load_before = os.getloadavg()[0]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for attempt in (1, 2):  # a Ray start can fail now and then on a loaded machine; its log is kept
+        log = out.with_suffix(f".try{attempt}.log")
+        with log.open("w") as err:
+            # cwd: Ray's workers put the driver's working directory on their path, so a baseline
+            # run started from this tree would import this tree's hybridflow in its workers.
+            done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                  cwd=str(tree) if tree else None).returncode == 0
+        if done:
+            break
+        print(f"run failed ({log}); {'trying once more' if attempt == 1 else 'giving up'}", flush=True)
+    if not done:
+        raise RuntimeError(f"{' '.join(cmd)} failed twice; see {log}")
     result = json.loads(out.read_text())
+    result["baseline"] = tree is not None
     result["load_avg_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     out.write_text(json.dumps(result))
     return result
@@ -79,10 +98,11 @@ def run_one(system: str, task: str, seed: int, workers: tuple[int, str], tmp: Pa
 def label(run: dict[str, Any]) -> str:
     if run["system"] == "sb3":
         return "sb3"
+    name = "hybridflow baseline" if run.get("baseline") else "hybridflow"
     if run["workers"] == 0:
-        return "hybridflow workers=0"
+        return f"{name} workers=0"
     sampling = run.get("sampling") or ("async" if run["workers"] > 1 else "sync")  # runs from before the option
-    return f"hybridflow workers={run['workers']} {sampling}"
+    return f"{name} workers={run['workers']} {sampling}"
 
 
 def split_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -191,6 +211,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "vs_sb3.json"))
     parser.add_argument("--work-dir", default=None, help="keep each run's JSON here; runs already there are reused")
     parser.add_argument("--replot", action="store_true", help="only redraw the PNGs of an existing --out JSON")
+    parser.add_argument("--baseline-tree", default=None,
+                        help="also run every hybridflow run with the hybridflow of this source tree (before/after)")
     args = parser.parse_args()
     if args.replot:
         print(plot(json.loads(Path(args.out).read_text())["runs"], Path(args.out)))
@@ -204,8 +226,9 @@ def main() -> None:
         work = Path(args.work_dir) if args.work_dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
         for round_, task, seed in [(r, t, s) for r in range(args.rounds) for t in tasks for s in seeds]:
-            for system, count in [("sb3", (0, "sync"))] + [("hybridflow", w) for w in workers]:
-                run = run_one(system, task, seed, count, work, args.steps, round_)
+            trees = [None] + ([Path(args.baseline_tree).resolve()] if args.baseline_tree else [])
+            for system, count, tree in [("sb3", (0, "sync"), None)] + [("hybridflow", w, t) for w in workers for t in trees]:
+                run = run_one(system, task, seed, count, work, args.steps, round_, tree)
                 runs.append(run)
                 print(f"{task} seed {seed} {label(run)}: reached at {run['reached_at_steps']} steps, "
                       f"{run['time_to_target_s']} s, {run['steps_per_s']:.0f} steps/s, cpu {run['cpu_s']:.1f} s, "

@@ -2,14 +2,20 @@
 
     learner = WorkerGroup(pool, LearnerWorker, learner_spec)     # distributed.num_learners ranks
     learner.init_model()                                          # process group, networks, optimizers
-    metrics = learner.ppo_update(batch)[0]                        # PPO: batch split over the ranks
-    metrics = learner.sac_train(batch, 64)[0]                     # SAC: store, then 64 gradient steps
-    weights = learner.get_weights()                               # a future for the env runners
+    metrics, weights = learner.ppo_update(batch)[0]               # PPO: batch split over the ranks
+    metrics, weights = learner.sac_train(batch, 64)[0]            # SAC: store, then 64 gradient steps
+    weights = learner.get_weights()                               # a future for the env runners (start, resume)
 
 Every rank builds the same initial network (seeded), takes its slice of each batch
 (DP_COMPUTE_PROTO without padding: a padded row would be trained twice) and averages its
 gradients with the others (engines/policy/data_parallel.py), so all ranks hold the same
 weights and rank 0 speaks for them. A SAC rank keeps its own replay shard.
+
+The update calls return rank 0's new acting weights with the metrics (other ranks: None),
+and the controller sends them on with the next collection call: a separate get_weights
+call after every update was a third Ray call per iteration, ~1 ms of CPU on each side
+(benchmarks/bench_vs_sb3.py --steps, README "CPU per environment step"), where the
+weights of these small networks (tens of kB) cost less to carry in the update's reply.
 """
 
 from __future__ import annotations
@@ -64,26 +70,35 @@ class LearnerWorker(Worker):
 
     @register(dispatch=Dispatch.RANK_ZERO, blocking=False)
     def get_weights(self) -> Weights:
-        """The acting weights as numpy arrays (they travel zero-copy through the object store)."""
+        """The acting weights as numpy arrays, for the runners' first collection (start, resume)."""
         return export_acting(self._require().model)
 
-    @register(dispatch=Dispatch.dp_compute_proto(pad=False))
-    def ppo_update(self, data: DataProto) -> dict[str, float]:
-        """PPO epochs on this rank's rows (meta_info["lr"]: the scheduled step size)."""
-        learner = self._require()
-        assert isinstance(learner, PPOLearner), "ppo_update on a SAC learner"
-        return learner.update({k: data.batch[k] for k in BATCH_KEYS}, lr=float(data.meta_info["lr"]))
+    def _new_weights(self) -> Weights | None:
+        """What an update call returns beside its metrics: rank 0's acting weights (module docstring)."""
+        return export_acting(self._require().model) if self.rank == 0 else None
 
     @register(dispatch=Dispatch.dp_compute_proto(pad=False))
-    def sac_train(self, data: DataProto, num_steps: int) -> dict[str, float]:
+    def ppo_update(self, data: DataProto) -> tuple[dict[str, float], Weights | None]:
+        """PPO epochs on this rank's rows (meta_info["lr"]: the scheduled step size); the
+        metrics and the new acting weights (rank 0; None on the others)."""
+        learner = self._require()
+        assert isinstance(learner, PPOLearner), "ppo_update on a SAC learner"
+        metrics = learner.update({k: data.batch[k] for k in BATCH_KEYS}, lr=float(data.meta_info["lr"]))
+        return metrics, self._new_weights()
+
+    @register(dispatch=Dispatch.dp_compute_proto(pad=False))
+    def sac_train(self, data: DataProto, num_steps: int) -> tuple[dict[str, float], Weights | None]:
         """Store this rank's share of the transitions in its replay shard, then `num_steps` SAC
-        gradient steps (every rank samples from its own shard; 0: store only). One call, not
-        one to store and one to update: SAC iterates once per environment step, and on Ray
-        each call is a round trip between processes."""
+        gradient steps (every rank samples from its own shard; 0: store only, and no weights
+        back: they did not change). One call, not one to store and one to update: SAC
+        iterates once per environment step, and on Ray each call is a round trip between
+        processes. Returns the metrics and the new acting weights as ppo_update."""
         learner = self._require()
         assert isinstance(learner, SACLearner), "sac_train on a PPO learner"
         learner.add({k: data.batch[k] for k in TRANSITION_KEYS})
-        return learner.update(num_steps) if num_steps > 0 else {}
+        if num_steps <= 0:
+            return {}, None
+        return learner.update(num_steps), self._new_weights()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def save(self, directory: str) -> str:

@@ -12,12 +12,12 @@ algorithms/value.py); GAE differs (episodes end inside a row: algorithms/env_adv
 
 `run.groups.runners` are the env-runner workers, `run.groups.learner` the learner ranks
 (groups.py: Ray worker groups, or in-process ones); the controller only moves
-DataProtos between them and computes GAE. `run.sampler` decides when collections happen:
+DataProtos (and the learner's new weights) between them and computes GAE. `run.sampler` decides when collections happen:
 
 - sync: each iteration collects with the newest weights, then updates;
 - async: `max_policy_lag` collections stay in flight, so the runners step with the weights
   they have while the learner updates. New weights go with the next collection submitted
-  (EnvRun.sync_weights), so the data of an update is at most max_policy_lag policy
+  (`learn`), so the data of an update is at most max_policy_lag policy
   versions old; policy/lag_mean and policy/lag_max record it.
 
 Phase timings are timing_s/<phase>; the rest of the metric names are in task.py.
@@ -82,8 +82,9 @@ class EnvRun:
         self.sampler = Sampler(submit, depth)
 
     def sync_weights(self) -> None:
-        """Ask the learner for its weights; they go to the runners with the next collection
-        call (take_weights). A future: nobody waits, Ray hands it from learner to runners."""
+        """Ask the learner for its weights (at the start and on resume; after an update they
+        come with its reply, `learn`); they go to the runners with the next collection call
+        (take_weights). A future: nobody waits, Ray hands it from learner to runners."""
         self.weights = (self.groups.learner.get_weights(), self.version)
 
     def take_weights(self) -> tuple[Any, int | None]:
@@ -108,13 +109,15 @@ def phase(metrics: dict[str, Any], name: str) -> Iterator[None]:
     metrics[f"timing_s/{name}"] = time.perf_counter() - start
 
 
-def learn(run: EnvRun, metrics: dict[str, Any], update: Callable[[], dict[str, float]]) -> None:
-    """The phases every program ends with: the learner's update, then a request for its new weights."""
+def learn(run: EnvRun, metrics: dict[str, Any], update: Callable[[], tuple[dict[str, float], Any]]) -> None:
+    """The phases every program ends with: the learner's update (its metrics and new acting
+    weights, workers/learner.py), then the weights are handed to the next collection call."""
     with phase(metrics, "update"):
-        metrics.update(update())
+        values, weights = update()
+        metrics.update(values)
     run.version += 1
     with phase(metrics, "sync"):
-        run.sync_weights()
+        run.weights = (weights, run.version)
 
 
 # ----------------------------------------------------------------------------- PPO
