@@ -68,7 +68,7 @@ def test_nothing_of_an_embedded_ray_outlives_a_killed_controller(tmp_path):
         killed = {int(pid) for pid in re.findall(r"\d+", report.rpartition(": ")[2])}
         assert killed, report
         # The reaper itself exits just after writing its report: it is waited for below.
-        reaper = {pid for pid, name in _names(tree).items() if "controller/reaper.py" in name}
+        reaper = {pid for pid, line in _names(tree, width=None).items() if "controller/reaper.py" in line}
         left = _running({pid: tree[pid] for pid in tree if pid not in killed | reaper})
         assert left == [], f"not killed by the reaper and still running: {_names(left)}; {report}; tree {_names(tree)}"
         while _running(tree):  # what it killed goes (SIGKILL); only a hang could keep us here
@@ -77,11 +77,13 @@ def test_nothing_of_an_embedded_ray_outlives_a_killed_controller(tmp_path):
         proc.kill()
 
 
-def _names(pids) -> dict[int, str]:
+def _names(pids, width: int | None = 80) -> dict[int, str]:
+    """Command lines by pid, cut to `width` for messages; matching needs them whole (a clone
+    under a long path pushes "controller/reaper.py" past 80 characters)."""
     names = {}
     for pid in pids:
         try:
-            names[pid] = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:80]
+            names[pid] = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")[:width]
         except OSError:
             names[pid] = "?"
     return names
