@@ -6,7 +6,8 @@
 # runs the default job, PPO with concurrent phases (fp32, bf16) and the user-algorithm example.
 #
 #   here:  bash benchmarks/gpu_trainer.sh pack          # writes .ray/ (git-ignored: /.ray/ in .git/info/exclude)
-#   there: device run, carry [".ray"], timeout_s 400:  bash benchmarks/gpu_trainer.sh run
+#   there: device run, carry [".ray"], timeout_s 400:  bash benchmarks/gpu_trainer.sh run [JOB ...]
+# JOB is any of demo, ppo_concurrent, ppo_bf16, brevity (all when none is named), for a short lease.
 set -u
 case "${1:-}" in
 pack)
@@ -24,8 +25,10 @@ run)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ray/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
   python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+  shift; jobs=" ${*:-demo ppo_concurrent ppo_bf16 brevity} "
   one() {  # name, time limit (s), overrides...
     local name=$1 limit=$2; shift 2; local s; s=$(date +%s)
+    [[ $jobs == *" $name "* ]] || return 0
     timeout "$limit" python3 -m hybridflow.cli train trainer.console=plain "trainer.run_dir=/tmp/runs/$name" "$@" \
       > "$OUT/$name.log" 2>&1
     echo "== $name rc=$? $(( $(date +%s) - s )) s"; grep -E "held-out accuracy|error|s/step" "$OUT/$name.log" | tail -4
