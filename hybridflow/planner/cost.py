@@ -29,7 +29,8 @@ with N matmul parameters, P parameters, L layers, width d, KV width d_kv, e byte
     overhead eff.call_s per call, eff.micro_batch_s per micro-batch, eff.decode_step_s per step
 
 Peak FLOP/s and memory bandwidth are scaled by the device's share (DeviceSpec.shared_*,
-corrected by eff.share_scale) when more than one device of a node computes at once (`shared`). A collective runs at
+corrected by eff.share_scale where a group's own ranks share the node) when more than one
+device of a node computes at once (`shared`). A collective runs at
 intra-node bandwidth when its group fits in one node, else inter-node.
 
 Collective calls per phase (what the engines here issue, counted in torch profiler traces
@@ -111,14 +112,21 @@ def link_bw(group: int, span: int, cluster: Cluster) -> float:
     return bw * cluster.efficiency.comm
 
 
-def shared(devices: int, cluster: Cluster) -> tuple[float, float]:
-    """The fractions of its own FLOP rate and memory bandwidth a device keeps while
-    `devices` devices compute at once: DeviceSpec.shared_* x eff.share_scale (at most 1)
-    when more than one of them sit on a node (this machine's 2 vCPUs share a core; GPUs:
-    1), else 1."""
-    if min(devices, cluster.devices_per_node) <= 1:
+def shared(devices: int, cluster: Cluster, busy: int = 0) -> tuple[float, float]:
+    """The fractions of its own FLOP rate and memory bandwidth a device of a group of
+    `devices` ranks keeps while `max(devices, busy)` devices compute at once (busy: other
+    pools' ranks beside it in a block, simulate.busy_devices), where more than one of them
+    sit on a node, else 1. The device's measured share (DeviceSpec.shared_*: what
+    independent processes keep; this machine's 2 vCPUs, GPUs: 1), times eff.share_scale
+    (at most 1) only when the group's own ranks share a node: they compute in lockstep, each
+    collective waits for the slower one and takes the cores it computes on, which slows
+    them with their compute; a rank of another pool does not wait for them (measured here:
+    an update beside the other pool's update keeps 0.93-1.01 of its time alone, the
+    benchmark's share 0.99, where share_scale is fitted near 0.8; docs/planner.md)."""
+    per_node = cluster.devices_per_node
+    if min(max(devices, busy), per_node) <= 1:
         return 1.0, 1.0
-    scale = cluster.efficiency.share_scale
+    scale = cluster.efficiency.share_scale if min(devices, per_node) > 1 else 1.0
     return min(1.0, cluster.device.shared_flops * scale), min(1.0, cluster.device.shared_bw * scale)
 
 
@@ -199,7 +207,7 @@ def train_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster, 
     optimizer_steps = max(1, S // max(1, load.mini_batch)) * load.epochs
     # The pipeline drains at every optimizer step: its bubble is (pp - 1) / (micro-batches per step).
     bubble = 1 + (par.pp - 1) / max(1, micro // optimizer_steps)
-    compute = flops / (par.devices * dev.peak_flops * eff.train * shared(max(par.devices, busy), cluster)[0]) * bubble
+    compute = flops / (par.devices * dev.peak_flops * eff.train * shared(par.devices, cluster, busy)[0]) * bubble
     e = load.dtype_bytes
     shard_group = shape.params / (par.tp * par.pp)
     dp_bw = link_bw(par.dp, par.devices, cluster)
@@ -223,7 +231,7 @@ def forward_cost(load: RoleLoad, par: Parallel, work: Workload, cluster: Cluster
     s, S = work.seq_len, work.sequences
     flops = training_flops(shape.matmul_params, shape.layers, shape.hidden, [s] * S) / 3
     micro = _micro_batches(S, par.dp, load.forward_micro_batch)
-    rate = par.devices * dev.peak_flops * eff.forward * shared(max(par.devices, busy), cluster)[0]
+    rate = par.devices * dev.peak_flops * eff.forward * shared(par.devices, cluster, busy)[0]
     compute = flops / rate * (1 + (par.pp - 1) / micro)
     e = load.dtype_bytes
     gather = ring_bytes(par.dp, e * shape.params / (par.tp * par.pp)) * micro / link_bw(par.dp, par.devices, cluster)

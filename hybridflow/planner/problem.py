@@ -52,8 +52,8 @@ class Capabilities:
     overlap: phases of one stage on different pools run at the same time (the paper's
         runtime), whatever the program's blocks.
     blocks: phases of one `concurrently` block of the program (FlowPhase.block) on different
-        pools run at the same time; everything else, and each call's dispatch and collection
-        by the controller (Efficiency.call_s), one after another (this trainer with
+        pools run at the same time, each with its call's dispatch and collection
+        (Efficiency.call_s); everything else one after another (this trainer with
         trainer.concurrent_phases: true; trainer/programs/concurrent.py). With neither, every
         phase runs after the one before (trainer.concurrent_phases: false).
     A pool is one set of processes: its phases run one after another in any case.

@@ -8,9 +8,10 @@ updates; a stage reads only what earlier stages wrote):
   stages;
 - with `Capabilities.blocks` (this trainer with trainer.concurrent_phases=true), the
   phases of one `concurrently` block of the program (FlowPhase.block) run at once where
-  they sit in different pools: the block lasts as long as its busiest pool's share, plus
-  the controller's dispatch and collection of each of its calls (Efficiency.call_s), which
-  it does one call after another; phases outside the blocks run one after another;
+  they sit in different pools: the block lasts as long as its busiest pool's phases, each
+  with its call (Efficiency.call_s): the controller dispatches and collects the other
+  pools' calls while the busiest pool works (measured here: the block's wall time is its
+  slowest phase's, docs/planner.md); phases outside the blocks run one after another;
 - with neither (trainer.concurrent_phases=false: the controller waits for each call) the
   step is the sum of all phases.
 So each pool has a time vector: one entry per stage (what runs one after another, or
@@ -140,23 +141,21 @@ def columns(problem: Problem) -> int:
 def busy_devices(problem: Problem, phase: FlowPhase) -> int:
     """Devices computing while `phase` runs, where more than its own pool's: in an
     overlapped block the other pools' phases of the block run beside it, so it is costed
-    with the share of a node whose devices all compute (cost.shared: 1 on GPUs; this
-    machine's two vCPUs share a core). An upper bound where the other pools' share of the
-    block ends first. 0: its own pool's."""
+    with the share of a node whose devices all compute (cost.shared: 1 on GPUs; on a CPU
+    the measured share, corrected by share_scale only where its own group shares the
+    node). An upper bound where the other pools' share of the block ends first. 0: its
+    own pool's."""
     return problem.cluster.devices_per_node if phase.block in problem.overlapped_blocks else 0
 
 
 def add_phase(times: list[float], problem: Problem, phase: FlowPhase, seconds: float) -> None:
     """Add `phase`'s seconds to its pool's time vector `times` (module docstring): to its
-    stage; in an overlapped block, the controller's dispatch and collection (call_s) to its
-    stage and the rest to the block's entry."""
+    stage, or, in an overlapped block, to the block's entry."""
     blocks = problem.overlapped_blocks
     if phase.block is None or phase.block not in blocks:
         times[phase.stage] += seconds
-        return
-    call = min(problem.cluster.efficiency.call_s, seconds)
-    times[phase.stage] += call
-    times[STAGES + blocks.index(phase.block)] += seconds - call
+    else:
+        times[STAGES + blocks.index(phase.block)] += seconds
 
 
 def combine(by_pool: list[list[float]], overlap: bool) -> tuple[float, list[float]]:
