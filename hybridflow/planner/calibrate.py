@@ -18,10 +18,12 @@ does, so it trades against the training efficiency; it stays at FIT_START's 2 ms
 the leave-one-out errors barely move for any value from 0.5 to 8 ms) and decode_bw (six
 decode steps of a 0.26 M-parameter model are bound by overheads, never by bandwidth).
 The device's `shared_flops` / `shared_bw` (what a core keeps while the other computes) are
-measured (devices.measure_cpu) and corrected by the fitted `share_scale`, which costs in
-the loss what one phase that far off costs: the measurement is noisy here (the host moves
-the vCPUs between shared and separate cores within minutes), and a rank's small matmuls
-with Python between them share a core differently from the benchmark's large one. Only
+measured (devices.measure_cpu) and, for the ranks of one group (dp2, tp2), corrected by
+the fitted `share_scale`, which costs in the loss what one phase that far off costs: the
+measurement is noisy here (the host moves the vCPUs between shared and separate cores
+within minutes), and ranks in lockstep, with gloo collectives on the cores they compute
+on, lose more than the benchmark's independent matmuls. The concurrent split profile's
+updates, two 1-rank pools side by side, take the measured share (cost.shared). Only
 profiles whose phases run alone on a core (split 1|1, grpo 1 rank) tell the share apart
 from the efficiencies; with both in PROFILES, leaving one out keeps the other.
 """

@@ -78,11 +78,13 @@ class Efficiency:
     parallel, FSDP's gathers, pipeline sends), which also waits for the slowest rank's
     compute since the last one; dtensor_collective_s a DTensor tensor-parallel collective in
     training, with its redistribution and autograd work. share_scale: correction of the
-    device's measured shared_flops / shared_bw that calibration fits (what the ranks'
-    work sees of the sharing, capped at a full share). call_s: per worker-group
-    call (dispatch, collect); micro_batch_s: per micro-batch a rank runs; decode_step_s: per
-    decode step of a generation wave; controller_per_seq_s: rule-based scoring per sequence;
-    per_step_s: the controller's own work per step (advantages, batch bookkeeping, metrics).
+    device's measured shared_flops / shared_bw that calibration fits (what the ranks of one
+    parallel group, computing in lockstep on a node, see of the sharing, capped at a full
+    share; a rank of another pool beside them keeps the measured share: cost.shared).
+    call_s: per worker-group call (dispatch, collect); micro_batch_s: per micro-batch a rank
+    runs; decode_step_s: per decode step of a generation wave; controller_per_seq_s:
+    rule-based scoring per sequence; per_step_s: the controller's own work per step
+    (advantages, batch bookkeeping, metrics).
     """
 
     train: float = 0.45
