@@ -120,9 +120,9 @@ def shared(devices: int, cluster: Cluster, busy: int = 0) -> tuple[float, float]
     independent processes keep; this machine's 2 vCPUs, GPUs: 1), times eff.share_scale
     (at most 1) only when the group's own ranks share a node: they compute in lockstep, each
     collective waits for the slower one and takes the cores it computes on, which slows
-    them with their compute; a rank of another pool does not wait for them (measured here:
-    an update beside the other pool's update keeps 0.93-1.01 of its time alone, the
-    benchmark's share 0.99, where share_scale is fitted near 0.8; docs/planner.md)."""
+    them with their compute; a rank of another pool does not wait for them (measured here
+    in four quiet rounds: an update beside the other pool's update keeps 0.93-1.02 of its
+    time alone, the benchmark's share 0.97-0.99, share_scale fitted 0.6-0.9; docs/planner.md)."""
     per_node = cluster.devices_per_node
     if min(max(devices, busy), per_node) <= 1:
         return 1.0, 1.0

@@ -10,8 +10,8 @@ updates; a stage reads only what earlier stages wrote):
   phases of one `concurrently` block of the program (FlowPhase.block) run at once where
   they sit in different pools: the block lasts as long as its busiest pool's phases, each
   with its call (Efficiency.call_s): the controller dispatches and collects the other
-  pools' calls while the busiest pool works (measured here: the block's wall time is its
-  slowest phase's, docs/planner.md); phases outside the blocks run one after another;
+  pools' calls while the busiest pool works (measured here: the block's wall time is about
+  its slowest phase's, docs/planner.md); phases outside the blocks run one after another;
 - with neither (trainer.concurrent_phases=false: the controller waits for each call) the
   step is the sum of all phases.
 So each pool has a time vector: one entry per stage (what runs one after another, or

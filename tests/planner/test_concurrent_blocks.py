@@ -107,7 +107,7 @@ def test_a_block_phase_shares_the_node_with_the_other_pools_phases(share_scale):
             assert costs_on[name].compute_s == pytest.approx(costs_off[name].compute_s * (2 if in_block else 1))
 
 
-def test_share_scale_corrects_a_group_in_a_block_not_its_neighbour():
+def test_share_scale_still_corrects_a_group_of_several_ranks_in_a_block():
     """Split 2 | 2 on one node of 4 that keep half their rate, share_scale 0.8: an update
     of a 2-rank pool computes at 0.5 x 0.8 of a device whether in a block or not (its own
     ranks share the node); on 1-device nodes nothing is shared. Hand-computed: the actor's
