@@ -64,7 +64,8 @@ def with_eff(problem, eff):
 def one_file(path: Path) -> dict:
     stored = json.loads(path.read_text())
     measured, device = stored["measured"], DeviceSpec(**stored["device"])
-    cases = cases_of(measured, device, Path(tempfile.mkdtemp()))
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = cases_of(measured, device, Path(tmp))
     eff = fit(list(cases.values()))
     problem, mapping, _ = cases[CONCURRENT]
     fitted = predict(problem, mapping, eff)

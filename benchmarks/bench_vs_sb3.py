@@ -225,8 +225,8 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         work = Path(args.work_dir) if args.work_dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
+        trees = [None] + ([Path(args.baseline_tree).resolve()] if args.baseline_tree else [])
         for round_, task, seed in [(r, t, s) for r in range(args.rounds) for t in tasks for s in seeds]:
-            trees = [None] + ([Path(args.baseline_tree).resolve()] if args.baseline_tree else [])
             for system, count, tree in [("sb3", (0, "sync"), None)] + [("hybridflow", w, t) for w in workers for t in trees]:
                 run = run_one(system, task, seed, count, work, args.steps, round_, tree)
                 runs.append(run)
