@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec
 from hybridflow.config.loader import _build, at_least, in_unit, nest_dotted, positive, user_tree
-from hybridflow.config.sections.trainer import LOGGER_NAMES
+from hybridflow.config.sections.trainer import LoopSection
 from hybridflow.errors import ConfigError
 
 
@@ -180,35 +180,23 @@ class SACSection:
 
 
 @dataclass
-class EnvTrainerSection:
-    """total_env_steps: environment steps of the whole run (train() without steps runs to
-    it; with linear lr decay it is the horizon). log_freq / save_freq: a metrics record /
-    a checkpoint at the end of every iteration that crosses a multiple of this many
-    environment steps (save_freq 0: no checkpoints). return_window: episodes in the
-    rolling mean return (episode/return_mean_window). target_return: stop once that mean
-    reaches it (null: never). save_on_signal: on SIGTERM / SIGINT, finish the current
-    iteration and checkpoint it before stopping (false: stop after the iteration with the
-    newest checkpoint there is). The rest as in the LM trainer section."""
+class EnvTrainerSection(LoopSection):
+    """LoopSection's keys (run directory, console, checkpoints, loggers) and
+    total_env_steps: environment steps of the whole run (train() without steps runs to
+    it; with linear lr decay it is the horizon). log_freq: a metrics record at the end of
+    every iteration that crosses a multiple of this many environment steps (save_freq:
+    the same for checkpoints). return_window: episodes in the rolling mean return
+    (episode/return_mean_window). target_return: stop once that mean reaches it (null:
+    never). save_on_signal: the current iteration is finished and checkpointed."""
 
     total_env_steps: int = 100_000
     log_freq: int = 1000
-    save_freq: int = 0
-    keep_last_checkpoints: int | None = None
-    save_on_signal: bool = True
     return_window: int = 20
     target_return: float | None = None
-    output_dir: str = "runs"
-    run_dir: str | None = None
-    console: Literal["rich", "plain", "none"] = "rich"
-    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    wandb_project: str = "hybridflow"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         positive(self, "total_env_steps", "log_freq", "return_window")
-        at_least(self, 0, "save_freq", note="0: no checkpoints")
-        unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
-        if unknown:
-            raise ConfigError(f"unknown logger(s) {unknown}; choose from {list(LOGGER_NAMES)}", "loggers")
 
 
 @dataclass

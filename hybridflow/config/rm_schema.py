@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from hybridflow.config.loader import at_least, load_config
 from hybridflow.config.schema import check_run_name
 from hybridflow.config.sections.model import BuiltinModelSection
 from hybridflow.config.sections.resources import ComputeSection
+from hybridflow.config.sections.trainer import RunOutputSection
 from hybridflow.data.configs import PairwiseDataConfig
 from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
 from hybridflow.errors import ConfigError
@@ -38,24 +38,20 @@ from hybridflow.workers.config import RewardModelWorkerConfig
 
 
 @dataclass
-class RMTrainerSection:
-    """How long, how often to evaluate, where the run goes.
+class RMTrainerSection(RunOutputSection):
+    """How long, how often to evaluate, where the run goes (RunOutputSection's keys).
 
     epochs: passes over the training pairs (used when total_steps is null).
     total_steps: trainer steps of data.batch_size pairs each; null = epochs x (train
         pairs // data.batch_size).
     eval_freq: held-out pairwise accuracy every this many steps (0: before and after only).
     save_model: export the trained reward model to <run>/reward_model (HF format).
-    output_dir / run_dir / console: as in the RL run config (trainer section).
     """
 
     epochs: int = 1
     total_steps: int | None = None
     eval_freq: int = 0
     save_model: bool = True
-    output_dir: str = "runs"
-    run_dir: str | None = None
-    console: Literal["rich", "plain", "none"] = "rich"
 
     def __post_init__(self) -> None:
         at_least(self, 1, "epochs")

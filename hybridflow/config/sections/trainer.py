@@ -1,5 +1,8 @@
 """The `trainer` section of the run config: how long, how often to evaluate and save, where the run
-goes, what it logs, the mode and the restart policy.
+goes, what it logs, the mode and the restart policy. Its run-directory and console settings
+(`RunOutputSection`) and its checkpoint and logger settings (`LoopSection`) are defined here
+once for every job's trainer section: environment tasks (config/env_schema.py) and reward
+models (config/rm_schema.py) have them too.
 """
 
 from __future__ import annotations
@@ -14,6 +17,56 @@ from hybridflow.errors import ConfigError
 
 # trainer.loggers: where metrics go (hybridflow/trainer/observe/loggers.py).
 LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
+
+
+@dataclass
+class RunOutputSection:
+    """Where a run goes and what it shows (the trainer section of every job).
+
+    output_dir / run_dir: runs go to <output_dir>/<name>-<timestamp>/; run_dir picks an
+        exact directory instead (it must not exist: a run never overwrites another).
+    console: "rich" progress display, "plain" one line per step, or "none".
+    """
+
+    output_dir: str = "runs"
+    run_dir: str | None = None
+    console: Literal["rich", "plain", "none"] = "rich"
+
+
+@dataclass
+class LoopSection(RunOutputSection):
+    """Checkpoints and metrics of a training loop (language-model and environment runs):
+    RunOutputSection's keys and
+
+    save_freq: checkpoint every this many steps (environment tasks: at the end of every
+        iteration that crosses a multiple of this many environment steps; 0: never) into
+        <run>/checkpoints/global_step_<N>; `hybridflow train --resume` continues from the
+        newest one.
+    keep_last_checkpoints: keep only the newest this many checkpoints (null: all).
+    save_on_signal: on SIGTERM or SIGINT, finish the current step and checkpoint it before stopping
+        (exit status 143 or 130); false: stop after the step with the newest checkpoint there is.
+    loggers: where metrics go: "console" (the display; without it nothing is printed),
+        "jsonl" (<run>/metrics.jsonl, read by `hybridflow plot`), "tensorboard"
+        (<run>/tensorboard), "wandb" (needs `pip install wandb`; honours WANDB_MODE=offline).
+        Plots go to <run>/plots.
+    wandb_project: the W&B project of the run (the run is named after its directory).
+    """
+
+    save_freq: int = 0
+    keep_last_checkpoints: int | None = None
+    save_on_signal: bool = True
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    wandb_project: str = "hybridflow"
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "save_freq", note="0 = no checkpoints")
+        at_least(self, 1, "keep_last_checkpoints", null="keep all")
+        unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
+        if unknown or len(set(self.loggers)) != len(self.loggers):
+            raise ConfigError(f"must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}", "loggers")
+        if "wandb" in self.loggers and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("includes 'wandb' but the wandb package is not installed: `pip install wandb`, or "
+                              "remove 'wandb' from trainer.loggers", "loggers")
 
 
 @dataclass
@@ -43,28 +96,16 @@ class ValidationSection:
 
 
 @dataclass
-class TrainerSection:
-    """The loop: how long, how often to evaluate and save, where the run goes.
+class TrainerSection(LoopSection):
+    """The loop: how long, how often to evaluate and save, where the run goes: LoopSection's
+    keys (a checkpoint holds models, optimizers, schedules, data position, RNG and algorithm
+    state) and
 
     total_steps: RL steps (one batch of prompts each).
     test_freq: greedy held-out evaluation every this many steps (0: only before and after).
-    save_freq: checkpoint every this many steps (0: never) into
-        <run>/checkpoints/global_step_<N>: models, optimizers, schedules, data position,
-        RNG, algorithm state; `hybridflow train --resume` continues from the newest one.
-    keep_last_checkpoints: keep only the newest this many checkpoints (null: all).
-    save_on_signal: on SIGTERM or SIGINT, finish the current step and checkpoint it before stopping
-        (exit status 143 or 130); false: stop after the step with the newest checkpoint there is.
     save_final_model: export the trained actor as a Hugging Face dir (<run>/final_model).
-    output_dir / run_dir: runs go to <output_dir>/<name>-<timestamp>/; run_dir picks an
-        exact directory instead (it must not exist: a run never overwrites another).
-    console: "rich" progress display, "plain" one line per step, or "none".
     val_before_train: evaluate the starting policy (logged at step 0) before the first step.
     validation: sampling of the held-out evaluation (greedy by default).
-    loggers: where metrics go: "console" (the display above; without it nothing is
-        printed), "jsonl" (<run>/metrics.jsonl, read by `hybridflow plot`),
-        "tensorboard" (<run>/tensorboard), "wandb" (needs `pip install wandb`; honours
-        WANDB_MODE=offline). Plots of reward, KL, entropy and length go to <run>/plots.
-    wandb_project: the W&B project of the run (the run is named after its directory).
     balance_batch: before each call that splits the batch over dp ranks (log-probs,
         values, updates), swap rows between ranks so each gets a near-equal token count;
         every mini-/micro-batch keeps its samples, so results only change by float order.
@@ -92,17 +133,9 @@ class TrainerSection:
 
     total_steps: int = 30
     test_freq: int = 10
-    save_freq: int = 0
-    keep_last_checkpoints: int | None = None
-    save_on_signal: bool = True
     save_final_model: bool = True
-    output_dir: str = "runs"
-    run_dir: str | None = None
-    console: Literal["rich", "plain", "none"] = "rich"
     val_before_train: bool = True
     validation: ValidationSection = field(default_factory=ValidationSection)
-    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    wandb_project: str = "hybridflow"
     balance_batch: bool = True
     concurrent_phases: bool = True
     max_restarts: int = 2
@@ -111,16 +144,10 @@ class TrainerSection:
     max_no_signal_steps: int | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         at_least(self, 1, "max_no_signal_steps", null="never stop")
         at_least(self, 0, "max_restarts", note="0 = stop at the first worker failure")
         if self.call_timeout_s is not None and not self.call_timeout_s > 0:
             raise ConfigError(f"must be > 0 seconds or null (no limit), got {self.call_timeout_s}", "call_timeout_s")
-        unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
-        if unknown or len(set(self.loggers)) != len(self.loggers):
-            raise ConfigError(f"must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}", "loggers")
-        if "wandb" in self.loggers and importlib.util.find_spec("wandb") is None:
-            raise ConfigError("includes 'wandb' but the wandb package is not installed: `pip install wandb`, or "
-                              "remove 'wandb' from trainer.loggers", "loggers")
         at_least(self, 1, "total_steps")
-        at_least(self, 0, "test_freq", "save_freq", note="0 = off")
-        at_least(self, 1, "keep_last_checkpoints", null="keep all")
+        at_least(self, 0, "test_freq", note="0 = only before and after")

@@ -48,7 +48,11 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
     ({"env": "x", "ppo": {"minibatch_size": 100}}, r"ppo.minibatch_size: 100 does not divide the batch of 128"),
     ({"env": "x", "distributed": {"num_workers": 0, "sampling": "async"}}, r"distributed.sampling"),
     ({"env": "x", "distributed": {"num_workers": -1}}, r"distributed.num_workers: must be >= 0"),
-    ({"env": "x", "trainer": {"loggers": ["jsonl", "csv"]}}, r"trainer.loggers: unknown logger"),
+    # The checkpoint and logger keys are the LM trainer's own (config/sections/trainer.py LoopSection),
+    # checked the same way: an unknown or repeated logger, no checkpoints kept.
+    ({"env": "x", "trainer": {"loggers": ["jsonl", "csv"]}}, r"trainer.loggers: must be distinct names from"),
+    ({"env": "x", "trainer": {"loggers": ["jsonl", "jsonl"]}}, r"trainer.loggers: must be distinct names from"),
+    ({"env": "x", "trainer": {"keep_last_checkpoints": 0}}, r"trainer.keep_last_checkpoints: must be >= 1"),
 ])
 def test_bad_dicts_name_the_key_and_the_fix(tree, match):
     with pytest.raises(ConfigError, match=match):
