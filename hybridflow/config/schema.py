@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,12 +165,11 @@ def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
     demo's) fill the keys the tree does not set. The tree is read, never re-read from its file."""
     tree = _function_references(nest_dotted(tree))
     cfg = _build(RunConfig, copy.deepcopy(tree))
-    presets = _unset_presets(run_presets(cfg, demo), tree)
+    presets = [(key, value) for key, value in dict(run_presets(cfg, demo)).items() if not _user_sets(tree, key)]
     if presets:
         with_presets = copy.deepcopy(tree)
-        for text in presets:
-            key, value = text.split("=", 1)
-            _set_path(with_presets, key.split("."), json.loads(value))
+        for key, value in presets:
+            _set_path(with_presets, key.split("."), copy.deepcopy(value))
         cfg = _build(RunConfig, with_presets)
     validate_run_config(cfg)
     return cfg
@@ -194,26 +192,17 @@ def _function_references(tree: dict[str, Any], where: str = "") -> dict[str, Any
     return out
 
 
-def _unset_presets(presets: tuple[tuple[str, object], ...], tree: dict) -> list[str]:
-    """`presets` as overrides, minus those the user's `tree` sets: the key itself, or a parent
-    given a value rather than a section (e.g. `actor.loss.policy: null`)."""
-    explicit = _leaf_keys(tree)
-
-    def user_set(key: str) -> bool:
-        parts = key.split(".")
-        return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1))
-
-    # JSON is YAML, which is how override values are parsed.
-    return [f"{key}={json.dumps(value)}" for key, value in dict(presets).items() if not user_set(key)]
-
-
-def _leaf_keys(tree: dict[str, Any], prefix: str = "") -> set[str]:
-    """Dotted keys of the values in `tree` (a section that holds keys is not a value)."""
-    keys = set()
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        keys |= _leaf_keys(value, f"{dotted}.") if isinstance(value, dict) else {dotted}
-    return keys
+def _user_sets(tree: dict[str, Any], key: str) -> bool:
+    """Whether the user's `tree` sets the dotted `key`: the key itself, or a parent given a
+    value rather than a section (e.g. `actor.loss.policy: null`)."""
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
