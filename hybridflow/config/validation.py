@@ -35,8 +35,6 @@ class Layout:
     world_size: int
     actor_ranks: int
     critic_ranks: int
-    actor_dp: int
-    critic_dp: int
     rollout_groups: int
     sequences_per_step: int
     rollout_pool_ranks: int = 0  # the generation-only pool of trainer.mode one_step_off / async
@@ -79,10 +77,9 @@ def validate_run_config(cfg: RunConfig) -> Layout:
         )
     _check_steps_fill_mini_batches("actor", cfg.actor.micro_batch, prompts, n)
     actor_dp = _role_dp(cfg, "actor", actor_ranks, trainable=True)
-    critic_dp = 0
     if cfg.use_critic:
         _check_steps_fill_mini_batches("critic", cfg.critic.micro_batch, prompts, n)
-        critic_dp = _role_dp(cfg, "critic", critic_ranks, trainable=True)
+        _role_dp(cfg, "critic", critic_ranks, trainable=True)
     for key in ("reward_model", "cost_model"):
         if getattr(cfg, key).path is not None:
             _role_dp(cfg, key, actor_ranks, trainable=False)
@@ -98,8 +95,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
         )
     check_async_settings(cfg)
     pool = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
-    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, actor_dp, critic_dp, groups, sequences,
-                  pool)
+    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, groups, sequences, pool)
 
 
 def _check_actor_pipeline(cfg: RunConfig, actor_ranks: int, tp_gen: int) -> None:
