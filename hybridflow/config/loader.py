@@ -11,6 +11,7 @@ from the root (`actor.micro_batch.epochs`), and any other ValueError names the s
 
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
 import difflib
@@ -108,8 +109,8 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
             try:
                 return _convert(value, arg, where, base if isinstance(arg, type) and isinstance(base, arg) else None)
             except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(f"{value!r} matches none of {annotation}: {errors}", where)
+                errors.append(err.message)
+        raise ConfigError(f"{value!r} matches none of {annotation}: {'; '.join(errors)}", where)
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{value!r} is not one of {list(args)}", where)
@@ -124,6 +125,10 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         item_type = args[0] if args else Any
         items = [_convert(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
         return items if origin is list else tuple(items)
+    if origin is collections.abc.Callable:
+        if not callable(value):
+            raise ConfigError(f"expected a function, got {value!r}", where)
+        return value
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"expected a mapping, got {value!r}", where)

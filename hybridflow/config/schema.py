@@ -53,7 +53,7 @@ from hybridflow.config.sections.async_rl import AsyncSection
 from hybridflow.config.sections.data import DataSection
 from hybridflow.config.sections.model import ModelSection
 from hybridflow.config.sections.resources import ResourceSection
-from hybridflow.config.sections.rewards import CostModelSection, RewardModelSection, RewardSection, reward_reference
+from hybridflow.config.sections.rewards import CostModelSection, RewardModelSection, RewardSection
 from hybridflow.config.sections.roles import ActorSection, CriticSection
 from hybridflow.config.sections.sft import SFTSection
 from hybridflow.config.sections.trainer import TrainerSection
@@ -163,7 +163,7 @@ def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
     overrides applied; or a dict, which may use dotted keys and give a reward function as
     the function itself). The presets (`run_presets`; `demo` False: without the built-in
     demo's) fill the keys the tree does not set. The tree is read, never re-read from its file."""
-    tree = _function_references(nest_dotted(tree))
+    tree = nest_dotted(tree)
     cfg = _build(RunConfig, copy.deepcopy(tree))
     presets = [(key, value) for key, value in dict(run_presets(cfg, demo)).items() if not _user_sets(tree, key)]
     if presets:
@@ -173,23 +173,6 @@ def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
         cfg = _build(RunConfig, with_presets)
     validate_run_config(cfg)
     return cfg
-
-
-def _function_references(tree: dict[str, Any], where: str = "") -> dict[str, Any]:
-    """`tree` with every reward function given as a Python object in a custom_fn_path
-    replaced by its import path and name (reward_reference), so the saved config is YAML."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out[key] = _function_references(value, f"{where}{key}.")
-        elif key == "custom_fn_path" and callable(value):
-            try:
-                out[key], out["custom_fn_name"] = reward_reference(value, tree.get("custom_fn_name", "compute_score"))
-            except ConfigError as err:
-                raise err.within(where.rstrip(".")) from None
-        else:
-            out.setdefault(key, value)
-    return out
 
 
 def _user_sets(tree: dict[str, Any], key: str) -> bool:

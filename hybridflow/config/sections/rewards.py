@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +19,11 @@ class RewardSection:
     custom_fn_path / custom_fn_name: your `compute_score(data_source, solution_str,
         ground_truth, extra_info)` in a Python file or an importable module (dotted name);
         null uses the built-in scorers. From Python, custom_fn_path may be the function
-        itself: it is recorded by its import path (see `reward_fn_reference`).
+        itself: it is recorded by its import path (see `reward_reference`).
     """
 
     manager: RewardConfig = field(default_factory=lambda: RewardConfig(num_workers=1, timeout_s=10.0))
-    custom_fn_path: str | None = None
+    custom_fn_path: str | Callable[..., float] | None = None  # a function: turned into its path
     custom_fn_name: str = "compute_score"
     # reward templates composed with weights (rewards/templates.py, docs/agents.md); empty:
     # the data source's scorer (or custom_fn). Entries: {name, weight, level, args}.
@@ -73,7 +74,7 @@ class CostModelSection(ScoreModelSection):
     function `custom_fn_name(data_source, solution_str, ground_truth, extra_info)` in the Python
     file custom_fn_path, scored like reward functions (reward.manager settings); both: summed."""
 
-    custom_fn_path: str | None = None
+    custom_fn_path: str | Callable[..., float] | None = None  # a function: turned into its path
     custom_fn_name: str = "compute_score"
 
     def __post_init__(self) -> None:
