@@ -30,6 +30,7 @@ import importlib
 import json
 import re
 from collections.abc import Callable
+from operator import attrgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -39,7 +40,6 @@ from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, Advant
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
-from hybridflow.config.model_presets import dotted_value
 from hybridflow.registry import Registry, import_file
 
 if TYPE_CHECKING:
@@ -348,7 +348,7 @@ def check_algorithm(cfg: RunConfig) -> None:
         )
     presets = dict(spec.presets)
     for key in spec.required:
-        value = dotted_value(cfg, key)
+        value = attrgetter(key)(cfg)
         if value != presets[key]:
             raise ConfigError(
                 f"algorithm.name={alg.name} is defined by {key}={json.dumps(presets[key])}, got {json.dumps(value)}; "

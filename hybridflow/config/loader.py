@@ -137,9 +137,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"expected true/false, got {value!r}", where)
         return value
-    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if annotation is float and isinstance(value, str):
+    if annotation is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
             return float(value)  # YAML reads "1e-5" (no dot) as a string
         except ValueError:

@@ -14,6 +14,7 @@ not set (config/schema.py run_presets); `hybridflow eval` prints each value it u
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +33,11 @@ CARRIED_KEYS = (
 )
 
 
-def dotted_value(cfg: Any, key: str) -> Any:
-    """The value at dotted `key` of a config tree (attributes all the way down)."""
-    node = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
-
-
 def write_model_presets(model_dir: str | Path, cfg: Any, written_by: str) -> Path:
     """`<model_dir>/hybridflow_presets.json` with `cfg`'s CARRIED_KEYS; `written_by` says
     which run (and step) the model came from."""
     path = Path(model_dir) / MODEL_PRESETS_FILE
-    presets = {key: dotted_value(cfg, key) for key in CARRIED_KEYS}
+    presets = {key: attrgetter(key)(cfg) for key in CARRIED_KEYS}
     path.write_text(json.dumps({"written_by": written_by, "presets": presets}, indent=2) + "\n")
     return path
 

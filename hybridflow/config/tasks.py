@@ -64,32 +64,28 @@ TASK_KINDS.add("environment", TaskKind(
     "hybridflow.trainer.env.task:EnvironmentTask", checkpoint_kind="env"))
 
 
-def _kinds() -> list[TaskKind]:
-    return [TASK_KINDS[name] for name in TASK_KINDS.names()]
-
-
 def task_kind_of(tree: dict[str, Any]) -> TaskKind:
     """The kind whose marker is a top-level key of `tree` (dotted keys count by their first
     part), else the kind without a marker."""
     top = {key.split(".")[0] for key in tree if isinstance(key, str)}
-    marked = [kind for kind in _kinds() if kind.marker is not None and kind.marker in top]
+    marked = [kind for kind in TASK_KINDS.entries.values() if kind.marker is not None and kind.marker in top]
     if len(marked) > 1:
         raise ConfigError(f"the config names {', '.join(k.marker for k in marked)}: keys of different task kinds "
                           f"({', '.join(k.name for k in marked)}); keep those of one")
     if marked:
         return marked[0]
-    return next(kind for kind in _kinds() if kind.marker is None)
+    return next(kind for kind in TASK_KINDS.entries.values() if kind.marker is None)
 
 
 def task_kind_of_config(config: Any) -> TaskKind | None:
     """The kind whose config class `config` is an instance of (None: not a typed config)."""
-    return next((kind for kind in _kinds() if isinstance(config, kind.root_class())), None)
+    return next((kind for kind in TASK_KINDS.entries.values() if isinstance(config, kind.root_class())), None)
 
 
 def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
     """The kind that wrote a checkpoint, from its trainer_state.json."""
     recorded = state.get("kind")
-    return next(kind for kind in _kinds() if kind.checkpoint_kind == recorded)
+    return next(kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded)
 
 
 def check_top_level_keys(tree: dict[str, Any]) -> None:
@@ -98,7 +94,7 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
     misspelt marker would otherwise make a run of the wrong kind."""
     if not isinstance(tree, dict):
         raise ConfigError(f"a config is a mapping of keys to values, got {type(tree).__name__}")
-    known = sorted({f.name for kind in _kinds() for f in dataclasses.fields(kind.root_class())})
+    known = sorted({f.name for kind in TASK_KINDS.entries.values() for f in dataclasses.fields(kind.root_class())})
     for key in tree:
         if not isinstance(key, str):
             raise ConfigError(f"config keys are strings, got {key!r}")
