@@ -227,7 +227,7 @@ def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
     nested = nest_dotted({key: ({"id": value} if key == "env" and (isinstance(value, str) or callable(value))
                                 else value) for key, value in tree.items()})
     env = nested.get("env")
-    if isinstance(env, dict) and callable(env.get("id")) and not isinstance(env.get("id"), str):
+    if isinstance(env, dict) and callable(env.get("id")):
         from hybridflow.envs.registry import register_env
 
         env["id"] = register_env(env["id"]).__name__  # a class given directly: registered under its name
@@ -241,17 +241,15 @@ def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
 def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
     """Lower-case string values of Literal fields when that makes them valid ("PPO" -> "ppo")."""
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name not in tree:
-            continue
-        value, hint = tree[f.name], hints[f.name]
+    for name, value in tree.items():
+        hint = hints.get(name)
         if dataclasses.is_dataclass(hint) and isinstance(value, dict):
             _fold_choices(hint, value)
-            continue
-        members = typing.get_args(hint) if typing.get_origin(hint) is not Literal else (hint,)
-        options = [a for arg in members if typing.get_origin(arg) is Literal for a in typing.get_args(arg)]
-        if isinstance(value, str) and value not in options and value.lower() in options:
-            tree[f.name] = value.lower()
+        elif isinstance(value, str):
+            members = typing.get_args(hint) if typing.get_origin(hint) is not Literal else (hint,)
+            options = [a for arg in members if typing.get_origin(arg) is Literal for a in typing.get_args(arg)]
+            if value not in options and value.lower() in options:
+                tree[name] = value.lower()
 
 
 # Settings of language-model runs that environment tasks do not have, and what to use.
@@ -259,33 +257,26 @@ def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
 # checkpoint; environment tasks have no such supervisor: a worker failure stops the run
 # and `hybridflow train --resume RUN_DIR` continues it (docs/resilience.md).
 LM_ONLY_KEYS = {
-    ("trainer", "max_restarts"): "environment tasks do not restart their workers by themselves: a worker failure "
-                                 "stops the run; continue it with `hybridflow train --resume RUN_DIR`",
-    ("trainer", "call_timeout_s"): "environment tasks have no call time limit; a hung worker is stopped with Ctrl-C "
-                                   "and the run continued with `hybridflow train --resume RUN_DIR`",
-    ("resources",): "environment tasks place their workers with distributed.num_workers, "
-                    "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
-                    "distributed.ray_address (the cluster)",
+    "trainer.max_restarts": "environment tasks do not restart their workers by themselves: a worker failure "
+                            "stops the run; continue it with `hybridflow train --resume RUN_DIR`",
+    "trainer.call_timeout_s": "environment tasks have no call time limit; a hung worker is stopped with Ctrl-C "
+                              "and the run continued with `hybridflow train --resume RUN_DIR`",
+    "resources": "environment tasks place their workers with distributed.num_workers, "
+                 "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
+                 "distributed.ray_address (the cluster)",
 }
 
 
-def check_lm_only_keys(tree: dict[str, Any]) -> None:
-    """ConfigError naming a language-model-only setting (LM_ONLY_KEYS) in an environment task's tree."""
-    for path, why in LM_ONLY_KEYS.items():
-        node: Any = tree
-        for part in path:
-            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
-        if node is not _ABSENT:
-            raise ConfigError(f"is a setting of language-model runs; {why}", ".".join(path))
-
-
-_ABSENT = object()
-
-
 def env_config_from_dict(tree: dict[str, Any]) -> EnvRunConfig:
-    """Build and resolve an `EnvRunConfig` from a user's dict (module docstring)."""
-    check_lm_only_keys(tree)
-    return resolve_env_config(_build(EnvRunConfig, normalize_tree(tree)))
+    """Build and resolve an `EnvRunConfig` from a user's dict (module docstring); a setting of
+    language-model runs (LM_ONLY_KEYS) is a ConfigError saying what to use instead."""
+    nested = normalize_tree(tree)
+    for key, why in LM_ONLY_KEYS.items():
+        section, _, name = key.rpartition(".")
+        holder = nested.get(section) if section else nested
+        if isinstance(holder, dict) and name in holder:
+            raise ConfigError(f"is a setting of language-model runs; {why}", key)
+    return resolve_env_config(_build(EnvRunConfig, nested))
 
 
 def load_env_config(path: str | Path | None = None, overrides: list[str] = ()) -> EnvRunConfig:
