@@ -127,8 +127,7 @@ def hyper_parameters(cfg: EnvRunConfig) -> Any:
 def steps_per_iteration(cfg: EnvRunConfig) -> int:
     """Environment steps per iteration: workers (at least the in-process one) x copies x the
     steps per copy of the algorithm's collection."""
-    spec = env_algorithm_spec(cfg.algorithm)
-    per_env = getattr(getattr(cfg, spec.section), spec.steps_field)
+    per_env = getattr(hyper_parameters(cfg), env_algorithm_spec(cfg.algorithm).steps_field)
     return max(cfg.distributed.num_workers, 1) * cfg.env.num_envs * per_env
 
 

@@ -99,16 +99,6 @@ class RMDataSection:
         at_least(self, 1, "max_val_pairs", null="")
 
 
-def _default_engine() -> TrainEngineSettings:
-    # A reward model's own defaults (its micro-batch sizes count pairs); the class is the
-    # engine's, so every engine setting is an `engine.*` key here too.
-    return TrainEngineSettings(
-        optim=OptimConfig(lr=1e-5, weight_decay=0.0),
-        micro_batch=MicroBatchConfig(mini_batch_size=32, micro_batch_size_per_device=8,
-                                     forward_micro_batch_size_per_device=32),
-    )
-
-
 @dataclass
 class RMConfig:
     """A reward-model training run (see the module docstring)."""
@@ -119,7 +109,11 @@ class RMConfig:
     resources: ComputeSection = field(default_factory=ComputeSection)
     model: RMModelSection = field(default_factory=RMModelSection)
     data: RMDataSection = field(default_factory=RMDataSection)
-    engine: TrainEngineSettings = field(default_factory=_default_engine)
+    # A reward model's own defaults (its micro-batch sizes count pairs); the class is the
+    # engine's, so every engine setting is an `engine.*` key here too.
+    engine: TrainEngineSettings = field(default_factory=lambda: TrainEngineSettings(
+        optim=OptimConfig(lr=1e-5, weight_decay=0.0), micro_batch=MicroBatchConfig(
+            mini_batch_size=32, micro_batch_size_per_device=8, forward_micro_batch_size_per_device=32)))
 
     def __post_init__(self) -> None:
         check_run_name(self.name)

@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hybridflow.config.loader import at_least
+from hybridflow.config.loader import at_least, positive
 from hybridflow.errors import ConfigError
 
 
@@ -147,7 +147,6 @@ class TrainerSection(LoopSection):
         super().__post_init__()
         at_least(self, 1, "max_no_signal_steps", null="never stop")
         at_least(self, 0, "max_restarts", note="0 = stop at the first worker failure")
-        if self.call_timeout_s is not None and not self.call_timeout_s > 0:
-            raise ConfigError(f"must be > 0 seconds or null (no limit), got {self.call_timeout_s}", "call_timeout_s")
+        positive(self, "call_timeout_s", null="no limit")
         at_least(self, 1, "total_steps")
         at_least(self, 0, "test_freq", note="0 = only before and after")
