@@ -1,21 +1,16 @@
-"""What each `algorithm.name` is, in one place: the algorithm registry and the `algorithm`
-section of the run config.
-
-One `AlgorithmSpec` row per algorithm holds everything its name implies: the step program,
-the value models it trains, whether it scores a cost, the advantage estimators it accepts,
-the fewest samples per prompt, its presets, the settings section it reads and its own
-checks. Config validation, presets and `RunConfig.use_critic`, the trainer's roles,
+"""What each `algorithm.name` is, in one place: the algorithm registry (one `AlgorithmSpec`
+row per algorithm holds everything its name implies) and the `algorithm` section of the run
+config. Config validation, presets and `RunConfig.use_critic`, the trainer's roles,
 placement, checkpointed roles and the program it runs all ask the row; no code compares
 algorithm names. docs/algorithms.md lists the built-in rows, docs/extending.md says how to
 add one.
 
-Layering: config sits below the trainer and never imports it, yet a row names its program.
-So `program` is either the function itself (what `@register_algorithm` stores when a user's
-module, which may import the trainer's phases, decorates its program) or a
-"module:function" import path (the built-in rows below, whose programs live in
-hybridflow/trainer/programs/algorithms.py), which the trainer imports when the run starts
-(`hybridflow.trainer.programs.algorithms.step_program`). The registry itself lives here, so the
-config can check a name without the trainer.
+Layering: config sits below the trainer and never imports it, yet a row names its program:
+the function itself (what `@register_algorithm` stores when a user's module, which may
+import the trainer's phases, decorates its program) or a "module:function" import path (the
+built-in rows below; their programs are in trainer/programs/algorithms.py, whose
+`step_program` imports them when the run starts). The registry lives here, so the config
+can check a name without the trainer.
 
 A user's algorithm is found by `algorithm.module` (a dotted import path, or a .py file),
 which `AlgorithmSection` imports before it looks up `algorithm.name`, or by importing the
@@ -127,9 +122,8 @@ class AlgorithmSpec:
         if self.settings is not None and self.settings not in settings_sections():
             raise ValueError(f"{where}: settings={self.settings!r} is not a settings section of `algorithm`; "
                              f"use one of {list(settings_sections())} or None")
-        if isinstance(self.program, str) and not re.fullmatch(r"[\w.]+:\w+", self.program):
-            raise ValueError(f"{where}: program {self.program!r} must be a function or a 'module:function' path")
-        if self.program is not None and not isinstance(self.program, str) and not callable(self.program):
+        if not (self.program is None or callable(self.program)
+                or isinstance(self.program, str) and re.fullmatch(r"[\w.]+:\w+", self.program)):
             raise ValueError(f"{where}: program must be a function or a 'module:function' path, got {self.program!r}")
         for capability, needs in (("dynamic_sampling", "filter_groups"), ("lagrangian", "multiplier")):
             if getattr(self, capability) and not hasattr(_section_default(self.settings), needs):

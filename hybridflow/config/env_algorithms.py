@@ -7,11 +7,8 @@ rows are in config/algorithm.py.
     spec.continuous_actions  # True: refused on an environment with discrete actions
     steps_per_iteration(cfg)  # environment steps of one iteration (workers x env.num_envs x ...)
 
-A row declares what the rest of the code would otherwise infer from the name: the config
-section holding its hyper-parameters, how it collects (on-policy rollouts of
-`<section>.rollout_steps` per environment copy, or replay transitions every
-`<section>.train_freq` steps), whether it needs continuous actions, its network defaults
-and its own size checks. No code compares algorithm names.
+A row declares what the rest of the code would otherwise infer from the name (its fields:
+`EnvAlgorithmSpec`); no code compares algorithm names.
 
 Layering as for language-model rows: config sits below the trainer, so `program` is the
 "module:attr" import path of the `EnvProgram` (hybridflow/trainer/env/programs.py: how

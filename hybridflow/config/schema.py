@@ -8,10 +8,8 @@ them into `RunConfig`). Every setting is declared once, where it is read: the ro
 sections are the engine's and the workers' own config classes (actor and critic subclass
 TrainEngineSettings, reward_model and cost_model EngineSettings, rollout is a
 RolloutWorkerConfig), so their defaults are those classes' defaults; the algorithm's
-settings live in algorithm.py. The built-in demo's own values (group size, 6-token
-answers, learning rates and batch cuts of the tiny model) are DEMO_PRESETS, applied by
-`load_run_config` when the run uses the built-in model or task; `RunConfig()` is the bare
-tree without them.
+settings live in algorithm.py. The built-in demo's own values are DEMO_PRESETS (below);
+`RunConfig()` is the bare tree without them.
 
     name, seed                  run name (run dir `<trainer.output_dir>/<name>-<timestamp>`); seed of
                                 model init, data order, warm-start data and engines (sampling
@@ -108,10 +106,11 @@ def check_run_name(name: str) -> None:
         raise ConfigError(f"must be a non-empty directory-safe word, got {name!r}", "name")
 
 
-# The built-in demo's own values: what the tiny model (64 positions) and the arithmetic task
-# (answers of a few tokens, 16 prompts x 8 samples per step) are tuned for. They apply when a
-# run uses the built-in model or the built-in task, to the keys the user does not set; every
-# other run gets the defaults of the config classes (one definition per setting).
+# The built-in demo's own values (group size, 6-token answers, learning rates and batch cuts):
+# what the tiny model (64 positions) and the arithmetic task (answers of a few tokens, 16
+# prompts x 8 samples per step) are tuned for. `load_run_config` applies them when a run uses
+# the built-in model or the built-in task, to the keys the user does not set; every other run
+# gets the defaults of the config classes (one definition per setting).
 DEMO_PRESETS: tuple[tuple[str, object], ...] = (
     ("data.prompt.max_prompt_length", 32),
     ("rollout.n", 8),
@@ -152,9 +151,7 @@ def run_presets(cfg: RunConfig, demo: bool = True) -> tuple[tuple[str, object], 
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] = (), demo: bool = True) -> RunConfig:
-    """Load and fully validate a run config (YAML file + dotted overrides). The presets
-    (`run_presets`; `demo` False: without the built-in demo's) fill the keys that neither
-    the file nor an override sets."""
+    """Load and fully validate a run config (YAML file + dotted overrides; `run_config_from_tree`)."""
     return run_config_from_tree(user_tree(path, list(overrides)), demo)
 
 

@@ -4,12 +4,10 @@
     check_top_level_keys(tree)           # a misspelt top-level key: ConfigError with did-you-mean
     cfg = kind.build(tree)               # its typed, validated config (RunConfig, EnvRunConfig)
 
-A `TaskKind` row declares how a config is recognised (`marker`: a top-level key only its
-tree has; the row without a marker is the default), its config tree (`root`), how a tree
-becomes that config, what a run saves as its config (`resolve`), the trainer that runs it
-and the `kind` its checkpoints record (trainer_state.json), so a resumed run finds its kind
-without reading its config. The trainer names are import paths: config sits below the
-trainer (ARCHITECTURE.md). Rows live in the project's one `Registry`.
+A `TaskKind` row declares how a config is recognised, how it is built, resolved and
+trained, and the kind its checkpoints record, so a resumed run finds its kind without
+reading its config. Its names are import paths: config sits below the trainer
+(ARCHITECTURE.md). Rows live in the project's one `Registry`.
 """
 
 from __future__ import annotations
@@ -24,11 +22,11 @@ from hybridflow.registry import Registry, import_object, suggest
 
 @dataclass(frozen=True)
 class TaskKind:
-    """name: the kind ("language_model", "environment"). marker: the top-level key whose
-    presence means this kind (None: the kind of a tree that has no other kind's marker).
-    root, build, resolve, trainer: "module:attr" paths of the config class, of
-    `build(tree) -> config`, of `resolve(config) -> config as saved`, and of the trainer
-    class (`cls(config, resume=...)`). checkpoint_kind: trainer_state.json's "kind" of its
+    """name: the kind ("language_model", "environment"). marker: the top-level key only its
+    tree has (None: the kind of a tree that has no other kind's marker). root, build_path,
+    resolve_path, trainer: "module:attr" paths of the config class, of `build(tree) ->
+    config`, of `resolve(config) -> config as a run saves it`, and of the trainer class
+    (`cls(config, resume=...)`). checkpoint_kind: trainer_state.json's "kind" of its
     checkpoints (None: checkpoints without one)."""
 
     name: str
