@@ -29,8 +29,6 @@ from hybridflow.errors import ConfigError
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
 
-TRAINER_MODES = ("sync", "one_step_off", "async")
-
 
 @dataclass
 class AsyncSection:
@@ -60,8 +58,6 @@ class AsyncSection:
 def check_async_settings(cfg: RunConfig) -> None:
     """Cross-section rules of the asynchronous modes (nothing to check in sync mode)."""
     mode, a = cfg.trainer.mode, cfg.async_rl
-    if mode not in TRAINER_MODES:
-        raise ConfigError(f"must be one of {TRAINER_MODES}, got {mode!r}", "trainer.mode")
     if mode == "sync":
         return
     _check_capabilities(cfg)
