@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from hybridflow.config.algorithm import check_algorithm
 from hybridflow.config.sections.async_rl import check_async_settings
 from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, require_gpu
-from hybridflow.engines.train.config import EngineSettings, MicroBatchConfig
+from hybridflow.engines.train.config import EngineSettings
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import check_role_engine, check_role_pipeline
 
@@ -58,10 +58,8 @@ def validate_run_config(cfg: RunConfig) -> Layout:
         actor_ranks, critic_ranks = world - cfg.resources.critic_ranks, cfg.resources.critic_ranks
     else:
         actor_ranks = critic_ranks = world
-    n = cfg.rollout.n
     check_algorithm(cfg)  # what algorithm.name implies (its registry row)
     prompts = cfg.data.train_batch_size
-    sequences = prompts * n
     tp_gen = cfg.rollout.tensor_model_parallel_size
     if cfg.rollout.name in EXTERNAL_ENGINES and (why := require_gpu(cfg.rollout.name, cfg.resources.use_gpu)):
         raise ConfigError(why, "resources.use_gpu")
@@ -75,10 +73,8 @@ def validate_run_config(cfg: RunConfig) -> Layout:
             f"{prompts} prompts cannot be shared by the {groups} generation groups (actor ranks {actor_ranks} / "
             f"rollout.tensor_model_parallel_size {tp_gen}); make it a multiple of {groups}", "data.train_batch_size",
         )
-    _check_steps_fill_mini_batches("actor", cfg.actor.micro_batch, prompts, n)
     actor_dp = _role_dp(cfg, "actor", actor_ranks, trainable=True)
     if cfg.use_critic:
-        _check_steps_fill_mini_batches("critic", cfg.critic.micro_batch, prompts, n)
         _role_dp(cfg, "critic", critic_ranks, trainable=True)
     for key in ("reward_model", "cost_model"):
         if getattr(cfg, key).path is not None:
@@ -95,7 +91,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
         )
     check_async_settings(cfg)
     pool = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
-    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, groups, sequences, pool)
+    return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, groups, prompts * cfg.rollout.n, pool)
 
 
 def _check_actor_pipeline(cfg: RunConfig, actor_ranks: int, tp_gen: int) -> None:
@@ -132,25 +128,19 @@ def _check_model_template(cfg: RunConfig) -> None:
 
 
 def _role_dp(cfg: RunConfig, role: str, ranks: int, *, trainable: bool) -> int:
-    """The role's data-parallel size on `ranks`, after the engine's and the role's own rules."""
+    """The role's data-parallel size on `ranks`, after the engine's and the role's own rules
+    (a trained role's mini-batch must divide the sequences of a step)."""
     section: EngineSettings = getattr(cfg, role)
+    prompts, n = cfg.data.train_batch_size, cfg.rollout.n
     try:
-        if trainable:
-            check_role_engine(role, section)
-        else:
-            check_role_pipeline(role, section)
+        if trainable and prompts * n % section.micro_batch.mini_batch_size:
+            raise ConfigError(f"{section.micro_batch.mini_batch_size} does not divide the data.train_batch_size "
+                              f"({prompts}) x rollout.n ({n}) = {prompts * n} sequences per step",
+                              "micro_batch.mini_batch_size")
+        (check_role_engine if trainable else check_role_pipeline)(role, section)
         return section.check_parallel(ranks, cfg.resources.use_gpu, trainable=trainable)
     except ConfigError as err:
         raise err.within(role) from None
-
-
-def _check_steps_fill_mini_batches(role: str, mb: MicroBatchConfig, prompts: int, n: int) -> None:
-    sequences = prompts * n
-    if sequences % mb.mini_batch_size:
-        raise ConfigError(
-            f"{mb.mini_batch_size} does not divide the data.train_batch_size ({prompts}) x rollout.n ({n}) = "
-            f"{sequences} sequences per step", f"{role}.micro_batch.mini_batch_size",
-        )
 
 
 # SFTSection keys of the MicroBatchConfig the SFT actor trains with (SFTSection.micro_batch).
