@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -220,7 +219,7 @@ class EnvRunConfig:
 
 def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """A user's dict as the nested tree the loader reads: dotted keys nested, `env: <name>`
-    (or an environment class) as `env: {id: ...}`, choices lower-cased."""
+    (or an environment class) as `env: {id: ...}`, the algorithm's name lower-cased."""
     if not isinstance(tree, dict):
         raise ConfigError(f"an environment config is a mapping, got {type(tree).__name__}")
     # The flat form `env: <name>` (or a class) is the section `env: {id: <name>}`.
@@ -234,22 +233,7 @@ def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
     algorithm = nested.get("algorithm")
     if isinstance(algorithm, str) and algorithm not in ENV_ALGORITHMS and algorithm.lower() in ENV_ALGORITHMS:
         nested["algorithm"] = algorithm.lower()  # "PPO" names the registered "ppo"
-    _fold_choices(EnvRunConfig, nested)
     return nested
-
-
-def _fold_choices(cls: type, tree: dict[str, Any]) -> None:
-    """Lower-case string values of Literal fields when that makes them valid ("PPO" -> "ppo")."""
-    hints = typing.get_type_hints(cls)
-    for name, value in tree.items():
-        hint = hints.get(name)
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            _fold_choices(hint, value)
-        elif isinstance(value, str):
-            members = typing.get_args(hint) if typing.get_origin(hint) is not Literal else (hint,)
-            options = [a for arg in members if typing.get_origin(arg) is Literal for a in typing.get_args(arg)]
-            if value not in options and value.lower() in options:
-                tree[name] = value.lower()
 
 
 # Settings of language-model runs that environment tasks do not have, and what to use.

@@ -3,7 +3,7 @@
 A config is a tree of dataclasses. `load_config(Root, "run.yaml", ["actor.lr=1e-5"])`
 reads the YAML, applies the overrides in order, checks every key against the dataclass
 fields (an unknown key names the closest valid one), converts values to the declared field
-types, and returns the filled instance. Dataclasses may validate themselves in
+types (a choice in any case), and returns the filled instance. Dataclasses may validate themselves in
 `__post_init__`; a `ConfigError` they raise, keyed relative to themselves, comes out keyed
 from the root (`actor.micro_batch.epochs`), and any other ValueError names the section.
 `save_config` writes the resolved tree back as YAML for the run directory.
@@ -112,6 +112,8 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
                 errors.append(err.message)
         raise ConfigError(f"{value!r} matches none of {annotation}: {'; '.join(errors)}", where)
     if origin is typing.Literal:
+        if isinstance(value, str) and value not in args and value.lower() in args:
+            return value.lower()  # choices are case-insensitive ("Spread" is "spread")
         if value not in args:
             raise ConfigError(f"{value!r} is not one of {list(args)}", where)
         return value

@@ -64,6 +64,7 @@ def test_value_types_are_converted_and_checked():
         load_config(Root, None, ["actor.use_lora=3"])
     with pytest.raises(ConfigError, match="not one of"):
         load_config(Root, None, ["actor.optim.schedule=linear"])
+    assert load_config(Root, None, ["actor.optim.schedule=Cosine"]).actor.optim.schedule == "cosine"  # any case
 
 
 def test_unknown_key_names_the_closest_valid_key():
