@@ -96,7 +96,7 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
 
 
 def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
-    """`value` as `annotation`; `base` is the default instance a partial section fills in."""
+    """`value` as `annotation`; `base` is the field's default, which a partial section fills in."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if annotation is Any:
@@ -107,7 +107,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _convert(value, arg, where, base if isinstance(arg, type) and isinstance(base, arg) else None)
+                return _convert(value, arg, where, base)
             except ConfigError as err:
                 errors.append(err.message)
         raise ConfigError(f"{value!r} matches none of {annotation}: {'; '.join(errors)}", where)
@@ -160,21 +160,19 @@ def _field_default(field: dataclasses.Field) -> Any:
 
 
 def _build(cls: type[T], values: dict, prefix: str = "", base: Any = None) -> T:
-    """Instantiate `cls` from `values`; keys not given come from `base` (a default
-    instance of cls) when there is one, else from the class's own defaults."""
+    """Instantiate `cls` from `values`; keys not given come from `base` (a fresh default
+    instance of cls, not used elsewhere) when there is one, else from the class's own defaults."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     kwargs = {}
-    if base is not None:
-        kwargs = {name: copy.deepcopy(getattr(base, name)) for name in fields if name not in values}
     for key, value in values.items():
         where = f"{prefix}.{key}" if prefix else key
         if key not in fields:
             raise ConfigError(f"unknown config key{_closest(key, list(fields))}", where)
         default = getattr(base, key) if base is not None else _field_default(fields[key])
-        kwargs[key] = _convert(value, hints[key], where, default if dataclasses.is_dataclass(default) else None)
+        kwargs[key] = _convert(value, hints[key], where, default)
     try:
-        return cls(**kwargs)
+        return cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     except ConfigError as err:
         raise err.within(prefix) from err  # its key is relative to cls, which sits at `prefix`
     except (TypeError, ValueError) as err:

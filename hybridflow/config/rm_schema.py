@@ -16,8 +16,7 @@ Sections (each a dataclass; every default lives here, once):
                     micro_batch sizes count pairs (one pair = two sequences in one forward)
 
 `validate_rm_config(cfg)` checks sizes against each other and the world size before
-anything starts, and returns the resolved world size. Every check raises ConfigError naming
-the dotted key; the engine's and the reward-model role's own rules run where they are
+anything starts; the engine's and the reward-model role's own rules run where they are
 defined (EngineSettings.check_parallel, RewardModelWorkerConfig).
 """
 

@@ -30,10 +30,8 @@ settings live in algorithm.py. The built-in demo's own values are DEMO_PRESETS (
                                 optim/lora); the cost of safe_rlhf
     sft                         supervised warm start (steps, data, optimizer)
 
-`validate_run_config(cfg)` (validation.py) checks what single sections cannot: sizes against
-each other and against the world size, and the algorithm against what it implies. It runs
-before any worker starts (load_run_config calls it). Every check raises ConfigError naming
-the dotted key (hybridflow/errors.py).
+`validate_run_config(cfg)` (validation.py) checks what single sections cannot, before any
+worker starts (load_run_config calls it).
 """
 
 from __future__ import annotations
