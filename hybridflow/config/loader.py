@@ -219,24 +219,22 @@ def nest_dotted(tree: dict[str, Any]) -> dict[str, Any]:
     for key, value in tree.items():
         if not isinstance(key, str):
             raise ConfigError(f"config keys are strings, got {key!r}")
-        _merge(nested, key.split("."), _copy(value))
+        _merge(nested, key.split("."), value)
     return nested
 
 
 def _merge(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    """Set `path` to `value`; a section merges into what dotted keys already set there."""
+    """Set `path` to a copy of `value`; a section merges into what dotted keys already set there."""
+    if not isinstance(value, dict):
+        _set_path(tree, path, value)
+        return
     node: Any = tree
     for part in path:
         node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(value, dict) and isinstance(node, dict):
-        for key, inner in value.items():
-            _merge(tree, [*path, key], inner)
-    else:
-        _set_path(tree, path, value)
-
-
-def _copy(value: Any) -> Any:
-    return {k: _copy(v) for k, v in value.items()} if isinstance(value, dict) else value
+    if not isinstance(node, dict):
+        _set_path(tree, path, {})
+    for key, inner in value.items():
+        _merge(tree, [*path, key], inner)
 
 
 def config_to_dict(config: Any) -> dict:
