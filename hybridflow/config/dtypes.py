@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hybridflow.engines.precision import AutoChoice, Measure, ProbeShape, auto_dtype, probe_matmul
+from hybridflow.engines.precision import AutoChoice, ProbeShape, auto_dtype
 
 if TYPE_CHECKING:
     from hybridflow.config.rm_schema import RMConfig
@@ -50,10 +50,10 @@ def auto_sections(cfg: RunConfig) -> list[str]:
     return [name for name in DTYPE_SECTIONS if used[name] and getattr(cfg, name).dtype == "auto"]
 
 
-def auto_choice(cfg: RunConfig) -> AutoChoice:
-    """What "auto" becomes for this run (measured once per machine and shape, then cached)."""
+def auto_choice(cfg: RunConfig | RMConfig, threads: int | None = None) -> AutoChoice:
+    """What "auto" becomes on `threads` per rank (None: resources.threads_per_rank), cached per machine and shape."""
     device = "cuda" if cfg.resources.use_gpu else "cpu"
-    return auto_dtype(device, probe_shape(cfg), cfg.resources.threads_per_rank)
+    return auto_dtype(device, probe_shape(cfg), threads or cfg.resources.threads_per_rank)
 
 
 def resolved_dtypes(cfg: RunConfig) -> RunConfig:
@@ -66,12 +66,12 @@ def resolved_dtypes(cfg: RunConfig) -> RunConfig:
                                        for name in autos})
 
 
-def resolved_rm_dtype(cfg: RMConfig, threads: int, measure: Measure = probe_matmul) -> tuple[RMConfig, str]:
+def resolved_rm_dtype(cfg: RMConfig, threads: int) -> tuple[RMConfig, str]:
     """A reward-model run (`hybridflow rm`) with engine.dtype "auto" resolved as a training
     run's roles are (on its `threads` per rank), and the line it prints at its start."""
     if cfg.engine.dtype != "auto":
         return cfg, f"dtype: reward model {cfg.engine.dtype}"
-    choice = auto_dtype("cuda" if cfg.resources.use_gpu else "cpu", probe_shape(cfg), threads, measure)
+    choice = auto_choice(cfg, threads)
     resolved = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, dtype=choice.dtype))
     return resolved, f"dtype: reward model {choice.dtype} (engine: {choice.reason})"
 
