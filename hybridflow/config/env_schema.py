@@ -78,6 +78,7 @@ class PolicySection:
             sizes = getattr(self, key)
             if sizes is not None and any(s < 1 for s in sizes):
                 raise ConfigError(f"layer widths must be >= 1, got {sizes}", key)
+            setattr(self, key, None if sizes is None else list(sizes))  # a tuple (an algorithm's default) too
 
 
 @dataclass
@@ -211,6 +212,8 @@ class EnvRunConfig:
     trainer: EnvTrainerSection = field(default_factory=EnvTrainerSection)
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ENV_ALGORITHMS and str(self.algorithm).lower() in ENV_ALGORITHMS:
+            self.algorithm = str(self.algorithm).lower()  # "PPO" names the registered "ppo"
         ENV_ALGORITHMS.check(self.algorithm)  # ConfigError keyed `algorithm`, naming the registered ones
 
 
@@ -219,7 +222,7 @@ class EnvRunConfig:
 
 def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """A user's dict as the nested tree the loader reads: dotted keys nested, `env: <name>`
-    (or an environment class) as `env: {id: ...}`, the algorithm's name lower-cased."""
+    (or an environment class) as `env: {id: ...}`."""
     if not isinstance(tree, dict):
         raise ConfigError(f"an environment config is a mapping, got {type(tree).__name__}")
     # The flat form `env: <name>` (or a class) is the section `env: {id: <name>}`.
@@ -230,9 +233,6 @@ def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
         from hybridflow.envs.registry import register_env
 
         env["id"] = register_env(env["id"]).__name__  # a class given directly: registered under its name
-    algorithm = nested.get("algorithm")
-    if isinstance(algorithm, str) and algorithm not in ENV_ALGORITHMS and algorithm.lower() in ENV_ALGORITHMS:
-        nested["algorithm"] = algorithm.lower()  # "PPO" names the registered "ppo"
     return nested
 
 
@@ -274,14 +274,9 @@ def resolve_env_config(cfg: EnvRunConfig) -> EnvRunConfig:
     """Fill the algorithm-dependent defaults (its row's `policy`) and the run name; run the
     row's checks of sizes across sections."""
     spec = env_algorithm_spec(cfg.algorithm)
-    defaults = spec.policy
-    policy = dataclasses.replace(
-        cfg.policy, hidden_size=list(cfg.policy.hidden_size if cfg.policy.hidden_size is not None
-                                     else defaults.hidden_size),
-        activation=cfg.policy.activation or defaults.activation,
-        ortho_init=defaults.ortho_init if cfg.policy.ortho_init is None else cfg.policy.ortho_init)
+    unset = {key: value for key, value in dataclasses.asdict(spec.policy).items() if getattr(cfg.policy, key) is None}
     name = cfg.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.env.id}-{cfg.algorithm}").strip("-")
-    cfg = dataclasses.replace(cfg, name=name, policy=policy)
+    cfg = dataclasses.replace(cfg, name=name, policy=dataclasses.replace(cfg.policy, **unset))
     if spec.check is not None:
         spec.check(cfg)
     return cfg
