@@ -3,7 +3,7 @@
 One description per algorithm lives on its registry row (`AlgorithmSpec.dataflow`); the
 auto-mapping planner (hybridflow/planner) reads it to cost a step, and
 tests/planner/test_dataflow.py runs every built-in program with recording phases to check
-that the description and the program say the same thing.
+that the description (phases and blocks) and the program say the same thing.
 
 A `FlowPhase` is named after the phase function's timing key (`timing_s/<name>` in
 hybridflow/trainer/programs/phases.py), so predicted and measured phase times line up by name.
@@ -22,8 +22,7 @@ hybridflow/trainer/programs/phases.py), so predicted and measured phase times li
     block  the `P.concurrently` block the program calls the phase in (None: on its own).
            A block's calls are submitted together; with trainer.concurrent_phases those on
            different processes run at the same time (hybridflow/trainer/programs/concurrent.py),
-           which the planner counts (hybridflow/planner/simulate.py). tests/planner/
-           test_dataflow.py checks the declared blocks against the blocks the program opens.
+           which the planner counts (hybridflow/planner/simulate.py).
     stage  0 generation, 1 scoring passes, 2 updates: a phase reads only what earlier stages
            wrote, so phases of one stage on different resource pools may run at once (paper
            section 6: the dataflow's parallelism between models).

@@ -271,8 +271,7 @@ def load_env_config(path: str | Path | None = None, overrides: list[str] = ()) -
 # ----------------------------------------------------------------------------- resolution
 
 def resolve_env_config(cfg: EnvRunConfig) -> EnvRunConfig:
-    """Fill the algorithm-dependent defaults (its row's `policy`) and the run name; run the
-    row's checks of sizes across sections."""
+    """`cfg` with its row's `policy` defaults and the run name filled in, checked by the row's `check`."""
     spec = env_algorithm_spec(cfg.algorithm)
     unset = {key: value for key, value in dataclasses.asdict(spec.policy).items() if getattr(cfg.policy, key) is None}
     name = cfg.name or re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.env.id}-{cfg.algorithm}").strip("-")
