@@ -151,14 +151,6 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
     return value
 
 
-def _field_default(field: dataclasses.Field) -> Any:
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return None
-
-
 def _build(cls: type[T], values: dict, prefix: str = "", base: Any = None) -> T:
     """Instantiate `cls` from `values`; keys not given come from `base` (a fresh default
     instance of cls, not used elsewhere) when there is one, else from the class's own defaults."""
@@ -169,7 +161,9 @@ def _build(cls: type[T], values: dict, prefix: str = "", base: Any = None) -> T:
         where = f"{prefix}.{key}" if prefix else key
         if key not in fields:
             raise ConfigError(f"unknown config key{_closest(key, list(fields))}", where)
-        default = getattr(base, key) if base is not None else _field_default(fields[key])
+        factory = fields[key].default_factory  # a fresh default for a partial section to fill in
+        default = getattr(base, key) if base is not None else (
+            fields[key].default if factory is dataclasses.MISSING else factory())
         kwargs[key] = _convert(value, hints[key], where, default)
     try:
         return cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
