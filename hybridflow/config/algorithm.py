@@ -20,7 +20,6 @@ module yourself before the RunConfig is built.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import json
 import re
@@ -35,7 +34,7 @@ from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, Advant
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
-from hybridflow.registry import Registry, import_file
+from hybridflow.registry import Registry, import_file, suggest
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -215,7 +214,7 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
 
 
 def _unknown_name(name: str) -> str:
-    close = difflib.get_close_matches(str(name), list(ALGORITHMS.entries), n=1, cutoff=0.5)
+    close = suggest(name, list(ALGORITHMS.entries))
     return (f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
             + f" Registered: {', '.join(ALGORITHMS.entries)}. An algorithm of your own is registered by its module "
             "(@register_algorithm): name that module in algorithm.module (docs/extending.md)")

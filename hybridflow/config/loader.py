@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
-import difflib
 import types
 import typing
 from pathlib import Path
@@ -23,12 +22,12 @@ from typing import Any, TypeVar
 import yaml
 
 from hybridflow.errors import ConfigError
+from hybridflow.registry import suggest
 
 __all__ = ["ConfigError", "at_least", "config_to_dict", "in_unit", "load_config", "nest_dotted", "positive", "save_config",
            "user_tree", "with_overrides"]
 
 T = TypeVar("T")
-
 
 
 # ----------------------------------------------------------------------------- range checks
@@ -58,10 +57,6 @@ def _check(section: Any, keys: tuple[str, ...], ok: Any, bound: str, null: str |
             continue
         nullable = "" if null is None else " or null" + (f" ({null})" if null else "")
         raise ConfigError(f"must be {bound}{nullable}{f' ({note})' if note else ''}, got {value}", key)
-
-def _closest(name: str, options: list[str]) -> str:
-    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
-    return f"; did you mean {match[0]!r}?" if match else f"; valid keys: {sorted(options)}"
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -160,7 +155,9 @@ def _build(cls: type[T], values: dict, prefix: str = "", base: Any = None) -> T:
     for key, value in values.items():
         where = f"{prefix}.{key}" if prefix else key
         if key not in fields:
-            raise ConfigError(f"unknown config key{_closest(key, list(fields))}", where)
+            close = suggest(key, list(fields))
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {sorted(fields)}"
+            raise ConfigError(f"unknown config key; {hint}", where)
         factory = fields[key].default_factory  # a fresh default for a partial section to fill in
         default = getattr(base, key) if base is not None else (
             fields[key].default if factory is dataclasses.MISSING else factory())
