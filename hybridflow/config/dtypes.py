@@ -86,8 +86,7 @@ def keep_dtypes(cfg: RunConfig, saved: RunConfig) -> RunConfig:
 
 def auto_note(cfg: RunConfig, autos: list[str]) -> str:
     """The line a run prints at its start: each role's dtype, and why where it was "auto"."""
-    tree = {name: {"dtype": getattr(cfg, name).dtype, "path": getattr(getattr(cfg, name), "path", None)}
-            for name in DTYPE_SECTIONS}
+    tree = dataclasses.asdict(cfg)  # the shape of config.yaml's tree, which shown_roles reads
     measured = [name for name in autos if name in shown_roles(tree)]
     line = f"dtype: {dtype_summary(tree)}"
     return f"{line} ({', '.join(measured)}: {auto_choice(cfg).reason})" if measured else line
