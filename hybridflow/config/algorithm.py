@@ -208,16 +208,13 @@ def register_algorithm(spec: AlgorithmSpec, *, override: bool = False) -> Callab
 
 def algorithm_spec(name: str) -> AlgorithmSpec:
     """The row of `name`; a ConfigError naming the registered algorithms if there is none."""
-    if name not in ALGORITHMS.entries:
-        raise ConfigError(_unknown_name(name), "algorithm.name")
-    return ALGORITHMS.entries[name]
-
-
-def _unknown_name(name: str) -> str:
+    if name in ALGORITHMS.entries:
+        return ALGORITHMS.entries[name]
     close = suggest(name, list(ALGORITHMS.entries))
-    return (f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
-            + f" Registered: {', '.join(ALGORITHMS.entries)}. An algorithm of your own is registered by its module "
-            "(@register_algorithm): name that module in algorithm.module (docs/extending.md)")
+    raise ConfigError(f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
+                      + f" Registered: {', '.join(ALGORITHMS.entries)}. An algorithm of your own is registered by its "
+                      "module (@register_algorithm): name that module in algorithm.module (docs/extending.md)",
+                      "algorithm.name")
 
 
 def algorithm_names() -> tuple[str, ...]:
@@ -282,9 +279,10 @@ class AlgorithmSection(AdvantageConfig):
         # ConfigError keys are relative to this section (the loader puts "algorithm." in front).
         if self.module is not None:
             _import_algorithm_module(self.module)
-        if self.name not in ALGORITHMS.entries:
-            raise ConfigError(_unknown_name(self.name), "name")
-        spec = self.spec
+        try:
+            spec = self.spec
+        except ConfigError as err:
+            raise ConfigError(err.message, "name") from None
         estimator = self.estimator
         ADV_ESTIMATORS.check(estimator)  # unknown names raise, listing the known ones
         if estimator not in spec.estimators:
