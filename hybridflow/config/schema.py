@@ -184,11 +184,10 @@ def _user_sets(tree: dict[str, Any], key: str) -> bool:
 
 
 def resolve_run_config(cfg: RunConfig) -> RunConfig:
-    """A copy with the values that null or auto stand for filled in (resources.world_size
-    and threads_per_rank, algorithm.adv_estimator, algorithm.dapo.overlong_buffer.len, each
-    role's dtype: auto, config/dtypes.py, resources.omp_wait_policy: auto and on a shared
-    machine threads_per_rank, controller/omp.py):
-    what a run saves as its config.yaml."""
+    """A copy with the values that null or auto stand for filled in, what a run saves as its
+    config.yaml: resources.world_size and threads_per_rank, algorithm.adv_estimator,
+    algorithm.dapo.overlong_buffer.len, each role's dtype: auto (config/dtypes.py),
+    resources.omp_wait_policy: auto and on a shared machine threads_per_rank (controller/omp.py)."""
     from hybridflow.config.dtypes import resolved_dtypes
     from hybridflow.controller import omp  # imports Ray and torch: only when a run resolves
 
