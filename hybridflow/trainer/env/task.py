@@ -20,24 +20,35 @@ counters, so a resumed run continues exactly as the uninterrupted one would have
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hybridflow.config import ConfigError, config_to_dict
+from hybridflow.config import ConfigError
 from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, resolve_env_config
 from hybridflow.config.tasks import TASK_KINDS
 from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
 from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
+from hybridflow.trainer.env.state import load_env_state, save_env_state
+from hybridflow.trainer.observe.loggers import build_loggers
+from hybridflow.trainer.run.checkpointing import (
+    STATE_VERSION,
+    SavedRun,
+    begin_checkpoint,
+    commit_checkpoint,
+    controller_rng_state,
+    read_trainer_state,
+    reopen_run_dir,
+    saved_run,
+    set_controller_rng_state,
+)
+from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
-
-if TYPE_CHECKING:  # checkpointing is imported where it is used (EnvironmentTask.__init__)
-    from hybridflow.trainer.run.checkpointing import SavedRun
 
 
 @dataclass
@@ -69,10 +80,6 @@ class EnvironmentTask:
     """Creates (or reopens) the run directory at construction; starts workers on `train`."""
 
     def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | SavedRun | None = None) -> None:
-        from hybridflow.trainer.run.checkpointing import read_trainer_state, reopen_run_dir, saved_run
-        from hybridflow.trainer.observe.loggers import build_loggers
-        from hybridflow.trainer.run.run_dir import create_run_dir
-
         self.checkpoint: Path | None = None
         if resume is True:
             raise ConfigError("for environment runs give the run directory to resume (resume=<run dir>, "
@@ -223,14 +230,6 @@ class EnvironmentTask:
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the run after the current iteration into <run>/checkpoints/global_step_<iteration>."""
-        from hybridflow.trainer.run.checkpointing import (
-            STATE_VERSION,
-            begin_checkpoint,
-            commit_checkpoint,
-            controller_rng_state,
-        )
-        from hybridflow.trainer.env.state import save_env_state
-
         run = self.run
         pending = run.sampler.drain()  # batches in flight belong to the next iterations
         tmp = begin_checkpoint(self.run_dir, self.iteration)
@@ -252,11 +251,6 @@ class EnvironmentTask:
         return self.saved_checkpoint
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
-        from collections import deque
-
-        from hybridflow.trainer.run.checkpointing import read_trainer_state, set_controller_rng_state
-        from hybridflow.trainer.env.state import load_env_state
-
         state = read_trainer_state(checkpoint)
         if state.get("kind") != CHECKPOINT_KIND:
             raise ValueError(f"{str(checkpoint)!r} is not a checkpoint of an environment run")
@@ -288,19 +282,10 @@ RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_w
 
 def resume_config(run: SavedRun, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
-    from hybridflow.trainer.run.lifecycle import changed_keys
+    from hybridflow.trainer.run.lifecycle import unchanged_but
 
-    checkpoint = run.checkpoint
     saved = env_config_from_dict(copy.deepcopy(run.tree))
     if config is None:
         return saved
-    cfg = resolve_env_config(config)
-    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=saved.trainer.run_dir,
-                                                               output_dir=saved.trainer.output_dir))
-    changed = [k for k in changed_keys(config_to_dict(saved), config_to_dict(cfg)) if not k.startswith(RESUMABLE_KEYS)]
-    if changed:
-        raise ConfigError(f"cannot resume {str(checkpoint)!r} with a different {', '.join(changed)}: a checkpoint "
-                          f"only means something with the config that wrote it (a resumed run may change "
-                          f"{', '.join(RESUMABLE_KEYS)})")
-    return cfg
-
+    return unchanged_but(run.checkpoint, saved, resolve_env_config(config), RESUMABLE_KEYS,
+                         f"drop these overrides (a resumed run may change {', '.join(RESUMABLE_KEYS)})")

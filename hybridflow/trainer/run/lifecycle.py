@@ -206,27 +206,30 @@ def checkpoint_of_runs(cfg: RunConfig) -> Path:
 def resume_config(resume: str | Path | SavedRun, cfg: RunConfig | None) -> RunConfig:
     """The config of the resumed run (`resume`: a run or checkpoint directory, or a
     SavedRun): the run's saved config.yaml, or `cfg` when it only changes keys in
-    RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir and
-    trainer.output_dir say). Raises ConfigError naming every other changed key."""
+    RESUMABLE_CHANGES (see `unchanged_but`)."""
     run = saved_run(resume)
-    checkpoint_dir = run.checkpoint
     saved = resolve_run_config(_build(RunConfig, copy.deepcopy(run.tree)))
     if cfg is None:
         return saved
     cfg = resolve_run_config(keep_dtypes(cfg, saved))  # dtype: auto stays what the run measured
-    # The run continues in the checkpoint's directory; keep the saved values so that the
-    # config only differs where the user changed something.
+    return unchanged_but(run.checkpoint, saved, cfg, RESUMABLE_CHANGES, "drop these overrides (a resumed run may "
+                         "change trainer.*, resources.*, the reward workers and the held-out data), or start a new "
+                         "run from an exported model (model.path)")
+
+
+def unchanged_but(checkpoint: Path, saved: Any, cfg: Any, resumable: tuple[str, ...], fix: str) -> Any:
+    """`cfg` (any task kind's config) to continue `checkpoint`'s run, whose config is
+    `saved`: the run keeps its directory whatever trainer.run_dir and trainer.output_dir
+    say. Raises ConfigError naming every changed key outside the `resumable` prefixes."""
+    # Keep the saved values so that the config only differs where the user changed something.
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
     changed = {key: values for key, values in changed_keys(config_to_dict(saved), config_to_dict(cfg)).items()
-               if not key.startswith(RESUMABLE_CHANGES)}
+               if not key.startswith(resumable)}
     if changed:
         detail = ", ".join(f"{k}: saved {before!r}, now {after!r}" for k, (before, after) in changed.items())
-        raise ConfigError(
-            f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
-            "optimizer state, data position and algorithm state only mean something with the config that "
-            "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
-            "workers and the held-out data), or start a new run from an exported model (model.path)")
+        raise ConfigError(f"cannot resume {str(checkpoint)!r} with a different {detail}. A checkpoint's weights, "
+                          f"optimizer state and counters only mean something with the config that wrote them; {fix}")
     return cfg
 
 
