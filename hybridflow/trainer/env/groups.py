@@ -60,7 +60,8 @@ def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: Learn
 
     init_ray(address=dist.ray_address)
     ship_by_value(collector_spec.source.factory)
-    counts = runner_node_counts(dist.num_workers, dist.placement_strategy, _alive_node_count())
+    alive_nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    counts = runner_node_counts(dist.num_workers, dist.placement_strategy, alive_nodes)
     runner_cpus = dist.cpus_per_worker or _shared_cpus(ray.cluster_resources().get("CPU", 1.0), dist)
     runner_pool = ResourcePool(counts, cpus_per_slot=runner_cpus)
     learner_pool = ResourcePool([dist.num_learners], cpus_per_slot=dist.learner_cpus)
@@ -121,12 +122,6 @@ def runner_node_counts(num_workers: int, strategy: str, num_nodes: int) -> list[
         return [1] * num_workers
     nodes = max(1, min(num_nodes, num_workers))
     return [num_workers // nodes + (1 if i < num_workers % nodes else 0) for i in range(nodes)]
-
-
-def _alive_node_count() -> int:
-    import ray
-
-    return sum(1 for node in ray.nodes() if node["Alive"])
 
 
 def _shared_cpus(cluster_cpus: float, dist: Any) -> float:

@@ -47,6 +47,7 @@ from hybridflow.trainer.run.checkpointing import (
     saved_run,
     set_controller_rng_state,
 )
+from hybridflow.trainer.run.lifecycle import check_steps_left, unchanged_but
 from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
 
@@ -183,11 +184,8 @@ class EnvironmentTask:
         setup_s = self.setup()
         run = self.run
         if steps is None:
-            steps = cfg.trainer.total_env_steps - run.env_steps
-            if steps < 1:
-                raise ConfigError(f"nothing to train: the run is at {run.env_steps} environment steps and "
-                                  f"trainer.total_env_steps={cfg.trainer.total_env_steps}; raise it or pass steps",
-                                  "trainer.total_env_steps")
+            steps = check_steps_left(run.env_steps, cfg.trainer.total_env_steps, "trainer.total_env_steps",
+                                     "environment step")
         target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
         iteration_fn = self.program.iteration
@@ -282,8 +280,6 @@ RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_w
 
 def resume_config(run: SavedRun, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
-    from hybridflow.trainer.run.lifecycle import unchanged_but
-
     saved = env_config_from_dict(copy.deepcopy(run.tree))
     if config is None:
         return saved

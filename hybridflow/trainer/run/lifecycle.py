@@ -250,11 +250,10 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_steps_left(global_step: int, total_steps: int) -> int:
-    """Steps from `global_step` to `total_steps`; a ConfigError when there are none (a
-    resumed run must never silently train zero steps)."""
-    if global_step >= total_steps:
-        raise ConfigError(
-            f"nothing to train: the run is at step {global_step} and trainer.total_steps={total_steps}; "
-            f"raise trainer.total_steps (e.g. trainer.total_steps={global_step + total_steps}) to train further")
-    return total_steps - global_step
+def check_steps_left(done: int, total: int, key: str = "trainer.total_steps", unit: str = "step") -> int:
+    """Steps from `done` to `total` (the setting `key`); a ConfigError when there are none
+    (a resumed run must never silently train zero steps)."""
+    if done >= total:
+        raise ConfigError(f"nothing to train: the run is at {unit} {done} and {key}={total}; raise it (e.g. "
+                          f"{key}={done + total}) to train further, or pass steps", key)
+    return total - done

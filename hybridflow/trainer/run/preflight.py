@@ -262,7 +262,13 @@ def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRec
             raise ConfigError(f"data file {name!r} does not exist", key)
         if not name.lower().endswith(SUFFIXES):
             raise ConfigError(f"data file {name!r} is not one of {list(SUFFIXES)}", key)
-    rows = _rows(files, key)
+    try:
+        rows = read_many(files)
+    except ValueError as err:  # a malformed jsonl line names file:line
+        raise ConfigError(str(err), key) from None
+    except Exception as err:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError) on a non-parquet file
+        raise ConfigError(f"cannot read {files}: {type(err).__name__}: {err}; is it really the format its "
+                          "suffix says (parquet / jsonl)?", key) from None
     if not rows:
         raise ConfigError(f"{files} hold no rows; give files with at least data.train_batch_size prompts", key)
     prompt = cfg.data.prompt
@@ -270,16 +276,6 @@ def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRec
         return [from_row(row, index, prompt.prompt_key, prompt.default_data_source) for index, row in enumerate(rows)]
     except ValueError as err:
         raise ConfigError(f"{files}: {err}", key) from None
-
-
-def _rows(files: list[str], key: str) -> list[dict]:
-    try:
-        return read_many(files)
-    except ValueError as err:  # a malformed jsonl line names file:line
-        raise ConfigError(str(err), key) from None
-    except Exception as err:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError) on a non-parquet file
-        raise ConfigError(f"cannot read {files}: {type(err).__name__}: {err}; is it really the format its "
-                          "suffix says (parquet / jsonl)?", key) from None
 
 
 def check_scorers(data_sources: Iterable[str], key: str) -> None:

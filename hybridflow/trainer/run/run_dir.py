@@ -88,18 +88,13 @@ class MetricsLog:
 
     def write(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         record = {"phase": phase, "step": step, "time": round(time.time(), 3)}
-        record.update({k: _json_value(v) for k, v in sorted(metrics.items())})
+        record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                       for k, v in sorted(metrics.items())})
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
