@@ -27,9 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+import torch
+
 from hybridflow.config import ConfigError
 from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, resolve_env_config
 from hybridflow.config.tasks import TASK_KINDS
+from hybridflow.controller import init_ray
 from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
@@ -107,10 +111,6 @@ class EnvironmentTask:
         self._threads_before: int | None = None
         STOP.install()  # a SIGTERM while starting abandons the start (installed again once Ray is up)
 
-    @property
-    def env_steps(self) -> int:
-        return self.run.env_steps if self.run is not None else 0
-
     def release(self, save: bool) -> None:
         """Stop the workers and release their placement groups (Ray stays up); with `save`,
         checkpoint the run first, so that the next `train` continues exactly from here."""
@@ -127,13 +127,9 @@ class EnvironmentTask:
         self.release(save=False)
         self.log.close()
         if self._threads_before is not None:
-            import torch
-
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
         if self._ray_started:
-            import ray
-
             ray.shutdown()
             self._ray_started = False
 
@@ -151,16 +147,10 @@ class EnvironmentTask:
         if cfg.distributed.ray_address is None:  # on this machine alone (a cluster's nodes bring their own cores)
             warn_oversubscribed(cfg.distributed.num_workers, self.display.message)
         if cfg.distributed.num_workers > 0:
-            import ray
-
-            from hybridflow.controller import init_ray
-
             self._ray_started = self._ray_started or not ray.is_initialized()
-            init_ray(address=cfg.distributed.ray_address)  # (build_env_groups finds it up)
+            init_ray(address=cfg.distributed.ray_address)
             STOP.install()  # after Ray's own SIGTERM handler, which ends the process with status 15
         elif self._threads_before is None:
-            import torch
-
             # In-process, the learner's CPUs are this process's torch threads. More threads
             # than free cores make OpenMP spin against other work (tens of times slower for
             # these small matmuls on a loaded machine), so the default is one.

@@ -120,7 +120,7 @@ class ResumePoint:
     checkpoint: Path
     step: int
     cfg: RunConfig  # resolved; differs from the saved one only in RESUMABLE_CHANGES
-    saved: SavedRun | None = None  # the checkpoint with its run's config.yaml as read (once)
+    saved: SavedRun  # the checkpoint with its run's config.yaml as read (once)
 
 
 def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str | Path | None = None,
