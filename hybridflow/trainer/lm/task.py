@@ -202,18 +202,17 @@ class LanguageModelTask:
         """The RL roles' worker groups and the model the policy starts from. An actor alone
         is built again in the SFT warm start's processes (no new workers); otherwise those
         are stopped and every role starts."""
+        sft = {"actor": sft_actor} if sft_actor is not None else {}
         try:
             policy_path = policy_start_path(self.config, self.run_dir)
             roles = rl_roles(self.config, policy_path)
         except BaseException:
-            if sft_actor is not None:
-                shutdown_role_groups({"actor": sft_actor})
+            shutdown_role_groups(sft)
             raise
-        if sft_actor is not None and list(roles) == ["actor"]:
+        if sft and list(roles) == ["actor"]:
             sft_actor.rebuild(*roles["actor"].args)
-            return {"actor": sft_actor}, policy_path  # closed with self.groups from here on
-        if sft_actor is not None:
-            shutdown_role_groups({"actor": sft_actor})
+            return sft, policy_path  # closed with self.groups from here on
+        shutdown_role_groups(sft)
         return build_groups(self.config, self.ctx.layout, roles), policy_path
 
     # ------------------------------------------------------------------ loop

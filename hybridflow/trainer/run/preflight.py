@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybridflow.data.records import SUFFIXES, PromptRecord, from_row, read_many
 from hybridflow.errors import ConfigError
+from hybridflow.trainer.run.run_dir import refuse_existing_run_dir
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -42,10 +43,8 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
     """Check the run's model directories, data files and reward file (module docstring).
     `new_run`: the run starts a new directory (an explicit trainer.run_dir must not exist)."""
-    if new_run and cfg.trainer.run_dir is not None and Path(cfg.trainer.run_dir).exists():
-        raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
-                          "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
-                          "trainer.run_dir")
+    if new_run:
+        refuse_existing_run_dir(cfg)
     if cfg.resources.use_gpu and cfg.resources.ray_address is None:
         import torch
 

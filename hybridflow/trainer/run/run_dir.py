@@ -16,6 +16,7 @@ trainer.run_dir, and a timestamp collision gets a numeric suffix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -26,15 +27,19 @@ from hybridflow.config import ConfigError, save_config
 from hybridflow.config.schema import RunConfig
 
 
+def refuse_existing_run_dir(cfg: Any) -> None:
+    """ConfigError when an explicit trainer.run_dir exists: a run never overwrites another."""
+    if cfg.trainer.run_dir is not None and Path(cfg.trainer.run_dir).exists():
+        raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
+                          "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
+                          "trainer.run_dir")
+
+
 def create_run_dir(cfg: RunConfig) -> Path:
     """Make the run's directory (never one that exists) and save the resolved config in it."""
+    refuse_existing_run_dir(cfg)
     if cfg.trainer.run_dir is not None:
         path = Path(cfg.trainer.run_dir)
-        if path.exists():
-            raise ConfigError(
-                f"trainer.run_dir={str(path)!r} already exists; a run never overwrites another. Pick a new "
-                "directory, or leave trainer.run_dir null to get <output_dir>/<name>-<timestamp>"
-            )
         path.mkdir(parents=True)
     else:
         root = Path(cfg.trainer.output_dir)
@@ -42,11 +47,9 @@ def create_run_dir(cfg: RunConfig) -> Path:
         stem = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         for suffix in range(1000):
             path = root / (stem if suffix == 0 else f"{stem}-{suffix}")
-            try:
+            with contextlib.suppress(FileExistsError):
                 path.mkdir()  # atomic: two runs started in the same second get different dirs
                 break
-            except FileExistsError:
-                continue
         else:
             raise RuntimeError(f"could not create a fresh run directory under {root}")
     save_config(cfg, path / "config.yaml")
