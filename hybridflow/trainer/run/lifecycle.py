@@ -138,18 +138,14 @@ def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str |
     if isinstance(config, RunConfig) and overrides:
         raise ValueError("overrides apply to a YAML config or to the run's saved one; with a RunConfig, "
                          "apply them when building it (load_run_config(path, overrides))")
-    wanted = config if isinstance(config, RunConfig) else None
-    if resume is True:
-        located = wanted if wanted is not None else load_run_config(config, list(overrides))
-        resume = checkpoint_of_runs(located)
-        wanted = located if config is not None else None
-    elif resume is False or resume is None:
+    if resume is False or resume is None:
         raise ValueError(f"resume={resume!r} is not a checkpoint to resume; for a fresh run pass resume=None "
                          "to RLTrainer (or leave out --resume)")
+    wanted = config if config is None or isinstance(config, RunConfig) else load_run_config(config, list(overrides))
+    if resume is True:  # the runs are found by name: the config's, or the defaults' with the overrides
+        resume = checkpoint_of_runs(wanted if wanted is not None else load_run_config(None, list(overrides)))
     run = saved_run(resume)  # the run's config.yaml, read once
-    if wanted is None and config is not None:
-        wanted = load_run_config(config, list(overrides))
-    elif wanted is None and overrides:  # overrides on the saved config
+    if wanted is None and overrides:  # overrides on the saved config
         wanted = run_config_from_tree(with_overrides(run.tree, list(overrides)))
     cfg = resume_config(run, wanted)  # wanted None: the saved config as it is
     check_model_unchanged(run.checkpoint, cfg)
