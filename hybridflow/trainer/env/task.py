@@ -134,8 +134,7 @@ class EnvironmentTask:
             self._ray_started = False
 
     def setup(self) -> float:
-        """Start Ray (if needed), the env runners and the learner; the seconds it took. `train`
-        calls it on first use; call it first to time training without the start-up."""
+        """Start Ray (if needed), the env runners and the learner (RLTrainer.setup)."""
         if self.run is not None:
             return 0.0
         tick = time.perf_counter()

@@ -158,9 +158,7 @@ class LanguageModelTask:
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> float:
-        """Start the workers (and the SFT warm start, when configured); the seconds it took,
-        0.0 when they run already. `train` calls it on first use; call it first to time
-        training without the start-up."""
+        """Start the workers and the SFT warm start, when configured (RLTrainer.setup)."""
         if self.roles is not None:
             return 0.0
         tick = time.perf_counter()
