@@ -40,6 +40,7 @@ from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crosse
 from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
 from hybridflow.trainer.env.state import load_env_state, save_env_state
 from hybridflow.trainer.observe.loggers import build_loggers
+from hybridflow.trainer.observe.plots import plot_env_run
 from hybridflow.trainer.run.checkpointing import (
     STATE_VERSION,
     SavedRun,
@@ -203,8 +204,6 @@ class EnvironmentTask:
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
-            from hybridflow.trainer.observe.plots import plot_env_run
-
             plot_env_run(self.run_dir)
         if reached is not None:
             self.display.message(f"return {self.acc.window_mean():.1f} >= target {cfg.trainer.target_return:g} "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,6 @@ def discard_unused_run_dir(path: Path) -> bool:
     (config, built-in model, an empty metrics.jsonl and timeline, the live status,
     TensorBoard files): a failed start leaves no empty run directory behind. Anything more
     (a logged step, a checkpoint) keeps it. Returns whether it was removed."""
-    import shutil
-
     path = Path(path)
     if not path.is_dir():
         return False
