@@ -250,6 +250,6 @@ def check_steps_left(done: int, total: int, key: str = "trainer.total_steps", un
     """Steps from `done` to `total` (the setting `key`); a ConfigError when there are none
     (a resumed run must never silently train zero steps)."""
     if done >= total:
-        raise ConfigError(f"nothing to train: the run is at {unit} {done} and {key}={total}; raise it (e.g. "
+        raise ConfigError(f"nothing to train: the run is at {unit} {done} and {key}={total}; raise {key} (e.g. "
                           f"{key}={done + total}) to train further, or pass steps", key)
     return total - done
