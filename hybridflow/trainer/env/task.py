@@ -42,7 +42,6 @@ from hybridflow.trainer.env.state import load_env_state, save_env_state
 from hybridflow.trainer.observe.loggers import build_loggers
 from hybridflow.trainer.observe.plots import plot_env_run
 from hybridflow.trainer.run.checkpointing import (
-    STATE_VERSION,
     SavedRun,
     begin_checkpoint,
     commit_checkpoint,
@@ -221,7 +220,7 @@ class EnvironmentTask:
         tmp = begin_checkpoint(self.run_dir, self.iteration)
         self.groups.learner.save(str(tmp / "learner"))
         save_env_state(tmp, self.groups.runners.state_dict(), pending)
-        state = {"version": STATE_VERSION, "kind": CHECKPOINT_KIND, "global_step": self.iteration,
+        state = {"kind": CHECKPOINT_KIND, "global_step": self.iteration,
                  "roles": ["learner", "runners"], "env_steps": run.env_steps, "submitted_steps": run.submitted_steps,
                  "policy_version": run.version, "records": self.acc.state_dict(), "rng": controller_rng_state()}
         self.saved_checkpoint = commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)

@@ -37,7 +37,6 @@ from hybridflow.trainer.programs.algorithms import build_algo_state, step_progra
 from hybridflow.trainer.modes.async_trainer import AsyncRunner
 from hybridflow.trainer.run.checkpointing import (
     CHECKPOINTS_DIR,
-    STATE_VERSION,
     begin_checkpoint,
     checkpoint_step,
     commit_checkpoint,
@@ -379,7 +378,7 @@ class LanguageModelTask:
         trained = self._trained_groups()
         for name, group in trained.items():
             group.write_checkpoint(str(tmp / name))
-        state = {"version": STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
+        state = {"global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
                  "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
         if self.async_runner is not None:  # version, seeds' call count, untrained prompts (modes/async_trainer.py)

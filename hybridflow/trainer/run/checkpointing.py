@@ -239,11 +239,12 @@ def write_trainer_state(checkpoint_dir: Path, state: dict[str, Any]) -> None:
 
 
 def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -> Path:
-    """Write the trainer state into `tmp` (every role's files are already there), make the
-    checkpoint visible by renaming it to `global_step_<step>`, then keep only `keep_last`
-    checkpoints (None: all): this one and the newest others. Returns the checkpoint directory."""
-    with writing_checkpoint(tmp):
-        write_trainer_state(tmp, {**state, FILES_KEY: checkpoint_files(tmp)})  # what `damaged_files` checks
+    """Write the trainer state (`state`, of STATE_VERSION) into `tmp` (every role's files are
+    already there), make the checkpoint visible by renaming it to `global_step_<step>`, then
+    keep only `keep_last` checkpoints (None: all): this one and the newest others. Returns
+    the checkpoint directory."""
+    with writing_checkpoint(tmp):  # FILES_KEY: what `damaged_files` checks
+        write_trainer_state(tmp, {"version": STATE_VERSION, **state, FILES_KEY: checkpoint_files(tmp)})
     final = publish_atomic_dir(tmp)
     if keep_last is not None:
         prune_atomic_dirs(complete_checkpoints(final.parent), keep_last, keep=final)
@@ -251,7 +252,7 @@ def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -
 
 
 def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
-    """The trainer state of a complete checkpoint (see `RLTrainer.save_checkpoint`)."""
+    """The trainer state of a complete checkpoint (the tasks' `save_checkpoint`)."""
     path = Path(checkpoint_dir) / TRAINER_STATE_FILE
     try:
         state = json.loads(path.read_text())
