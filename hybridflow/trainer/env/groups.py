@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
+import ray.cloudpickle
+
 from hybridflow.config.env_schema import EnvRunConfig
-from hybridflow.controller import InProcessWorkerGroup
+from hybridflow.controller import InProcessWorkerGroup, ResourcePool, WorkerGroup
 from hybridflow.errors import ConfigError
 from hybridflow.workers.env_runner import EnvRunnerWorker
 from hybridflow.workers.learner import LearnerSpec, LearnerWorker
@@ -48,19 +51,16 @@ class EnvGroups:
 
 
 def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: LearnerSpec) -> EnvGroups:
-    """Start the env runners and the learner (Ray, or in-process when num_workers is 0)."""
+    """Start the env runners and the learner (on the Ray the caller started, or in-process
+    when num_workers is 0)."""
     dist = cfg.distributed
     if dist.num_workers == 0:
         learner = InProcessWorkerGroup(LearnerWorker, learner_spec)
         learner.init_model()
         return EnvGroups(runners=InProcessWorkerGroup(EnvRunnerWorker, collector_spec), learner=learner, pools=[])
-    import ray
-
-    from hybridflow.controller import ResourcePool, WorkerGroup, init_ray
-
-    init_ray(address=dist.ray_address)
     ship_by_value(collector_spec.source.factory)
-    counts = runner_node_counts(dist.num_workers, dist.placement_strategy, _alive_node_count())
+    alive_nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    counts = runner_node_counts(dist.num_workers, dist.placement_strategy, alive_nodes)
     runner_cpus = dist.cpus_per_worker or _shared_cpus(ray.cluster_resources().get("CPU", 1.0), dist)
     runner_pool = ResourcePool(counts, cpus_per_slot=runner_cpus)
     learner_pool = ResourcePool([dist.num_learners], cpus_per_slot=dist.learner_cpus)
@@ -103,8 +103,6 @@ def ship_by_value(factory: Any) -> None:
     installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib")}
     if any(Path(file).resolve().is_relative_to(Path(folder).resolve()) for folder in installed):
         return
-    import ray.cloudpickle
-
     ray.cloudpickle.register_pickle_by_value(module)
 
 
@@ -121,12 +119,6 @@ def runner_node_counts(num_workers: int, strategy: str, num_nodes: int) -> list[
         return [1] * num_workers
     nodes = max(1, min(num_nodes, num_workers))
     return [num_workers // nodes + (1 if i < num_workers % nodes else 0) for i in range(nodes)]
-
-
-def _alive_node_count() -> int:
-    import ray
-
-    return sum(1 for node in ray.nodes() if node["Alive"])
 
 
 def _shared_cpus(cluster_cpus: float, dist: Any) -> float:

@@ -237,6 +237,3 @@ def sac_update_config(s: SACSection, ranks: int) -> SACUpdateConfig:
 
 PPO = EnvProgram(ppo_submit, ppo_iteration, ActorCritic, build_ppo_learner, ppo_update_config)
 SAC = EnvProgram(sac_submit, sac_iteration, SACModel, build_sac_learner, sac_update_config)
-
-__all__ = ["PPO", "SAC", "EnvProgram", "EnvRun", "Sampler", "phase", "ppo_batch", "ppo_iteration", "ppo_lr",
-           "sac_iteration"]

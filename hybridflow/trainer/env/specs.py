@@ -46,14 +46,12 @@ def network_spec(cfg: EnvRunConfig) -> NetworkSpec:
     source = env_source(cfg)
     env = source.make()
     try:
-        try:
-            action, observations = action_spec(env.action_space), obs_dim(env.observation_space)
-        except ValueError as err:
-            raise ConfigError(f"environment {cfg.env.id!r}: {err}", "env.id") from err
+        action, observations = action_spec(env.action_space), obs_dim(env.observation_space)
+    except ValueError as err:
+        raise ConfigError(f"environment {cfg.env.id!r}: {err}", "env.id") from err
     finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close()
+        if callable(getattr(env, "close", None)):
+            env.close()
     if env_algorithm_spec(cfg.algorithm).continuous_actions and not action.is_continuous:
         others = [name for name in ENV_ALGORITHMS.names() if not env_algorithm_spec(name).continuous_actions]
         raise ConfigError(f"{cfg.algorithm.upper()} needs continuous (Box) actions; {cfg.env.id!r} has {action.kind} "

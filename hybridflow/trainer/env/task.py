@@ -20,24 +20,40 @@ counters, so a resumed run continues exactly as the uninterrupted one would have
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hybridflow.config import ConfigError, config_to_dict
+import ray
+import torch
+
+from hybridflow.config import ConfigError
 from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, resolve_env_config
 from hybridflow.config.tasks import TASK_KINDS
+from hybridflow.controller import init_ray
 from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
 from hybridflow.trainer.env.specs import collector_spec, env_program, learner_spec, network_spec
+from hybridflow.trainer.env.state import load_env_state, save_env_state
+from hybridflow.trainer.observe.loggers import build_loggers
+from hybridflow.trainer.observe.plots import plot_env_run
+from hybridflow.trainer.run.checkpointing import (
+    SavedRun,
+    begin_checkpoint,
+    commit_checkpoint,
+    controller_rng_state,
+    read_trainer_state,
+    reopen_run_dir,
+    saved_run,
+    set_controller_rng_state,
+)
+from hybridflow.trainer.run.lifecycle import check_steps_left, unchanged_but
+from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
-
-if TYPE_CHECKING:  # checkpointing is imported where it is used (EnvironmentTask.__init__)
-    from hybridflow.trainer.run.checkpointing import SavedRun
 
 
 @dataclass
@@ -69,10 +85,6 @@ class EnvironmentTask:
     """Creates (or reopens) the run directory at construction; starts workers on `train`."""
 
     def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | SavedRun | None = None) -> None:
-        from hybridflow.trainer.run.checkpointing import read_trainer_state, reopen_run_dir, saved_run
-        from hybridflow.trainer.observe.loggers import build_loggers
-        from hybridflow.trainer.run.run_dir import create_run_dir
-
         self.checkpoint: Path | None = None
         if resume is True:
             raise ConfigError("for environment runs give the run directory to resume (resume=<run dir>, "
@@ -99,10 +111,6 @@ class EnvironmentTask:
         self._threads_before: int | None = None
         STOP.install()  # a SIGTERM while starting abandons the start (installed again once Ray is up)
 
-    @property
-    def env_steps(self) -> int:
-        return self.run.env_steps if self.run is not None else 0
-
     def release(self, save: bool) -> None:
         """Stop the workers and release their placement groups (Ray stays up); with `save`,
         checkpoint the run first, so that the next `train` continues exactly from here."""
@@ -119,19 +127,14 @@ class EnvironmentTask:
         self.release(save=False)
         self.log.close()
         if self._threads_before is not None:
-            import torch
-
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
         if self._ray_started:
-            import ray
-
             ray.shutdown()
             self._ray_started = False
 
     def setup(self) -> float:
-        """Start Ray (if needed), the env runners and the learner; the seconds it took. `train`
-        calls it on first use; call it first to time training without the start-up."""
+        """Start Ray (if needed), the env runners and the learner (RLTrainer.setup)."""
         if self.run is not None:
             return 0.0
         tick = time.perf_counter()
@@ -143,16 +146,10 @@ class EnvironmentTask:
         if cfg.distributed.ray_address is None:  # on this machine alone (a cluster's nodes bring their own cores)
             warn_oversubscribed(cfg.distributed.num_workers, self.display.message)
         if cfg.distributed.num_workers > 0:
-            import ray
-
-            from hybridflow.controller import init_ray
-
             self._ray_started = self._ray_started or not ray.is_initialized()
-            init_ray(address=cfg.distributed.ray_address)  # (build_env_groups finds it up)
+            init_ray(address=cfg.distributed.ray_address)
             STOP.install()  # after Ray's own SIGTERM handler, which ends the process with status 15
         elif self._threads_before is None:
-            import torch
-
             # In-process, the learner's CPUs are this process's torch threads. More threads
             # than free cores make OpenMP spin against other work (tens of times slower for
             # these small matmuls on a loaded machine), so the default is one.
@@ -176,11 +173,8 @@ class EnvironmentTask:
         setup_s = self.setup()
         run = self.run
         if steps is None:
-            steps = cfg.trainer.total_env_steps - run.env_steps
-            if steps < 1:
-                raise ConfigError(f"nothing to train: the run is at {run.env_steps} environment steps and "
-                                  f"trainer.total_env_steps={cfg.trainer.total_env_steps}; raise it or pass steps",
-                                  "trainer.total_env_steps")
+            steps = check_steps_left(run.env_steps, cfg.trainer.total_env_steps, "trainer.total_env_steps",
+                                     "environment step")
         target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
         iteration_fn = self.program.iteration
@@ -209,8 +203,6 @@ class EnvironmentTask:
         self.display.stop()
         wall = time.perf_counter() - started
         if "jsonl" in cfg.trainer.loggers:
-            from hybridflow.trainer.observe.plots import plot_env_run
-
             plot_env_run(self.run_dir)
         if reached is not None:
             self.display.message(f"return {self.acc.window_mean():.1f} >= target {cfg.trainer.target_return:g} "
@@ -223,20 +215,12 @@ class EnvironmentTask:
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the run after the current iteration into <run>/checkpoints/global_step_<iteration>."""
-        from hybridflow.trainer.run.checkpointing import (
-            STATE_VERSION,
-            begin_checkpoint,
-            commit_checkpoint,
-            controller_rng_state,
-        )
-        from hybridflow.trainer.env.state import save_env_state
-
         run = self.run
         pending = run.sampler.drain()  # batches in flight belong to the next iterations
         tmp = begin_checkpoint(self.run_dir, self.iteration)
         self.groups.learner.save(str(tmp / "learner"))
         save_env_state(tmp, self.groups.runners.state_dict(), pending)
-        state = {"version": STATE_VERSION, "kind": CHECKPOINT_KIND, "global_step": self.iteration,
+        state = {"kind": CHECKPOINT_KIND, "global_step": self.iteration,
                  "roles": ["learner", "runners"], "env_steps": run.env_steps, "submitted_steps": run.submitted_steps,
                  "policy_version": run.version, "records": self.acc.state_dict(), "rng": controller_rng_state()}
         self.saved_checkpoint = commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
@@ -252,11 +236,6 @@ class EnvironmentTask:
         return self.saved_checkpoint
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
-        from collections import deque
-
-        from hybridflow.trainer.run.checkpointing import read_trainer_state, set_controller_rng_state
-        from hybridflow.trainer.env.state import load_env_state
-
         state = read_trainer_state(checkpoint)
         if state.get("kind") != CHECKPOINT_KIND:
             raise ValueError(f"{str(checkpoint)!r} is not a checkpoint of an environment run")
@@ -288,19 +267,8 @@ RESUMABLE_KEYS = ("trainer.", "distributed.ray_address", "distributed.cpus_per_w
 
 def resume_config(run: SavedRun, config: EnvRunConfig | None) -> EnvRunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
-    from hybridflow.trainer.run.lifecycle import changed_keys
-
-    checkpoint = run.checkpoint
     saved = env_config_from_dict(copy.deepcopy(run.tree))
     if config is None:
         return saved
-    cfg = resolve_env_config(config)
-    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, run_dir=saved.trainer.run_dir,
-                                                               output_dir=saved.trainer.output_dir))
-    changed = [k for k in changed_keys(config_to_dict(saved), config_to_dict(cfg)) if not k.startswith(RESUMABLE_KEYS)]
-    if changed:
-        raise ConfigError(f"cannot resume {str(checkpoint)!r} with a different {', '.join(changed)}: a checkpoint "
-                          f"only means something with the config that wrote it (a resumed run may change "
-                          f"{', '.join(RESUMABLE_KEYS)})")
-    return cfg
-
+    return unchanged_but(run.checkpoint, saved, resolve_env_config(config), RESUMABLE_KEYS,
+                         f"drop these overrides (a resumed run may change {', '.join(RESUMABLE_KEYS)})")

@@ -19,6 +19,7 @@ docs/eval.md explains each number.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,9 @@ GREEDY = ValidationSection()
 
 
 def sampling_meta(sampling: ValidationSection) -> dict[str, Any]:
-    """The generation call's meta_info for `sampling` (every key explicit: nothing falls
-    back to the training rollout's sampling settings except the response length)."""
-    return {"do_sample": sampling.do_sample, "n": sampling.n, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed}
+    """The generation call's meta_info for `sampling`: every one of its settings, so nothing
+    falls back to the training rollout's sampling settings except the response length."""
+    return dataclasses.asdict(sampling)
 
 
 def evaluate(actor: WorkerGroup, prompts: DataProto, reward_manager: Any, generation_groups: int,

@@ -35,7 +35,6 @@ from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader
 from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
 from hybridflow.trainer.modes.async_trainer import AsyncRunner
-from hybridflow.trainer.run.checkpointing import STATE_VERSION as CHECKPOINT_STATE_VERSION
 from hybridflow.trainer.run.checkpointing import (
     CHECKPOINTS_DIR,
     begin_checkpoint,
@@ -101,13 +100,9 @@ class LanguageModelTask:
                  resume: str | Path | bool | ResumePoint | None = None) -> None:
         """`config`: a RunConfig (RLTrainer builds it from a dict or a YAML file).
 
-        `resume`: continue a run from a checkpoint (run/checkpointing.py) in its own run
-        directory: a run directory (its newest complete checkpoint), a checkpoint directory,
-        True for the newest checkpoint among `config`'s runs, or a ResumePoint already
-        worked out (lifecycle.resume_point, as `hybridflow train --resume` does). The config
-        is then the run's saved one (config None), or `config` if it only changes what a
-        resumed run may change (e.g. a larger trainer.total_steps); anything else is a
-        ConfigError.
+        `resume`: continue a run from a checkpoint in its own run directory: what
+        lifecycle.resume_point takes (a run or checkpoint directory, True, a SavedRun) with
+        `config`, or a ResumePoint it worked out.
         """
         self.resumed_from: Path | None = None  # the checkpoint this trainer started from
         self.global_step = 0
@@ -117,7 +112,7 @@ class LanguageModelTask:
         if resume is not None:
             point = resume if isinstance(resume, ResumePoint) else resume_point(resume, config)
             self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
-            resume_from = point.saved or point.checkpoint  # saved: its config.yaml is not read again
+            resume_from = point.saved  # its config.yaml is not read again
         self.ctx = RunContext.open(config, resume_from=resume_from)
         STOP.install()  # after Ray's own SIGTERM handler (RunContext.open started Ray), which aborts
         self.config = self.ctx.cfg  # resolved: as saved in <run>/config.yaml
@@ -162,9 +157,7 @@ class LanguageModelTask:
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> float:
-        """Start the workers (and the SFT warm start, when configured); the seconds it took,
-        0.0 when they run already. `train` calls it on first use; call it first to time
-        training without the start-up."""
+        """Start the workers and the SFT warm start, when configured (RLTrainer.setup)."""
         if self.roles is not None:
             return 0.0
         tick = time.perf_counter()
@@ -206,18 +199,17 @@ class LanguageModelTask:
         """The RL roles' worker groups and the model the policy starts from. An actor alone
         is built again in the SFT warm start's processes (no new workers); otherwise those
         are stopped and every role starts."""
+        sft = {"actor": sft_actor} if sft_actor is not None else {}
         try:
             policy_path = policy_start_path(self.config, self.run_dir)
             roles = rl_roles(self.config, policy_path)
         except BaseException:
-            if sft_actor is not None:
-                shutdown_role_groups({"actor": sft_actor})
+            shutdown_role_groups(sft)
             raise
-        if sft_actor is not None and list(roles) == ["actor"]:
+        if sft and list(roles) == ["actor"]:
             sft_actor.rebuild(*roles["actor"].args)
-            return {"actor": sft_actor}, policy_path  # closed with self.groups from here on
-        if sft_actor is not None:
-            shutdown_role_groups({"actor": sft_actor})
+            return sft, policy_path  # closed with self.groups from here on
+        shutdown_role_groups(sft)
         return build_groups(self.config, self.ctx.layout, roles), policy_path
 
     # ------------------------------------------------------------------ loop
@@ -386,7 +378,7 @@ class LanguageModelTask:
         trained = self._trained_groups()
         for name, group in trained.items():
             group.write_checkpoint(str(tmp / name))
-        state = {"version": CHECKPOINT_STATE_VERSION, "global_step": self.global_step, "roles": sorted(trained),
+        state = {"global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
                  "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
         if self.async_runner is not None:  # version, seeds' call count, untrained prompts (modes/async_trainer.py)

@@ -127,7 +127,10 @@ def find_checkpoint(path: str | Path) -> Path:
     - a `checkpoints/` root -> its newest complete checkpoint;
     - a checkpoint directory (`.../global_step_<N>`) -> itself, if complete.
 
-    Raises CheckpointNotFoundError (a FileNotFoundError) saying what was found instead.
+    Raises CheckpointNotFoundError (a FileNotFoundError) saying what was found instead. The
+    DCP `.metadata` files of the checkpoint returned were read with DCP's own classes only:
+    a planted payload is refused here, on the controller, before any worker starts (the
+    workers load the same way: engines/train/dcp_reader.py).
     """
     path = Path(path)
     if not path.exists():
@@ -147,7 +150,8 @@ def find_checkpoint(path: str | Path) -> Path:
             raise CheckpointDamagedError(
                 f"checkpoint {str(path)!r} is damaged: {', '.join(damaged[:3])}. Pass its run directory to "
                 "use the newest intact checkpoint instead")
-        return _data_only(path)
+        check_dcp_metadata(path)
+        return path
     root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
     found = complete_checkpoints(root)
     if not found:
@@ -157,18 +161,11 @@ def find_checkpoint(path: str | Path) -> Path:
     for checkpoint in reversed(found):
         damaged = damaged_files(checkpoint)
         if not damaged:
-            return _data_only(checkpoint)
+            check_dcp_metadata(checkpoint)
+            return checkpoint
         logger.warning("checkpoint %s is damaged (%s); using the one before it", checkpoint, ", ".join(damaged[:3]))
     raise CheckpointDamagedError(f"every checkpoint under {str(root)!r} is damaged (files missing or cut short); "
                                  "start a new run, or from an exported model (model.path)")
-
-
-def _data_only(checkpoint: Path) -> Path:
-    """`checkpoint`, once every DCP `.metadata` in it has been read with DCP's own classes
-    only: a planted payload is refused here, on the controller, before any worker starts
-    (the workers load the same way: engines/train/dcp_reader.py)."""
-    check_dcp_metadata(checkpoint)
-    return checkpoint
 
 
 def role_checkpoint_path(checkpoint_dir: str | Path, role: str) -> Path:
@@ -242,11 +239,12 @@ def write_trainer_state(checkpoint_dir: Path, state: dict[str, Any]) -> None:
 
 
 def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -> Path:
-    """Write the trainer state into `tmp` (every role's files are already there), make the
-    checkpoint visible by renaming it to `global_step_<step>`, then keep only `keep_last`
-    checkpoints (None: all): this one and the newest others. Returns the checkpoint directory."""
-    with writing_checkpoint(tmp):
-        write_trainer_state(tmp, {**state, FILES_KEY: checkpoint_files(tmp)})  # what `damaged_files` checks
+    """Write the trainer state (`state`, of STATE_VERSION) into `tmp` (every role's files are
+    already there), make the checkpoint visible by renaming it to `global_step_<step>`, then
+    keep only `keep_last` checkpoints (None: all): this one and the newest others. Returns
+    the checkpoint directory."""
+    with writing_checkpoint(tmp):  # FILES_KEY: what `damaged_files` checks
+        write_trainer_state(tmp, {"version": STATE_VERSION, **state, FILES_KEY: checkpoint_files(tmp)})
     final = publish_atomic_dir(tmp)
     if keep_last is not None:
         prune_atomic_dirs(complete_checkpoints(final.parent), keep_last, keep=final)
@@ -254,7 +252,7 @@ def commit_checkpoint(tmp: Path, state: dict[str, Any], keep_last: int | None) -
 
 
 def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
-    """The trainer state of a complete checkpoint (see `RLTrainer.save_checkpoint`)."""
+    """The trainer state of a complete checkpoint (the tasks' `save_checkpoint`)."""
     path = Path(checkpoint_dir) / TRAINER_STATE_FILE
     try:
         state = json.loads(path.read_text())

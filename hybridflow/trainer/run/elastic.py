@@ -1,7 +1,7 @@
 """Elastic restarts: the world size a run continues with after it lost (or gained) nodes.
 
     wait_for_lost_node(node_id)          # a dead rank's node: alive, or declared dead by Ray
-    cfg = fitting_config(cfg)            # resources.* for what the cluster holds now
+    cfg = fitting_config(cfg, slots)     # resources.* for the slots per node the cluster holds now
 
 With resources.min_world_size set, a restart (run/recovery.py) does not insist on the run's
 world size: it takes the largest world size from max_world_size (default: the run's

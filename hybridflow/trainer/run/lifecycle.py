@@ -120,7 +120,7 @@ class ResumePoint:
     checkpoint: Path
     step: int
     cfg: RunConfig  # resolved; differs from the saved one only in RESUMABLE_CHANGES
-    saved: SavedRun | None = None  # the checkpoint with its run's config.yaml as read (once)
+    saved: SavedRun  # the checkpoint with its run's config.yaml as read (once)
 
 
 def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str | Path | None = None,
@@ -138,18 +138,14 @@ def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str |
     if isinstance(config, RunConfig) and overrides:
         raise ValueError("overrides apply to a YAML config or to the run's saved one; with a RunConfig, "
                          "apply them when building it (load_run_config(path, overrides))")
-    wanted = config if isinstance(config, RunConfig) else None
-    if resume is True:
-        located = wanted if wanted is not None else load_run_config(config, list(overrides))
-        resume = checkpoint_of_runs(located)
-        wanted = located if config is not None else None
-    elif resume is False or resume is None:
+    if resume is False or resume is None:
         raise ValueError(f"resume={resume!r} is not a checkpoint to resume; for a fresh run pass resume=None "
                          "to RLTrainer (or leave out --resume)")
+    wanted = config if config is None or isinstance(config, RunConfig) else load_run_config(config, list(overrides))
+    if resume is True:  # the runs are found by name: the config's, or the defaults' with the overrides
+        resume = checkpoint_of_runs(wanted if wanted is not None else load_run_config(None, list(overrides)))
     run = saved_run(resume)  # the run's config.yaml, read once
-    if wanted is None and config is not None:
-        wanted = load_run_config(config, list(overrides))
-    elif wanted is None and overrides:  # overrides on the saved config
+    if wanted is None and overrides:  # overrides on the saved config
         wanted = run_config_from_tree(with_overrides(run.tree, list(overrides)))
     cfg = resume_config(run, wanted)  # wanted None: the saved config as it is
     check_model_unchanged(run.checkpoint, cfg)
@@ -206,27 +202,30 @@ def checkpoint_of_runs(cfg: RunConfig) -> Path:
 def resume_config(resume: str | Path | SavedRun, cfg: RunConfig | None) -> RunConfig:
     """The config of the resumed run (`resume`: a run or checkpoint directory, or a
     SavedRun): the run's saved config.yaml, or `cfg` when it only changes keys in
-    RESUMABLE_CHANGES (the run keeps its directory whatever trainer.run_dir and
-    trainer.output_dir say). Raises ConfigError naming every other changed key."""
+    RESUMABLE_CHANGES (see `unchanged_but`)."""
     run = saved_run(resume)
-    checkpoint_dir = run.checkpoint
     saved = resolve_run_config(_build(RunConfig, copy.deepcopy(run.tree)))
     if cfg is None:
         return saved
     cfg = resolve_run_config(keep_dtypes(cfg, saved))  # dtype: auto stays what the run measured
-    # The run continues in the checkpoint's directory; keep the saved values so that the
-    # config only differs where the user changed something.
+    return unchanged_but(run.checkpoint, saved, cfg, RESUMABLE_CHANGES, "drop these overrides (a resumed run may "
+                         "change trainer.*, resources.*, the reward workers and the held-out data), or start a new "
+                         "run from an exported model (model.path)")
+
+
+def unchanged_but(checkpoint: Path, saved: Any, cfg: Any, resumable: tuple[str, ...], fix: str) -> Any:
+    """`cfg` (any task kind's config) to continue `checkpoint`'s run, whose config is
+    `saved`: the run keeps its directory whatever trainer.run_dir and trainer.output_dir
+    say. Raises ConfigError naming every changed key outside the `resumable` prefixes."""
+    # Keep the saved values so that the config only differs where the user changed something.
     cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, run_dir=saved.trainer.run_dir, output_dir=saved.trainer.output_dir))
     changed = {key: values for key, values in changed_keys(config_to_dict(saved), config_to_dict(cfg)).items()
-               if not key.startswith(RESUMABLE_CHANGES)}
+               if not key.startswith(resumable)}
     if changed:
         detail = ", ".join(f"{k}: saved {before!r}, now {after!r}" for k, (before, after) in changed.items())
-        raise ConfigError(
-            f"cannot resume {str(checkpoint_dir)!r} with a different {detail}. A checkpoint's weights, "
-            "optimizer state, data position and algorithm state only mean something with the config that "
-            "wrote them; drop these overrides (a resumed run may change trainer.*, resources.*, the reward "
-            "workers and the held-out data), or start a new run from an exported model (model.path)")
+        raise ConfigError(f"cannot resume {str(checkpoint)!r} with a different {detail}. A checkpoint's weights, "
+                          f"optimizer state and counters only mean something with the config that wrote them; {fix}")
     return cfg
 
 
@@ -247,11 +246,10 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_steps_left(global_step: int, total_steps: int) -> int:
-    """Steps from `global_step` to `total_steps`; a ConfigError when there are none (a
-    resumed run must never silently train zero steps)."""
-    if global_step >= total_steps:
-        raise ConfigError(
-            f"nothing to train: the run is at step {global_step} and trainer.total_steps={total_steps}; "
-            f"raise trainer.total_steps (e.g. trainer.total_steps={global_step + total_steps}) to train further")
-    return total_steps - global_step
+def check_steps_left(done: int, total: int, key: str = "trainer.total_steps", unit: str = "step") -> int:
+    """Steps from `done` to `total` (the setting `key`); a ConfigError when there are none
+    (a resumed run must never silently train zero steps)."""
+    if done >= total:
+        raise ConfigError(f"nothing to train: the run is at {unit} {done} and {key}={total}; raise {key} (e.g. "
+                          f"{key}={done + total}) to train further, or pass steps", key)
+    return total - done

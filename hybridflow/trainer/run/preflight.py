@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybridflow.data.records import SUFFIXES, PromptRecord, from_row, read_many
 from hybridflow.errors import ConfigError
+from hybridflow.trainer.run.run_dir import refuse_existing_run_dir
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
@@ -42,10 +43,8 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
     """Check the run's model directories, data files and reward file (module docstring).
     `new_run`: the run starts a new directory (an explicit trainer.run_dir must not exist)."""
-    if new_run and cfg.trainer.run_dir is not None and Path(cfg.trainer.run_dir).exists():
-        raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
-                          "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
-                          "trainer.run_dir")
+    if new_run:
+        refuse_existing_run_dir(cfg)
     if cfg.resources.use_gpu and cfg.resources.ray_address is None:
         import torch
 
@@ -262,7 +261,13 @@ def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRec
             raise ConfigError(f"data file {name!r} does not exist", key)
         if not name.lower().endswith(SUFFIXES):
             raise ConfigError(f"data file {name!r} is not one of {list(SUFFIXES)}", key)
-    rows = _rows(files, key)
+    try:
+        rows = read_many(files)
+    except ValueError as err:  # a malformed jsonl line names file:line
+        raise ConfigError(str(err), key) from None
+    except Exception as err:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError) on a non-parquet file
+        raise ConfigError(f"cannot read {files}: {type(err).__name__}: {err}; is it really the format its "
+                          "suffix says (parquet / jsonl)?", key) from None
     if not rows:
         raise ConfigError(f"{files} hold no rows; give files with at least data.train_batch_size prompts", key)
     prompt = cfg.data.prompt
@@ -270,16 +275,6 @@ def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRec
         return [from_row(row, index, prompt.prompt_key, prompt.default_data_source) for index, row in enumerate(rows)]
     except ValueError as err:
         raise ConfigError(f"{files}: {err}", key) from None
-
-
-def _rows(files: list[str], key: str) -> list[dict]:
-    try:
-        return read_many(files)
-    except ValueError as err:  # a malformed jsonl line names file:line
-        raise ConfigError(str(err), key) from None
-    except Exception as err:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError) on a non-parquet file
-        raise ConfigError(f"cannot read {files}: {type(err).__name__}: {err}; is it really the format its "
-                          "suffix says (parquet / jsonl)?", key) from None
 
 
 def check_scorers(data_sources: Iterable[str], key: str) -> None:

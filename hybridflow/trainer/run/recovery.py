@@ -117,8 +117,8 @@ def _error_line(err: WorkerError, cause: str) -> str:
     line of its traceback), the late ranks for a timeout."""
     if cause == "died":
         return "the process exited or was killed (kill -9, the kernel's out-of-memory killer, or its node was lost)"
-    lines = [line.strip() for line in (err.remote_traceback if cause == "raised" else str(err)).splitlines()]
-    lines = [line for line in lines if line]
+    text = err.remote_traceback if cause == "raised" else str(err)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return type(err).__name__
     return lines[-1] if cause == "raised" else lines[0]

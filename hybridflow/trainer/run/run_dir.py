@@ -16,8 +16,10 @@ trainer.run_dir, and a timestamp collision gets a numeric suffix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,15 +28,19 @@ from hybridflow.config import ConfigError, save_config
 from hybridflow.config.schema import RunConfig
 
 
+def refuse_existing_run_dir(cfg: Any) -> None:
+    """ConfigError when an explicit trainer.run_dir exists: a run never overwrites another."""
+    if cfg.trainer.run_dir is not None and Path(cfg.trainer.run_dir).exists():
+        raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
+                          "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
+                          "trainer.run_dir")
+
+
 def create_run_dir(cfg: RunConfig) -> Path:
     """Make the run's directory (never one that exists) and save the resolved config in it."""
+    refuse_existing_run_dir(cfg)
     if cfg.trainer.run_dir is not None:
         path = Path(cfg.trainer.run_dir)
-        if path.exists():
-            raise ConfigError(
-                f"trainer.run_dir={str(path)!r} already exists; a run never overwrites another. Pick a new "
-                "directory, or leave trainer.run_dir null to get <output_dir>/<name>-<timestamp>"
-            )
         path.mkdir(parents=True)
     else:
         root = Path(cfg.trainer.output_dir)
@@ -42,11 +48,9 @@ def create_run_dir(cfg: RunConfig) -> Path:
         stem = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         for suffix in range(1000):
             path = root / (stem if suffix == 0 else f"{stem}-{suffix}")
-            try:
+            with contextlib.suppress(FileExistsError):
                 path.mkdir()  # atomic: two runs started in the same second get different dirs
                 break
-            except FileExistsError:
-                continue
         else:
             raise RuntimeError(f"could not create a fresh run directory under {root}")
     save_config(cfg, path / "config.yaml")
@@ -64,8 +68,6 @@ def discard_unused_run_dir(path: Path) -> bool:
     (config, built-in model, an empty metrics.jsonl and timeline, the live status,
     TensorBoard files): a failed start leaves no empty run directory behind. Anything more
     (a logged step, a checkpoint) keeps it. Returns whether it was removed."""
-    import shutil
-
     path = Path(path)
     if not path.is_dir():
         return False
@@ -88,18 +90,13 @@ class MetricsLog:
 
     def write(self, phase: str, step: int, metrics: dict[str, Any]) -> None:
         record = {"phase": phase, "step": step, "time": round(time.time(), 3)}
-        record.update({k: _json_value(v) for k, v in sorted(metrics.items())})
+        record.update({k: None if isinstance(v, float) and not math.isfinite(v) else v
+                       for k, v in sorted(metrics.items())})
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

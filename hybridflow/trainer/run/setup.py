@@ -11,6 +11,7 @@ typed configs; `build_groups` places the roles.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from hybridflow.data import (
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.train.config import ActorLossConfig
 from hybridflow.protocol import DataProto
+from hybridflow.rewards import RewardManager, load_reward_fn
+from hybridflow.rewards.templates import ComposedScore, parse_templates
 from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
 from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.run.lifecycle import base_model_path
@@ -143,8 +146,6 @@ class RunContext:
 
 def save_plan(run_dir: Path, mapping: Any) -> None:
     """The planner's chosen mapping and its prediction, beside config.yaml (placement auto)."""
-    import json
-
     path = run_dir / "plan.json"
     if not path.exists():  # a resumed run keeps the plan it started with
         path.write_text(json.dumps(mapping.to_dict(), indent=2))
@@ -176,9 +177,6 @@ def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
 
 
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
-    from hybridflow.rewards import RewardManager, load_reward_fn
-    from hybridflow.rewards.templates import ComposedScore, parse_templates
-
     fn, specs = None, parse_templates(cfg.reward.templates)
     if cfg.reward.custom_fn_path is not None:
         fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name)
@@ -190,8 +188,6 @@ def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
 def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     """The rule-based cost function of safe_rlhf scored like a reward function (reward.manager
     settings), or None without cost_model.custom_fn_path."""
-    from hybridflow.rewards import RewardManager, load_reward_fn
-
     if cfg.cost_model.custom_fn_path is None:
         return None
     fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name)

@@ -38,10 +38,10 @@ class RunTerminated(SystemExit):
     """The run stopped on a termination signal; the message is the line the CLI prints, the
     exit code 128 + the signal."""
 
-    def __init__(self, text: str | None = None, stop: StopSignal | None = None) -> None:
+    def __init__(self, text: str, stop: StopSignal | None = None) -> None:
         self.stop = stop if stop is not None else STOP  # the handler that saw the signal
         super().__init__(self.stop.exit_status)
-        self.text = text if text is not None else f"stopped by {self.stop.name}"
+        self.text = text
         self.stop.unreported = self  # printed at exit unless the CLI reported it (or it was caught: `reported`)
 
     def __str__(self) -> str:
