@@ -68,6 +68,10 @@ class LoopSection(RunOutputSection):
             raise ConfigError("includes 'wandb' but the wandb package is not installed: `pip install wandb`, or "
                               "remove 'wandb' from trainer.loggers", "loggers")
 
+    def display_mode(self) -> str:
+        """What the run's console shows: `console`, or "none" without the "console" logger."""
+        return self.console if "console" in self.loggers else "none"
+
 
 @dataclass
 class ValidationSection:

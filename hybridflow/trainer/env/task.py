@@ -99,7 +99,7 @@ class EnvironmentTask:
         self.program = env_program(cfg)
         self.network = network_spec(cfg)
         self.run_dir = reopen_run_dir(cfg, run) if run is not None else create_run_dir(cfg)
-        self.display = EnvDisplay(cfg.trainer.console)
+        self.display = EnvDisplay(cfg.trainer.display_mode())
         self.log = build_loggers(cfg, self.run_dir, self.display)
         self.iteration = int(read_trainer_state(self.checkpoint)["global_step"]) if self.checkpoint else 0
         self.acc = RecordAccumulator(cfg.trainer.return_window)

@@ -97,7 +97,7 @@ class RunContext:
         reward = None
         try:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
-            display = RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none")
+            display = RunDisplay(cfg.trainer.display_mode())
             display.message(f"run directory: [bold]{run_dir}[/bold]")
             display.message(auto_note(cfg, autos))  # the resolved precision, once (also in config.yaml)
             display.message(omp.describe(cfg.resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
@@ -202,8 +202,7 @@ def train_prompts(cfg: RunConfig, tokenizer: Any) -> RLPromptDataset:
         task = cfg.data.builtin
         ds = RLPromptDataset(None, tokenizer, cfg.data.prompt, rows=rl_records(task.task, "train", task.num_train))
     stats = ds.stats
-    # The same console rule as RunContext.open (lm/task.py calls this without the context).
-    RunDisplay(cfg.trainer.console if "console" in cfg.trainer.loggers else "none").message(
+    RunDisplay(cfg.trainer.display_mode()).message(
         f"train prompts: {stats['kept']} of {stats['rows']} kept; longer than data.prompt.max_prompt_length="
         f"{cfg.data.prompt.max_prompt_length} tokens: {stats['filtered_overlong']} filtered, "
         f"{stats['truncated']} truncated"

@@ -24,13 +24,16 @@ def test_train_and_resume_from_the_command_line(tmp_path, capsys):
               "ppo.epochs=2"]
     assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), "trainer.total_env_steps=512",
                  *common]) == 0
+    # Without the "console" logger nothing is printed, as in LM runs (LoopSection.display_mode).
+    assert capsys.readouterr().out == ""
     run_dir = _run_dir(tmp_path)
     assert run_dir.name.startswith("CartPole-v1-ppo-")
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "episode_return.png").is_file()
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["global_step_1", "global_step_2"]
 
-    assert main(["train", "--resume", str(run_dir), "trainer.total_env_steps=1024"]) == 0
+    assert main(["train", "--resume", str(run_dir), "trainer.total_env_steps=1024",
+                 "trainer.loggers=[console,jsonl,tensorboard]"]) == 0
     steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert steps == [256, 512, 768, 1024]  # the resumed run appends to the same metrics
     assert "run saved to" in capsys.readouterr().out
