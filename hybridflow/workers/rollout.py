@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.algorithms import dynamic_sampling_filter
-from hybridflow.controller import CallFuture, Dispatch, Worker, WorkerGroup, register
+from hybridflow.controller import Dispatch, Worker, WorkerGroup, register
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard.cross_pool import TensorMeta, TransferStats, WeightBridge
 from hybridflow.engines.rollout import SamplingParams, build_rollout_engine
@@ -334,9 +334,3 @@ def connect_weight_bridge(actor: WorkerGroup, rollout: WorkerGroup, bucket_bytes
              rollout.join_weight_bridge(host, port, world, manifest, bucket_bytes)]
     for future in joins:
         future.get()
-
-
-def start_weight_sync(actor: WorkerGroup, version: int) -> CallFuture:
-    """Send the actor's current weights to the rollout pool as `version` (its receiver
-    threads take them at once); the future of the actor's send."""
-    return actor.send_weights(version)

@@ -54,10 +54,10 @@ from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.programs.algorithms import AlgoState, group_unit, rule_reward_manager
 from hybridflow.trainer.modes.stream_step import train_on_groups
-from hybridflow.trainer.programs.phases import Roles, Step
+from hybridflow.trainer.programs.phases import Roles, Step, groups_to_train
 from hybridflow.trainer.run.setup import actor_config, build_cost_manager, build_reward_manager
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
-from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
+from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge
 
 PROMPTS_FILE = "async_prompts.dp"  # in a checkpoint: the prompts sent but not trained yet
 
@@ -259,13 +259,8 @@ class AsyncRunner:
         if self.sampling is None or self.received < self.sampling.cap:
             return self.batch_groups
         self.buffer.take(0, self.version)  # drops the stale ones first
-        usable = min(len(self.buffer), self.batch_groups)
-        if usable < self.sampling.unit:
-            raise RuntimeError(
-                f"dynamic sampling received {self.received} groups for this step and kept {self.informative}, fewer "
-                f"than the {self.sampling.unit} one actor mini-batch needs: every other group scored all-equal. Raise "
-                "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups")
-        return usable - usable % self.sampling.unit
+        return groups_to_train(len(self.buffer), self.batch_groups, self.sampling.unit,
+                               f"received {self.received} groups for this step and kept {self.informative}")
 
     def step(self, index: int) -> Step:
         """One training step on the next batch of fresh groups; returns it with its metrics.
@@ -296,7 +291,7 @@ class AsyncRunner:
                     concurrent=self.cfg.trainer.concurrent_phases)
         dropped_before = self.buffer.dropped
         if self.sync is None:  # the first step of a run, or of a resumed one
-            self.sync = start_weight_sync(self.roles.actor, self.version)
+            self.sync = self.roles.actor.send_weights(self.version)
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start
@@ -309,9 +304,12 @@ class AsyncRunner:
         train_on_groups(step, self.roles, self.cfg, self.state, [g.ref for g in groups], self.version,
                         self.restarts)
         self.restarts = {}
-        self._finish_sync()
+        # The previous weight send is done once the rollout ranks' receiver threads took the
+        # bytes (unless a pool failed: then this raises).
+        start = time.perf_counter()
+        self.sync_metrics = {**self.sync.get()[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
         self.version += 1
-        self.sync = start_weight_sync(self.roles.actor, self.version)
+        self.sync = self.roles.actor.send_weights(self.version)  # the rollout ranks take it at once
         self._fill()  # new prompts queue behind the sync: they start under the new weights
         step.metrics.update({
             "async/policy_version": float(self.version), "async/dropped_groups": float(self.buffer.dropped - dropped_before),
@@ -320,14 +318,6 @@ class AsyncRunner:
             **self.receive_metrics, **self.sync_metrics,
         })
         return step
-
-    def _finish_sync(self) -> None:
-        """Collect the previous weight send (done as soon as the rollout ranks' receiver
-        threads took the bytes, unless a pool failed: then this raises)."""
-        start = time.perf_counter()
-        assert self.sync is not None
-        sent = self.sync.get()
-        self.sync_metrics = {**sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ checkpoints
     def save_state(self, checkpoint_dir: Path) -> dict[str, Any]:

@@ -448,18 +448,27 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
         if step.more_prompts is None:
             raise RuntimeError("dynamic sampling needs more prompts but this step has no loader (Step.more_prompts)")
         prompts = step.more_prompts()
-    target = groups if found >= groups else found - found % group_unit
-    if target == 0:
-        raise RuntimeError(
-            f"dynamic sampling kept {found} groups with differing rewards in {rounds} rounds ({generated} generated), "
-            f"fewer than the {group_unit} one actor mini-batch needs: every other group scored all-equal. Raise "
-            "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups"
-        )
+    target = groups_to_train(found, groups, group_unit,
+                             f"kept {found} groups with differing rewards in {rounds} rounds ({generated} generated)")
     step.batch = first_groups(concat_generated(kept), target)
     trained = len(set(step.batch.non_tensor_batch["uid"].tolist()))
     step.metrics.update({"dapo/rounds": float(rounds), "dapo/generated_groups": float(generated),
                          "dapo/kept_groups": float(found), "dapo/trained_groups": float(trained),
                          "dapo/cap_hit": float(found < groups)})
+
+
+def groups_to_train(kept: int, wanted: int, unit: int, seen: str) -> int:
+    """The groups a dynamic-sampling step trains on once it stops sampling (here, and in the
+    asynchronous modes): `wanted` if it kept that many, else the `kept` ones cut to whole
+    actor mini-batches (`unit` groups); a RuntimeError (`seen`: what the step got) if none."""
+    if kept >= wanted:
+        return wanted
+    if kept < unit:
+        raise RuntimeError(
+            f"dynamic sampling {seen}, fewer than the {unit} one actor mini-batch needs: every other group scored "
+            "all-equal. Raise algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable "
+            "filter_groups")
+    return kept - kept % unit
 
 
 def concat_generated(parts: list[DataProto]) -> DataProto:
