@@ -138,20 +138,17 @@ def eval_settings(cfg: RunConfig) -> dict[str, Any]:
 
 def settings_lines(source: ModelSource) -> list[str]:
     """What `hybridflow eval` prints before it starts: each setting and where they came from."""
-    s = eval_settings(source.cfg)
-    dtype = s["rollout.dtype"]
-    if dtype == "auto":
-        dtype = "auto (bf16 where the device computes it natively, else fp32)"
-    sampling = ("greedy" if not s["trainer.validation.do_sample"] else
-                f"sampled (temperature {s['trainer.validation.temperature']}, top_p {s['trainer.validation.top_p']}, "
-                f"top_k {s['trainer.validation.top_k']}, seed {s['trainer.validation.seed']})")
-    agent = ", agent loop on (rollout.agent.enable)" if s["rollout.agent.enable"] else ""
+    prompt, r, v = source.cfg.data.prompt, source.cfg.rollout, source.cfg.trainer.validation
+    dtype = "auto (bf16 where the device computes it natively, else fp32)" if r.dtype == "auto" else r.dtype
+    sampling = ("greedy" if not v.do_sample else
+                f"sampled (temperature {v.temperature}, top_p {v.top_p}, top_k {v.top_k}, seed {v.seed})")
+    agent = ", agent loop on (rollout.agent.enable)" if r.agent.enable else ""
     return [f"settings from {source.settings_from}:",
-            f"  prompts up to {s['data.prompt.max_prompt_length']} tokens (data.prompt.max_prompt_length), chat "
-            f"template {'on' if s['data.prompt.apply_chat_template'] else 'off'} (data.prompt.apply_chat_template)",
-            f"  responses up to {s['rollout.response_length']} tokens (rollout.response_length), dtype {dtype} "
-            f"(rollout.dtype), backend {s['rollout.name']}{agent}",
-            f"  {sampling}, {s['trainer.validation.n']} response(s) per prompt (trainer.validation.*)"]
+            f"  prompts up to {prompt.max_prompt_length} tokens (data.prompt.max_prompt_length), chat "
+            f"template {'on' if prompt.apply_chat_template else 'off'} (data.prompt.apply_chat_template)",
+            f"  responses up to {r.response_length} tokens (rollout.response_length), dtype {dtype} "
+            f"(rollout.dtype), backend {r.name}{agent}",
+            f"  {sampling}, {v.n} response(s) per prompt (trainer.validation.*)"]
 
 
 def _checked(source: ModelSource) -> ModelSource:
