@@ -22,12 +22,10 @@ and a run reproduces sync mode's metrics for the same seed (tests/trainer/test_a
 The controller steers and carries neither weights nor batches: generation calls and weight
 syncs are non-blocking worker-group calls (CallFutures); weights go from training rank 0
 to the rollout ranks over a WeightBridge, received there in a background thread, so the
-rollout pool runs as far ahead as admission control allows (workers/rollout.py). The pool
-scores each finished group and leaves it in Ray's object store; the controller receives
-refs and a steering record per group (uid, oldest token's policy version, whether its
-scores differ), decides by them, and passes the refs of a step's groups on to the training
-pool's side, where the algorithm's own program runs on them (trainer/modes/stream_step.py).
-DAPO's dynamic sampling is a steering decision: a group whose scores are all equal is
+rollout pool runs as far ahead as admission control allows (workers/rollout.py). The
+controller decides by each finished group's steering record (uid, oldest token's policy
+version, whether its scores differ) and hands the refs of a step's groups to the
+algorithm's own program (stream_step.py: where the groups are scored and kept). DAPO's dynamic sampling is a steering decision: a group whose scores are all equal is
 discarded when it arrives (counted in dapo/*), and its place goes to new prompts.
 
 Every generation call names the policy version it generates with (the newest one whose

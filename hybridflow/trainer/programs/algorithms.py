@@ -1,11 +1,9 @@
 """RL algorithms as short programs over worker groups (HybridFlow paper, Figure 4).
 
 Each function runs one step, top to bottom: generate -> reward -> old and reference
-log-probs -> values -> advantages -> critic update -> actor update. The log-probs and
-values, and the updates, are `P.concurrently` blocks: their calls are in flight together
-and run at once where the roles have processes of their own (resources.placement: split),
-with the same results as one after another (trainer/programs/concurrent.py). The actor's new
-weights reach the generation engine at the start of the next step's generate (weight
+log-probs -> values -> advantages -> critic update -> actor update; the log-probs and
+values, and the updates, are `P.concurrently` blocks (programs/concurrent.py). The actor's
+new weights reach the generation engine at the start of the next step's generate (weight
 sync by resharding). Which program an `algorithm.name` runs, and everything else the name
 implies (roles, estimator, presets, checks), is its row in the algorithm registry
 (`hybridflow.config.algorithm`); `step_program` finds the function of a row, and

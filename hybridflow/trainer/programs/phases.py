@@ -13,13 +13,9 @@ cost_values, cost_advantages, cost_returns.
 Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
 goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
 (trainer.balance_batch) and hands per-sample outputs back in the batch's own order, to
-the phase's `then` (what it does with them).
-
-Independent phases on different worker groups run at once inside ``with
-concurrently(step):`` (trainer/programs/concurrent.py): their calls are submitted together
-and each `then` runs at the block's end in program order, so the step ends as if they had
-run one after another; a phase there that reads what another writes is refused. The
-programs use it for the log-probs and values, and for the updates.
+the phase's `then` (what it does with them). Independent phases run at once inside
+``with concurrently(step):`` (programs/concurrent.py: its rules, and why the step ends
+as if they had run one after another).
 
 Every trainer.mode runs the same phases: in one_step_off / async (trainer/modes/stream_step.py)
 `generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
