@@ -170,9 +170,7 @@ def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto,
 
     def in_batch_order(out: DataProto) -> DataProto:
         if order is not None and (out.batch or out.non_tensor_batch):  # updates return only metrics
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(len(order))
-            out.reorder(inverse)
+            out.reorder(torch.argsort(order))  # the inverse permutation
         return out
 
     if step.block is not None:
