@@ -71,8 +71,8 @@ class ModelSource:
     path: Path  # as the user gave it
     cfg: RunConfig  # the run's config (with overrides), or the defaults for a model dir
     model_path: str
-    checkpoint: Path | None
-    step: int | None
+    checkpoint: Path | None = None
+    step: int | None = None
     run_dir: Path | None = None  # the run whose final_model/ this is (held-out prompts from its config)
     settings_from: str = ""  # where cfg's values come from, in words (settings_lines)
 
@@ -106,14 +106,13 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
         cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", "rollout.n=2", *overrides], demo=False)
         saved = path / MODEL_PRESETS_FILE
         origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
-        return _checked(ModelSource(path, _resolved(cfg), str(path), None, None,
-                                    settings_from=origin + with_flags))
+        return _checked(ModelSource(path, _resolved(cfg), str(path), settings_from=origin + with_flags))
     final_model = path / FINAL_MODEL_DIR
     if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
             path / CHECKPOINTS_DIR):
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
         cfg = load_run_config(path / "config.yaml", list(overrides))
-        return _checked(ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path,
+        return _checked(ModelSource(path, _resolved(cfg), str(final_model), run_dir=path,
                                     settings_from=f"{path / 'config.yaml'}{with_flags}"))
     try:
         checkpoint = find_checkpoint(path)
