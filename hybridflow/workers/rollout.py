@@ -26,14 +26,9 @@ it waits until that version is staged, loads it (in-flight sequences continue un
 their KV cache recomputed), drops the older staged versions and runs. Staged versions cost
 one copy of the weights each (in the training dtype).
 
-`generate_stream` takes one DataProto of new prompts (or None) per rank, runs at most
-`max_steps` scheduler iterations (None: until everything queued is finished) and returns,
-per rank, object refs to the prompt groups that finished (put into this node's object store;
-tensor-parallel ranks other than 0 return []) and a steering record: per group its uid,
-the policy version of its oldest token and whether its scores differ (DAPO's filter), plus
-the metrics of the weight sync it loaded. Sampling seeds follow the hybrid actor's rule
-(workers/generation.py), so a pool never ahead of training generates exactly what the
-synchronous run's actor generates.
+`generate_stream`'s sampling seeds follow the hybrid actor's rule (workers/generation.py),
+so a pool never ahead of training generates exactly what the synchronous run's actor
+generates.
 
 **Rule-based rewards are scored here**, right after generation (`reward_fn` builds the
 run's RewardManager in this process): every group leaves the rank with its
@@ -200,12 +195,12 @@ class RolloutWorker(Worker):
     def generate_stream(self, prompts: DataProto | None, max_steps: int | None,
                         version: int) -> tuple[list[ray.ObjectRef], dict[str, Any]]:
         """Load policy `version` (waiting for it to arrive), add this rank's new prompts
-        (None: none), run up to `max_steps` iterations; return refs to the finished prompt
-        groups (one DataProto per group in the object store, with policy_version and, with a
-        reward function, their scores; [] on tensor-parallel ranks other than 0) and the
-        steering record
-        {"groups": [{uid, oldest_version, informative}], "metrics": weight_sync/* of the
-        loaded sync ({} if none loaded) and reward/worker_restarts}."""
+        (None: none), run up to `max_steps` scheduler iterations (None: until everything
+        queued is finished); return refs to the finished prompt groups (one DataProto per
+        group in this node's object store, with policy_version and, with a reward function,
+        their scores; [] on tensor-parallel ranks other than 0) and the steering record
+        {"groups": [{uid, oldest_version, informative (scores differ: DAPO's filter)}],
+        "metrics": weight_sync/* of the loaded sync ({} if none loaded) and reward/worker_restarts}."""
         require(self.engine, "the rollout engine")
         metrics = self.load_version(version)
         finished: list[DataProto] = []
@@ -292,14 +287,12 @@ class RolloutWorker(Worker):
                 batch.batch[key] = out.token_level_scores
                 batch.non_tensor_batch.update({prefix + k: v for k, v in sample_outcomes(out).items()})
                 restarts[f"{kind}/worker_restarts"] += out.metrics["reward/worker_restarts"]
-            informative = None if self.reward is None else dynamic_sampling_filter(
-                batch.non_tensor_batch["uid"], batch.batch["token_level_scores"].sum(-1))[0]
-            start = 0
             for group in split_groups(batch):
+                uids = group.non_tensor_batch["uid"]
+                informative = None if self.reward is None else bool(
+                    dynamic_sampling_filter(uids, group.batch["token_level_scores"].sum(-1))[0][0])
                 groups.append(group)
-                steering.append({"uid": str(group.non_tensor_batch["uid"][0]), "oldest_version": oldest_version(group),
-                                 "informative": None if informative is None else bool(informative[start])})
-                start += len(group)
+                steering.append({"uid": str(uids[0]), "oldest_version": oldest_version(group), "informative": informative})
         if self.greedy_baseline:
             groups, steering = self._pair_with_greedy(groups, steering)
         return groups, steering, restarts

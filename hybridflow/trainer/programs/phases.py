@@ -444,10 +444,9 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
         prompts = step.more_prompts()
     target = groups_to_train(found, groups, group_unit,
                              f"kept {found} groups with differing rewards in {rounds} rounds ({generated} generated)")
-    step.batch = first_groups(concat_generated(kept), target)
-    trained = len(set(step.batch.non_tensor_batch["uid"].tolist()))
+    step.batch = first_groups(concat_generated(kept), target)  # target <= found: exactly `target` groups
     step.metrics.update({"dapo/rounds": float(rounds), "dapo/generated_groups": float(generated),
-                         "dapo/kept_groups": float(found), "dapo/trained_groups": float(trained),
+                         "dapo/kept_groups": float(found), "dapo/trained_groups": float(target),
                          "dapo/cap_hit": float(found < groups)})
 
 
