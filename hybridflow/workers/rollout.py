@@ -292,7 +292,8 @@ class RolloutWorker(Worker):
                 informative = None if self.reward is None else bool(
                     dynamic_sampling_filter(uids, group.batch["token_level_scores"].sum(-1))[0][0])
                 groups.append(group)
-                steering.append({"uid": str(uids[0]), "oldest_version": oldest_version(group), "informative": informative})
+                steering.append({"uid": str(uids[0]), "oldest_version": oldest_version(group),
+                                 "informative": informative})
         if self.greedy_baseline:
             groups, steering = self._pair_with_greedy(groups, steering)
         return groups, steering, restarts

@@ -24,9 +24,10 @@ syncs are non-blocking worker-group calls (CallFutures); weights go from trainin
 to the rollout ranks over a WeightBridge, received there in a background thread, so the
 rollout pool runs as far ahead as admission control allows (workers/rollout.py). The
 controller decides by each finished group's steering record (uid, oldest token's policy
-version, whether its scores differ) and hands the refs of a step's groups to the
-algorithm's own program (stream_step.py: where the groups are scored and kept). DAPO's dynamic sampling is a steering decision: a group whose scores are all equal is
-discarded when it arrives (counted in dapo/*), and its place goes to new prompts.
+version, whether its scores differ) and hands the refs of a step's groups (scored on the
+pool, kept in Ray's object store) to the algorithm's own program (stream_step.py). DAPO's
+dynamic sampling is a steering decision: a group whose scores are all equal is discarded
+when it arrives (counted in dapo/*), and its place goes to new prompts.
 
 Every generation call names the policy version it generates with (the newest one whose
 sync was started when it was issued), and the controller decides from the results in issue
@@ -69,16 +70,6 @@ class Group:
     oldest_version: int  # policy version of its oldest response token
     ref: ray.ObjectRef | None = None
     informative: bool | None = None  # its scores differ (None: not scored on the rollout pool)
-
-
-@dataclass(frozen=True)
-class DynamicSampling:
-    """DAPO's filter in the asynchronous modes: groups whose scores are all equal are
-    discarded on arrival; a step that has received `cap` groups without filling its batch
-    trains on the informative groups it has, cut to whole actor mini-batches (`unit` groups)."""
-
-    cap: int
-    unit: int
 
 
 class RolloutBuffer:
@@ -135,8 +126,10 @@ class AsyncRunner:
         self.sync_metrics: dict[str, float] = {}
         self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
         self.restarts: dict[str, float] = {}  # the rollout pool's scoring-process restarts since the last step
+        # DAPO's filter: groups whose scores are all equal are discarded on arrival; a step that
+        # has received `sampling_cap` groups without filling its batch trains on what it has (_wanted).
         filter_groups = cfg.algorithm.settings.filter_groups if cfg.algorithm.spec.dynamic_sampling else None
-        self.sampling = DynamicSampling((1 + filter_groups.max_extra_rounds) * self.batch_groups, group_unit(cfg)) \
+        self.sampling_cap = (1 + filter_groups.max_extra_rounds) * self.batch_groups \
             if filter_groups is not None and filter_groups.enable else None
         self.filtered = 0  # groups discarded by dynamic sampling, over the whole run
         self.received = self.informative = 0  # groups that arrived since the last step, and those kept
@@ -220,7 +213,7 @@ class AsyncRunner:
                 self.in_flight -= 1
                 self.received += 1
                 group = Group(info["uid"], info["oldest_version"], ref, info["informative"])
-                if self.sampling is not None and not group.informative:
+                if self.sampling_cap is not None and not group.informative:
                     self.filtered += 1  # all-equal scores: no signal; its place goes to new prompts
                     del self.untrained[group.uid]
                     continue
@@ -241,7 +234,7 @@ class AsyncRunner:
                 self._receive()
             elif self.in_flight:
                 self._send(None)  # no room for new prompts: let the in-flight ones finish
-            elif self.sampling is not None and self.chunk <= self.buffer.capacity - len(self.buffer):
+            elif self.sampling_cap is not None and self.chunk <= self.buffer.capacity - len(self.buffer):
                 # Discarded groups left the batch short with nothing in flight: admission counts
                 # the buffered groups as trained at once, so it would wait forever. Send more; the
                 # drop rule still bounds staleness (as sync DAPO's next round).
@@ -254,10 +247,10 @@ class AsyncRunner:
         """Groups the step trains on: data.train_batch_size, unless dynamic sampling has
         received its cap of groups for this step; then the informative groups buffered, cut
         to whole actor mini-batches (as the synchronous DAPO step does after its last round)."""
-        if self.sampling is None or self.received < self.sampling.cap:
+        if self.sampling_cap is None or self.received < self.sampling_cap:
             return self.batch_groups
         self.buffer.take(0, self.version)  # drops the stale ones first
-        return groups_to_train(len(self.buffer), self.batch_groups, self.sampling.unit,
+        return groups_to_train(len(self.buffer), self.batch_groups, group_unit(self.cfg),
                                f"received {self.received} groups for this step and kept {self.informative}")
 
     def step(self, index: int) -> Step:
@@ -293,7 +286,7 @@ class AsyncRunner:
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start
-        if self.sampling is not None:
+        if self.sampling_cap is not None:
             step.metrics.update({"dapo/generated_groups": float(self.received), "dapo/kept_groups": float(self.informative),
                                  "dapo/trained_groups": float(len(groups)),
                                  "dapo/cap_hit": float(len(groups) < self.batch_groups),
