@@ -93,7 +93,7 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
     if step.balance_dp:
         _learn_layouts(roles)
     scorers = replace(roles, reward=StreamScores("reward", restarts),
-                                  cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
+                      cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
     # What the pool served: generation itself and the row's capabilities it serves
     served = frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
     ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
