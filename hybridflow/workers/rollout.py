@@ -26,14 +26,9 @@ it waits until that version is staged, loads it (in-flight sequences continue un
 their KV cache recomputed), drops the older staged versions and runs. Staged versions cost
 one copy of the weights each (in the training dtype).
 
-`generate_stream` takes one DataProto of new prompts (or None) per rank, runs at most
-`max_steps` scheduler iterations (None: until everything queued is finished) and returns,
-per rank, object refs to the prompt groups that finished (put into this node's object store;
-tensor-parallel ranks other than 0 return []) and a steering record: per group its uid,
-the policy version of its oldest token and whether its scores differ (DAPO's filter), plus
-the metrics of the weight sync it loaded. Sampling seeds follow the hybrid actor's rule
-(workers/generation.py), so a pool never ahead of training generates exactly what the
-synchronous run's actor generates.
+`generate_stream`'s sampling seeds follow the hybrid actor's rule (workers/generation.py),
+so a pool never ahead of training generates exactly what the synchronous run's actor
+generates.
 
 **Rule-based rewards are scored here**, right after generation (`reward_fn` builds the
 run's RewardManager in this process): every group leaves the rank with its
@@ -54,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from hybridflow.algorithms import dynamic_sampling_filter
-from hybridflow.controller import CallFuture, Dispatch, Worker, WorkerGroup, register
+from hybridflow.controller import Dispatch, Worker, WorkerGroup, register
 from hybridflow.engines.models import load_hf_config
 from hybridflow.engines.reshard.cross_pool import TensorMeta, TransferStats, WeightBridge
 from hybridflow.engines.rollout import SamplingParams, build_rollout_engine
@@ -131,12 +126,10 @@ class RolloutWorker(Worker):
         groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, self.world_size, tp)] if tp > 1 else None
         self.dp_rank, self.tp_rank = divmod(self.rank, tp)
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        engine_cfg = rollout_engine_config(r, device)
-        engine = build_rollout_engine(r.name, load_hf_config(self.config.model_path), engine_cfg,
-                                      process_group=groups[self.dp_rank] if groups else None,
-                                      tokenizer=tokenizer_if_present(self.config.model_path),
-                                      model_path=self.config.model_path)
-        self.engine = engine
+        self.engine = engine = build_rollout_engine(
+            r.name, load_hf_config(self.config.model_path), rollout_engine_config(r, device),
+            process_group=groups[self.dp_rank] if groups else None,
+            tokenizer=tokenizer_if_present(self.config.model_path), model_path=self.config.model_path)
         # Partial rollouts need the native continuous-batching scheduler; other backends (and
         # multi-turn rollouts) generate whole calls (`_whole_call`).
         if r.name == "native" and not r.agent.enable:
@@ -169,7 +162,7 @@ class RolloutWorker(Worker):
                 self._staged_cv.notify_all()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
-    def load_version(self, version: int, timeout_s: float = 600.0) -> dict[str, float]:
+    def load_version(self, version: int) -> dict[str, float]:
         """Wait until `version` is staged, load it and drop older staged versions; {} when
         the engine already holds it. Metrics under weight_sync/*. Generation calls load
         the version they name themselves; called alone, it loads without generating."""
@@ -180,12 +173,13 @@ class RolloutWorker(Worker):
             raise RuntimeError(f"generation asked for policy version {version}, the engine already holds {self.version}")
         with self._staged_cv:
             self._staged_cv.wait_for(lambda: version in self._staged or self._receiver_error is not None,
-                                     timeout=timeout_s)
+                                     timeout=self.bridge_timeout_s)
             if version not in self._staged:
                 if self._receiver_error is not None:
                     raise RuntimeError(f"the weight bridge broke before version {version} arrived: "
                                        f"{self._receiver_error!r}") from self._receiver_error
-                raise TimeoutError(f"policy version {version} did not arrive over the weight bridge in {timeout_s} s")
+                raise TimeoutError(f"policy version {version} did not arrive over the weight bridge in "
+                                   f"{self.bridge_timeout_s} s")
             tensors, stats = self._staged.pop(version)
             for old in [v for v in self._staged if v < version]:
                 del self._staged[old]
@@ -201,14 +195,14 @@ class RolloutWorker(Worker):
     def generate_stream(self, prompts: DataProto | None, max_steps: int | None,
                         version: int) -> tuple[list[ray.ObjectRef], dict[str, Any]]:
         """Load policy `version` (waiting for it to arrive), add this rank's new prompts
-        (None: none), run up to `max_steps` iterations; return refs to the finished prompt
-        groups (one DataProto per group in the object store, with policy_version and, with a
-        reward function, their scores; [] on tensor-parallel ranks other than 0) and the
-        steering record
-        {"groups": [{uid, oldest_version, informative}], "metrics": weight_sync/* of the
-        loaded sync ({} if none loaded) and reward/worker_restarts}."""
+        (None: none), run up to `max_steps` scheduler iterations (None: until everything
+        queued is finished); return refs to the finished prompt groups (one DataProto per
+        group in this node's object store, with policy_version and, with a reward function,
+        their scores; [] on tensor-parallel ranks other than 0) and the steering record
+        {"groups": [{uid, oldest_version, informative (scores differ: DAPO's filter)}],
+        "metrics": weight_sync/* of the loaded sync ({} if none loaded) and reward/worker_restarts}."""
         require(self.engine, "the rollout engine")
-        metrics = self.load_version(version, timeout_s=self.bridge_timeout_s)
+        metrics = self.load_version(version)
         finished: list[DataProto] = []
         if prompts is not None and len(prompts):
             params = call_sampling_params(self.config.rollout, prompts.meta_info, self._generate_calls, self.dp_rank)
@@ -260,23 +254,23 @@ class RolloutWorker(Worker):
                                                                    "uid": np.array(uids, dtype=object)}, meta_info=meta)
         return greedy, params
 
-    def _pair_with_greedy(self, groups: list[DataProto], versions: list[int]) -> tuple[list[DataProto], list[int]]:
+    def _pair_with_greedy(self, groups: list[DataProto],
+                          steering: list[dict[str, Any]]) -> tuple[list[DataProto], list[dict[str, Any]]]:
         """ReMax: take the (scored) greedy responses out of `groups` and return the sampled
         groups whose greedy response is known, carrying it in meta_info[GREEDY_KEY] (under the
-        group's uid: the program's greedy-baseline phase scores it); the others wait for theirs.
-        A group's oldest version covers its greedy response too."""
-        for group, version in zip(groups, versions):
-            uid = str(group.non_tensor_batch["uid"][0])
-            held = self._greedy_held if uid.endswith(GREEDY_SUFFIX) else self._held
-            held[uid.removesuffix(GREEDY_SUFFIX)] = (group, version)
-        ready, ready_versions = [], []
+        group's uid: the program's greedy-baseline phase scores it), with their steering
+        records; the others wait for theirs. A group's oldest version covers its greedy response too."""
+        for group, info in zip(groups, steering):
+            held = self._greedy_held if info["uid"].endswith(GREEDY_SUFFIX) else self._held
+            held[info["uid"].removesuffix(GREEDY_SUFFIX)] = (group, info["oldest_version"])
+        ready, records = [], []
         for uid in [u for u in self._held if u in self._greedy_held]:
             (group, version), (greedy, greedy_version) = self._held.pop(uid), self._greedy_held.pop(uid)
             greedy.non_tensor_batch["uid"] = np.full(len(greedy), uid, dtype=object)
             group.meta_info[GREEDY_KEY] = greedy
             ready.append(group)
-            ready_versions.append(min(version, greedy_version))
-        return ready, ready_versions
+            records.append({"uid": uid, "oldest_version": min(version, greedy_version), "informative": None})
+        return ready, records
 
     def _score_groups(self, finished: list[DataProto]) -> tuple[list[DataProto], list[dict[str, Any]],
                                                                 dict[str, float]]:
@@ -293,18 +287,15 @@ class RolloutWorker(Worker):
                 batch.batch[key] = out.token_level_scores
                 batch.non_tensor_batch.update({prefix + k: v for k, v in sample_outcomes(out).items()})
                 restarts[f"{kind}/worker_restarts"] += out.metrics["reward/worker_restarts"]
-            informative = None if self.reward is None else dynamic_sampling_filter(
-                batch.non_tensor_batch["uid"], batch.batch["token_level_scores"].sum(-1))[0]
-            start = 0
             for group in split_groups(batch):
+                uids = group.non_tensor_batch["uid"]
+                informative = None if self.reward is None else bool(
+                    dynamic_sampling_filter(uids, group.batch["token_level_scores"].sum(-1))[0][0])
                 groups.append(group)
-                steering.append({"uid": str(group.non_tensor_batch["uid"][0]), "oldest_version": oldest_version(group),
-                                 "informative": None if informative is None else bool(informative[start])})
-                start += len(group)
+                steering.append({"uid": str(uids[0]), "oldest_version": oldest_version(group),
+                                 "informative": informative})
         if self.greedy_baseline:
-            groups, versions = self._pair_with_greedy(groups, [info["oldest_version"] for info in steering])
-            steering = [{"uid": str(g.non_tensor_batch["uid"][0]), "oldest_version": v, "informative": None}
-                        for g, v in zip(groups, versions)]
+            groups, steering = self._pair_with_greedy(groups, steering)
         return groups, steering, restarts
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
@@ -334,9 +325,3 @@ def connect_weight_bridge(actor: WorkerGroup, rollout: WorkerGroup, bucket_bytes
              rollout.join_weight_bridge(host, port, world, manifest, bucket_bytes)]
     for future in joins:
         future.get()
-
-
-def start_weight_sync(actor: WorkerGroup, version: int) -> CallFuture:
-    """Send the actor's current weights to the rollout pool as `version` (its receiver
-    threads take them at once); the future of the actor's send."""
-    return actor.send_weights(version)

@@ -15,7 +15,7 @@ from hybridflow.controller import RoleSpec
 from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
 from hybridflow.workers import ActorRolloutRefWorker, PlacementSpec, build_role_groups, shutdown_role_groups
-from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
+from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge
 from workers_setup import actor_config, make_prompts
 
 pytestmark = pytest.mark.slow  # three processes on two cores: ~70 s
@@ -39,7 +39,7 @@ def pools(ray_local, tiny_llama_dir):
 
 
 def _sync(pools, version):
-    sent = start_weight_sync(pools["actor"], version).get()[0]  # returns once the receiver threads took it
+    sent = pools["actor"].send_weights(version).get()[0]  # returns once the receiver threads took it
     return sent, pools["rollout"].load_version(version)[0]
 
 
@@ -86,7 +86,7 @@ def test_syncs_are_received_while_generation_is_queued(pools):
     actor, rollout = pools["actor"], pools["rollout"]
     busy = rollout.generate_stream([make_prompts([4, 4, 4, 4], n=4, max_new_tokens=48)], [None], [1])
     for version in (2, 3):
-        assert start_weight_sync(actor, version).get()[0]["weight_sync/version"] == version
+        assert actor.send_weights(version).get()[0]["weight_sync/version"] == version
     busy.get()
     ((_, steering),) = rollout.generate_stream([make_prompts([3], n=1, max_new_tokens=4)], [None], [3]).get()
     loaded = steering["metrics"]

@@ -71,8 +71,8 @@ class ModelSource:
     path: Path  # as the user gave it
     cfg: RunConfig  # the run's config (with overrides), or the defaults for a model dir
     model_path: str
-    checkpoint: Path | None
-    step: int | None
+    checkpoint: Path | None = None
+    step: int | None = None
     run_dir: Path | None = None  # the run whose final_model/ this is (held-out prompts from its config)
     settings_from: str = ""  # where cfg's values come from, in words (settings_lines)
 
@@ -106,14 +106,13 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
         cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", "rollout.n=2", *overrides], demo=False)
         saved = path / MODEL_PRESETS_FILE
         origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
-        return _checked(ModelSource(path, _resolved(cfg), str(path), None, None,
-                                    settings_from=origin + with_flags))
+        return _checked(ModelSource(path, _resolved(cfg), str(path), settings_from=origin + with_flags))
     final_model = path / FINAL_MODEL_DIR
     if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
             path / CHECKPOINTS_DIR):
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
         cfg = load_run_config(path / "config.yaml", list(overrides))
-        return _checked(ModelSource(path, _resolved(cfg), str(final_model), None, None, run_dir=path,
+        return _checked(ModelSource(path, _resolved(cfg), str(final_model), run_dir=path,
                                     settings_from=f"{path / 'config.yaml'}{with_flags}"))
     try:
         checkpoint = find_checkpoint(path)
@@ -138,20 +137,17 @@ def eval_settings(cfg: RunConfig) -> dict[str, Any]:
 
 def settings_lines(source: ModelSource) -> list[str]:
     """What `hybridflow eval` prints before it starts: each setting and where they came from."""
-    s = eval_settings(source.cfg)
-    dtype = s["rollout.dtype"]
-    if dtype == "auto":
-        dtype = "auto (bf16 where the device computes it natively, else fp32)"
-    sampling = ("greedy" if not s["trainer.validation.do_sample"] else
-                f"sampled (temperature {s['trainer.validation.temperature']}, top_p {s['trainer.validation.top_p']}, "
-                f"top_k {s['trainer.validation.top_k']}, seed {s['trainer.validation.seed']})")
-    agent = ", agent loop on (rollout.agent.enable)" if s["rollout.agent.enable"] else ""
+    prompt, r, v = source.cfg.data.prompt, source.cfg.rollout, source.cfg.trainer.validation
+    dtype = "auto (bf16 where the device computes it natively, else fp32)" if r.dtype == "auto" else r.dtype
+    sampling = ("greedy" if not v.do_sample else
+                f"sampled (temperature {v.temperature}, top_p {v.top_p}, top_k {v.top_k}, seed {v.seed})")
+    agent = ", agent loop on (rollout.agent.enable)" if r.agent.enable else ""
     return [f"settings from {source.settings_from}:",
-            f"  prompts up to {s['data.prompt.max_prompt_length']} tokens (data.prompt.max_prompt_length), chat "
-            f"template {'on' if s['data.prompt.apply_chat_template'] else 'off'} (data.prompt.apply_chat_template)",
-            f"  responses up to {s['rollout.response_length']} tokens (rollout.response_length), dtype {dtype} "
-            f"(rollout.dtype), backend {s['rollout.name']}{agent}",
-            f"  {sampling}, {s['trainer.validation.n']} response(s) per prompt (trainer.validation.*)"]
+            f"  prompts up to {prompt.max_prompt_length} tokens (data.prompt.max_prompt_length), chat "
+            f"template {'on' if prompt.apply_chat_template else 'off'} (data.prompt.apply_chat_template)",
+            f"  responses up to {r.response_length} tokens (rollout.response_length), dtype {dtype} "
+            f"(rollout.dtype), backend {r.name}{agent}",
+            f"  {sampling}, {v.n} response(s) per prompt (trainer.validation.*)"]
 
 
 def _checked(source: ModelSource) -> ModelSource:

@@ -22,13 +22,12 @@ and a run reproduces sync mode's metrics for the same seed (tests/trainer/test_a
 The controller steers and carries neither weights nor batches: generation calls and weight
 syncs are non-blocking worker-group calls (CallFutures); weights go from training rank 0
 to the rollout ranks over a WeightBridge, received there in a background thread, so the
-rollout pool runs as far ahead as admission control allows (workers/rollout.py). The pool
-scores each finished group and leaves it in Ray's object store; the controller receives
-refs and a steering record per group (uid, oldest token's policy version, whether its
-scores differ), decides by them, and passes the refs of a step's groups on to the training
-pool's side, where the algorithm's own program runs on them (trainer/modes/stream_step.py).
-DAPO's dynamic sampling is a steering decision: a group whose scores are all equal is
-discarded when it arrives (counted in dapo/*), and its place goes to new prompts.
+rollout pool runs as far ahead as admission control allows (workers/rollout.py). The
+controller decides by each finished group's steering record (uid, oldest token's policy
+version, whether its scores differ) and hands the refs of a step's groups (scored on the
+pool, kept in Ray's object store) to the algorithm's own program (stream_step.py). DAPO's
+dynamic sampling is a steering decision: a group whose scores are all equal is discarded
+when it arrives (counted in dapo/*), and its place goes to new prompts.
 
 Every generation call names the policy version it generates with (the newest one whose
 sync was started when it was issued), and the controller decides from the results in issue
@@ -54,10 +53,10 @@ from hybridflow.controller import CallFuture, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.programs.algorithms import AlgoState, group_unit, rule_reward_manager
 from hybridflow.trainer.modes.stream_step import train_on_groups
-from hybridflow.trainer.programs.phases import Roles, Step
+from hybridflow.trainer.programs.phases import Roles, Step, groups_to_train
 from hybridflow.trainer.run.setup import actor_config, build_cost_manager, build_reward_manager
 from hybridflow.workers import PlacementSpec, build_role_groups, shutdown_role_groups
-from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge, start_weight_sync
+from hybridflow.workers.rollout import RolloutWorker, connect_weight_bridge
 
 PROMPTS_FILE = "async_prompts.dp"  # in a checkpoint: the prompts sent but not trained yet
 
@@ -71,16 +70,6 @@ class Group:
     oldest_version: int  # policy version of its oldest response token
     ref: ray.ObjectRef | None = None
     informative: bool | None = None  # its scores differ (None: not scored on the rollout pool)
-
-
-@dataclass(frozen=True)
-class DynamicSampling:
-    """DAPO's filter in the asynchronous modes: groups whose scores are all equal are
-    discarded on arrival; a step that has received `cap` groups without filling its batch
-    trains on the informative groups it has, cut to whole actor mini-batches (`unit` groups)."""
-
-    cap: int
-    unit: int
 
 
 class RolloutBuffer:
@@ -137,8 +126,10 @@ class AsyncRunner:
         self.sync_metrics: dict[str, float] = {}
         self.receive_metrics: dict[str, float] = {}  # the latest weight sync a generation call loaded
         self.restarts: dict[str, float] = {}  # the rollout pool's scoring-process restarts since the last step
+        # DAPO's filter: groups whose scores are all equal are discarded on arrival; a step that
+        # has received `sampling_cap` groups without filling its batch trains on what it has (_wanted).
         filter_groups = cfg.algorithm.settings.filter_groups if cfg.algorithm.spec.dynamic_sampling else None
-        self.sampling = DynamicSampling((1 + filter_groups.max_extra_rounds) * self.batch_groups, group_unit(cfg)) \
+        self.sampling_cap = (1 + filter_groups.max_extra_rounds) * self.batch_groups \
             if filter_groups is not None and filter_groups.enable else None
         self.filtered = 0  # groups discarded by dynamic sampling, over the whole run
         self.received = self.informative = 0  # groups that arrived since the last step, and those kept
@@ -222,7 +213,7 @@ class AsyncRunner:
                 self.in_flight -= 1
                 self.received += 1
                 group = Group(info["uid"], info["oldest_version"], ref, info["informative"])
-                if self.sampling is not None and not group.informative:
+                if self.sampling_cap is not None and not group.informative:
                     self.filtered += 1  # all-equal scores: no signal; its place goes to new prompts
                     del self.untrained[group.uid]
                     continue
@@ -243,7 +234,7 @@ class AsyncRunner:
                 self._receive()
             elif self.in_flight:
                 self._send(None)  # no room for new prompts: let the in-flight ones finish
-            elif self.sampling is not None and self.chunk <= self.buffer.capacity - len(self.buffer):
+            elif self.sampling_cap is not None and self.chunk <= self.buffer.capacity - len(self.buffer):
                 # Discarded groups left the batch short with nothing in flight: admission counts
                 # the buffered groups as trained at once, so it would wait forever. Send more; the
                 # drop rule still bounds staleness (as sync DAPO's next round).
@@ -256,16 +247,11 @@ class AsyncRunner:
         """Groups the step trains on: data.train_batch_size, unless dynamic sampling has
         received its cap of groups for this step; then the informative groups buffered, cut
         to whole actor mini-batches (as the synchronous DAPO step does after its last round)."""
-        if self.sampling is None or self.received < self.sampling.cap:
+        if self.sampling_cap is None or self.received < self.sampling_cap:
             return self.batch_groups
         self.buffer.take(0, self.version)  # drops the stale ones first
-        usable = min(len(self.buffer), self.batch_groups)
-        if usable < self.sampling.unit:
-            raise RuntimeError(
-                f"dynamic sampling received {self.received} groups for this step and kept {self.informative}, fewer "
-                f"than the {self.sampling.unit} one actor mini-batch needs: every other group scored all-equal. Raise "
-                "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups")
-        return usable - usable % self.sampling.unit
+        return groups_to_train(len(self.buffer), self.batch_groups, group_unit(self.cfg),
+                               f"received {self.received} groups for this step and kept {self.informative}")
 
     def step(self, index: int) -> Step:
         """One training step on the next batch of fresh groups; returns it with its metrics.
@@ -296,11 +282,11 @@ class AsyncRunner:
                     concurrent=self.cfg.trainer.concurrent_phases)
         dropped_before = self.buffer.dropped
         if self.sync is None:  # the first step of a run, or of a resumed one
-            self.sync = start_weight_sync(self.roles.actor, self.version)
+            self.sync = self.roles.actor.send_weights(self.version)
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start
-        if self.sampling is not None:
+        if self.sampling_cap is not None:
             step.metrics.update({"dapo/generated_groups": float(self.received), "dapo/kept_groups": float(self.informative),
                                  "dapo/trained_groups": float(len(groups)),
                                  "dapo/cap_hit": float(len(groups) < self.batch_groups),
@@ -309,9 +295,12 @@ class AsyncRunner:
         train_on_groups(step, self.roles, self.cfg, self.state, [g.ref for g in groups], self.version,
                         self.restarts)
         self.restarts = {}
-        self._finish_sync()
+        # The previous weight send is done once the rollout ranks' receiver threads took the
+        # bytes (unless a pool failed: then this raises).
+        start = time.perf_counter()
+        self.sync_metrics = {**self.sync.get()[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
         self.version += 1
-        self.sync = start_weight_sync(self.roles.actor, self.version)
+        self.sync = self.roles.actor.send_weights(self.version)  # the rollout ranks take it at once
         self._fill()  # new prompts queue behind the sync: they start under the new weights
         step.metrics.update({
             "async/policy_version": float(self.version), "async/dropped_groups": float(self.buffer.dropped - dropped_before),
@@ -320,14 +309,6 @@ class AsyncRunner:
             **self.receive_metrics, **self.sync_metrics,
         })
         return step
-
-    def _finish_sync(self) -> None:
-        """Collect the previous weight send (done as soon as the rollout ranks' receiver
-        threads took the bytes, unless a pool failed: then this raises)."""
-        start = time.perf_counter()
-        assert self.sync is not None
-        sent = self.sync.get()
-        self.sync_metrics = {**sent[0], "timing_s/weight_sync_wait": time.perf_counter() - start}
 
     # ------------------------------------------------------------------ checkpoints
     def save_state(self, checkpoint_dir: Path) -> dict[str, Any]:

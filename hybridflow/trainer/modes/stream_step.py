@@ -31,14 +31,12 @@ exactly (tests/trainer/test_async_modes.py): it is the same program on the same 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-import torch
 from ray import cloudpickle  # Ray's own copy: what its task arguments are pickled with
 
 from hybridflow.algorithms.off_policy import staleness_metrics
@@ -49,7 +47,7 @@ from hybridflow.controller.decorator import registered_methods
 from hybridflow.controller.futures import RankInfo, gather
 from hybridflow.engines.rollout.partial import POLICY_VERSION
 from hybridflow.protocol import DataProto
-from hybridflow.rewards.manager import outcome_metrics
+from hybridflow.rewards.manager import RewardOutput, outcome_metrics
 from hybridflow.trainer.programs import phases as P
 from hybridflow.trainer.programs.algorithms import AlgoState, step_program
 from hybridflow.trainer.observe.metrics import BatchSummary
@@ -63,14 +61,6 @@ SERVED_BY_STREAM = ("greedy_baseline", "dynamic_sampling")
 
 
 @dataclass(frozen=True)
-class Scored:
-    """What a rule-based scorer's `score` returns, as score_sequences reads it."""
-
-    token_level_scores: torch.Tensor
-    metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
 class StreamScores:
     """A rule-based scorer (`kind` reward or cost) whose work the rollout pool already did:
     `score` returns the scores the groups arrived with and the metrics RewardManager.score
@@ -80,14 +70,15 @@ class StreamScores:
     kind: str
     restarts: dict[str, float]
 
-    def score(self, batch: DataProto) -> Scored:
+    def score(self, batch: DataProto) -> RewardOutput:
         key, prefix = SCORED_COLUMNS[self.kind]
         scores = batch.batch[key]
         # (a step that received no generation call this time has no restarts to report)
         restarts = self.restarts.get(f"{self.kind}/worker_restarts", 0.0)
         metrics = {"reward/mean": float(scores.sum(-1).double().mean()),
                    **outcome_metrics(batch, restarts, prefix=prefix)}
-        return Scored(scores, metrics)
+        # The extras and errors went into the per-sample outcome columns, counted in `metrics`.
+        return RewardOutput(scores, scores.sum(-1), extra_info={}, errors=[], metrics=metrics)
 
 
 def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, groups: list[ray.ObjectRef],
@@ -101,8 +92,8 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
     _ship_user_module(spec)
     if step.balance_dp:
         _learn_layouts(roles)
-    scorers = dataclasses.replace(roles, reward=StreamScores("reward", restarts),
-                                  cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
+    scorers = replace(roles, reward=StreamScores("reward", restarts),
+                      cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
     # What the pool served: generation itself and the row's capabilities it serves
     served = frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
     ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,

@@ -27,9 +27,8 @@ BAR_FIELDS = ("score/mean", "val/accuracy", "actor/loss", "timing_s/step")
 
 
 def summarize(metrics: dict[str, Any], keys: tuple[str, ...] | None = None) -> str:
-    parts = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in STEP_FIELDS
-             if key in metrics and (keys is None or key in keys)]
-    return "  ".join(parts)
+    return "  ".join(f"{label} {fmt.format(metrics[key])}" for key, label, fmt in STEP_FIELDS
+                     if key in metrics and (keys is None or key in keys))
 
 
 def eval_summary(metrics: dict[str, Any]) -> str:

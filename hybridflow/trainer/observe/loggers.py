@@ -18,6 +18,7 @@ are merged into it), "eval" (evaluation before and after training), "sft" / "sft
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,15 +122,11 @@ class RunLoggers:
             logger.write(phase, step, metrics)
 
     def close(self) -> None:
-        """Close all, even when one fails (the first error is raised afterwards)."""
-        error: BaseException | None = None
-        for logger in self.loggers.values():
-            try:
-                logger.close()
-            except Exception as err:  # noqa: BLE001 - the others must still flush their files
-                error = error or err
-        if error is not None:
-            raise error
+        """Close all, the last opened first; one that fails is raised once all the others
+        have flushed their files."""
+        with contextlib.ExitStack() as stack:
+            for logger in self.loggers.values():
+                stack.callback(logger.close)
 
 
 def build_loggers(cfg: RunConfig, run_dir: Path, display: RunDisplay) -> RunLoggers:

@@ -122,13 +122,8 @@ class Sampler:
 
     def sample(self) -> tuple[list[Sample], list[DeviceSample]]:
         now = time.time()
-        samples = []
-        for worker in self.workers:
-            proc = self._local.get(worker.label)
-            if proc is not None:
-                samples.append(Sample(now, worker.label, *_usage(proc)))
-        samples += self._sample_remote(now)
-        return samples, (_sample_gpus(now) if self.gpu else [])
+        samples = [Sample(now, w.label, *_usage(self._local[w.label])) for w in self.workers if w.label in self._local]
+        return samples + self._sample_remote(now), (_sample_gpus(now) if self.gpu else [])
 
     def _sample_remote(self, now: float) -> list[Sample]:
         if not self._remote:
@@ -255,16 +250,16 @@ def phase_intervals(events: list[dict[str, Any]], start: float, end: float) -> l
     return out
 
 
+def _phase_at(intervals: list[tuple[float, float, str]], t: float) -> str | None:
+    return next((name for lo, hi, name in intervals if lo <= t < hi), None)
+
+
 def summarize(samples: list[Sample], devices: list[DeviceSample], events: list[dict[str, Any]], roles: dict[str, str],
               start: float, end: float, interval_s: float) -> ProfileReport:
     intervals = phase_intervals(events, start, end)
     phases: dict[str, float] = defaultdict(float)
     for lo, hi, name in intervals:
         phases[name] += hi - lo
-
-    def phase_at(t: float) -> str | None:
-        return next((name for lo, hi, name in intervals if lo <= t < hi), None)
-
     by_phase_role: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     workers: dict[str, dict[str, Any]] = {}
     for s in samples:
@@ -274,7 +269,7 @@ def summarize(samples: list[Sample], devices: list[DeviceSample], events: list[d
         w["busy_s" if s.cpu_percent >= IDLE_CPU_PERCENT else "idle_s"] += interval_s
         w["cpu"].append(s.cpu_percent)
         w["peak_rss_mb"] = max(w["peak_rss_mb"], s.rss_mb or 0.0)
-        name = phase_at(s.t)
+        name = _phase_at(intervals, s.t)
         if name is not None:
             by_phase_role[name][roles.get(s.worker, "?")].append(s.cpu_percent)
     devs: dict[str, dict[str, Any]] = {}
@@ -415,8 +410,7 @@ def plot_timeline(report: ProfileReport, samples: list[Sample], intervals: list[
         y = len(rows) - 2 - row
         for s in (s for s in samples if s.worker == label and s.cpu_percent is not None):
             busy = s.cpu_percent >= IDLE_CPU_PERCENT
-            phase = next((name for lo, hi, name in intervals if lo <= s.t < hi), None)
-            colour = colours.get(phase, "tab:blue") if busy else "lightgrey"
+            colour = colours.get(_phase_at(intervals, s.t), "tab:blue") if busy else "lightgrey"
             ax.broken_barh([(s.t - t0 - report.interval_s, report.interval_s)], (y - 0.4, 0.8), color=colour)
     ax.set_yticks(range(len(rows)), list(reversed(rows)))
     ax.set_xlim(0, report.end - t0)

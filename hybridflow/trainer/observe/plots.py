@@ -84,8 +84,7 @@ def _plot_table(table: PlotTable, records: Sequence[dict[str, Any]], x_key: str,
                 tight: bool) -> list[Path]:
     written = []
     for stem, title, ylabel, keys in table:
-        series = {key: _series(records, x_key, key) for key in keys}
-        series = {key: points for key, points in series.items() if points}
+        series = {key: points for key in keys if (points := _series(records, x_key, key))}
         if series:
             written.append(_draw(series, out_dir / f"{stem}.png", title, xlabel, ylabel, tight))
     return written

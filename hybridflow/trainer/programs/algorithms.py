@@ -1,11 +1,9 @@
 """RL algorithms as short programs over worker groups (HybridFlow paper, Figure 4).
 
 Each function runs one step, top to bottom: generate -> reward -> old and reference
-log-probs -> values -> advantages -> critic update -> actor update. The log-probs and
-values, and the updates, are `P.concurrently` blocks: their calls are in flight together
-and run at once where the roles have processes of their own (resources.placement: split),
-with the same results as one after another (trainer/programs/concurrent.py). The actor's new
-weights reach the generation engine at the start of the next step's generate (weight
+log-probs -> values -> advantages -> critic update -> actor update; the log-probs and
+values, and the updates, are `P.concurrently` blocks (programs/concurrent.py). The actor's
+new weights reach the generation engine at the start of the next step's generate (weight
 sync by resharding). Which program an `algorithm.name` runs, and everything else the name
 implies (roles, estimator, presets, checks), is its row in the algorithm registry
 (`hybridflow.config.algorithm`); `step_program` finds the function of a row, and
@@ -31,13 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from hybridflow.algorithms import LagrangeMultiplier, build_kl_controller
 from hybridflow.config.algorithm import AlgorithmSpec
 from hybridflow.config.algorithm_settings import overlong_buffer_len
 from hybridflow.config.schema import RunConfig
-from hybridflow.protocol import DataProto
 from hybridflow.registry import import_object
 from hybridflow.rewards.templates import model_weight
 from hybridflow.trainer.programs import phases as P
@@ -102,21 +97,17 @@ def rule_reward_manager(roles: Roles, cfg: RunConfig) -> Any:
     return None if roles.reward_model is not None and replaced else roles.reward
 
 
-def reward_model_weight(cfg: RunConfig) -> float:
-    """The reward model's weight: its reward.templates entry's, else 1."""
+def reward_sources(roles: Roles, cfg: RunConfig) -> tuple[Any, Any, float]:
+    """The run's reward sources, as P.score_sequences takes them: the rule-based manager
+    (rule_reward_manager), the reward model, and its weight (its reward.templates entry's, else 1)."""
     weight = model_weight(cfg.reward.templates)
-    return 1.0 if weight is None else weight
-
-
-def _score(batch: DataProto, roles: Roles, cfg: RunConfig) -> torch.Tensor:
-    """Token-level scores of any generated batch, from the run's reward sources."""
-    return P.score_sequences(batch, rule_reward_manager(roles, cfg), roles.reward_model, reward_model_weight(cfg))[0]
+    return rule_reward_manager(roles, cfg), roles.reward_model, 1.0 if weight is None else weight
 
 
 def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0) -> None:
     """rollout.n responses per prompt and their token_level_scores from the run's reward sources."""
     P.generate(step, roles.actor, cfg.rollout.n, round=round)
-    P.compute_reward(step, rule_reward_manager(roles, cfg), roles.reward_model, reward_model_weight(cfg))
+    P.compute_reward(step, *reward_sources(roles, cfg))
 
 
 def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
@@ -171,7 +162,8 @@ def remax(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """ReMax (Li et al. 2023): advantage = reward - reward of the greedy response to the prompt."""
     prompts = step.batch
     generate_and_score(step, roles, cfg)
-    P.compute_greedy_baseline(step, prompts, roles.actor, lambda batch: _score(batch, roles, cfg))
+    P.compute_greedy_baseline(step, prompts, roles.actor,
+                              lambda batch: P.score_sequences(batch, *reward_sources(roles, cfg))[0])
     train_critic_free(step, roles, cfg, state, extra_keys=("baseline_rewards",))
 
 

@@ -92,6 +92,7 @@ class _Call:
     phase: _Phase
     value: Any = None
     arrived: float = 0.0
+    started: float = 0.0  # when it could start (Block.finish)
     done: bool = False
 
 
@@ -122,7 +123,8 @@ class _Tracked(dict):
 
     def _read(self, key: Any) -> None:
         if key not in self.own:  # a phase reads its own writes as they are
-            self._block.read(self._where, key, self._who())
+            # (where, key, effects registered before the read, reader)
+            self._block.reads.append((self._where, key, len(self._block.effects), self._who()))
 
     def _write(self, key: Any) -> None:
         self._block.write(self._where, key, self._who())
@@ -158,8 +160,7 @@ class _Tracked(dict):
         return super().values()
 
     def copy(self) -> dict:
-        self._read(ALL)
-        return dict(super().items())
+        return dict(self.items())
 
     def __reduce__(self) -> Any:  # pickled (sent to a worker whole): a plain dict
         return dict, (self.copy(),)
@@ -202,7 +203,7 @@ class Block:
         self.metrics = step.metrics
         self.program_view = _Tracked(self.metrics, self, "metrics", None)  # step.metrics outside the phases
         self.effects: list[_Effect] = []
-        self.reads: list[tuple[str, Any, int, _Phase | None]] = []  # (where, key, effects before it, reader)
+        self.reads: list[tuple[str, Any, int, _Phase | None]] = []  # what the phases read (_Tracked._read)
         self.current: _Phase | None = None
 
     # ------------------------------------------------------------------ while the block runs
@@ -218,9 +219,6 @@ class Block:
         for where, data in self.saved.items():
             setattr(self.proto, where, data)
         self.step.metrics = self.metrics
-
-    def read(self, where: str, key: Any, phase: _Phase | None) -> None:
-        self.reads.append((where, key, len(self.effects), phase))
 
     def write(self, where: str, key: Any, phase: _Phase | None) -> None:
         who = f"phase {phase.name!r}" if phase is not None else PROGRAM
@@ -280,11 +278,14 @@ class Block:
     def finish(self) -> None:
         """Wait for every call, then apply the effects in program order, checking that no
         phase read what an earlier phase of the block writes."""
-        self._wait([e.call for e in self.effects if e.call is not None and not e.call.done])
-        starts = self._call_starts()
+        calls = [e.call for e in self.effects if e.call is not None]
+        self._wait([c for c in calls if not c.done])
+        for i, call in enumerate(calls):
+            # Its submission, or the end of the last earlier call of the block on the same
+            # processes (they run one after another there).
+            call.started = max([call.submitted, *(c.arrived for c in calls[:i] if c.processes & call.processes)])
         for index, effect in enumerate(self.effects):
-            written = self._apply(effect, starts)
-            self._check(index, effect.phase, written)
+            self._check(index, effect.phase, self._apply(effect))
 
     def _wait(self, calls: list[_Call]) -> None:
         remote = [c for c in calls if isinstance(c.future, CallFuture)]
@@ -306,17 +307,7 @@ class Block:
             if not call.done:  # an in-process group's (already computed)
                 call.value, call.arrived, call.done = call.future.get(), time.monotonic(), True
 
-    def _call_starts(self) -> dict[int, float]:
-        """When each call could start: its submission, or the end of the last earlier call of
-        the block on the same processes (they run one after another there)."""
-        starts: dict[int, float] = {}
-        calls = [e.call for e in self.effects if e.call is not None]
-        for i, call in enumerate(calls):
-            busy = [c.arrived for c in calls[:i] if c.processes & call.processes]
-            starts[id(call)] = max([call.submitted, *busy])
-        return starts
-
-    def _apply(self, effect: _Effect, starts: dict[int, float]) -> set[tuple[str, Any]]:
+    def _apply(self, effect: _Effect) -> set[tuple[str, Any]]:
         step = self.step
         if effect.metrics is not None:
             for key, value in effect.metrics.items():
@@ -332,7 +323,7 @@ class Block:
                                        "concurrently block; run the phase after the block")
             return _changed(before, _snapshot(step))
         phase = effect.phase
-        waited = sum(c.arrived - starts[id(c)] for c in phase.calls)
+        waited = sum(c.arrived - c.started for c in phase.calls)
         key = f"timing_s/{phase.name}"
         step.metrics[key] = step.metrics.get(key, 0.0) + phase.work_s + max(0.0, waited) + phase.handle_s
         return set()

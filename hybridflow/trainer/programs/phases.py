@@ -13,13 +13,9 @@ cost_values, cost_advantages, cost_returns.
 Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
 goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
 (trainer.balance_batch) and hands per-sample outputs back in the batch's own order, to
-the phase's `then` (what it does with them).
-
-Independent phases on different worker groups run at once inside ``with
-concurrently(step):`` (trainer/programs/concurrent.py): their calls are submitted together
-and each `then` runs at the block's end in program order, so the step ends as if they had
-run one after another; a phase there that reads what another writes is refused. The
-programs use it for the log-probs and values, and for the updates.
+the phase's `then` (what it does with them). Independent phases run at once inside
+``with concurrently(step):`` (programs/concurrent.py: its rules, and why the step ends
+as if they had run one after another).
 
 Every trainer.mode runs the same phases: in one_step_off / async (trainer/modes/stream_step.py)
 `generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
@@ -174,9 +170,7 @@ def dp_call(step: Step, group: WorkerGroup, method: str, data: DataProto,
 
     def in_batch_order(out: DataProto) -> DataProto:
         if order is not None and (out.batch or out.non_tensor_batch):  # updates return only metrics
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(len(order))
-            out.reorder(inverse)
+            out.reorder(torch.argsort(order))  # the inverse permutation
         return out
 
     if step.block is not None:
@@ -448,18 +442,26 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
         if step.more_prompts is None:
             raise RuntimeError("dynamic sampling needs more prompts but this step has no loader (Step.more_prompts)")
         prompts = step.more_prompts()
-    target = groups if found >= groups else found - found % group_unit
-    if target == 0:
-        raise RuntimeError(
-            f"dynamic sampling kept {found} groups with differing rewards in {rounds} rounds ({generated} generated), "
-            f"fewer than the {group_unit} one actor mini-batch needs: every other group scored all-equal. Raise "
-            "algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable filter_groups"
-        )
-    step.batch = first_groups(concat_generated(kept), target)
-    trained = len(set(step.batch.non_tensor_batch["uid"].tolist()))
+    target = groups_to_train(found, groups, group_unit,
+                             f"kept {found} groups with differing rewards in {rounds} rounds ({generated} generated)")
+    step.batch = first_groups(concat_generated(kept), target)  # target <= found: exactly `target` groups
     step.metrics.update({"dapo/rounds": float(rounds), "dapo/generated_groups": float(generated),
-                         "dapo/kept_groups": float(found), "dapo/trained_groups": float(trained),
+                         "dapo/kept_groups": float(found), "dapo/trained_groups": float(target),
                          "dapo/cap_hit": float(found < groups)})
+
+
+def groups_to_train(kept: int, wanted: int, unit: int, seen: str) -> int:
+    """The groups a dynamic-sampling step trains on once it stops sampling (here, and in the
+    asynchronous modes): `wanted` if it kept that many, else the `kept` ones cut to whole
+    actor mini-batches (`unit` groups); a RuntimeError (`seen`: what the step got) if none."""
+    if kept >= wanted:
+        return wanted
+    if kept < unit:
+        raise RuntimeError(
+            f"dynamic sampling {seen}, fewer than the {unit} one actor mini-batch needs: every other group scored "
+            "all-equal. Raise algorithm.dapo.filter_groups.max_extra_rounds, check the reward function, or disable "
+            "filter_groups")
+    return kept - kept % unit
 
 
 def concat_generated(parts: list[DataProto]) -> DataProto:
