@@ -374,7 +374,8 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
     data.batch["values"], data.batch["returns"] = b["cost_values"], b["cost_returns"]
 
     def add_metrics(out: DataProto) -> None:
-        metrics = rename_worker_metrics(_worker_metrics(out), "cost_critic")
+        # Named as the critic's first (perf/critic_update_*), then every critic -> cost_critic.
+        metrics = rename_worker_metrics(_worker_metrics(out), "critic")
         step.metrics.update({key.replace("critic", "cost_critic", 1): value for key, value in metrics.items()})
 
     dp_call(step, cost_critic, "update_critic", data, then=add_metrics)
