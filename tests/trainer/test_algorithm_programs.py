@@ -140,6 +140,22 @@ def test_dynamic_sampling_keeps_generating_until_the_batch_is_full():
             m["dapo/cap_hit"]) == (3, 12, 5, 4, 0)
 
 
+def test_dynamic_sampling_rounds_run_with_the_steps_phase_callback_and_concurrency():
+    """Every round's phases are told to the live status (on_phase) and keep trainer.concurrent_phases."""
+    heard, seen = [], []
+    step = Step(1, _prompts([0, 1, 2, 3], 5), more_prompts=lambda: _prompts([4, 5, 6, 7], 7),
+                on_phase=heard.append, concurrent=False)
+
+    def sample_round(part: Step, round_: int) -> None:
+        part.on_phase(f"gen{round_}")
+        seen.append(part.concurrent)
+        part.batch = _round(part.batch, 2, {i: [0.5, 0.5] for i in range(8)}, round_)
+
+    with pytest.raises(RuntimeError, match="kept 0 groups"):
+        sample_informative_groups(step, sample_round, groups=4, max_extra_rounds=1, group_unit=1)
+    assert heard == ["dynamic_sampling", "gen0", "gen1"] and seen == [False, False]
+
+
 def test_dynamic_sampling_cap_trains_on_whole_mini_batches_or_fails_when_nothing_is_kept():
     scores = {i: [0.0, 1.0] if i in (1, 4, 5) else [0.5, 0.5] for i in range(16)}
     step = _run_sampling(scores, groups=4, max_extra_rounds=1, unit=2)  # 3 found, cut to 2

@@ -430,7 +430,9 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
     generated = found = rounds = 0
     prompts = step.batch
     while True:
-        part = Step(step.index, prompts, step.metrics, balance_dp=step.balance_dp)
+        # Each round's phases are the step's: the live status hears them, concurrent_phases holds.
+        part = Step(step.index, prompts, step.metrics, balance_dp=step.balance_dp, on_phase=step.on_phase,
+                    concurrent=step.concurrent)
         sample_round(part, rounds)
         rounds += 1
         keep, counts = dynamic_sampling_filter(part.batch.non_tensor_batch["uid"],
