@@ -37,7 +37,7 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, write_builtin_model
 from hybridflow.trainer.run.run_dir import MetricsLog, create_run_dir
-from hybridflow.trainer.run.setup import endless, start_ray
+from hybridflow.trainer.run.setup import endless, start_display, start_run_ray
 from hybridflow.workers import PlacementSpec, RewardModelWorker, build_role_groups, shutdown_role_groups
 
 
@@ -137,10 +137,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     cfg = dataclasses.replace(cfg, resources=dataclasses.replace(
         cfg.resources, omp_wait_policy=omp.resolve(cfg.resources.omp_wait_policy)))
     run_dir = create_run_dir(cfg)
-    display = RunDisplay(cfg.trainer.console)
-    display.message(f"run directory: [bold]{run_dir}[/bold]")
-    display.message(dtype_line)
-    display.message(omp.describe(cfg.resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
+    display = start_display(cfg.trainer.console, run_dir, dtype_line, cfg.resources, omp_auto)
     log = MetricsLog(run_dir / "metrics.jsonl")
     ray_started = False
     groups: dict[str, WorkerGroup] = {}
@@ -157,8 +154,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
         display.message(f"{len(train)} pairs for training, {len(val)} held out")
         steps = total_steps(cfg, len(train))
         threads = cfg.resources.resolved_threads_per_rank(world)
-        omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (controller/omp.py)
-        ray_started = start_ray(cfg.resources.ray_address, world * threads, cfg.resources.nodes)
+        ray_started = start_run_ray(cfg.resources, world * threads)
         role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
         groups = build_role_groups({"rm": role}, PlacementSpec.colocated(cfg.resources.process_on_nodes(),
                                                                          use_gpu=cfg.resources.use_gpu,
