@@ -17,6 +17,7 @@ from hybridflow.data import write_records
 from hybridflow.data.arithmetic import ArithmeticConfig, rl_records
 from hybridflow.data.configs import PromptDataConfig
 from hybridflow.trainer.run.lifecycle import write_builtin_model
+from hybridflow.trainer.run.run_dir import read_metrics
 from hybridflow.trainer.jobs.offline import resolve_source, settings_lines
 from hybridflow.workers.config import RolloutWorkerConfig
 
@@ -150,3 +151,19 @@ def test_eval_of_an_agent_task_reports_tool_calls_and_turns(ray_local, tmp_path,
     calls = [r["num_tool_calls"] for r in report["responses"]]
     assert metrics["val/tool_call_rate"] == pytest.approx(sum(c > 0 for c in calls) / len(calls))
     assert all(r["num_turns"] >= 1 for r in report["responses"])
+
+
+def test_sft_logs_held_out_accuracy_at_test_freq_and_before_and_after(ray_local, tiny_config):
+    """`hybridflow sft` (jobs/sft.py: train_steps): held-out accuracy before and after as
+    "sft_eval", and at every sft.test_freq steps but the last inside the step's timed "sft" record."""
+    from hybridflow.trainer.jobs.sft import run_sft_job
+
+    result = run_sft_job(tiny_config("resources.world_size=1", "sft.steps=3", "sft.test_freq=2", "sft.batch_size=4",
+                                     "sft.micro_batch_size_per_device=2", "trainer.console=plain"))
+    records = read_metrics(result.model_dir.parent / "metrics.jsonl")
+    assert [(r["phase"], r["step"]) for r in records] == [("sft_eval", 0), ("sft", 1), ("sft", 2), ("sft", 3),
+                                                          ("sft_eval", 3)]
+    steps = [r for r in records if r["phase"] == "sft"]
+    assert ["val/accuracy" in r for r in steps] == [False, True, False]
+    assert all({"sft/loss", "sft/grad_norm", "sft/lr", "timing_s/step"} <= set(r) for r in steps)
+    assert result.final_loss == steps[-1]["sft/loss"] and result.accuracy_before == records[0]["val/accuracy"]

@@ -20,6 +20,7 @@ multi-turn agent rollouts generate whole calls, and steps_per_call does not appl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,12 @@ class AsyncSection:
         at_least(self, 1, "chunk_prompts", "steps_per_call", null="")
         positive(self, "bucket_mb")
 
+    def of_mode(self, mode: str) -> AsyncSection:
+        """The settings trainer.mode `mode` runs with: one_step_off's own (module docstring) in place of these."""
+        if mode != "one_step_off":
+            return self
+        return dataclasses.replace(self, max_staleness=1, chunk_prompts=None, steps_per_call=None)
+
     def chunk(self, train_batch_size: int) -> int:
         return train_batch_size if self.chunk_prompts is None else self.chunk_prompts
 
@@ -57,7 +64,7 @@ class AsyncSection:
 
 def check_async_settings(cfg: RunConfig) -> None:
     """Cross-section rules of the asynchronous modes (nothing to check in sync mode)."""
-    mode, a = cfg.trainer.mode, cfg.async_rl
+    mode, a = cfg.trainer.mode, cfg.async_rl.of_mode(cfg.trainer.mode)
     if mode == "sync":
         return
     _check_capabilities(cfg)
@@ -66,7 +73,7 @@ def check_async_settings(cfg: RunConfig) -> None:
         raise ConfigError(f"{a.rollout_ranks} is not a multiple of rollout.tensor_model_parallel_size={tp}",
                           "async_rl.rollout_ranks")
     groups, batch = a.rollout_ranks // tp, cfg.data.train_batch_size
-    chunk = batch if mode == "one_step_off" else a.chunk(batch)
+    chunk = a.chunk(batch)
     if chunk % groups:
         raise ConfigError(f"{chunk} prompts per generation call cannot be shared by the {groups} generation groups "
                           "of the rollout pool; make it a multiple", "async_rl.chunk_prompts")

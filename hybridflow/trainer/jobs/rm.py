@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,11 @@ from hybridflow.controller import RoleSpec, WorkerGroup, omp
 from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, split_held_out
 from hybridflow.data.rl_dataset import pad_token_id_of
 from hybridflow.engines.models import load_hf_config
+from hybridflow.trainer.jobs.sft import train_steps
 from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, write_builtin_model
 from hybridflow.trainer.run.run_dir import MetricsLog, create_run_dir
-from hybridflow.trainer.run.setup import endless, start_ray
+from hybridflow.trainer.run.setup import endless, start_display, start_run_ray
 from hybridflow.workers import PlacementSpec, RewardModelWorker, build_role_groups, shutdown_role_groups
 
 
@@ -137,10 +137,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     cfg = dataclasses.replace(cfg, resources=dataclasses.replace(
         cfg.resources, omp_wait_policy=omp.resolve(cfg.resources.omp_wait_policy)))
     run_dir = create_run_dir(cfg)
-    display = RunDisplay(cfg.trainer.console)
-    display.message(f"run directory: [bold]{run_dir}[/bold]")
-    display.message(dtype_line)
-    display.message(omp.describe(cfg.resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
+    display = start_display(cfg.trainer.console, run_dir, dtype_line, cfg.resources, omp_auto)
     log = MetricsLog(run_dir / "metrics.jsonl")
     ray_started = False
     groups: dict[str, WorkerGroup] = {}
@@ -157,8 +154,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
         display.message(f"{len(train)} pairs for training, {len(val)} held out")
         steps = total_steps(cfg, len(train))
         threads = cfg.resources.resolved_threads_per_rank(world)
-        omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (controller/omp.py)
-        ray_started = start_ray(cfg.resources.ray_address, world * threads, cfg.resources.nodes)
+        ray_started = start_run_ray(cfg.resources, world * threads)
         role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
         groups = build_role_groups({"rm": role}, PlacementSpec.colocated(cfg.resources.process_on_nodes(),
                                                                          use_gpu=cfg.resources.use_gpu,
@@ -189,17 +185,9 @@ def _train(cfg: RMConfig, group: WorkerGroup, train: PairwiseDataset, val: Pairw
     before, _, _ = _evaluate(cfg, group, val, 0, log)
     batches = endless(ResumableLoader(train, cfg.data.batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
                                       collate_fn=train.collate))
-    display.start("RM", steps)
-    record: dict[str, float] = {}
-    for step in range(1, steps + 1):
-        start = time.perf_counter()
-        record = dict(group.update_reward_model(next(batches)).meta_info["metrics"])
-        record["timing_s/step"] = time.perf_counter() - start
-        if cfg.trainer.eval_freq and step % cfg.trainer.eval_freq == 0 and step < steps:
-            record["val/accuracy"] = _evaluate(cfg, group, val, step, log)[0]["val/accuracy"]
-        log.write("rm", step, record)
-        display.step(step, steps, {"actor/loss": record["rm/loss"], **record})
-    display.stop()
+    record = train_steps("rm", steps, lambda: dict(group.update_reward_model(next(batches)).meta_info["metrics"]),
+                         lambda step: _evaluate(cfg, group, val, step, log)[0]["val/accuracy"],
+                         cfg.trainer.eval_freq, log, display)
     after, chosen, rejected = _evaluate(cfg, group, val, steps, log)
     _write_scores(run_dir / "held_out_scores.jsonl", val, chosen, rejected)
     display.message(f"[bold]held-out pairwise accuracy: {before['val/accuracy']:.1%} before -> "

@@ -15,8 +15,11 @@ that metric the NLL too). The result is exported as a Hugging Face model directo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,6 +29,7 @@ from hybridflow.data import ResumableLoader, SFTDataset
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.jobs.builtin import teacher_sft_records
 from hybridflow.trainer.lm.evaluate import evaluate
+from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.run.lifecycle import SFT_MODEL_DIR
 from hybridflow.trainer.run.setup import RunContext, build_groups, endless, sft_actor_config
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
@@ -73,22 +77,16 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
     roles = {"actor": RoleSpec(ActorRolloutRefWorker, (sft_actor_config(cfg, ctx.model_path),))}
     groups = build_groups(cfg, ctx.layout, roles)
     actor = groups["actor"]
+
+    def update() -> dict[str, float]:
+        metrics = actor.update_actor(as_sft_update(next(batches))).meta_info["metrics"]
+        return {"sft/loss": metrics["actor/pg_loss"], "sft/grad_norm": metrics["actor/grad_norm"],
+                "sft/lr": metrics["actor/lr"]}
+
     try:
         before = _held_out_accuracy(ctx, actor, 0)
-        ctx.display.start("SFT", cfg.sft.steps)
-        record: dict[str, float] = {}
-        for step in range(1, cfg.sft.steps + 1):
-            start = time.perf_counter()
-            metrics = actor.update_actor(as_sft_update(next(batches))).meta_info["metrics"]
-            record = {"sft/loss": metrics["actor/pg_loss"], "sft/grad_norm": metrics["actor/grad_norm"],
-                      "sft/lr": metrics["actor/lr"], "timing_s/step": time.perf_counter() - start}
-            if cfg.sft.test_freq and step % cfg.sft.test_freq == 0 and step < cfg.sft.steps:
-                accuracy = _held_out_accuracy(ctx, actor, step, log=False)
-                if accuracy is not None:
-                    record["val/accuracy"] = accuracy
-            ctx.log.write("sft", step, record)
-            ctx.display.step(step, cfg.sft.steps, {"actor/loss": record["sft/loss"], **record})
-        ctx.display.stop()
+        record = train_steps("sft", cfg.sft.steps, update, partial(_held_out_accuracy, ctx, actor, log=False),
+                             cfg.sft.test_freq, ctx.log, ctx.display)
         after = _held_out_accuracy(ctx, actor, cfg.sft.steps)
         model_dir = Path(actor.export_hf(str(ctx.run_dir / SFT_MODEL_DIR))[0])
         write_model_presets(model_dir, cfg, f"run {ctx.run_dir} after {cfg.sft.steps} SFT steps")
@@ -98,6 +96,28 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
     if not keep_actor:
         shutdown_role_groups(groups)
     return SFTResult(model_dir, before, after, record["sft/loss"], actor if keep_actor else None)
+
+
+def train_steps(phase: str, steps: int, update: Callable[[], dict[str, float]],
+                accuracy_at: Callable[[int], float | None], eval_freq: int, log: Any,
+                display: RunDisplay) -> dict[str, float]:
+    """The training loop of SFT and of the reward model (`phase` "sft" or "rm"): `steps` calls of
+    `update` (its metrics, timed), logged and shown; every `eval_freq` steps but the last (0: never)
+    with the held-out accuracy `accuracy_at(step)` (None: no held-out data). Returns the last record."""
+    display.start(phase.upper(), steps)
+    record: dict[str, float] = {}
+    for step in range(1, steps + 1):
+        start = time.perf_counter()
+        record = update()
+        record["timing_s/step"] = time.perf_counter() - start
+        if eval_freq and step % eval_freq == 0 and step < steps:
+            accuracy = accuracy_at(step)
+            if accuracy is not None:
+                record["val/accuracy"] = accuracy
+        log.write(phase, step, record)
+        display.step(step, steps, {"actor/loss": record[f"{phase}/loss"], **record})
+    display.stop()
+    return record
 
 
 def _held_out_accuracy(ctx: RunContext, actor: WorkerGroup, step: int, log: bool = True) -> float | None:

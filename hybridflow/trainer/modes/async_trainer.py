@@ -109,12 +109,12 @@ class AsyncRunner:
 
     def __init__(self, cfg: RunConfig, roles: Roles, rollout: WorkerGroup, prompts: Iterator[DataProto],
                  state: AlgoState) -> None:
-        a, mode = cfg.async_rl, cfg.trainer.mode
+        a = cfg.async_rl.of_mode(cfg.trainer.mode)
         self.cfg, self.roles, self.rollout, self.prompts, self.state = cfg, roles, rollout, prompts, state
         self.batch_groups = cfg.data.train_batch_size
-        self.max_staleness = 1 if mode == "one_step_off" else a.max_staleness
-        self.chunk = self.batch_groups if mode == "one_step_off" else a.chunk(self.batch_groups)
-        self.max_steps = None if mode == "one_step_off" else a.steps_per_call
+        self.max_staleness = a.max_staleness
+        self.chunk = a.chunk(self.batch_groups)
+        self.max_steps = a.steps_per_call
         self.buffer = RolloutBuffer(a.buffer_size, self.max_staleness)
         self.tp = cfg.rollout.tensor_model_parallel_size
         self.version = 0  # updates done; the rollout pool holds this version after the pending sync

@@ -97,10 +97,8 @@ class RunContext:
         reward = None
         try:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
-            display = RunDisplay(cfg.trainer.display_mode())
-            display.message(f"run directory: [bold]{run_dir}[/bold]")
-            display.message(auto_note(cfg, autos))  # the resolved precision, once (also in config.yaml)
-            display.message(omp.describe(cfg.resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
+            display = start_display(cfg.trainer.display_mode(), run_dir, auto_note(cfg, autos), cfg.resources,
+                                    omp_auto)
             if mapping is not None:
                 save_plan(run_dir, mapping)
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
@@ -112,8 +110,7 @@ class RunContext:
                 check_lengths_fit(cfg, longest, "the longest held-out prompt")
             reward = build_reward_manager(cfg, tokenizer)
             cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
-            omp.export_policy(cfg.resources.omp_wait_policy)  # before Ray's processes start (omp.py)
-            ray_started = start_ray(cfg.resources.ray_address, cpus, cfg.resources.nodes)
+            ray_started = start_run_ray(cfg.resources, cpus)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             if reward is not None:
@@ -149,6 +146,25 @@ def save_plan(run_dir: Path, mapping: Any) -> None:
     path = run_dir / "plan.json"
     if not path.exists():  # a resumed run keeps the plan it started with
         path.write_text(json.dumps(mapping.to_dict(), indent=2))
+
+
+def start_display(mode: str, run_dir: Path, dtype_line: str, resources: ComputeSection,
+                  omp_auto: bool) -> RunDisplay:
+    """The console of a job (`mode`: trainer.console or "none") after the lines it prints at its start:
+    the run directory, its resolved precision (also in config.yaml) and its OpenMP wait policy
+    (`omp_auto`: resources.omp_wait_policy was "auto", so with what "auto" saw)."""
+    display = RunDisplay(mode)
+    display.message(f"run directory: [bold]{run_dir}[/bold]")
+    display.message(dtype_line)
+    display.message(omp.describe(resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
+    return display
+
+
+def start_run_ray(resources: ComputeSection, cpus: int) -> bool:
+    """`start_ray` for a job's ranks, with the job's resolved resources.omp_wait_policy put in
+    the environment first: Ray's processes load OpenMP with it (controller/omp.py)."""
+    omp.export_policy(resources.omp_wait_policy)
+    return start_ray(resources.ray_address, cpus, resources.nodes)
 
 
 def start_ray(ray_address: str | None, cpus: int, nodes: int = 1) -> bool:
