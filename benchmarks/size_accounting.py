@@ -75,26 +75,38 @@ def totals(rev: str) -> dict[str, int]:
     return {"lines": lines, "code_lines": code}
 
 
-def sources(rev: str) -> tuple[dict[str, int], list[tuple[int, str]]]:
-    """Lines of `rev` in PATHS by where they come from (module docstring), and issue 23's
-    commits with their lines, the largest first."""
+def sources(rev: str) -> tuple[dict[str, int], list[tuple[int, str]], dict[str, int]]:
+    """Lines of `rev` in PATHS by where they come from (module docstring); issue 23's
+    commits with their lines, the largest first; and the lines of each base file kept."""
     by_commit: collections.Counter[str] = collections.Counter()
+    kept_from: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for path in python_files(rev):
-        blame = git("blame", "-M", "-C", "--porcelain", rev, "--", path)
-        for line in blame.splitlines():
+        commit = ""
+        for line in git("blame", "-M", "-C", "--line-porcelain", rev, "--", path).splitlines():
             parts = line.split()
             # A header line: <40-hex commit> <line in origin> <line here> [<lines in group>].
             if len(parts) >= 3 and len(parts[0]) == 40 and all(c in "0123456789abcdef" for c in parts[0]):
-                by_commit[parts[0]] += 1
-    counts, redesign = collections.Counter(), []
+                commit = parts[0]
+                by_commit[commit] += 1
+            elif line.startswith("filename "):  # the file the line was written in
+                kept_from[commit][line[len("filename "):]] += 1
+    counts, redesign, kept = collections.Counter(), [], collections.Counter()
     for commit, lines in by_commit.items():
         ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", commit, BASE], cwd=ROOT).returncode == 0
         issue = next((n for short, n in OTHER_ISSUES.items() if commit.startswith(short)), None)
         origin = "before the redesign" if ancestor else f"issue {issue}" if issue else "issue 23"
         counts[origin] += lines
+        if ancestor:
+            kept.update(kept_from[commit])
         if origin == "issue 23":
             redesign.append((lines, git("log", "-1", "--format=%h %s", commit).strip()[:100]))
-    return dict(sorted(counts.items())), sorted(redesign, reverse=True)
+    return dict(sorted(counts.items())), sorted(redesign, reverse=True), dict(kept)
+
+
+def gone_by_file(kept: dict[str, int]) -> list[tuple[int, int, str]]:
+    """(lines gone, lines at the base, path) of each base file in PATHS, the most gone first."""
+    rows = [(len(git("show", f"{BASE}:{path}").splitlines()), path) for path in python_files(BASE)]
+    return sorted(((total - kept.get(path, 0), total, path) for total, path in rows), reverse=True)
 
 
 def main() -> None:
@@ -104,7 +116,8 @@ def main() -> None:
     args = parser.parse_args()
     rev = git("rev-parse", "--short", args.rev).strip()
     before, after = totals(BASE), totals(rev)
-    origin, redesign = sources(rev)
+    origin, redesign, kept = sources(rev)
+    gone = gone_by_file(kept)
     print(f"{'tree':<28}{'lines':>8}{'code lines':>12}")
     print(f"{'before (' + BASE + ')':<28}{before['lines']:>8}{before['code_lines']:>12}")
     print(f"{'now (' + rev + ')':<28}{after['lines']:>8}{after['code_lines']:>12}")
@@ -114,11 +127,15 @@ def main() -> None:
     print("\nissue 23's largest commits (lines of them in the tree)")
     for lines, commit in redesign[:8]:
         print(f"  {lines:>5}  {commit}")
-    kept = origin.get("before the redesign", 0)
-    print(f"\nlines of the base gone: {before['lines'] - kept}; the base's lines kept plus other issues' "
+    print("\nbase files that lost the most lines (moved or copied lines count as kept)")
+    for lines_gone, total, path in gone[:10]:
+        print(f"  {lines_gone:>5} of {total:>4}  {path}")
+    kept_total = origin.get("before the redesign", 0)
+    print(f"\nlines of the base gone: {before['lines'] - kept_total}; the base's lines kept plus other issues' "
           f"features: {after['lines'] - origin.get('issue 23', 0)} (the base had {before['lines']})")
     result = {"base": BASE, "rev": rev, "paths": list(PATHS), "before": before, "after": after,
               "lines_by_origin": origin, "issue_23_commits": [{"lines": n, "commit": c} for n, c in redesign],
+              "base_lines_gone_by_file": [{"gone": g, "of": t, "path": p} for g, t, p in gone],
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {args.out}")
