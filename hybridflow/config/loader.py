@@ -105,7 +105,8 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
                 return _convert(value, arg, where, base)
             except ConfigError as err:
                 errors.append(err.message)
-        raise ConfigError(f"{value!r} matches none of {annotation}: {'; '.join(errors)}", where)
+        null = " (or null)" if type(None) in args else ""
+        raise ConfigError(f"{' or '.join(errors)}{null}", where)  # each alternative's own words, no typing repr
     if origin is typing.Literal:
         if isinstance(value, str) and value not in args and value.lower() in args:
             return value.lower()  # choices are case-insensitive ("Spread" is "spread")
@@ -126,7 +127,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         if not callable(value):
             raise ConfigError(f"expected a function, got {value!r}", where)
         return value
-    if origin is dict:
+    if dict in (origin, annotation):  # dict[str, Any] or a bare dict
         if not isinstance(value, dict):
             raise ConfigError(f"expected a mapping, got {value!r}", where)
         return dict(value)

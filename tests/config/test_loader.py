@@ -29,6 +29,8 @@ class Actor:
     micro_batch_size: int = 4
     use_lora: bool = False
     model_path: str | None = None
+    kwargs: dict = field(default_factory=dict)
+    activation: Literal["tanh", "relu"] | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
@@ -65,6 +67,14 @@ def test_value_types_are_converted_and_checked():
     with pytest.raises(ConfigError, match="not one of"):
         load_config(Root, None, ["actor.optim.schedule=linear"])
     assert load_config(Root, None, ["actor.optim.schedule=Cosine"]).actor.optim.schedule == "cosine"  # any case
+
+
+def test_a_bare_dict_field_and_an_optional_choice_are_checked_in_plain_words():
+    assert load_config(Root, None, ["actor.kwargs={a: 1}"]).actor.kwargs == {"a": 1}
+    with pytest.raises(ConfigError, match=r"^actor.kwargs: expected a mapping, got 3$"):
+        load_config(Root, None, ["actor.kwargs=3"])  # was accepted as 3
+    with pytest.raises(ConfigError, match=r"^actor.activation: 'tan' is not one of \['tanh', 'relu'\] \(or null\)$"):
+        load_config(Root, None, ["actor.activation=tan"])  # was "matches none of typing.Optional[...]"
 
 
 def test_unknown_key_names_the_closest_valid_key():
