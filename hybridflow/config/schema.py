@@ -52,7 +52,7 @@ from hybridflow.config.sections.resources import ResourceSection
 from hybridflow.config.sections.rewards import CostModelSection, RewardModelSection, RewardSection
 from hybridflow.config.sections.roles import ActorSection, CriticSection
 from hybridflow.config.sections.sft import SFTSection
-from hybridflow.config.sections.trainer import TrainerSection
+from hybridflow.config.sections.trainer import TrainerSection, check_run_name
 from hybridflow.config.validation import validate_run_config
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import RolloutWorkerConfig
@@ -96,12 +96,6 @@ class RunConfig:
         sequences = self.data.train_batch_size * self.rollout.n
         return (self.actor.old_log_probs == "auto" and mb.epochs == 1 and mb.mini_batch_size >= sequences
                 and not self.use_reference)
-
-
-def check_run_name(name: str) -> None:
-    """The `name` of a run becomes a directory name."""
-    if not name or "/" in name or name.strip() != name:
-        raise ConfigError(f"must be a non-empty directory-safe word, got {name!r}", "name")
 
 
 # The built-in demo's own values (group size, 6-token answers, learning rates and batch cuts):

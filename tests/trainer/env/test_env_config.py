@@ -53,6 +53,10 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
     ({"env": "x", "trainer": {"loggers": ["jsonl", "csv"]}}, r"trainer.loggers: must be distinct names from"),
     ({"env": "x", "trainer": {"loggers": ["jsonl", "jsonl"]}}, r"trainer.loggers: must be distinct names from"),
     ({"env": "x", "trainer": {"keep_last_checkpoints": 0}}, r"trainer.keep_last_checkpoints: must be >= 1"),
+    # The run name becomes the run directory's name, as in language-model runs.
+    ({"env": "x", "name": "a/b"}, r"^name: must be a non-empty directory-safe word, got 'a/b'"),
+    ({"env": "x", "name": ""}, r"^name: must be a non-empty directory-safe word"),
+    ({"env": "x", "env.kwargs": 3}, r"^env.kwargs: expected a mapping, got 3"),
 ])
 def test_bad_dicts_name_the_key_and_the_fix(tree, match):
     with pytest.raises(ConfigError, match=match):
