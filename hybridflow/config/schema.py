@@ -54,7 +54,6 @@ from hybridflow.config.sections.roles import ActorSection, CriticSection
 from hybridflow.config.sections.sft import SFTSection
 from hybridflow.config.sections.trainer import TrainerSection, check_run_name
 from hybridflow.config.validation import validate_run_config
-from hybridflow.errors import ConfigError
 from hybridflow.workers.config import RolloutWorkerConfig
 
 
