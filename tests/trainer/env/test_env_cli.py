@@ -38,6 +38,13 @@ def test_train_and_resume_from_the_command_line(tmp_path, capsys):
     assert steps == [256, 512, 768, 1024]  # the resumed run appends to the same metrics
     assert "run saved to" in capsys.readouterr().out
 
+    # --resume without PATH: the newest run of the config's name, as for language-model runs
+    # (was "for environment runs give the run directory to resume").
+    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), "--resume", *common,
+                 "trainer.total_env_steps=1280"]) == 0
+    steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
+    assert steps == [256, 512, 768, 1024, 1280] and _run_dir(tmp_path) == run_dir
+
 
 def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):
     code = main(["train", "--config", str(EXAMPLES / "sac_pendulum.yaml"), "sac.batch_sise=64",
