@@ -169,6 +169,11 @@ def test_threads_per_rank_must_be_positive():
     ("sft.data.max_length=1", "sft.data.max_length"),
     ("reward.manager.num_workers=-1", "reward.manager.num_workers"),
     ("reward.manager.timeout_s=0", "reward.manager.timeout_s"),
+    # The sampling defaults were named "rollout: the sampling defaults are invalid: invalid SamplingParams: n ..."
+    ("rollout.n=0", "rollout.n"),
+    ("rollout.temperature=-1", "rollout.temperature"),
+    ("rollout.top_p=2", "rollout.top_p"),
+    ("rollout.response_length=0", "rollout.response_length"),
 ])
 def test_a_bad_setting_is_named_by_its_full_dotted_key(override, key):
     with pytest.raises(ConfigError) as err:
