@@ -214,8 +214,7 @@ class EnvRunConfig:
     def __post_init__(self) -> None:
         if self.name is not None:
             check_run_name(self.name)  # as a language-model run's: it becomes the run directory's name
-        if self.algorithm not in ENV_ALGORITHMS and str(self.algorithm).lower() in ENV_ALGORITHMS:
-            self.algorithm = str(self.algorithm).lower()  # "PPO" names the registered "ppo"
+        self.algorithm = ENV_ALGORITHMS.folded(self.algorithm)  # "PPO" names the registered "ppo"
         ENV_ALGORITHMS.check(self.algorithm)  # ConfigError keyed `algorithm`, naming the registered ones
 
 

@@ -152,6 +152,8 @@ def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
     the function itself). The presets (`run_presets`; `demo` False: without the built-in
     demo's) fill the keys the tree does not set. The tree is read, never re-read from its file."""
     tree = nest_dotted(tree)
+    if isinstance(tree.get("algorithm"), str):  # the flat form `algorithm: grpo`, as environment tasks write it
+        tree["algorithm"] = {"name": tree["algorithm"]}
     cfg = _build(RunConfig, copy.deepcopy(tree))
     presets = [(key, value) for key, value in dict(run_presets(cfg, demo)).items() if not _user_sets(tree, key)]
     if presets:

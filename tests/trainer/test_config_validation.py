@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config import ConfigError, load_config
-from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config
+from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config, run_config_from_tree
 from hybridflow.config.validation import validate_run_config
 from hybridflow.trainer.run.run_dir import create_run_dir
 
@@ -79,6 +79,15 @@ def test_inconsistent_sizes_are_refused_with_the_keys_to_change(overrides, key, 
 def test_algorithm_errors_name_the_keys():
     with pytest.raises(ConfigError, match=r"needs rollout.n >= 2"):
         load_run_config(None, ["rollout.n=1"])
+
+
+def test_the_algorithm_is_named_in_any_case_and_flat_as_in_environment_tasks():
+    # RLTrainer({"algorithm": "PPO", "env": ...}) runs; {"algorithm": "GRPO"} was "algorithm: expected a
+    # section (mapping), got 'GRPO'" and algorithm.name=PPO "'PPO' is not a registered algorithm".
+    assert run_config_from_tree({"algorithm": "GRPO"}).algorithm.name == "grpo"
+    assert load_run_config(None, ["algorithm.name=PPO"]).algorithm.name == "ppo"
+    with pytest.raises(ConfigError, match=r"^algorithm.name: 'grpoo' is not a registered algorithm; did you mean 'grpo'"):
+        run_config_from_tree({"algorithm": "grpoo"})
 
 
 @pytest.mark.parametrize("overrides, key, message", [
