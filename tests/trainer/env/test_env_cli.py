@@ -45,6 +45,12 @@ def test_train_and_resume_from_the_command_line(tmp_path, capsys):
     steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert steps == [256, 512, 768, 1024, 1280] and _run_dir(tmp_path) == run_dir
 
+    # A language-model config cannot continue it (its saved config was read as a language-model
+    # one: "algorithm: expected a section (mapping), got 'ppo'").
+    capsys.readouterr()
+    assert main(["train", "--config", str(EXAMPLES / "grpo_arithmetic.yaml"), "--resume", str(run_dir)]) == 2
+    assert "is a run of task kind 'environment', the config of kind 'language_model'" in capsys.readouterr().err
+
 
 def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):
     code = main(["train", "--config", str(EXAMPLES / "sac_pendulum.yaml"), "sac.batch_sise=64",
