@@ -135,11 +135,15 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"expected true/false, got {value!r}", where)
         return value
-    if annotation is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+    if annotation in (int, float) and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
-            return float(value)  # YAML reads "1e-5" (no dot) as a string
+            number = float(value)  # YAML reads "1e-5" and "1e5" (no dot) as strings
         except ValueError:
-            pass
+            number = None
+        if annotation is float and number is not None:
+            return number
+        if not isinstance(value, int) and number is not None and number.is_integer():
+            return int(number)  # a whole number of steps written 1e5, as train(steps=1e5) takes it
     if annotation in (int, str, float) and not isinstance(value, annotation) or (
         annotation is int and isinstance(value, bool)
     ):

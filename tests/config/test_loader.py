@@ -62,6 +62,10 @@ def test_value_types_are_converted_and_checked():
     assert cfg.tags == ["a", "b"] and cfg.actor.model_path is None and cfg.actor.use_lora is True
     with pytest.raises(ConfigError, match="actor.micro_batch_size: expected int"):
         load_config(Root, None, ["actor.micro_batch_size=four"])
+    # A whole number in float notation (1e5 steps, as train(steps=1e5) takes it) is an int; 2.5 is not.
+    assert load_config(Root, None, ["seed=1e5"]).seed == 100_000 and load_config(Root, None, ["seed=8.0"]).seed == 8
+    with pytest.raises(ConfigError, match="seed: expected int, got 2.5"):
+        load_config(Root, None, ["seed=2.5"])
     with pytest.raises(ConfigError, match="actor.use_lora: expected true/false"):
         load_config(Root, None, ["actor.use_lora=3"])
     with pytest.raises(ConfigError, match="not one of"):
