@@ -9,7 +9,6 @@ environment tasks).
     with RLTrainer("examples/grpo_arithmetic.yaml") as trainer:                 # language-model RL steps
         trainer.train(steps=5)
     RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()           # on to the run's total
-    RLTrainer("examples/ppo_cartpole.yaml", resume=True).train()               # the newest run of its name
 
 `config` is a dict (nested sections and/or dotted keys), the path of a YAML file (read
 once), or a typed config (RunConfig, EnvRunConfig). What it is gets decided once, here:
@@ -47,10 +46,6 @@ class RLTrainer:
 
     def __init__(self, config: Any = None, resume: Any = None) -> None:
         self.kind, typed = read_config(config, resume)
-        if resume is True:  # the newest checkpoint of the config's runs, found alike for every task kind
-            from hybridflow.trainer.run.lifecycle import checkpoint_of_runs
-
-            resume = checkpoint_of_runs(typed)
         self._scoped = False  # inside `with`: the workers stay up between train() calls
         self.task = self.kind.trainer_class()(typed, resume=resume)
 

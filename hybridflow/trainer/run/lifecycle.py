@@ -180,8 +180,8 @@ def check_model_unchanged(checkpoint: Path, cfg: RunConfig) -> None:
                           f"written: {difference}. Resume with the model the run started from", "model.path")
 
 
-def checkpoint_of_runs(cfg: Any) -> Path:
-    """The newest complete checkpoint of the config's runs (any task kind's config): trainer.run_dir if set, else the
+def checkpoint_of_runs(cfg: RunConfig) -> Path:
+    """The newest complete checkpoint of the config's runs: trainer.run_dir if set, else the
     newest (most recently written) among the runs named `<name>-<timestamp>` under
     trainer.output_dir (what `--resume` without PATH continues)."""
     if cfg.trainer.run_dir is not None:

@@ -38,22 +38,19 @@ def test_train_and_resume_from_the_command_line(tmp_path, capsys):
     assert steps == [256, 512, 768, 1024]  # the resumed run appends to the same metrics
     assert "run saved to" in capsys.readouterr().out
 
-    # --resume without PATH: the newest run of the config's name, as for language-model runs
-    # (was "for environment runs give the run directory to resume").
-    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), "--resume", *common,
-                 "trainer.total_env_steps=1280"]) == 0
-    steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
-    assert steps == [256, 512, 768, 1024, 1280] and _run_dir(tmp_path) == run_dir
-
-    # A language-model config cannot continue it (its saved config was read as a language-model
-    # one: "algorithm: expected a section (mapping), got 'ppo'").
-    capsys.readouterr()
-    assert main(["train", "--config", str(EXAMPLES / "grpo_arithmetic.yaml"), "--resume", str(run_dir)]) == 2
-    assert "is a run of task kind 'environment', the config of kind 'language_model'" in capsys.readouterr().err
-
 
 def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):
     code = main(["train", "--config", str(EXAMPLES / "sac_pendulum.yaml"), "sac.batch_sise=64",
                  f"trainer.output_dir={tmp_path}"])
     assert code == 2 and "did you mean 'batch_size'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was created
+
+
+def test_a_config_of_the_other_task_kind_cannot_resume_the_run(tmp_path, capsys):
+    # The run's saved config was read as a language-model one: "algorithm: expected a section
+    # (mapping), got 'ppo'" (and the reverse: "trainer.max_restarts: is a setting of language-model runs").
+    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), f"trainer.output_dir={tmp_path}",
+                 "trainer.console=none", "trainer.total_env_steps=256", "trainer.save_freq=256"]) == 0
+    run_dir = _run_dir(tmp_path)
+    assert main(["train", "--config", str(EXAMPLES / "grpo_arithmetic.yaml"), "--resume", str(run_dir)]) == 2
+    assert "is a run of task kind 'environment', the config of kind 'language_model'" in capsys.readouterr().err
