@@ -58,3 +58,8 @@ def test_the_commands_given_an_environment_run_read_it_as_one(tmp_path, capsys):
     # `hybridflow plot` draws its plots (was "has no RL step metrics to plot").
     assert main(["plot", str(run_dir), "--out", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots" / "episode_return.png").is_file()
+    # eval and export say they take language-model runs (was "env: unknown config key; valid keys: [...]").
+    for command in (["eval", str(run_dir)], ["export", str(run_dir), "--out", str(tmp_path / "model")]):
+        capsys.readouterr()
+        assert main(command) == 2
+        assert "is a run of task kind 'environment'; eval and export take language-model runs" in capsys.readouterr().err
