@@ -46,6 +46,7 @@ class RLTrainer:
     """One trainer for every task kind (module docstring)."""
 
     def __init__(self, config: Any = None, resume: Any = None) -> None:
+        resume = None if resume is False else resume  # resume=False: a fresh run, whichever the kind
         self.kind, typed = read_config(config, resume)
         self._scoped = False  # inside `with`: the workers stay up between train() calls
         self.task = self.kind.trainer_class()(typed, resume=resume)
