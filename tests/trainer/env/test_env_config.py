@@ -9,7 +9,7 @@ import pytest
 from hybridflow.config import ConfigError
 from hybridflow.config.env_schema import env_config_from_dict, load_env_config
 from hybridflow.config.loader import user_tree
-from hybridflow.config.tasks import task_kind_of
+from hybridflow.config.tasks import read_task_config, task_kind_of
 from hybridflow.trainer.entry import as_steps
 from hybridflow.trainer.env.groups import runner_node_counts
 
@@ -75,6 +75,21 @@ def test_yaml_files_and_overrides(tmp_path):
 def test_env_tasks_are_told_apart_from_language_model_configs():
     assert task_kind_of(QUICK_START).name == task_kind_of({"env.id": "CartPole-v1"}).name == "environment"
     assert task_kind_of({"algorithm": {"name": "grpo"}, "trainer": {"total_steps": 2}}).name == "language_model"
+
+
+@pytest.mark.parametrize(("tree", "message"), [
+    # An environment task's key without `env` was "sac: unknown config key; did you mean 'actor'?"
+    ({"algorithm": "sac", "sac": {"tau": 0.1}},
+     "sac: is a key of 'environment' configs, and this config is of kind 'language_model' (it names no 'env'): "
+     "set env or drop sac"),
+    ({"env": "x", "actor.optim.lr": 1e-5},
+     "actor: is a key of 'language_model' configs, and this config is of kind 'environment' (it names 'env'): "
+     "drop actor"),
+])
+def test_a_key_of_the_other_task_kind_says_which_kind_the_config_is(tree, message):
+    with pytest.raises(ConfigError) as info:
+        read_task_config(tree)
+    assert str(info.value) == message
 
 
 def test_train_steps_accept_ints_and_integral_floats_only():
