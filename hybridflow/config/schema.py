@@ -182,12 +182,15 @@ def resolve_run_config(cfg: RunConfig) -> RunConfig:
     """A copy with the values that null or auto stand for filled in, what a run saves as its
     config.yaml: resources.world_size and threads_per_rank, algorithm.adv_estimator,
     algorithm.dapo.overlong_buffer.len, each role's dtype: auto (config/dtypes.py),
-    resources.omp_wait_policy: auto and on a shared machine threads_per_rank (controller/omp.py)."""
+    resources.omp_wait_policy: auto and on a shared machine threads_per_rank (controller/omp.py),
+    reward.manager.memory_limit_mb and cpu_time_s: auto (rewards/limits.py)."""
     from hybridflow.config.dtypes import resolved_dtypes
     from hybridflow.controller import omp  # imports Ray and torch: only when a run resolves
+    from hybridflow.rewards.limits import resolved_limits
 
     resources = omp.resolve_for_load(cfg.resources, resolved_resources(cfg.resources))
-    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg))
+    reward = dataclasses.replace(cfg.reward, manager=resolved_limits(cfg.reward.manager))
+    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg), reward=reward)
     return resolved_dtypes(cfg)
 
 

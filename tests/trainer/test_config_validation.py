@@ -8,6 +8,7 @@ import pytest
 from hybridflow.config import ConfigError, load_config
 from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config, run_config_from_tree
 from hybridflow.config.validation import validate_run_config
+from hybridflow.rewards.limits import auto_memory_limit_mb
 from hybridflow.trainer.run.run_dir import create_run_dir
 
 
@@ -116,6 +117,9 @@ def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
     cfg = resolve_run_config(load_run_config(None, [f"trainer.output_dir={tmp_path}", "rollout.temperature=0.7",
                                                     "name=probe", "resources.world_size=null"]))
     assert cfg.resources.world_size is not None and cfg.algorithm.adv_estimator == "grpo"
+    # The reward workers' limits as this machine gives them ("auto" was saved: the run's choice unrecorded).
+    manager = cfg.reward.manager
+    assert (manager.memory_limit_mb, manager.cpu_time_s) == (auto_memory_limit_mb(manager.num_workers), 10)
     first, second = create_run_dir(cfg), create_run_dir(cfg)  # same second: distinct directories
     assert first != second and first.parent == second.parent == tmp_path
     assert load_config(RunConfig, first / "config.yaml") == cfg
