@@ -169,6 +169,10 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self._items or name in self.builtins)
 
+    def folded(self, name: Any) -> Any:
+        """`name`, or its lower case when only that is registered: a choice in any case ("PPO" is "ppo")."""
+        return name.lower() if isinstance(name, str) and name not in self and name.lower() in self else name
+
     def __getitem__(self, name: str) -> T:
         return self.get(name)
 

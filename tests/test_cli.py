@@ -39,6 +39,9 @@ def test_overrides_may_follow_the_options_and_other_leftovers_are_refused(capsys
     (["train", "data.train_batch_size=3", "resources.world_size=2"], "cannot be shared by the 2 generation groups"),
     (["sft", "seed=x"], "seed: expected int"),
     (["sft", "sft.steps=0"], "set sft.steps"),
+    # An environment task's config given to a language-model-only command (was "env: unknown config key; valid keys")
+    (["sft", "env.id=CartPole-v1"], "it is a task of kind 'environment', which `hybridflow train` runs"),
+    (["plan", "env.id=CartPole-v1"], "`hybridflow plan` takes language-model configs"),
 ])
 def test_config_errors_exit_2_with_the_reason(argv, message, capsys, tmp_path):
     assert main([*argv, f"trainer.output_dir={tmp_path}"]) == 2

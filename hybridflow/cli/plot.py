@@ -1,5 +1,6 @@
 """`hybridflow plot RUN_DIR [--out DIR]`: PNG plots of a run's reward, KL, entropy,
-response length and held-out accuracy over RL steps (default DIR: <run>/plots)."""
+response length and held-out accuracy over RL steps; of an environment run's return,
+episode length and losses over environment steps (default DIR: <run>/plots)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hybridflow plot: {err}", file=sys.stderr)
         return 2
     if not paths:
-        print(f"hybridflow plot: {args.run_dir} has no RL step metrics to plot", file=sys.stderr)
+        print(f"hybridflow plot: {args.run_dir} has no step metrics to plot", file=sys.stderr)
         return 1
     for path in paths:
         print(path)

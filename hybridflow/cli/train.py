@@ -24,7 +24,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
              "complete checkpoint) or a checkpoints/global_step_<N> directory; without PATH, the newest "
              "checkpoint among the runs of this config's name under trainer.output_dir. The config is the "
              "run's saved config.yaml (or --config FILE) plus the key=value overrides, which may change "
-             "trainer.* (e.g. a larger trainer.total_steps), resources.* and the reward workers only")
+             "trainer.* (e.g. a larger trainer.total_steps), resources.* and the reward workers only (an environment "
+             "run: trainer.* and distributed.ray_address, cpus_per_worker, learner_cpus)")
     train.set_defaults(handler=run_train)
 
     sft = sub.add_parser("sft", help="supervised fine-tuning on prompt/response pairs")

@@ -279,6 +279,7 @@ class AlgorithmSection(AdvantageConfig):
         # ConfigError keys are relative to this section (the loader puts "algorithm." in front).
         if self.module is not None:
             _import_algorithm_module(self.module)
+        self.name = ALGORITHMS.folded(self.name)  # "GRPO" names the registered "grpo", as environment tasks' "PPO"
         try:
             spec = self.spec
         except ConfigError as err:

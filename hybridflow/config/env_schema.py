@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec
 from hybridflow.config.loader import _build, at_least, in_unit, nest_dotted, positive, user_tree
-from hybridflow.config.sections.trainer import LoopSection
+from hybridflow.config.sections.trainer import LoopSection, check_run_name
 from hybridflow.errors import ConfigError
 
 
@@ -212,8 +212,9 @@ class EnvRunConfig:
     trainer: EnvTrainerSection = field(default_factory=EnvTrainerSection)
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ENV_ALGORITHMS and str(self.algorithm).lower() in ENV_ALGORITHMS:
-            self.algorithm = str(self.algorithm).lower()  # "PPO" names the registered "ppo"
+        if self.name is not None:
+            check_run_name(self.name)  # as a language-model run's: it becomes the run directory's name
+        self.algorithm = ENV_ALGORITHMS.folded(self.algorithm)  # "PPO" names the registered "ppo"
         ENV_ALGORITHMS.check(self.algorithm)  # ConfigError keyed `algorithm`, naming the registered ones
 
 

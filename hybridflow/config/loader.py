@@ -105,7 +105,8 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
                 return _convert(value, arg, where, base)
             except ConfigError as err:
                 errors.append(err.message)
-        raise ConfigError(f"{value!r} matches none of {annotation}: {'; '.join(errors)}", where)
+        null = " (or null)" if type(None) in args else ""
+        raise ConfigError(f"{' or '.join(errors)}{null}", where)  # each alternative's own words, no typing repr
     if origin is typing.Literal:
         if isinstance(value, str) and value not in args and value.lower() in args:
             return value.lower()  # choices are case-insensitive ("Spread" is "spread")
@@ -126,7 +127,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         if not callable(value):
             raise ConfigError(f"expected a function, got {value!r}", where)
         return value
-    if origin is dict:
+    if dict in (origin, annotation):  # dict[str, Any] or a bare dict
         if not isinstance(value, dict):
             raise ConfigError(f"expected a mapping, got {value!r}", where)
         return dict(value)
@@ -134,11 +135,15 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"expected true/false, got {value!r}", where)
         return value
-    if annotation is float and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+    if annotation in (int, float) and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
-            return float(value)  # YAML reads "1e-5" (no dot) as a string
+            number = float(value)  # YAML reads "1e-5" and "1e5" (no dot) as strings
         except ValueError:
-            pass
+            number = None
+        if annotation is float and number is not None:
+            return number
+        if not isinstance(value, int) and number is not None and number.is_integer():
+            return int(number)  # a whole number of steps written 1e5, as train(steps=1e5) takes it
     if annotation in (int, str, float) and not isinstance(value, annotation) or (
         annotation is int and isinstance(value, bool)
     ):

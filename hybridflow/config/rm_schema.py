@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hybridflow.config.loader import at_least, load_config
-from hybridflow.config.schema import check_run_name
 from hybridflow.config.sections.model import BuiltinModelSection
 from hybridflow.config.sections.resources import ComputeSection
-from hybridflow.config.sections.trainer import RunOutputSection
+from hybridflow.config.sections.trainer import RunOutputSection, check_run_name
 from hybridflow.data.configs import PairwiseDataConfig
 from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
 from hybridflow.errors import ConfigError

@@ -52,9 +52,8 @@ from hybridflow.config.sections.resources import ResourceSection
 from hybridflow.config.sections.rewards import CostModelSection, RewardModelSection, RewardSection
 from hybridflow.config.sections.roles import ActorSection, CriticSection
 from hybridflow.config.sections.sft import SFTSection
-from hybridflow.config.sections.trainer import TrainerSection
+from hybridflow.config.sections.trainer import TrainerSection, check_run_name
 from hybridflow.config.validation import validate_run_config
-from hybridflow.errors import ConfigError
 from hybridflow.workers.config import RolloutWorkerConfig
 
 
@@ -96,12 +95,6 @@ class RunConfig:
         sequences = self.data.train_batch_size * self.rollout.n
         return (self.actor.old_log_probs == "auto" and mb.epochs == 1 and mb.mini_batch_size >= sequences
                 and not self.use_reference)
-
-
-def check_run_name(name: str) -> None:
-    """The `name` of a run becomes a directory name."""
-    if not name or "/" in name or name.strip() != name:
-        raise ConfigError(f"must be a non-empty directory-safe word, got {name!r}", "name")
 
 
 # The built-in demo's own values (group size, 6-token answers, learning rates and batch cuts):
@@ -159,6 +152,8 @@ def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
     the function itself). The presets (`run_presets`; `demo` False: without the built-in
     demo's) fill the keys the tree does not set. The tree is read, never re-read from its file."""
     tree = nest_dotted(tree)
+    if isinstance(tree.get("algorithm"), str):  # the flat form `algorithm: grpo`, as environment tasks write it
+        tree["algorithm"] = {"name": tree["algorithm"]}
     cfg = _build(RunConfig, copy.deepcopy(tree))
     presets = [(key, value) for key, value in dict(run_presets(cfg, demo)).items() if not _user_sets(tree, key)]
     if presets:
@@ -187,12 +182,15 @@ def resolve_run_config(cfg: RunConfig) -> RunConfig:
     """A copy with the values that null or auto stand for filled in, what a run saves as its
     config.yaml: resources.world_size and threads_per_rank, algorithm.adv_estimator,
     algorithm.dapo.overlong_buffer.len, each role's dtype: auto (config/dtypes.py),
-    resources.omp_wait_policy: auto and on a shared machine threads_per_rank (controller/omp.py)."""
+    resources.omp_wait_policy: auto and on a shared machine threads_per_rank (controller/omp.py),
+    reward.manager.memory_limit_mb and cpu_time_s: auto (rewards/limits.py)."""
     from hybridflow.config.dtypes import resolved_dtypes
     from hybridflow.controller import omp  # imports Ray and torch: only when a run resolves
+    from hybridflow.rewards.limits import resolved_limits
 
     resources = omp.resolve_for_load(cfg.resources, resolved_resources(cfg.resources))
-    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg))
+    reward = dataclasses.replace(cfg.reward, manager=resolved_limits(cfg.reward.manager))
+    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg), reward=reward)
     return resolved_dtypes(cfg)
 
 

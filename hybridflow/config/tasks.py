@@ -92,7 +92,7 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
     misspelt marker would otherwise make a run of the wrong kind."""
     if not isinstance(tree, dict):
         raise ConfigError(f"a config is a mapping of keys to values, got {type(tree).__name__}")
-    known = sorted({f.name for kind in TASK_KINDS.entries.values() for f in dataclasses.fields(kind.root_class())})
+    known = sorted({key for kind in TASK_KINDS.entries.values() for key in _top_keys(kind)})
     for key in tree:
         if not isinstance(key, str):
             raise ConfigError(f"config keys are strings, got {key!r}")
@@ -107,4 +107,27 @@ def read_task_config(tree: dict[str, Any]) -> tuple[TaskKind, Any]:
     """Check the top-level keys, decide the kind (once) and build its config."""
     check_top_level_keys(tree)
     kind = task_kind_of(tree)
-    return kind, kind.build(tree)
+    if kind.marker is None:  # the kind of a config without another kind's marker: was the marker forgotten?
+        for key in tree:
+            check_own_key(kind, key.split(".")[0])
+    try:
+        return kind, kind.build(tree)
+    except ConfigError as err:
+        if err.message.startswith("unknown config key"):
+            check_own_key(kind, (err.key or "").split(".")[0])
+        raise
+
+
+def check_own_key(kind: TaskKind, top: str) -> None:
+    """A ConfigError when the top-level key `top` is another kind's only (else "sac: unknown
+    config key; did you mean 'actor'?" for an environment task's key in a config without env)."""
+    other = next((k for k in TASK_KINDS.entries.values() if top in _top_keys(k) - _top_keys(kind)), None)
+    if other is not None:
+        why = f"it names {kind.marker!r}" if kind.marker else f"it names no {other.marker!r}"
+        fix = f"set {other.marker} or drop {top}" if other.marker else f"drop {top}"
+        raise ConfigError(f"is a key of {other.name!r} configs, and this config is of kind {kind.name!r} ({why}): "
+                          f"{fix}", top)
+
+
+def _top_keys(kind: TaskKind) -> set[str]:
+    return {f.name for f in dataclasses.fields(kind.root_class())}

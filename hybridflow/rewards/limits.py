@@ -13,6 +13,7 @@ package, the directory of every file the reward function comes from, and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -62,11 +63,16 @@ def auto_memory_limit_mb(num_workers: int, machine_mb: int | None = None) -> int
     return max(AUTO_MEMORY_MIN_MB, min(AUTO_MEMORY_MAX_MB, share))
 
 
-def worker_limits(config: RewardConfig, fn: Callable[..., Any]) -> WorkerLimits:
-    memory = config.memory_limit_mb
-    if memory == "auto":
-        memory = auto_memory_limit_mb(config.num_workers)
+def resolved_limits(config: RewardConfig) -> RewardConfig:
+    """`config` with memory_limit_mb and cpu_time_s "auto" replaced by what they stand for on this machine."""
+    memory = auto_memory_limit_mb(config.num_workers) if config.memory_limit_mb == "auto" else config.memory_limit_mb
     cpu = math.ceil(config.timeout_s) if config.cpu_time_s == "auto" else config.cpu_time_s
+    return dataclasses.replace(config, memory_limit_mb=memory, cpu_time_s=cpu)
+
+
+def worker_limits(config: RewardConfig, fn: Callable[..., Any]) -> WorkerLimits:
+    config = resolved_limits(config)
+    memory, cpu = config.memory_limit_mb, config.cpu_time_s
     return WorkerLimits(
         memory_bytes=None if memory is None else int(memory) * 2**20,
         cpu_s=cpu,

@@ -20,7 +20,8 @@ env/task.py: EnvironmentTask). With only `resume`, the checkpoint's recorded kin
 Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray
 placement groups released (after checkpointing the run where it stands), so another
 trainer can start in the same process; calling `train()` again restarts them from that
-checkpoint. Inside `with RLTrainer(...) as trainer:` the workers stay up between `train()`
+checkpoint (the embedded Ray it started stays up until close(); a later trainer reuses it,
+run/setup.py start_ray). Inside `with RLTrainer(...) as trainer:` the workers stay up between `train()`
 calls (and can be inspected) until the block ends. Attributes of the running task
 (`config`, `run_dir`, `groups`, ...) read through.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config.loader import user_tree
+from hybridflow.errors import ConfigError
 from hybridflow.config.tasks import (
     TaskKind,
     read_task_config,
@@ -44,6 +46,7 @@ class RLTrainer:
     """One trainer for every task kind (module docstring)."""
 
     def __init__(self, config: Any = None, resume: Any = None) -> None:
+        resume = None if resume is False else resume  # resume=False: a fresh run, whichever the kind
         self.kind, typed = read_config(config, resume)
         self._scoped = False  # inside `with`: the workers stay up between train() calls
         self.task = self.kind.trainer_class()(typed, resume=resume)
@@ -93,29 +96,40 @@ class RLTrainer:
 
 def read_config(config: Any, resume: Any = None) -> tuple[TaskKind, Any]:
     """The task kind and the typed config of what RLTrainer was given (module docstring).
-    A YAML path is read once; a dict or file tree gets the top-level key check first."""
+    A YAML path is read once; a dict or file tree gets the top-level key check first; a run
+    to resume must be of the config's kind."""
     if isinstance(config, (str, Path)):
         config = user_tree(config)
     if isinstance(config, dict):
-        return read_task_config(config)
-    if config is not None:
-        kind = task_kind_of_config(config)
+        kind, typed = read_task_config(config)
+    elif config is not None:
+        kind, typed = task_kind_of_config(config), config
         if kind is None:
             raise TypeError(f"RLTrainer needs a config: a dict, a YAML path or a typed config (RunConfig, "
                             f"EnvRunConfig), got {type(config).__name__}")
-        return kind, config
-    if resume is None:
+    elif resume is None:
         raise TypeError("RLTrainer needs a config (a dict, a YAML path or a typed config) or resume=<run dir>")
-    if isinstance(resume, (str, Path)):
-        from hybridflow.trainer.run.checkpointing import find_checkpoint, read_trainer_state
+    elif isinstance(resume, (str, Path)):
+        return kind_of_run(resume), None
+    else:
+        kind = task_kind_of_config(getattr(resume, "cfg", None))  # a worked-out resume point carries its config
+        if kind is None:
+            raise TypeError(f"resume is a run directory, a checkpoint directory or a resume point, got {resume!r}; "
+                            "resume=True (the newest of the config's runs) needs the config")
+        return kind, None
+    if isinstance(resume, (str, Path)) and (ran := kind_of_run(resume)) is not kind:
+        # Else the run's saved config is read as the other kind's and fails on a key of its own.
+        raise ConfigError(f"{str(resume)!r} is a run of task kind {ran.name!r}, the config of kind "
+                          f"{kind.name!r}: resume the run with its own config "
+                          "(hybridflow train --resume RUN without --config; RLTrainer(resume=RUN)) or start a new run")
+    return kind, typed
 
-        return task_kind_of_checkpoint(read_trainer_state(find_checkpoint(resume))), None
-    cfg = getattr(resume, "cfg", None)  # a worked-out resume point carries its config
-    kind = task_kind_of_config(cfg)
-    if kind is None:
-        raise TypeError(f"resume is a run directory, a checkpoint directory or a resume point, got {resume!r}; "
-                        "resume=True (the newest of the config's runs) needs the config")
-    return kind, None
+
+def kind_of_run(resume: str | Path) -> TaskKind:
+    """The task kind of a run (or checkpoint) directory, from its newest checkpoint's record."""
+    from hybridflow.trainer.run.checkpointing import find_checkpoint, read_trainer_state
+
+    return task_kind_of_checkpoint(read_trainer_state(find_checkpoint(resume)))
 
 
 def as_steps(steps: Any) -> int:

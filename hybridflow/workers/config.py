@@ -27,7 +27,7 @@ from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.method import ReshardMethod
 from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, check_external_backend
 from hybridflow.engines.rollout.registry import check_rollout_backend, multi_turn_backends
-from hybridflow.engines.rollout.settings import LOG_PROB_MODES, MATMUL_MODES, SamplingParams
+from hybridflow.engines.rollout.settings import LOG_PROB_MODES, MATMUL_MODES, InvalidSampling, SamplingParams
 from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.engines.train.config import (
     ActorLossConfig,
@@ -124,9 +124,9 @@ class RolloutWorkerConfig:
                               f"name={self.name!r}, stop={self.stop}", "agent.enable")
         try:
             SamplingParams(**self.sampling_defaults())
-        except ValueError as err:
-            # SamplingParams names its own argument; the config key is the sampling default.
-            raise ConfigError(f"the sampling defaults are invalid: {err}") from None
+        except InvalidSampling as err:  # named by this section's key (rollout.n), not SamplingParams' argument
+            arg, text = err.problems[0]
+            raise ConfigError(text, {"max_new_tokens": "response_length"}.get(arg, arg)) from None
 
     def sampling_defaults(self) -> dict[str, Any]:
         """SamplingParams keyword arguments for a call whose meta_info sets nothing."""

@@ -29,6 +29,8 @@ class Actor:
     micro_batch_size: int = 4
     use_lora: bool = False
     model_path: str | None = None
+    kwargs: dict = field(default_factory=dict)
+    activation: Literal["tanh", "relu"] | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch_size < 1:
@@ -60,11 +62,23 @@ def test_value_types_are_converted_and_checked():
     assert cfg.tags == ["a", "b"] and cfg.actor.model_path is None and cfg.actor.use_lora is True
     with pytest.raises(ConfigError, match="actor.micro_batch_size: expected int"):
         load_config(Root, None, ["actor.micro_batch_size=four"])
+    # A whole number in float notation (1e5 steps, as train(steps=1e5) takes it) is an int; 2.5 is not.
+    assert load_config(Root, None, ["seed=1e5"]).seed == 100_000 and load_config(Root, None, ["seed=8.0"]).seed == 8
+    with pytest.raises(ConfigError, match="seed: expected int, got 2.5"):
+        load_config(Root, None, ["seed=2.5"])
     with pytest.raises(ConfigError, match="actor.use_lora: expected true/false"):
         load_config(Root, None, ["actor.use_lora=3"])
     with pytest.raises(ConfigError, match="not one of"):
         load_config(Root, None, ["actor.optim.schedule=linear"])
     assert load_config(Root, None, ["actor.optim.schedule=Cosine"]).actor.optim.schedule == "cosine"  # any case
+
+
+def test_a_bare_dict_field_and_an_optional_choice_are_checked_in_plain_words():
+    assert load_config(Root, None, ["actor.kwargs={a: 1}"]).actor.kwargs == {"a": 1}
+    with pytest.raises(ConfigError, match=r"^actor.kwargs: expected a mapping, got 3$"):
+        load_config(Root, None, ["actor.kwargs=3"])  # was accepted as 3
+    with pytest.raises(ConfigError, match=r"^actor.activation: 'tan' is not one of \['tanh', 'relu'\] \(or null\)$"):
+        load_config(Root, None, ["actor.activation=tan"])  # was "matches none of typing.Optional[...]"
 
 
 def test_unknown_key_names_the_closest_valid_key():

@@ -28,7 +28,7 @@ CASES = [
     (["train", "bad.key=1"], "bad: unknown key; known keys: actor"),
     (["train", "enviroment=CartPole-v1"], "enviroment: unknown key; did you mean env?"),
     (["train", "trainer.total_steps=many"], "trainer.total_steps"),
-    (["train", "rollout.temperature=-1"], "temperature must be >= 0"),
+    (["train", "rollout.temperature=-1"], "rollout.temperature: must be >= 0"),
     (["train", "algorithm.adv_estimator=grpoo"], "did you mean 'grpo'"),
     (["train", "actor.loss.policy.loss_agg_mode=tokenmean"], "loss aggregation mode"),
     (["train", "data.train_batch_size=7"], "does not divide the data.train_batch_size (7)"),

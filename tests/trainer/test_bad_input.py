@@ -73,6 +73,15 @@ def test_an_existing_run_dir_is_refused_and_kept(good, tmp_path, capsys):
                   tmp_path / "runs", capsys)
     assert "trainer.run_dir" in err and "already exists" in err
     assert (run_dir / "notes.txt").read_text() == "keep me"
+    assert "rm -r" not in err
+    # A directory that holds only what a start writes (a start that failed outside `with`, or
+    # was killed) is refused too, with how to start there again.
+    (run_dir / "notes.txt").unlink()
+    (run_dir / "config.yaml").write_text("name: x\n")
+    (run_dir / "metrics.jsonl").write_text("")
+    err = refused(argv(tmp_path / "runs", good["model"], good["data"], f"trainer.run_dir={run_dir}"),
+                  tmp_path / "runs", capsys)
+    assert f"no step ran): remove it (rm -r {run_dir})" in err and (run_dir / "config.yaml").is_file()
 
 
 @pytest.mark.parametrize("source, message", [

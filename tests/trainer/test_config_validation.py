@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hybridflow.config import ConfigError, load_config
-from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config
+from hybridflow.config.schema import DEMO_PRESETS, RunConfig, load_run_config, resolve_run_config, run_config_from_tree
 from hybridflow.config.validation import validate_run_config
+from hybridflow.rewards.limits import auto_memory_limit_mb
 from hybridflow.trainer.run.run_dir import create_run_dir
 
 
@@ -81,6 +82,15 @@ def test_algorithm_errors_name_the_keys():
         load_run_config(None, ["rollout.n=1"])
 
 
+def test_the_algorithm_is_named_in_any_case_and_flat_as_in_environment_tasks():
+    # RLTrainer({"algorithm": "PPO", "env": ...}) runs; {"algorithm": "GRPO"} was "algorithm: expected a
+    # section (mapping), got 'GRPO'" and algorithm.name=PPO "'PPO' is not a registered algorithm".
+    assert run_config_from_tree({"algorithm": "GRPO"}).algorithm.name == "grpo"
+    assert load_run_config(None, ["algorithm.name=PPO"]).algorithm.name == "ppo"
+    with pytest.raises(ConfigError, match=r"^algorithm.name: 'grpoo' is not a registered algorithm; did you mean 'grpo'"):
+        run_config_from_tree({"algorithm": "grpoo"})
+
+
 @pytest.mark.parametrize("overrides, key, message", [
     # the algorithm section's own checks (algorithm.py) name at least the section
     (["algorithm.name=ppo", "algorithm.adv_estimator=grpo"], "algorithm",
@@ -107,6 +117,9 @@ def test_run_dir_holds_the_resolved_config_and_is_never_reused(tmp_path):
     cfg = resolve_run_config(load_run_config(None, [f"trainer.output_dir={tmp_path}", "rollout.temperature=0.7",
                                                     "name=probe", "resources.world_size=null"]))
     assert cfg.resources.world_size is not None and cfg.algorithm.adv_estimator == "grpo"
+    # The reward workers' limits as this machine gives them ("auto" was saved: the run's choice unrecorded).
+    manager = cfg.reward.manager
+    assert (manager.memory_limit_mb, manager.cpu_time_s) == (auto_memory_limit_mb(manager.num_workers), 10)
     first, second = create_run_dir(cfg), create_run_dir(cfg)  # same second: distinct directories
     assert first != second and first.parent == second.parent == tmp_path
     assert load_config(RunConfig, first / "config.yaml") == cfg
@@ -169,6 +182,11 @@ def test_threads_per_rank_must_be_positive():
     ("sft.data.max_length=1", "sft.data.max_length"),
     ("reward.manager.num_workers=-1", "reward.manager.num_workers"),
     ("reward.manager.timeout_s=0", "reward.manager.timeout_s"),
+    # The sampling defaults were named "rollout: the sampling defaults are invalid: invalid SamplingParams: n ..."
+    ("rollout.n=0", "rollout.n"),
+    ("rollout.temperature=-1", "rollout.temperature"),
+    ("rollout.top_p=2", "rollout.top_p"),
+    ("rollout.response_length=0", "rollout.response_length"),
 ])
 def test_a_bad_setting_is_named_by_its_full_dotted_key(override, key):
     with pytest.raises(ConfigError) as err:

@@ -69,6 +69,18 @@ def test_more_than_one_node_needs_a_cluster():
         start_ray(None, 4, 2)
 
 
+def test_a_run_needing_more_cpus_than_the_running_ray_has_says_so(ray_local):
+    # A second trainer in a process whose Ray an earlier one started with fewer CPUs failed at
+    # its placement with "ResourcePool[4]: entry 0 needs 4 slots ... use fewer or smaller entries".
+    import ray
+
+    have = int(ray.cluster_resources()["CPU"])
+    assert start_ray(None, have) is False  # it fits: reused
+    with pytest.raises(ConfigError, match=rf"^resources.world_size: this run's ranks reserve {have + 1} Ray CPUs "
+                                          rf"but the Ray already running in this process has {have} .*close\(\)"):
+        start_ray(None, have + 1)
+
+
 def test_an_elastic_restart_takes_the_largest_world_size_the_cluster_holds():
     cfg = config("resources.world_size=null", "resources.nodes=2", "resources.ranks_per_node=1",
                  "resources.min_world_size=1")

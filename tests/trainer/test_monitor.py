@@ -30,8 +30,25 @@ def test_monitor_usage_errors_exit_2(tmp_path, capsys):
     assert "give a run directory or --address" in capsys.readouterr().err
     assert main(["monitor", str(tmp_path)]) == 2  # no status.json: not a run (yet)
     assert "has no status.json" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text("env: {id: CartPole-v1}\n")  # an environment run's: was "not a run directory"
+    assert main(["monitor", str(tmp_path)]) == 2
+    assert "environment runs write none" in capsys.readouterr().err
+    (tmp_path / "config.yaml").unlink()
     assert main(["monitor", str(tmp_path), "--trace"]) == 2  # a trace is part of a profile
     assert "--trace goes with --profile" in capsys.readouterr().err
+    # A run whose process has exited (finished, killed): its status.json still lists workers, which
+    # were sampled as if alive ("TaskUnschedulableError: ... NodeAffinitySchedulingStrategy").
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "status.json").write_text(json.dumps({
+        "pid": int(gone.stdout), "host": socket.gethostname(), "state": "training", "step": 3, "phase": "gen",
+        "phase_start": 0.0, "started": 0.0, "steps_done": 3, "restarts": 0,
+        "workers": [{"role": "actor", "rank": 0, "pid": 1, "node": "127.0.0.1", "node_id": "x"}]}))
+    assert main(["monitor", str(tmp_path)]) == 2
+    assert f"is not running: its process (pid {int(gone.stdout)}) has exited" in capsys.readouterr().err
 
 
 def test_summary_splits_time_by_phase_and_idle_samples():

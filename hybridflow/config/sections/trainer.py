@@ -19,6 +19,12 @@ from hybridflow.errors import ConfigError
 LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
 
 
+def check_run_name(name: str) -> None:
+    """The `name` of a run (every job's) becomes a directory name."""
+    if not name or "/" in name or name.strip() != name:
+        raise ConfigError(f"must be a non-empty directory-safe word, got {name!r}", "name")
+
+
 @dataclass
 class RunOutputSection:
     """Where a run goes and what it shows (the trainer section of every job).

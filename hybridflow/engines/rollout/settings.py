@@ -17,6 +17,14 @@ MATMUL_MODES = ("auto", "native", "fp32_panels")  # see gemm.py
 LOG_PROB_MODES = ("scaled", "processed")
 
 
+class InvalidSampling(ValueError):
+    """Bad SamplingParams: `problems` lists (argument, what is wrong), the first one first."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("invalid SamplingParams: " + "; ".join(f"{arg} {text}" for arg, text in problems))
+        self.problems = problems
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one prompt. temperature == 0 means greedy (argmax, no randomness)."""
@@ -34,21 +42,21 @@ class SamplingParams:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
-        problems = []
+        problems = []  # (argument, what is wrong)
         if self.temperature < 0:
-            problems.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            problems.append(("temperature", f"must be >= 0 (0 = greedy), got {self.temperature}"))
         if not 0.0 < self.top_p <= 1.0:
-            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+            problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            problems.append(("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}"))
         if self.n < 1:
-            problems.append(f"n must be >= 1, got {self.n}")
+            problems.append(("n", f"must be >= 1, got {self.n}"))
         if self.seed is not None and self.seed < 0:
-            problems.append(f"seed must be >= 0 or None, got {self.seed}")
+            problems.append(("seed", f"must be >= 0 or None, got {self.seed}"))
         if any(not s for s in self.stop):
-            problems.append("stop strings must be non-empty")
+            problems.append(("stop", "must be non-empty strings"))
         if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+            raise InvalidSampling(problems)
 
     @property
     def greedy(self) -> bool:

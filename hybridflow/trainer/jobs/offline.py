@@ -32,6 +32,8 @@ import ray
 from hybridflow.config.dtypes import resolved_dtypes
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
 from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
+from hybridflow.config.tasks import task_kind_of_checkpoint
+from hybridflow.errors import ConfigError
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
@@ -43,6 +45,7 @@ from hybridflow.trainer.run.checkpointing import (
     actor_checkpoint_path,
     checkpoint_step,
     find_checkpoint,
+    read_trainer_state,
     run_config_path,
     run_dir_of,
 )
@@ -120,6 +123,10 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
         raise CheckpointNotFoundError(
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
+    kind = task_kind_of_checkpoint(read_trainer_state(checkpoint))
+    if kind.root_class() is not RunConfig:  # its config.yaml is not a language-model tree ("env: unknown key")
+        raise ConfigError(f"{str(path)!r} is a run of task kind {kind.name!r}; eval and export take language-model "
+                          "runs and models (an environment run's return is in its metrics.jsonl: hybridflow plot)")
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
     return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
                                 checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}"))

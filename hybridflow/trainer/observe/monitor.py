@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import socket
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -76,8 +77,13 @@ def attach(run_dir: str | Path | None = None, address: str | None = None) -> lis
     if run_dir is not None:
         status = read_status(run_dir)
         if status is None:
-            raise FileNotFoundError(f"{str(run_dir)!r} has no status.json: not a run directory of hybridflow train "
-                                    "(or the run has not started yet)")
+            raise FileNotFoundError(f"{str(run_dir)!r} has no status.json: not a language-model run of hybridflow "
+                                    "train (environment runs write none; `hybridflow plot` draws their metrics), or "
+                                    "the run has not started yet")
+        if status.get("host") == socket.gethostname() and not psutil.pid_exists(status["pid"]):
+            # Else its workers were sampled as if alive (a Ray started for nothing, TaskUnschedulableError).
+            raise RuntimeError(f"{str(run_dir)!r} is not running: its process (pid {status['pid']}) has exited, last "
+                               f"state {status['state']!r} at step {status['step']}; `hybridflow plot` draws its metrics")
         return [WatchedWorker(w["role"], w["rank"], w["pid"], w["node"], w.get("node_id")) for w in status["workers"]]
     if address is None:
         raise ValueError("attach needs a run directory or a Ray address")

@@ -30,8 +30,12 @@ from hybridflow.config.schema import RunConfig
 
 def refuse_existing_run_dir(cfg: Any) -> None:
     """ConfigError when an explicit trainer.run_dir exists: a run never overwrites another."""
-    if cfg.trainer.run_dir is not None and Path(cfg.trainer.run_dir).exists():
-        raise ConfigError(f"{cfg.trainer.run_dir!r} already exists; a run never overwrites another. Pick a new "
+    path = cfg.trainer.run_dir
+    if path is not None and Path(path).exists():
+        # A start that failed outside `with RLTrainer(...)`, or was killed, leaves its directory until close().
+        unused = (f" It holds only what a start writes (no step ran): remove it (rm -r {path}) to start there "
+                  "again, or pick") if is_unused_run_dir(Path(path)) else " Pick"
+        raise ConfigError(f"{path!r} already exists; a run never overwrites another.{unused} a new "
                           "directory, or leave trainer.run_dir null for <output_dir>/<name>-<timestamp>",
                           "trainer.run_dir")
 
@@ -68,15 +72,19 @@ def discard_unused_run_dir(path: Path) -> bool:
     (config, built-in model, an empty metrics.jsonl and timeline, the live status,
     TensorBoard files): a failed start leaves no empty run directory behind. Anything more
     (a logged step, a checkpoint) keeps it. Returns whether it was removed."""
-    path = Path(path)
+    if not is_unused_run_dir(Path(path)):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
+def is_unused_run_dir(path: Path) -> bool:
+    """Whether `path` is a run directory holding only what a start writes (discard_unused_run_dir)."""
     if not path.is_dir():
         return False
     names = {entry.name for entry in path.iterdir()}
     ran = any((path / n).is_file() and (path / n).stat().st_size > 0 for n in _EMPTY_AT_START)
-    if not names <= _START_FILES or ran:
-        return False
-    shutil.rmtree(path, ignore_errors=True)
-    return True
+    return names <= _START_FILES and not ran
 
 
 class MetricsLog:

@@ -173,6 +173,13 @@ def start_ray(ray_address: str | None, cpus: int, nodes: int = 1) -> bool:
     needs a cluster); reuse one already running. Returns whether this call started it (and
     the job should stop it)."""
     if ray.is_initialized():
+        have = ray.cluster_resources().get("CPU", 0.0)
+        if ray_address is None and have < cpus:  # its placement groups could never be reserved
+            raise ConfigError(
+                f"this run's ranks reserve {cpus} Ray CPUs but the Ray already running in this process has "
+                f"{have:g} (started for an earlier trainer with fewer ranks): close() that trainer first, which "
+                "stops the Ray it started (or use `with RLTrainer(...)`), or start Ray yourself with enough CPUs "
+                "(ray.init(num_cpus=...))", "resources.world_size")
         return False
     if ray_address is None and nodes > 1:
         raise ConfigError(f"{nodes} nodes need a Ray cluster: start one (`ray start --head` on one machine, "

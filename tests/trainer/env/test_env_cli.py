@@ -44,3 +44,22 @@ def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):
                  f"trainer.output_dir={tmp_path}"])
     assert code == 2 and "did you mean 'batch_size'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing was created
+
+
+def test_the_commands_given_an_environment_run_read_it_as_one(tmp_path, capsys):
+    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), f"trainer.output_dir={tmp_path / 'runs'}",
+                 "trainer.console=none", "trainer.total_env_steps=256", "trainer.save_freq=256"]) == 0
+    run_dir = _run_dir(tmp_path / "runs")
+    # A language-model config cannot continue it: its saved config was read as a language-model
+    # one ("algorithm: expected a section (mapping), got 'ppo'"; the reverse: "trainer.max_restarts:
+    # is a setting of language-model runs").
+    assert main(["train", "--config", str(EXAMPLES / "grpo_arithmetic.yaml"), "--resume", str(run_dir)]) == 2
+    assert "is a run of task kind 'environment', the config of kind 'language_model'" in capsys.readouterr().err
+    # `hybridflow plot` draws its plots (was "has no RL step metrics to plot").
+    assert main(["plot", str(run_dir), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "episode_return.png").is_file()
+    # eval and export say they take language-model runs (was "env: unknown config key; valid keys: [...]").
+    for command in (["eval", str(run_dir)], ["export", str(run_dir), "--out", str(tmp_path / "model")]):
+        capsys.readouterr()
+        assert main(command) == 2
+        assert "is a run of task kind 'environment'; eval and export take language-model runs" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 from hybridflow.config import ConfigError
 from hybridflow.config.env_schema import env_config_from_dict, load_env_config
 from hybridflow.config.loader import user_tree
-from hybridflow.config.tasks import task_kind_of
+from hybridflow.config.tasks import read_task_config, task_kind_of
 from hybridflow.trainer.entry import as_steps
 from hybridflow.trainer.env.groups import runner_node_counts
 
@@ -53,6 +53,10 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
     ({"env": "x", "trainer": {"loggers": ["jsonl", "csv"]}}, r"trainer.loggers: must be distinct names from"),
     ({"env": "x", "trainer": {"loggers": ["jsonl", "jsonl"]}}, r"trainer.loggers: must be distinct names from"),
     ({"env": "x", "trainer": {"keep_last_checkpoints": 0}}, r"trainer.keep_last_checkpoints: must be >= 1"),
+    # The run name becomes the run directory's name, as in language-model runs.
+    ({"env": "x", "name": "a/b"}, r"^name: must be a non-empty directory-safe word, got 'a/b'"),
+    ({"env": "x", "name": ""}, r"^name: must be a non-empty directory-safe word"),
+    ({"env": "x", "env.kwargs": 3}, r"^env.kwargs: expected a mapping, got 3"),
 ])
 def test_bad_dicts_name_the_key_and_the_fix(tree, match):
     with pytest.raises(ConfigError, match=match):
@@ -71,6 +75,21 @@ def test_yaml_files_and_overrides(tmp_path):
 def test_env_tasks_are_told_apart_from_language_model_configs():
     assert task_kind_of(QUICK_START).name == task_kind_of({"env.id": "CartPole-v1"}).name == "environment"
     assert task_kind_of({"algorithm": {"name": "grpo"}, "trainer": {"total_steps": 2}}).name == "language_model"
+
+
+@pytest.mark.parametrize(("tree", "message"), [
+    # An environment task's key without `env` was "sac: unknown config key; did you mean 'actor'?"
+    ({"algorithm": "sac", "sac": {"tau": 0.1}},
+     "sac: is a key of 'environment' configs, and this config is of kind 'language_model' (it names no 'env'): "
+     "set env or drop sac"),
+    ({"env": "x", "actor.optim.lr": 1e-5},
+     "actor: is a key of 'language_model' configs, and this config is of kind 'environment' (it names 'env'): "
+     "drop actor"),
+])
+def test_a_key_of_the_other_task_kind_says_which_kind_the_config_is(tree, message):
+    with pytest.raises(ConfigError) as info:
+        read_task_config(tree)
+    assert str(info.value) == message
 
 
 def test_train_steps_accept_ints_and_integral_floats_only():
@@ -115,6 +134,10 @@ def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
     with pytest.raises(ConfigError) as info:
         hybridflow.RLTrainer({"algorithm": "PPO", "enviroment": "CartPole-v1"})
     assert str(info.value) == "enviroment: unknown key; did you mean env?"
+    # resume=False is a fresh run for every kind (an environment task raised "expected str, bytes or
+    # os.PathLike object, not bool"; a language-model run "resume=False is not a checkpoint to resume").
+    with hybridflow.RLTrainer({"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "fresh")}, resume=False) as env:
+        assert env.checkpoint is None and env.run_dir.parent == tmp_path / "fresh"
 
 
 @pytest.mark.parametrize("key, value, advice", [
