@@ -101,7 +101,7 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
     try:
         report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
     except WorkerError as err:
-        raise _inner_worker_error(err) from err
+        raise _program_error(err) from err
     step.metrics.update(report["metrics"])
     state.load_state_dict(report["state"])
     step.summary = BatchSummary(report["data"], report["seq_lens"])
@@ -141,8 +141,10 @@ def _learn_layouts(roles: Roles) -> None:
                 group.dp_parts(method)
 
 
-def _inner_worker_error(err: WorkerError) -> WorkerError:
-    """The WorkerError a worker-group call inside the task raised (it names the role and
-    rank), else `err`."""
+def _program_error(err: WorkerError) -> Exception:
+    """What the task raised, as sync mode raises it: the WorkerError of a worker-group call
+    inside it (it names the role and rank), or the program's own exception (a bug in its
+    code is no worker failure: trainer.max_restarts does not retry it, run/recovery.py);
+    `err` where the task's process itself failed."""
     cause = getattr(err.__cause__, "cause", None)
-    return cause if isinstance(cause, WorkerError) else err
+    return cause if isinstance(cause, Exception) else err
