@@ -20,7 +20,9 @@ user's `@register_algorithm` program). What changes is where its phases get thei
    advantages, the user's own phases and the updates run as they do in sync mode: the
    program's `concurrently` blocks submit the training pool's independent calls (log-probs
    beside values, the updates) together, as futures (trainer/programs/concurrent.py).
-3. The task returns the step's metrics, the batch's data metrics and sequence lengths
+3. The task streams each phase's name to the controller as the program starts it (the
+   live status and a failure's phase, as in sync mode: observe/live_status.py), then
+   returns the step's metrics, the batch's data metrics and sequence lengths
    (`BatchSummary`) and the algorithm's cross-step state (KL controller, Lagrange
    multiplier), which the controller loads into its own.
 
@@ -31,8 +33,11 @@ exactly (tests/trainer/test_async_modes.py): it is the same program on the same 
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -96,10 +101,13 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
                       cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
     # What the pool served: generation itself and the row's capabilities it serves
     served = frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
-    ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
-                              served, *groups)
+    events = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
+                                 served, *groups)
     try:
-        report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
+        for ref in events:  # each phase's name as it starts (the live status, as in sync mode), then the report
+            report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
+            if isinstance(report, str) and step.on_phase is not None:
+                step.on_phase(report)
     except WorkerError as err:
         raise _program_error(err) from err
     step.metrics.update(report["metrics"])
@@ -110,18 +118,38 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
 
 @ray.remote(num_cpus=0)
 def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoState, index: int, version: int,
-                 balance_dp: bool, concurrent: bool, served: frozenset[str], *groups: DataProto) -> dict[str, Any]:
-    """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2)."""
-    add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
-    greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
-    batch = P.concat_generated(list(groups))
-    step = Step(index, DataProto(), balance_dp=balance_dp, concurrent=concurrent, streamed=batch, served=served,
-                streamed_greedy=P.concat_generated(greedy) if greedy else None)
-    step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
-    step_program(spec)(step, roles, cfg, state)
-    summary = BatchSummary.of(step.batch)
-    return {"metrics": step.metrics, "data": summary.metrics, "seq_lens": summary.seq_lens,
-            "state": state.state_dict()}
+                 balance_dp: bool, concurrent: bool, served: frozenset[str], *groups: DataProto) -> Iterator[Any]:
+    """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2),
+    in a thread: yields the name of each phase as the program starts it, then the step's
+    report; raises what the program raised."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> dict[str, Any]:
+        add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
+        greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
+        batch = P.concat_generated(list(groups))
+        step = Step(index, DataProto(), balance_dp=balance_dp, concurrent=concurrent, streamed=batch, served=served,
+                    streamed_greedy=P.concat_generated(greedy) if greedy else None, on_phase=events.put)
+        step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
+        step_program(spec)(step, roles, cfg, state)
+        summary = BatchSummary.of(step.batch)
+        return {"metrics": step.metrics, "data": summary.metrics, "seq_lens": summary.seq_lens,
+                "state": state.state_dict()}
+
+    def in_thread() -> None:
+        try:
+            events.put(run())
+        except BaseException as err:  # noqa: BLE001 - raised by the task, below
+            events.put(err)
+
+    threading.Thread(target=in_thread, name="step_program", daemon=True).start()
+    while True:
+        event = events.get()
+        if isinstance(event, BaseException):
+            raise event
+        yield event
+        if not isinstance(event, str):
+            return
 
 
 def _ship_user_module(spec: AlgorithmSpec) -> None:
