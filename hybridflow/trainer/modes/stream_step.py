@@ -45,7 +45,7 @@ import ray
 from ray import cloudpickle  # Ray's own copy: what its task arguments are pickled with
 
 from hybridflow.algorithms.off_policy import staleness_metrics
-from hybridflow.config.algorithm import USER_MODULE_PREFIX, AlgorithmSpec, add_algorithm
+from hybridflow.config.algorithm import AlgorithmSpec, add_algorithm
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import WorkerError
 from hybridflow.controller.decorator import registered_methods
@@ -153,10 +153,11 @@ def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoS
 
 
 def _ship_user_module(spec: AlgorithmSpec) -> None:
-    """A program from a .py file (algorithm.module) lives in a module no other process can
-    import: send its functions by value."""
-    module = getattr(spec.program, "__module__", "")
-    if module.startswith(USER_MODULE_PREFIX):
+    """A user's program lives in a module the task's process may not import (a .py file of
+    algorithm.module, or a module imported from a path only the controller has): send its
+    functions by value. (A built-in row names its program by path; __main__ goes by value anyway.)"""
+    module = getattr(spec.program, "__module__", None)
+    if module in sys.modules and module != "__main__" and not module.startswith("hybridflow."):
         cloudpickle.register_pickle_by_value(sys.modules[module])
 
 
