@@ -95,3 +95,38 @@ def test_an_error_of_the_program_itself_is_raised_as_in_sync_mode_and_not_retrie
         run_dir = trainer.run_dir
     assert type(err.value).__name__ == "ProgramBug" and not isinstance(err.value, WorkerError)
     assert [r["phase"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "restart"] == []
+
+
+CRASHING_PROGRAM = '''
+import os
+from pathlib import Path
+
+from hybridflow.config.algorithm import AlgorithmSpec, register_algorithm
+from hybridflow.trainer.programs.algorithms import generate_and_score, train_critic_free
+
+MARK = Path({mark!r})
+
+
+@register_algorithm(AlgorithmSpec(name="crashes_after_update", estimators=("grpo",), min_samples=2))
+def crashes_after_update(step, roles, cfg, state):
+    generate_and_score(step, roles, cfg)
+    train_critic_free(step, roles, cfg, state)
+    if step.index == 2 and not MARK.exists():  # the first run of step 2 only
+        MARK.write_text("updated", encoding="utf-8")
+        os._exit(1)  # the process running the program dies after the actor's update
+'''
+
+
+def test_a_step_task_whose_process_dies_is_a_failure_not_run_again(tiny_config, ray_local, tmp_path):
+    """The asynchronous modes run a step's program in a Ray task; when its process dies after
+    the actor's update, running the task again (Ray's default for tasks) would update the
+    actor a second time on the same batch, silently. It is a failure of the step (restarted
+    from the checkpoint with trainer.max_restarts, here stopping the run)."""
+    (tmp_path / "crashes.py").write_text(CRASHING_PROGRAM.format(mark=str(tmp_path / "mark")), encoding="utf-8")
+    cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                      "trainer.mode=one_step_off", "algorithm.name=crashes_after_update",
+                      f"algorithm.module={tmp_path / 'crashes.py'}")
+    with RLTrainer(cfg) as trainer:
+        with pytest.raises(WorkerError, match="step_program"):
+            trainer.train(steps=2)
+    assert (tmp_path / "mark").is_file()

@@ -116,7 +116,8 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
     step.metrics["timing_s/train"] = time.perf_counter() - start
 
 
-@ray.remote(num_cpus=0)
+# Never run again by Ray when its process dies: the step's updates may have been applied.
+@ray.remote(num_cpus=0, max_retries=0)
 def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoState, index: int, version: int,
                  balance_dp: bool, concurrent: bool, served: frozenset[str], *groups: DataProto) -> Iterator[Any]:
     """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2),
