@@ -144,13 +144,11 @@ def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoS
             events.put(err)
 
     threading.Thread(target=in_thread, name="step_program", daemon=True).start()
-    while True:
-        event = events.get()
-        if isinstance(event, BaseException):
-            raise event
+    while isinstance(event := events.get(), str):
         yield event
-        if not isinstance(event, str):
-            return
+    if isinstance(event, BaseException):
+        raise event
+    yield event
 
 
 def _ship_user_module(spec: AlgorithmSpec) -> None:
