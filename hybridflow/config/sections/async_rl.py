@@ -22,6 +22,7 @@ the cross-section rules.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,14 @@ def check_async_settings(cfg: RunConfig) -> None:
     if a.buffer_size < batch:
         raise ConfigError(f"{a.buffer_size} groups cannot hold one step's data.train_batch_size={batch} groups",
                           "async_rl.buffer_size")
+    # Admission control (modes/async_trainer.py) sends a call only if it fits beside the groups not
+    # trained yet, and up to a batch less gcd(chunk, batch) of them can wait for the rest of a batch.
+    waiting, room = batch - math.gcd(chunk, batch), min((a.max_staleness + 1) * batch, a.buffer_size)
+    if waiting + chunk > room:
+        raise ConfigError(f"{chunk} prompts per generation call would stall the trainer: beside {waiting} groups "
+                          f"waiting for a batch a call must fit in {room} groups (async_rl.buffer_size, and "
+                          f"max_staleness + 1 batches of data.train_batch_size={batch}); use a divisor of {batch}, "
+                          "or raise async_rl.max_staleness or async_rl.buffer_size", "async_rl.chunk_prompts")
 
 
 def _check_unread(cfg: RunConfig) -> None:
