@@ -72,6 +72,25 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
     (["trainer.mode=async", "async_rl.buffer_size=2"], "async_rl.buffer_size"),
     (["trainer.mode=async", "async_rl.rollout_ranks=2", "async_rl.chunk_prompts=3"], "async_rl.chunk_prompts"),
     (["trainer.mode=one_step_off", "async_rl.max_staleness=-1"], "async_rl.max_staleness"),
+    # a chunk that admission control can never send beside the groups waiting for a batch: the trainer stalled
+    # (data.train_batch_size is 16)
+    (["trainer.mode=async", "async_rl.max_staleness=0", "async_rl.chunk_prompts=32"],
+     "async_rl.chunk_prompts: 32 prompts per generation call would stall"),
+    (["trainer.mode=async", "async_rl.max_staleness=0", "async_rl.chunk_prompts=12"],
+     "async_rl.chunk_prompts: 12 prompts per generation call would stall"),
+    (["trainer.mode=async", "async_rl.max_staleness=3", "async_rl.chunk_prompts=24", "async_rl.buffer_size=28"],
+     "async_rl.chunk_prompts: 24 prompts"),
+    # settings the run's mode would not read
+    (["async_rl.max_staleness=3"], "async_rl.max_staleness: 3 is read only by trainer.mode=one_step_off / async"),
+    (["async_rl.bucket_mb=8"], "async_rl.bucket_mb: 8.0 is read only by trainer.mode=one_step_off / async"),
+    (["trainer.mode=one_step_off", "async_rl.max_staleness=3"], "async_rl.max_staleness: 3 is read only by "
+     "trainer.mode=async"),
+    (["trainer.mode=one_step_off", "async_rl.steps_per_call=4"], "async_rl.steps_per_call: 4 is read only by "
+     "trainer.mode=async"),
+    (["trainer.mode=one_step_off", "async_rl.chunk_prompts=2"], "async_rl.chunk_prompts"),
+    (["trainer.mode=async", "rollout.name=hf", "async_rl.steps_per_call=4"], "async_rl.steps_per_call: 4 pauses "
+     "generation calls for partial rollouts"),
+    (["trainer.mode=async", "rollout.agent.enable=true", "async_rl.steps_per_call=4"], "async_rl.steps_per_call"),
 ])
 def test_async_config_errors_name_the_key(overrides, key):
     """(a capability the mode cannot serve is named, never the program)"""
@@ -82,3 +101,16 @@ def test_async_config_errors_name_the_key(overrides, key):
         load_run_config(None, ["resources.world_size=1", *overrides])
     assert str(err.value).startswith(key), str(err.value)
     assert "\n" not in str(err.value) and "<function" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["async_rl.rollout_ranks=1", "async_rl.max_staleness=1"],
+    ["trainer.mode=one_step_off", "async_rl.max_staleness=1", "async_rl.steps_per_call=null", "async_rl.bucket_mb=8"],
+    ["trainer.mode=async", "rollout.name=hf", "async_rl.max_staleness=2", "async_rl.steps_per_call=null"],
+    ["trainer.mode=async", "async_rl.max_staleness=0", "async_rl.chunk_prompts=8"],
+    ["trainer.mode=async", "async_rl.max_staleness=1", "async_rl.chunk_prompts=32"],
+])
+def test_async_settings_a_mode_reads_or_that_say_what_it_does_are_accepted(overrides):
+    from hybridflow.config.schema import load_run_config
+
+    load_run_config(None, ["resources.world_size=1", *overrides])

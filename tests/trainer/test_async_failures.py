@@ -51,3 +51,82 @@ def test_a_dead_rollout_pool_is_restarted_from_the_checkpoint(tiny_config, ray_l
     assert [(r["restart/cause"], r["restart/role"]) for r in restarts] == [("died", "rollout")], restarts
     assert restarts[0]["restart/resumed_step"] == restarts[0]["restart/failed_step"] - 1
     assert sorted({r["step"] for r in rl_records(run_dir)}) == [1, 2, 3, 4]
+
+
+FAILING_PROGRAM = '''
+from hybridflow.config.algorithm import AlgorithmSpec, register_algorithm
+from hybridflow.trainer.programs.algorithms import generate_and_score, train_critic_free
+
+
+class ProgramBug(ValueError):
+    """The user's own error type: the trainer must hand it back as it is."""
+
+
+@register_algorithm(AlgorithmSpec(name="fails_at_step_2", estimators=("grpo",), min_samples=2))
+def fails_at_step_2(step, roles, cfg, state):
+    generate_and_score(step, roles, cfg)
+    if step.index == 2:
+        raise ProgramBug("the program's own bug at step 2")
+    train_critic_free(step, roles, cfg, state)
+'''
+
+
+@pytest.fixture(scope="module")
+def failing_program(tmp_path_factory):
+    """The file of FAILING_PROGRAM (one file: its algorithm is registered once per process)."""
+    path = tmp_path_factory.mktemp("program") / "fails.py"
+    path.write_text(FAILING_PROGRAM, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_error_of_the_program_itself_is_raised_as_in_sync_mode_and_not_retried(tiny_config, ray_local,
+                                                                                  failing_program, mode):
+    """A user's program that raises (a bug in its own code, no worker failed) stops the run
+    with its own exception in every mode, as the controller's own errors do: the asynchronous
+    modes run it in a task beside the pools, whose failure must not pass for a worker's and
+    be retried by trainer.max_restarts from the checkpoint."""
+    cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                      f"trainer.mode={mode}", "algorithm.name=fails_at_step_2",
+                      f"algorithm.module={failing_program}", "trainer.save_freq=1", "trainer.max_restarts=1")
+    with RLTrainer(cfg) as trainer:
+        with pytest.raises(ValueError, match="the program's own bug at step 2") as err:
+            trainer.train(steps=2)
+        run_dir = trainer.run_dir
+    assert type(err.value).__name__ == "ProgramBug" and not isinstance(err.value, WorkerError)
+    assert [r["phase"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "restart"] == []
+
+
+CRASHING_PROGRAM = '''
+import os
+from pathlib import Path
+
+from hybridflow.config.algorithm import AlgorithmSpec, register_algorithm
+from hybridflow.trainer.programs.algorithms import generate_and_score, train_critic_free
+
+MARK = Path({mark!r})
+
+
+@register_algorithm(AlgorithmSpec(name="crashes_after_update", estimators=("grpo",), min_samples=2))
+def crashes_after_update(step, roles, cfg, state):
+    generate_and_score(step, roles, cfg)
+    train_critic_free(step, roles, cfg, state)
+    if step.index == 2 and not MARK.exists():  # the first run of step 2 only
+        MARK.write_text("updated", encoding="utf-8")
+        os._exit(1)  # the process running the program dies after the actor's update
+'''
+
+
+def test_a_step_task_whose_process_dies_is_a_failure_not_run_again(tiny_config, ray_local, tmp_path):
+    """The asynchronous modes run a step's program in a Ray task; when its process dies after
+    the actor's update, running the task again (Ray's default for tasks) would update the
+    actor a second time on the same batch, silently. It is a failure of the step (restarted
+    from the checkpoint with trainer.max_restarts, here stopping the run)."""
+    (tmp_path / "crashes.py").write_text(CRASHING_PROGRAM.format(mark=str(tmp_path / "mark")), encoding="utf-8")
+    cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
+                      "trainer.mode=one_step_off", "algorithm.name=crashes_after_update",
+                      f"algorithm.module={tmp_path / 'crashes.py'}")
+    with RLTrainer(cfg) as trainer:
+        with pytest.raises(WorkerError, match="step_program"):
+            trainer.train(steps=2)
+    assert (tmp_path / "mark").is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,25 @@ def test_ppo_with_a_critic_in_one_step_off(tiny_config, ray_local):
         assert "critic/vf_loss" in r and "values/mean" in r and r["weight_sync/bytes"] > 0
         assert r["controller/fetched_tensor_bytes"] == 0  # values, GAE and the critic update stay in the workers
     assert [r["staleness/max"] for r in records] == [0.0, 1.0]
+
+
+def test_the_live_status_names_the_programs_phases_in_every_mode(tiny_config, ray_local):
+    """`hybridflow monitor`'s timeline (observe/live_status.py) names each phase of the program
+    as it starts, and the run is "training" meanwhile, in every mode: the asynchronous modes
+    run the program in a task beside the pools, which reports each phase as it starts; before
+    it the controller waits for the rollout pool's groups (wait_rollout)."""
+    from hybridflow.trainer.observe.live_status import TIMELINE_FILE
+
+    phases = {}
+    for mode in ("sync", "async"):
+        with RLTrainer(tiny_config(*ONE_EACH, f"trainer.mode={mode}")) as trainer:
+            run_dir = trainer.train(steps=2).run_dir
+        events = [json.loads(line) for line in (run_dir / TIMELINE_FILE).read_text(encoding="utf-8").splitlines()]
+        phases[mode] = [(e["step"], e["phase"]) for e in events if e["state"] == "training"]
+    assert {(1, "gen"), (2, "gen"), (1, "update_actor"), (2, "update_actor")} <= set(phases["sync"])
+    expected = []
+    for step, phase in phases["sync"]:
+        if not expected or expected[-1][0] != step:
+            expected.append((step, "wait_rollout"))
+        expected.append((step, phase))
+    assert phases["async"] == expected

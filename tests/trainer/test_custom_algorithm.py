@@ -88,3 +88,23 @@ def _check_brevity_records(records: list[dict], cfg: RunConfig, batch_on_control
         assert record["brevity/penalty_mean"] == pytest.approx(
             -0.1 * record["response_length/mean"] / cfg.rollout.response_length)
         assert record["score/mean"] == pytest.approx(record["brevity/task_score_mean"] + record["brevity/penalty_mean"])
+
+
+@pytest.mark.slow  # two pools of tiny-model processes
+def test_a_program_imported_from_a_path_only_the_controller_has_runs_in_async_mode(ray_local, tiny_config, tmp_path,
+                                                                                   monkeypatch):
+    """docs/extending.md: importing your module before building the RunConfig registers its
+    algorithm. A module the controller imports from a path of its own (sys.path changed in a
+    script or notebook) is not importable in Ray's worker processes, where the asynchronous
+    modes run the program: its functions travel by value, as sync mode needs nothing of them."""
+    import importlib
+
+    code = (EXAMPLE / "grpo_brevity.py").read_text(encoding="utf-8").replace('name="grpo_brevity"',
+                                                                            'name="brevity_on_my_path"')
+    (tmp_path / "brevity_on_my_path.py").write_text(code, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("brevity_on_my_path")
+    cfg = tiny_config("algorithm.name=brevity_on_my_path", "trainer.val_before_train=false", *MODES["async"])
+    with RLTrainer(cfg) as trainer:
+        records = rl_records(trainer.train(steps=1).run_dir)
+    assert "brevity/penalty_mean" in records[0]

@@ -114,11 +114,34 @@ def test_eval_of_a_checkpoint_of_a_pretrained_run_without_sft(ray_local, tiny_co
 
 
 def _run_with_checkpoint(cfg, run_dir: Path, step: int) -> Path:
-    """A run directory as a run leaves it: config.yaml and a committed checkpoint of `step`."""
+    """A run directory as a run leaves it: config.yaml and a committed checkpoint of `step`
+    (with the rollout pool's state in the asynchronous modes)."""
     run_dir.mkdir(parents=True)
     save_config(cfg, run_dir / "config.yaml")
     tmp = begin_checkpoint(run_dir, step)
-    return commit_checkpoint(tmp, {"version": STATE_VERSION, "global_step": step}, keep_last=None)
+    pool = {"async": {"version": step, "calls": step, "dropped_total": 0, "filtered_total": 0,
+                      "requeued_prompts": 0}} if cfg.trainer.mode != "sync" else {}
+    return commit_checkpoint(tmp, {"version": STATE_VERSION, "global_step": step, **pool}, keep_last=None)
+
+
+@pytest.mark.parametrize("saved, now, fix", [
+    ("sync", "async", "trainer.mode=sync"), ("sync", "one_step_off", "trainer.mode=sync"),
+    ("async", "sync", "trainer.mode=one_step_off or async"), ("one_step_off", "sync", "trainer.mode=one_step_off or async"),
+])
+def test_a_checkpoint_resumes_only_in_a_mode_of_its_kind(tiny_config, tmp_path, saved, now, fix):
+    """trainer.* may change on resume, but a checkpoint of the asynchronous modes holds the
+    rollout pool's state (policy version, sampling calls, prompts sent and not trained) and
+    a sync one has none: refused before any worker starts (it was a KeyError after both
+    pools had started, or the sent prompts skipped). one_step_off and async share it."""
+    checkpoint = _run_with_checkpoint(tiny_config("resources.world_size=1", f"trainer.mode={saved}"),
+                                      tmp_path / "run", 2)
+    with pytest.raises(ConfigError) as err:
+        resume_point(checkpoint, None, [f"trainer.mode={now}"])
+    assert str(err.value).startswith(f"trainer.mode: {now} cannot resume") and fix in str(err.value)
+    assert "\n" not in str(err.value)
+    other = {"async": "one_step_off", "one_step_off": "async"}.get(saved)
+    if other is not None:
+        assert resume_point(checkpoint, None, [f"trainer.mode={other}"]).cfg.trainer.mode == other
 
 
 def test_resume_point_from_a_path_from_the_run_name_and_with_overrides(tiny_config, tmp_path, monkeypatch):

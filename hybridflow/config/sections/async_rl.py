@@ -12,15 +12,17 @@ The YAML section is `async_rl` (`async` is a Python keyword, so it cannot be a f
       bucket_mb: 64           # weight-sync bucket size
 
 one_step_off is async with max_staleness 1, whole batches per generation call and no
-partial rollouts (it ignores max_staleness, chunk_prompts and steps_per_call). Partial
-rollouts need the native engine's scheduler: other rollout backends (rollout.name) and
-multi-turn agent rollouts generate whole calls, and steps_per_call does not apply.
-`check_async_settings` holds the cross-section rules.
+partial rollouts (max_staleness, chunk_prompts and steps_per_call set otherwise are
+refused). Partial rollouts need the native engine's scheduler: other rollout backends
+(rollout.name) and multi-turn agent rollouts generate whole calls, and refuse a
+steps_per_call set. Sync mode refuses any of these set. `check_async_settings` holds
+the cross-section rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,8 +65,10 @@ class AsyncSection:
 
 
 def check_async_settings(cfg: RunConfig) -> None:
-    """Cross-section rules of the asynchronous modes (nothing to check in sync mode)."""
+    """Cross-section rules of the asynchronous modes; a setting the run's mode would not read
+    (`_check_unread`) is refused."""
     mode, a = cfg.trainer.mode, cfg.async_rl.of_mode(cfg.trainer.mode)
+    _check_unread(cfg)
     if mode == "sync":
         return
     _check_capabilities(cfg)
@@ -80,6 +84,34 @@ def check_async_settings(cfg: RunConfig) -> None:
     if a.buffer_size < batch:
         raise ConfigError(f"{a.buffer_size} groups cannot hold one step's data.train_batch_size={batch} groups",
                           "async_rl.buffer_size")
+    # Admission control (modes/async_trainer.py) sends a call only if it fits beside the groups not
+    # trained yet, and up to a batch less gcd(chunk, batch) of them can wait for the rest of a batch.
+    waiting, room = batch - math.gcd(chunk, batch), min((a.max_staleness + 1) * batch, a.buffer_size)
+    if waiting + chunk > room:
+        raise ConfigError(f"{chunk} prompts per generation call would stall the trainer: beside {waiting} groups "
+                          f"waiting for a batch a call must fit in {room} groups (async_rl.buffer_size, and "
+                          f"max_staleness + 1 batches of data.train_batch_size={batch}); use a divisor of {batch}, "
+                          "or raise async_rl.max_staleness or async_rl.buffer_size", "async_rl.chunk_prompts")
+
+
+def _check_unread(cfg: RunConfig) -> None:
+    """A setting away from its default that the run would ignore: any in sync mode, those
+    one_step_off fixes (module docstring), steps_per_call where generation calls are whole."""
+    a, mode, default, r = cfg.async_rl, cfg.trainer.mode, AsyncSection(), cfg.rollout
+    runs_with = a.of_mode(mode) if mode == "one_step_off" else default  # what the mode reads of `a`
+    for f in dataclasses.fields(AsyncSection) if mode != "async" else ():
+        value = getattr(a, f.name)
+        if value not in (getattr(default, f.name), getattr(runs_with, f.name)):
+            why = ("one_step_off / async (this run: sync); remove it or set trainer.mode" if mode == "sync" else
+                   "async: one_step_off trains each batch one version stale, generated whole; remove it or set "
+                   "trainer.mode=async")
+            raise ConfigError(f"{value} is read only by trainer.mode={why}", f"async_rl.{f.name}")
+    if mode == "async" and a.steps_per_call not in (None, default.steps_per_call) and (
+            r.name != "native" or r.agent.enable):
+        why = "rollout.agent.enable=true" if r.agent.enable else f"rollout.name={r.name}"
+        raise ConfigError(f"{a.steps_per_call} pauses generation calls for partial rollouts, which need the native "
+                          f"engine's scheduler; with {why} each call generates whole: remove it",
+                          "async_rl.steps_per_call")
 
 
 def _check_capabilities(cfg: RunConfig) -> None:

@@ -257,7 +257,7 @@ class LanguageModelTask:
             self.status.update(step=self.global_step)
             start, fetched = time.perf_counter(), dataclasses.replace(FETCHED)
             if self.async_runner is not None:
-                step = self.async_runner.step(self.global_step)
+                step = self.async_runner.step(self.global_step, self.status.phase)
             else:
                 step = Step(self.global_step, next(self.batches), more_prompts=lambda: next(self.batches),
                             balance_dp=cfg.trainer.balance_batch, concurrent=cfg.trainer.concurrent_phases,

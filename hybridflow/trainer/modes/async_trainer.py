@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,13 +253,14 @@ class AsyncRunner:
         return groups_to_train(len(self.buffer), self.batch_groups, group_unit(self.cfg),
                                f"received {self.received} groups for this step and kept {self.informative}")
 
-    def step(self, index: int) -> Step:
+    def step(self, index: int, on_phase: Callable[[str], None] | None = None) -> Step:
         """One training step on the next batch of fresh groups; returns it with its metrics.
+        `on_phase` is told each phase's name as it starts (Step.on_phase): wait_rollout, then the program's.
 
         A failure in either pool raises a WorkerError naming the pool whose process died,
         if one did (its peer's error, e.g. a broken weight-sync connection, is the symptom)."""
         try:
-            return self._step(index)
+            return self._step(index, on_phase)
         except WorkerError as err:
             raise self.root_cause(err) from err
 
@@ -277,12 +278,14 @@ class AsyncRunner:
                     died=True)
         return err
 
-    def _step(self, index: int) -> Step:
+    def _step(self, index: int, on_phase: Callable[[str], None] | None) -> Step:
         step = Step(index, DataProto(), balance_dp=self.cfg.trainer.balance_batch,
-                    concurrent=self.cfg.trainer.concurrent_phases)
+                    concurrent=self.cfg.trainer.concurrent_phases, on_phase=on_phase)
         dropped_before = self.buffer.dropped
         if self.sync is None:  # the first step of a run, or of a resumed one
             self.sync = self.roles.actor.send_weights(self.version)
+        if on_phase is not None:
+            on_phase("wait_rollout")
         start = time.perf_counter()
         groups = self._next_batch()
         step.metrics["timing_s/wait_rollout"] = time.perf_counter() - start

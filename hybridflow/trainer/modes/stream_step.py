@@ -20,7 +20,9 @@ user's `@register_algorithm` program). What changes is where its phases get thei
    advantages, the user's own phases and the updates run as they do in sync mode: the
    program's `concurrently` blocks submit the training pool's independent calls (log-probs
    beside values, the updates) together, as futures (trainer/programs/concurrent.py).
-3. The task returns the step's metrics, the batch's data metrics and sequence lengths
+3. The task streams each phase's name to the controller as the program starts it (the
+   live status and a failure's phase, as in sync mode: observe/live_status.py), then
+   returns the step's metrics, the batch's data metrics and sequence lengths
    (`BatchSummary`) and the algorithm's cross-step state (KL controller, Lagrange
    multiplier), which the controller loads into its own.
 
@@ -31,8 +33,11 @@ exactly (tests/trainer/test_async_modes.py): it is the same program on the same 
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,7 +45,7 @@ import ray
 from ray import cloudpickle  # Ray's own copy: what its task arguments are pickled with
 
 from hybridflow.algorithms.off_policy import staleness_metrics
-from hybridflow.config.algorithm import USER_MODULE_PREFIX, AlgorithmSpec, add_algorithm
+from hybridflow.config.algorithm import AlgorithmSpec, add_algorithm
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import WorkerError
 from hybridflow.controller.decorator import registered_methods
@@ -96,39 +101,62 @@ def train_on_groups(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState, 
                       cost_fn=StreamScores("cost", restarts) if roles.cost_fn is not None else None)
     # What the pool served: generation itself and the row's capabilities it serves
     served = frozenset(("generate", *(c for c in spec.capabilities if c in SERVED_BY_STREAM)))
-    ref = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
-                              served, *groups)
+    events = _run_program.remote(spec, cfg, scorers, state, step.index, version, step.balance_dp, step.concurrent,
+                                 served, *groups)
     try:
-        report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
+        for ref in events:  # each phase's name as it starts (the live status, as in sync mode), then the report
+            report = gather([ref], [PROGRAM], f"algorithm.name={spec.name}'s step program")[0]
+            if isinstance(report, str) and step.on_phase is not None:
+                step.on_phase(report)
     except WorkerError as err:
-        raise _inner_worker_error(err) from err
+        raise _program_error(err) from err
     step.metrics.update(report["metrics"])
     state.load_state_dict(report["state"])
     step.summary = BatchSummary(report["data"], report["seq_lens"])
     step.metrics["timing_s/train"] = time.perf_counter() - start
 
 
-@ray.remote(num_cpus=0)
+# Never run again by Ray when its process dies: the step's updates may have been applied.
+@ray.remote(num_cpus=0, max_retries=0)
 def _run_program(spec: AlgorithmSpec, cfg: RunConfig, roles: Roles, state: AlgoState, index: int, version: int,
-                 balance_dp: bool, concurrent: bool, served: frozenset[str], *groups: DataProto) -> dict[str, Any]:
-    """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2)."""
-    add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
-    greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
-    batch = P.concat_generated(list(groups))
-    step = Step(index, DataProto(), balance_dp=balance_dp, concurrent=concurrent, streamed=batch, served=served,
-                streamed_greedy=P.concat_generated(greedy) if greedy else None)
-    step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
-    step_program(spec)(step, roles, cfg, state)
-    summary = BatchSummary.of(step.batch)
-    return {"metrics": step.metrics, "data": summary.metrics, "seq_lens": summary.seq_lens,
-            "state": state.state_dict()}
+                 balance_dp: bool, concurrent: bool, served: frozenset[str], *groups: DataProto) -> Iterator[Any]:
+    """One step of `spec`'s program on the concatenated `groups` (module docstring, point 2),
+    in a thread: yields the name of each phase as the program starts it, then the step's
+    report; raises what the program raised."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> dict[str, Any]:
+        add_algorithm(spec)  # the row in this process (a user's algorithm.module is not imported here)
+        greedy = [group.meta_info.pop(GREEDY_KEY) for group in groups if GREEDY_KEY in group.meta_info]
+        batch = P.concat_generated(list(groups))
+        step = Step(index, DataProto(), balance_dp=balance_dp, concurrent=concurrent, streamed=batch, served=served,
+                    streamed_greedy=P.concat_generated(greedy) if greedy else None, on_phase=events.put)
+        step.metrics.update(staleness_metrics(batch.batch[POLICY_VERSION], batch.batch["response_mask"], version))
+        step_program(spec)(step, roles, cfg, state)
+        summary = BatchSummary.of(step.batch)
+        return {"metrics": step.metrics, "data": summary.metrics, "seq_lens": summary.seq_lens,
+                "state": state.state_dict()}
+
+    def in_thread() -> None:
+        try:
+            events.put(run())
+        except BaseException as err:  # noqa: BLE001 - raised by the task, below
+            events.put(err)
+
+    threading.Thread(target=in_thread, name="step_program", daemon=True).start()
+    while isinstance(event := events.get(), str):
+        yield event
+    if isinstance(event, BaseException):
+        raise event
+    yield event
 
 
 def _ship_user_module(spec: AlgorithmSpec) -> None:
-    """A program from a .py file (algorithm.module) lives in a module no other process can
-    import: send its functions by value."""
-    module = getattr(spec.program, "__module__", "")
-    if module.startswith(USER_MODULE_PREFIX):
+    """A user's program lives in a module the task's process may not import (a .py file of
+    algorithm.module, or a module imported from a path only the controller has): send its
+    functions by value. (A built-in row names its program by path; __main__ goes by value anyway.)"""
+    module = getattr(spec.program, "__module__", None)
+    if module in sys.modules and module != "__main__" and not module.startswith("hybridflow."):
         cloudpickle.register_pickle_by_value(sys.modules[module])
 
 
@@ -141,8 +169,10 @@ def _learn_layouts(roles: Roles) -> None:
                 group.dp_parts(method)
 
 
-def _inner_worker_error(err: WorkerError) -> WorkerError:
-    """The WorkerError a worker-group call inside the task raised (it names the role and
-    rank), else `err`."""
+def _program_error(err: WorkerError) -> Exception:
+    """What the task raised, as sync mode raises it: the WorkerError of a worker-group call
+    inside it (it names the role and rank), or the program's own exception (a bug in its
+    code is no worker failure: trainer.max_restarts does not retry it, run/recovery.py);
+    `err` where the task's process itself failed."""
     cause = getattr(err.__cause__, "cause", None)
-    return cause if isinstance(cause, WorkerError) else err
+    return cause if isinstance(cause, Exception) else err

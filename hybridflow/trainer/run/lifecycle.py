@@ -133,7 +133,8 @@ def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str |
     the runs named `name` under trainer.output_dir). The run's config.yaml is read once.
     `config`: a RunConfig; or a YAML file, or None for the run's saved config.yaml, with
     the dotted `overrides` applied. It may differ from the saved config only in
-    RESUMABLE_CHANGES (ConfigError naming every other key).
+    RESUMABLE_CHANGES (ConfigError naming every other key), and trainer.mode not between
+    sync and the asynchronous modes (only their checkpoints hold the rollout pool's state).
     """
     if isinstance(config, RunConfig) and overrides:
         raise ValueError("overrides apply to a YAML config or to the run's saved one; with a RunConfig, "
@@ -149,7 +150,13 @@ def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str |
         wanted = run_config_from_tree(with_overrides(run.tree, list(overrides)))
     cfg = resume_config(run, wanted)  # wanted None: the saved config as it is
     check_model_unchanged(run.checkpoint, cfg)
-    return ResumePoint(run.checkpoint, int(read_trainer_state(run.checkpoint)["global_step"]), cfg, run)
+    state = read_trainer_state(run.checkpoint)
+    if ("async" in state) != (cfg.trainer.mode != "sync"):  # the rollout pool's state (modes/async_trainer.py)
+        saved, fix = ("one_step_off / async", "one_step_off or async") if "async" in state else ("sync", "sync")
+        raise ConfigError(f"{cfg.trainer.mode} cannot resume checkpoint {str(run.checkpoint)!r} of trainer.mode="
+                          f"{saved}: only the asynchronous modes' checkpoints hold a rollout pool's state (policy "
+                          f"version, prompts sent but not trained); resume with trainer.mode={fix}", "trainer.mode")
+    return ResumePoint(run.checkpoint, int(state["global_step"]), cfg, run)
 
 
 MODEL_KEY = "model"  # trainer_state.json: the model section and the manifest of the model it trained
