@@ -81,8 +81,6 @@ def test_staleness_zero_keeps_only_current_version_and_overflow_is_an_error():
     (["trainer.mode=async", "async_rl.max_staleness=3", "async_rl.chunk_prompts=24", "async_rl.buffer_size=28"],
      "async_rl.chunk_prompts: 24 prompts"),
     # settings the run's mode would not read
-    (["async_rl.max_staleness=3"], "async_rl.max_staleness: 3 is read only by trainer.mode=one_step_off / async"),
-    (["async_rl.bucket_mb=8"], "async_rl.bucket_mb: 8.0 is read only by trainer.mode=one_step_off / async"),
     (["trainer.mode=one_step_off", "async_rl.max_staleness=3"], "async_rl.max_staleness: 3 is read only by "
      "trainer.mode=async"),
     (["trainer.mode=one_step_off", "async_rl.steps_per_call=4"], "async_rl.steps_per_call: 4 is read only by "
@@ -105,6 +103,7 @@ def test_async_config_errors_name_the_key(overrides, key):
 
 @pytest.mark.parametrize("overrides", [
     [], ["async_rl.rollout_ranks=1", "async_rl.max_staleness=1"],
+    ["async_rl.max_staleness=3", "async_rl.bucket_mb=8"],  # sync reads none: one config, every mode
     ["trainer.mode=one_step_off", "async_rl.max_staleness=1", "async_rl.steps_per_call=null", "async_rl.bucket_mb=8"],
     ["trainer.mode=async", "rollout.name=hf", "async_rl.max_staleness=2", "async_rl.steps_per_call=null"],
     ["trainer.mode=async", "async_rl.max_staleness=0", "async_rl.chunk_prompts=8"],

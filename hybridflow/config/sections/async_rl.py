@@ -15,8 +15,9 @@ one_step_off is async with max_staleness 1, whole batches per generation call an
 partial rollouts (max_staleness, chunk_prompts and steps_per_call set otherwise are
 refused). Partial rollouts need the native engine's scheduler: other rollout backends
 (rollout.name) and multi-turn agent rollouts generate whole calls, and refuse a
-steps_per_call set. Sync mode refuses any of these set. `check_async_settings` holds
-the cross-section rules.
+steps_per_call set. Sync mode reads none of the section (set or not: one config runs in
+every mode with trainer.mode on the command line). `check_async_settings` holds the
+cross-section rules.
 """
 
 from __future__ import annotations
@@ -65,12 +66,12 @@ class AsyncSection:
 
 
 def check_async_settings(cfg: RunConfig) -> None:
-    """Cross-section rules of the asynchronous modes; a setting the run's mode would not read
-    (`_check_unread`) is refused."""
+    """Cross-section rules of the asynchronous modes (sync reads none of the section); a
+    setting the run's mode would not read (`_check_unread`) is refused."""
     mode, a = cfg.trainer.mode, cfg.async_rl.of_mode(cfg.trainer.mode)
-    _check_unread(cfg)
     if mode == "sync":
         return
+    _check_unread(cfg)
     _check_capabilities(cfg)
     tp = cfg.rollout.tensor_model_parallel_size
     if a.rollout_ranks % tp:
@@ -95,17 +96,16 @@ def check_async_settings(cfg: RunConfig) -> None:
 
 
 def _check_unread(cfg: RunConfig) -> None:
-    """A setting away from its default that the run would ignore: any in sync mode, those
+    """A setting away from its default that an asynchronous run would ignore: those
     one_step_off fixes (module docstring), steps_per_call where generation calls are whole."""
     a, mode, default, r = cfg.async_rl, cfg.trainer.mode, AsyncSection(), cfg.rollout
-    runs_with = a.of_mode(mode) if mode == "one_step_off" else default  # what the mode reads of `a`
-    for f in dataclasses.fields(AsyncSection) if mode != "async" else ():
+    runs_with = a.of_mode(mode)  # what the mode reads of `a`
+    for f in dataclasses.fields(AsyncSection) if mode == "one_step_off" else ():
         value = getattr(a, f.name)
         if value not in (getattr(default, f.name), getattr(runs_with, f.name)):
-            why = ("one_step_off / async (this run: sync); remove it or set trainer.mode" if mode == "sync" else
-                   "async: one_step_off trains each batch one version stale, generated whole; remove it or set "
-                   "trainer.mode=async")
-            raise ConfigError(f"{value} is read only by trainer.mode={why}", f"async_rl.{f.name}")
+            raise ConfigError(f"{value} is read only by trainer.mode=async: one_step_off trains each batch one "
+                              "version stale, generated whole; remove it or set trainer.mode=async",
+                              f"async_rl.{f.name}")
     if mode == "async" and a.steps_per_call not in (None, default.steps_per_call) and (
             r.name != "native" or r.agent.enable):
         why = "rollout.agent.enable=true" if r.agent.enable else f"rollout.name={r.name}"
