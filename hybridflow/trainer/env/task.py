@@ -52,7 +52,7 @@ from hybridflow.trainer.run.checkpointing import (
     set_controller_rng_state,
 )
 from hybridflow.trainer.run.lifecycle import check_steps_left, unchanged_but
-from hybridflow.trainer.run.run_dir import create_run_dir
+from hybridflow.trainer.run.run_dir import create_run_dir, discard_unused_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
 
 
@@ -126,6 +126,8 @@ class EnvironmentTask:
         """Stop the workers (and Ray, when this trainer started it); close the loggers."""
         self.release(save=False)
         self.log.close()
+        if self.saved_checkpoint is None:  # nothing logged either: a failed start leaves no run dir (as LM runs)
+            discard_unused_run_dir(self.run_dir)
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None

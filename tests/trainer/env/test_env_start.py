@@ -1,6 +1,6 @@
 """The start of an environment run on Ray: the env runners' processes start while the
 learner's do (trainer/env/groups.py), and when one side fails both are stopped and their
-CPUs given back."""
+CPUs given back; a run that fails before it logged anything leaves no run directory."""
 
 from __future__ import annotations
 
@@ -49,3 +49,28 @@ def test_a_runner_that_fails_to_start_stops_the_learner_and_frees_the_cpus(ray_l
     # was read (the session's Ray is shared); what this run held must all be back
     assert ray.available_resources().get("CPU", 0.0) >= before
     assert trainer.groups is None
+
+
+@register_env
+class BrokenAtFirstStepEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple:
+        raise RuntimeError("this environment cannot step")
+
+
+def test_a_run_that_fails_before_its_first_record_leaves_no_run_dir(tmp_path):
+    # As a language-model run's failed start (trainer/run/setup.py): nothing of value is in it.
+    config = {"algorithm": "ppo", "env": "BrokenAtFirstStepEnv", "distributed": {"num_workers": 0},
+              "trainer": {"output_dir": str(tmp_path), "console": "none", "loggers": ["jsonl"]}}
+    with pytest.raises(RuntimeError, match="cannot step"), RLTrainer(config) as trainer:
+        assert trainer.run_dir.is_dir()
+        trainer.train(steps=64)
+    assert list(tmp_path.iterdir()) == []
+    with RLTrainer({**config, "env": "CartPole-v1"}) as trainer:  # one that trained keeps its directory
+        trainer.train(steps=128)
+    assert [path.name for path in tmp_path.iterdir()] == [trainer.run_dir.name]
