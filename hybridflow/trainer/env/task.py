@@ -51,7 +51,7 @@ from hybridflow.trainer.run.checkpointing import (
     saved_run,
     set_controller_rng_state,
 )
-from hybridflow.trainer.run.lifecycle import check_steps_left, unchanged_but
+from hybridflow.trainer.run.lifecycle import check_steps_left, checkpoint_of_runs, unchanged_but
 from hybridflow.trainer.run.run_dir import create_run_dir, discard_unused_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
 
@@ -86,9 +86,8 @@ class EnvironmentTask:
 
     def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | SavedRun | None = None) -> None:
         self.checkpoint: Path | None = None
-        if resume is True:
-            raise ConfigError("for environment runs give the run directory to resume (resume=<run dir>, "
-                              "--resume PATH)")
+        if resume is True:  # `--resume` without PATH: the newest checkpoint of the config's runs (as LM runs)
+            resume = checkpoint_of_runs(resolve_env_config(config))
         run = None
         if resume is not None:
             run = saved_run(resume)  # the run's config.yaml, read once
