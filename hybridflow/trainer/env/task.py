@@ -112,14 +112,17 @@ class EnvironmentTask:
 
     def release(self, save: bool) -> None:
         """Stop the workers and release their placement groups (Ray stays up); with `save`,
-        checkpoint the run first, so that the next `train` continues exactly from here."""
-        if self.groups is None:
-            return
-        if save and self.saved_iteration != self.iteration:
-            self.save_checkpoint()
-        self.checkpoint = self.saved_checkpoint  # where the next start continues (None: from scratch)
-        self.groups.shutdown()
-        self.groups, self.run = None, None
+        checkpoint the run first, so that the next `train` continues exactly from here. The
+        process's torch threads (set for an in-process learner) are the caller's again."""
+        if self.groups is not None:
+            if save and self.saved_iteration != self.iteration:
+                self.save_checkpoint()
+            self.checkpoint = self.saved_checkpoint  # where the next start continues (None: from scratch)
+            self.groups.shutdown()
+            self.groups, self.run = None, None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     def close(self) -> None:
         """Stop the workers (and Ray, when this trainer started it); close the loggers."""
@@ -127,9 +130,6 @@ class EnvironmentTask:
         self.log.close()
         if self.saved_checkpoint is None:  # nothing logged either: a failed start leaves no run dir (as LM runs)
             discard_unused_run_dir(self.run_dir)
-        if self._threads_before is not None:
-            torch.set_num_threads(self._threads_before)
-            self._threads_before = None
         if self._ray_started:
             ray.shutdown()
             self._ray_started = False
