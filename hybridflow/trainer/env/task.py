@@ -128,7 +128,7 @@ class EnvironmentTask:
         """Stop the workers (and Ray, when this trainer started it); close the loggers."""
         self.release(save=False)
         self.log.close()
-        if self.saved_checkpoint is None:  # nothing logged either: a failed start leaves no run dir (as LM runs)
+        if self.saved_checkpoint is None and self.iteration == 0:  # a failed start leaves no run dir (as LM runs)
             discard_unused_run_dir(self.run_dir)
         if self._ray_started:
             ray.shutdown()

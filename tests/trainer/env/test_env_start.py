@@ -1,6 +1,7 @@
 """The start of an environment run on Ray: the env runners' processes start while the
 learner's do (trainer/env/groups.py), and when one side fails both are stopped and their
-CPUs given back; a run that fails before it logged anything leaves no run directory."""
+CPUs given back; as for language-model runs, a failed start leaves no run directory and a
+worker failure names the run directory to resume."""
 
 from __future__ import annotations
 
@@ -51,8 +52,23 @@ def test_a_runner_that_fails_to_start_stops_the_learner_and_frees_the_cpus(ray_l
     assert trainer.groups is None
 
 
+
 @register_env
-class BrokenAtFirstStepEnv(gym.Env):
+class BrokenAfterTheProbeEnv(gym.Env):
+    """The controller's first instance (read for the spaces) works; the collector's fail."""
+
+    made = 0
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        type(self).made += 1
+        if type(self).made > 1:
+            raise RuntimeError("this environment cannot be built")
+
+
+@register_env
+class BrokenInTheRunnerStepEnv(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
@@ -63,14 +79,18 @@ class BrokenAtFirstStepEnv(gym.Env):
         raise RuntimeError("this environment cannot step")
 
 
-def test_a_run_that_fails_before_its_first_record_leaves_no_run_dir(tmp_path):
-    # As a language-model run's failed start (trainer/run/setup.py): nothing of value is in it.
-    config = {"algorithm": "ppo", "env": "BrokenAtFirstStepEnv", "distributed": {"num_workers": 0},
-              "trainer": {"output_dir": str(tmp_path), "console": "none", "loggers": ["jsonl"]}}
-    with pytest.raises(RuntimeError, match="cannot step"), RLTrainer(config) as trainer:
+def test_a_failed_start_leaves_no_run_dir_and_a_failed_run_names_its_run_dir(ray_local, tmp_path):
+    # As language-model runs: a start that failed removes its empty run directory
+    # (trainer/run/setup.py); a worker failure in the run says which directory to --resume.
+    config = {"algorithm": "ppo", "env": "BrokenAfterTheProbeEnv", "distributed": {"num_workers": 0},
+              "trainer": {"output_dir": str(tmp_path / "start"), "console": "none", "loggers": ["jsonl"]}}
+    with pytest.raises(RuntimeError, match="cannot be built"), RLTrainer(config) as trainer:
         assert trainer.run_dir.is_dir()
         trainer.train(steps=64)
-    assert list(tmp_path.iterdir()) == []
-    with RLTrainer({**config, "env": "CartPole-v1"}) as trainer:  # one that trained keeps its directory
-        trainer.train(steps=128)
-    assert [path.name for path in tmp_path.iterdir()] == [trainer.run_dir.name]
+    assert list((tmp_path / "start").iterdir()) == []
+    config = {**config, "env": "BrokenInTheRunnerStepEnv", "distributed": {"num_workers": 1},
+              "trainer.output_dir": str(tmp_path / "run")}
+    with pytest.raises(WorkerError, match="cannot step") as info, RLTrainer(config) as trainer:
+        trainer.train(steps=64)
+    assert f"hybridflow: the run directory: {trainer.run_dir}" in info.value.__notes__
+    assert trainer.run_dir.is_dir()
