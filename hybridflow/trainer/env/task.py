@@ -171,11 +171,11 @@ class EnvironmentTask:
     def train(self, steps: int | float | None = None) -> EnvTrainResult:
         """Run `steps` more environment steps (default: on to trainer.total_env_steps)."""
         cfg = self.config
+        if steps is None:  # checked before any worker starts, as in LM runs
+            steps = check_steps_left(self._env_steps_done(), cfg.trainer.total_env_steps, "trainer.total_env_steps",
+                                     "environment step")
         setup_s = self.setup()
         run = self.run
-        if steps is None:
-            steps = check_steps_left(run.env_steps, cfg.trainer.total_env_steps, "trainer.total_env_steps",
-                                     "environment step")
         target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
         iteration_fn = self.program.iteration
@@ -211,6 +211,12 @@ class EnvironmentTask:
         self.display.message(f"run saved to [bold]{self.run_dir}[/bold]")
         return EnvTrainResult(self.run_dir, run.env_steps, self.iteration, wall, self.acc.window_mean(), reached,
                               record, setup_s)
+
+    def _env_steps_done(self) -> int:
+        """Environment steps consumed so far: the started run's, else those of the checkpoint it starts from."""
+        if self.run is not None:
+            return self.run.env_steps
+        return int(read_trainer_state(self.checkpoint)["env_steps"]) if self.checkpoint is not None else 0
 
     # ------------------------------------------------------------------ checkpoints
 
