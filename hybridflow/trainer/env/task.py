@@ -99,6 +99,7 @@ class EnvironmentTask:
         self.network = network_spec(cfg)
         self.run_dir = reopen_run_dir(cfg, run) if run is not None else create_run_dir(cfg)
         self.display = EnvDisplay(cfg.trainer.display_mode())
+        self.display.message(f"run directory: [bold]{self.run_dir}[/bold]")  # as LM runs: before anything can fail
         self.log = build_loggers(cfg, self.run_dir, self.display)
         self.iteration = int(read_trainer_state(self.checkpoint)["global_step"]) if self.checkpoint else 0
         self.acc = RecordAccumulator(cfg.trainer.return_window)
@@ -106,6 +107,8 @@ class EnvironmentTask:
         self.run: EnvRun | None = None
         self.saved_checkpoint: Path | None = self.checkpoint  # the newest checkpoint this task wrote or read
         self.saved_iteration: int | None = self.iteration if self.checkpoint else None
+        if self.checkpoint is not None:
+            self.display.message(f"resuming from {self.checkpoint} (iteration {self.iteration})")
         self._ray_started = False
         self._threads_before: int | None = None
         STOP.install()  # a SIGTERM while starting abandons the start (installed again once Ray is up)
