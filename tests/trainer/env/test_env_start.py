@@ -94,3 +94,39 @@ def test_a_failed_start_leaves_no_run_dir_and_a_failed_run_names_its_run_dir(ray
         trainer.train(steps=64)
     assert f"hybridflow: the run directory: {trainer.run_dir}" in info.value.__notes__
     assert trainer.run_dir.is_dir()
+
+
+@register_env
+class CountsItsClosesEnv(gym.Env):
+    """Writes its process id to `marker` when closed (a window, a file, a simulator process to end)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: int) -> tuple:
+        return np.zeros(1, np.float32), 1.0, True, False, {}
+
+    def close(self) -> None:
+        with open(self.marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_environments_are_closed_when_the_workers_go(ray_local, tmp_path, num_workers):
+    # Killing a runner's process or dropping an in-process runner skipped env.close().
+    marker = tmp_path / "closed"
+    config = {"algorithm": "ppo", "env": {"id": "CountsItsClosesEnv", "num_envs": 2, "kwargs": {"marker": str(marker)}},
+              "distributed": {"num_workers": num_workers}, "ppo": {"rollout_steps": 16, "minibatch_size": 32},
+              "trainer": {"output_dir": str(tmp_path), "console": "none", "loggers": ["jsonl"]}}
+    trainer = RLTrainer(config)
+    assert marker.read_text().split() == [str(CONTROLLER_PID)]  # the one read for its spaces
+    trainer.train(steps=32)  # outside `with`: the workers go when it returns
+    closed = marker.read_text().split()[1:]
+    assert len(closed) == 2 and (set(closed) == {str(CONTROLLER_PID)}) == (num_workers == 0)
+    trainer.close()
