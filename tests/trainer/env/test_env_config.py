@@ -49,7 +49,7 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
     ({"env": "x", "distributed": {"num_workers": 0, "sampling": "async"}}, r"distributed.sampling"),
     ({"env": "x", "distributed": {"num_workers": -1}}, r"distributed.num_workers: must be >= 0"),
     # PPO settings that would fail in the first update (clip_value 0), or train silently wrong:
-    # a negative max_grad_norm flips the gradient, a negative target_kl stops every epoch at once.
+    # a negative max_grad_norm flips the gradient, a negative target_kl ends every update after one epoch.
     ({"env": "x", "ppo": {"clip_value": 0}}, r"ppo.clip_value: must be > 0 or null \(off\), got 0"),
     ({"env": "x", "ppo": {"max_grad_norm": -1}}, r"ppo.max_grad_norm: must be > 0 or null \(off\)"),
     ({"env": "x", "ppo": {"target_kl": -0.1}}, r"ppo.target_kl: must be > 0 or null \(off\)"),
