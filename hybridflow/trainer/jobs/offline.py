@@ -32,11 +32,9 @@ import ray
 from hybridflow.config.dtypes import resolved_dtypes
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
 from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
-from hybridflow.config.tasks import TASK_KINDS
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
-from hybridflow.errors import ConfigError
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.run.checkpointing import (
     CHECKPOINTS_DIR,
@@ -45,7 +43,6 @@ from hybridflow.trainer.run.checkpointing import (
     actor_checkpoint_path,
     checkpoint_step,
     find_checkpoint,
-    read_trainer_state,
     run_config_path,
     run_dir_of,
 )
@@ -123,9 +120,6 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
         raise CheckpointNotFoundError(
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
-    if read_trainer_state(checkpoint).get("kind") == TASK_KINDS["environment"].checkpoint_kind:
-        raise ConfigError(f"{checkpoint} is an environment run's checkpoint; eval and export take language-model "
-                          "runs. An environment run's results are its metrics.jsonl and plots (hybridflow plot RUN_DIR)")
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
     return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
                                 checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}"))

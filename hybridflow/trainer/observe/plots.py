@@ -47,8 +47,7 @@ RL_PHASES = ("rl", "eval")
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """Plots of <run_dir>/metrics.jsonl into out_dir (default <run_dir>/plots); the files written.
-    An environment run's (its records count env/steps) are plot_env_run's."""
+    """Plots of <run_dir>/metrics.jsonl into out_dir (default <run_dir>/plots); the files written."""
     run_dir = Path(run_dir)
     metrics_file = run_dir / "metrics.jsonl"
     if not metrics_file.is_file():
@@ -56,10 +55,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             f"{str(metrics_file)!r} does not exist: give the directory of a run (the one holding config.yaml "
             "and metrics.jsonl), logged with the 'jsonl' logger (trainer.loggers)"
         )
-    records = read_metrics(metrics_file)
-    if any("env/steps" in record for record in records):
-        return plot_env_run(run_dir, out_dir)
-    return plot_records(records, Path(out_dir) if out_dir is not None else run_dir / "plots")
+    return plot_records(read_metrics(metrics_file), Path(out_dir) if out_dir is not None else run_dir / "plots")
 
 
 def plot_records(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
