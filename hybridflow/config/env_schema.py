@@ -122,7 +122,8 @@ class PPOSection:
     epochs: passes over each batch. lr_schedule: constant or linear decay to 0 over
     trainer.total_env_steps. clip_value: value clip range (null: off). vf_coef weights a
     value loss that carries a 1/2 (vf_coef 1.0 here = Stable-Baselines3's 0.5).
-    target_kl: stop an update's epochs once the approximate KL exceeds it (null: never)."""
+    target_kl: stop an update's epochs once the approximate KL exceeds it (null: never).
+    max_grad_norm: clip the gradient's norm to it (null: off). clip_ratio is in (0, 1)."""
 
     rollout_steps: int = 128
     minibatch_size: int = 64
@@ -140,8 +141,13 @@ class PPOSection:
     target_kl: float | None = None
 
     def __post_init__(self) -> None:
-        positive(self, "rollout_steps", "minibatch_size", "epochs", "lr", "clip_ratio")
+        positive(self, "rollout_steps", "minibatch_size", "epochs", "lr")
+        positive(self, "clip_value", "max_grad_norm", "target_kl", null="off")  # <= 0 would fail or invert the update
+        at_least(self, 0, "vf_coef")
         in_unit(self, "gamma", "gae_lambda")
+        if not 0.0 < self.clip_ratio < 1.0:  # as the LM loss's clip_ratio_low: 1 - clip_ratio stays positive
+            raise ConfigError(f"must be in (0, 1) (the ratio is clipped to [1 - clip_ratio, 1 + clip_ratio]), "
+                              f"got {self.clip_ratio}", "clip_ratio")
 
 
 @dataclass

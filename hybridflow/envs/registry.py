@@ -73,9 +73,15 @@ class EnvSource:
 
     def make(self) -> Any:
         """A fresh environment instance (seeded later, by its first reset)."""
-        if self.gym_id is not None:
-            return _make_gym(self.gym_id, self.kwargs, self.max_episode_steps)
-        env = self.factory(**self.kwargs)
+        try:
+            if self.gym_id is not None:
+                return _make_gym(self.gym_id, self.kwargs, self.max_episode_steps)
+            env = self.factory(**self.kwargs)
+        except TypeError as err:
+            if not self.kwargs:
+                raise
+            raise ConfigError(f"{self.kwargs} did not fit environment {self.name!r}: {err}; pass only the arguments "
+                              "its constructor takes", "env.kwargs") from err
         for attr in ("reset", "step", "observation_space", "action_space"):
             if not hasattr(env, attr):
                 where = "" if self.name == _where(self.factory) else f" ({_where(self.factory)})"

@@ -79,6 +79,10 @@ class RLTrainer:
         try:
             result = self.task.train(None if steps is None else as_steps(steps))
         except BaseException as err:
+            from hybridflow.controller.errors import WorkerError  # here: importing entry.py starts no Ray/torch
+
+            if isinstance(err, WorkerError):  # what the worker failure's "--resume RUN_DIR" refers to
+                err.add_note(f"hybridflow: the run directory: {self.task.run_dir}")
             if not self._scoped:
                 self.task.release(save=False)  # the newest complete checkpoint stays the restart point
             stop = swallowed_stop(err)

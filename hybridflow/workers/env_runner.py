@@ -76,6 +76,12 @@ class EnvRunnerWorker(Worker):
         return self.collector.transitions(steps, random)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def close_envs(self) -> None:
+        """Close every environment copy (a window, a file, a simulator process of its own)
+        before the worker goes: killing its process or dropping it would skip env.close()."""
+        self.collector.venv.close()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def state_dict(self) -> dict[str, Any]:
         """Environments, observations, RNG and reward scaling of this rank (for checkpoints)."""
         return self.collector.state_dict()

@@ -52,6 +52,16 @@ def test_lookup_order_and_errors():
         register_env("Corridor-test", dict)
 
 
+def test_arguments_the_environment_does_not_take_are_a_config_error_on_env_kwargs():
+    # Was the constructor's TypeError (Gymnasium's wording, or a bare one for a registered class).
+    with pytest.raises(ConfigError, match=r"^env.kwargs: \{'foo': 1\} did not fit environment 'CartPole-v1': .*"
+                                          r"unexpected keyword argument 'foo'"):
+        resolve_env("CartPole-v1", {"foo": 1}).make()
+    with pytest.raises(ConfigError, match=r"^env.kwargs: \{'width': 2\} did not fit environment 'Corridor-test'"):
+        resolve_env("Corridor-test", {"width": 2}).make()
+    assert resolve_env("Corridor-test", {"length": 5}).make().length == 5
+
+
 class NoStep:
     """Has everything of a Gymnasium environment but step."""
 

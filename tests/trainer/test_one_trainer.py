@@ -156,3 +156,39 @@ def test_a_language_model_run_outside_with_releases_its_workers_and_continues(ra
     assert result.steps == 2
     steps = [r["step"] for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert steps == [1, 2]
+
+
+def test_an_in_process_run_gives_the_torch_threads_back_when_train_returns(tmp_path):
+    # The in-process learner runs on distributed.learner_cpus torch threads; a script that
+    # goes on with torch after train() (outside `with`) had them left at 1 until close().
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    config = {"algorithm": "ppo", "env": "CartPole-v1", "distributed.num_workers": 0, "policy.hidden_size": [8],
+              "ppo": {"rollout_steps": 32, "minibatch_size": 32, "epochs": 1}, **_quiet(tmp_path, "threads")}
+    try:
+        trainer = RLTrainer(config)
+        trainer.train(steps=32)
+        assert torch.get_num_threads() == 2
+        with trainer:
+            trainer.train(steps=32)
+            assert torch.get_num_threads() == 1  # distributed.learner_cpus, while the workers stay up
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_finished_run_is_told_so_before_its_workers_start(tmp_path):
+    # As LM runs (check_steps_left before setup): with 8 Ray env runners the error came
+    # after they had all started.
+    config = {"algorithm": "ppo", "env": "CartPole-v1", "distributed.num_workers": 0, "policy.hidden_size": [8],
+              "ppo": {"rollout_steps": 32, "minibatch_size": 32, "epochs": 1}, "trainer.total_env_steps": 32,
+              **_quiet(tmp_path, "finished")}
+    RLTrainer(config).train()
+    (run_dir,) = (tmp_path / "finished").iterdir()
+    with RLTrainer(resume=run_dir) as again:
+        with pytest.raises(ConfigError, match="nothing to train: the run is at environment step 32 and "
+                                              "trainer.total_env_steps=32"):
+            again.train()
+        assert again.groups is None

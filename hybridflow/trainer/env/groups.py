@@ -18,6 +18,7 @@ the alive nodes (on one node: one entry, since spreading is a preference); stric
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import sysconfig
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +35,8 @@ from hybridflow.errors import ConfigError
 from hybridflow.workers.env_runner import EnvRunnerWorker
 from hybridflow.workers.learner import LearnerSpec, LearnerWorker
 
+CLOSE_ENVS_TIMEOUT_S = 30.0
+
 
 @dataclass
 class EnvGroups:
@@ -42,12 +45,20 @@ class EnvGroups:
     pools: list[Any]
 
     def shutdown(self) -> None:
-        """Stop the groups (those started: a failed start has None for the others), release the pools."""
-        for group in (self.runners, self.learner):
-            if group is not None:
-                group.shutdown()
-        for pool in self.pools:
-            pool.release()
+        """Close the environments, stop the groups (those started: a failed start has None for
+        the others), release the pools."""
+        try:
+            # Bounded: a runner that died or hangs in a step must not keep the shutdown waiting
+            # (its environments go with its process); an env's own close() failing neither.
+            with contextlib.suppress(Exception):
+                if self.runners is not None:
+                    self.runners.submit("close_envs").get(timeout_s=CLOSE_ENVS_TIMEOUT_S)
+        finally:
+            for group in (self.runners, self.learner):
+                if group is not None:
+                    group.shutdown()
+            for pool in self.pools:
+                pool.release()
 
 
 def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: LearnerSpec) -> EnvGroups:

@@ -20,7 +20,7 @@ DataProtos (and the learner's new weights) between them and computes GAE. `run.s
   (`learn`), so the data of an update is at most max_policy_lag policy
   versions old; policy/lag_mean and policy/lag_max record it.
 
-Phase timings are timing_s/<phase>; the rest of the metric names are in task.py.
+Phase timings are timing_s/<phase>; the rest of the metric names are in records.py.
 """
 
 from __future__ import annotations

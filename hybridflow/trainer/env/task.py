@@ -51,8 +51,8 @@ from hybridflow.trainer.run.checkpointing import (
     saved_run,
     set_controller_rng_state,
 )
-from hybridflow.trainer.run.lifecycle import check_steps_left, unchanged_but
-from hybridflow.trainer.run.run_dir import create_run_dir
+from hybridflow.trainer.run.lifecycle import check_steps_left, checkpoint_of_runs, unchanged_but
+from hybridflow.trainer.run.run_dir import create_run_dir, discard_unused_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
 
 
@@ -86,9 +86,8 @@ class EnvironmentTask:
 
     def __init__(self, config: EnvRunConfig | None = None, resume: str | Path | SavedRun | None = None) -> None:
         self.checkpoint: Path | None = None
-        if resume is True:
-            raise ConfigError("for environment runs give the run directory to resume (resume=<run dir>, "
-                              "--resume PATH)")
+        if resume is True:  # `--resume` without PATH: the newest checkpoint of the config's runs (as LM runs)
+            resume = checkpoint_of_runs(resolve_env_config(config))
         run = None
         if resume is not None:
             run = saved_run(resume)  # the run's config.yaml, read once
@@ -100,6 +99,7 @@ class EnvironmentTask:
         self.network = network_spec(cfg)
         self.run_dir = reopen_run_dir(cfg, run) if run is not None else create_run_dir(cfg)
         self.display = EnvDisplay(cfg.trainer.display_mode())
+        self.display.message(f"run directory: [bold]{self.run_dir}[/bold]")  # as LM runs: before anything can fail
         self.log = build_loggers(cfg, self.run_dir, self.display)
         self.iteration = int(read_trainer_state(self.checkpoint)["global_step"]) if self.checkpoint else 0
         self.acc = RecordAccumulator(cfg.trainer.return_window)
@@ -107,28 +107,32 @@ class EnvironmentTask:
         self.run: EnvRun | None = None
         self.saved_checkpoint: Path | None = self.checkpoint  # the newest checkpoint this task wrote or read
         self.saved_iteration: int | None = self.iteration if self.checkpoint else None
+        if self.checkpoint is not None:
+            self.display.message(f"resuming from {self.checkpoint} (iteration {self.iteration})")
         self._ray_started = False
         self._threads_before: int | None = None
         STOP.install()  # a SIGTERM while starting abandons the start (installed again once Ray is up)
 
     def release(self, save: bool) -> None:
         """Stop the workers and release their placement groups (Ray stays up); with `save`,
-        checkpoint the run first, so that the next `train` continues exactly from here."""
-        if self.groups is None:
-            return
-        if save and self.saved_iteration != self.iteration:
-            self.save_checkpoint()
-        self.checkpoint = self.saved_checkpoint  # where the next start continues (None: from scratch)
-        self.groups.shutdown()
-        self.groups, self.run = None, None
+        checkpoint the run first, so that the next `train` continues exactly from here. The
+        process's torch threads (set for an in-process learner) are the caller's again."""
+        if self.groups is not None:
+            if save and self.saved_iteration != self.iteration:
+                self.save_checkpoint()
+            self.checkpoint = self.saved_checkpoint  # where the next start continues (None: from scratch)
+            self.groups.shutdown()
+            self.groups, self.run = None, None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     def close(self) -> None:
         """Stop the workers (and Ray, when this trainer started it); close the loggers."""
         self.release(save=False)
         self.log.close()
-        if self._threads_before is not None:
-            torch.set_num_threads(self._threads_before)
-            self._threads_before = None
+        if self.saved_checkpoint is None and self.iteration == 0:  # a failed start leaves no run dir (as LM runs)
+            discard_unused_run_dir(self.run_dir)
         if self._ray_started:
             ray.shutdown()
             self._ray_started = False
@@ -170,11 +174,11 @@ class EnvironmentTask:
     def train(self, steps: int | float | None = None) -> EnvTrainResult:
         """Run `steps` more environment steps (default: on to trainer.total_env_steps)."""
         cfg = self.config
+        if steps is None:  # checked before any worker starts, as in LM runs
+            steps = check_steps_left(self._env_steps_done(), cfg.trainer.total_env_steps, "trainer.total_env_steps",
+                                     "environment step")
         setup_s = self.setup()
         run = self.run
-        if steps is None:
-            steps = check_steps_left(run.env_steps, cfg.trainer.total_env_steps, "trainer.total_env_steps",
-                                     "environment step")
         target = run.env_steps + steps
         run.horizon = max(cfg.trainer.total_env_steps, target)
         iteration_fn = self.program.iteration
@@ -210,6 +214,12 @@ class EnvironmentTask:
         self.display.message(f"run saved to [bold]{self.run_dir}[/bold]")
         return EnvTrainResult(self.run_dir, run.env_steps, self.iteration, wall, self.acc.window_mean(), reached,
                               record, setup_s)
+
+    def _env_steps_done(self) -> int:
+        """Environment steps consumed so far: the started run's, else those of the checkpoint it starts from."""
+        if self.run is not None:
+            return self.run.env_steps
+        return int(read_trainer_state(self.checkpoint)["env_steps"]) if self.checkpoint is not None else 0
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -227,10 +227,8 @@ class LanguageModelTask:
             with STOP.deferred():  # a SIGTERM lets the step in progress finish (run/stop_signal.py)
                 metrics = supervise(lambda: self._run_steps(end, steps), self._restart, self._failure,
                                     cfg.trainer.max_restarts, report=lambda text: self.ctx.display.message(text))
-        except BaseException as err:
+        except BaseException:
             self.status.update(state="stopped" if STOP.received else "failed")
-            if isinstance(err, WorkerError):  # what the worker failure's "--resume RUN_DIR" refers to
-                err.add_note(f"hybridflow: the run directory: {self.run_dir}")
             raise
         self.status.update(state="finished", phase=None)
         after = self._held_out_accuracy()

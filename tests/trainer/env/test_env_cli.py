@@ -1,7 +1,8 @@
 """`hybridflow train` on environment tasks, in-process through the CLI's main():
 `--config examples/ppo_cartpole.yaml` with overrides writes the run directory (config,
 metrics.jsonl, TensorBoard events, plots, checkpoints), `--resume <run dir>` trains on to
-a larger trainer.total_env_steps, and a bad key is a config error (exit code 2)."""
+a larger trainer.total_env_steps (`--resume` without PATH: the newest run of the config's
+name), and a bad key is a config error (exit code 2)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,16 @@ def test_train_and_resume_from_the_command_line(tmp_path, capsys):
                  "trainer.loggers=[console,jsonl,tensorboard]"]) == 0
     steps = [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert steps == [256, 512, 768, 1024]  # the resumed run appends to the same metrics
-    assert "run saved to" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # As LM runs: the run directory first, then where it resumes from, and at the end where it is.
+    assert out.startswith(f"run directory: {run_dir}\nresuming from {run_dir / 'checkpoints' / 'global_step_2'} "
+                          "(iteration 2)\n") and f"run saved to {run_dir}" in out
+    # `--resume` without PATH: the newest checkpoint of the config's runs, as for LM runs
+    # (it was "give the run directory to resume").
+    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), "--resume", *common,
+                 "trainer.total_env_steps=1280"]) == 0
+    assert _run_dir(tmp_path) == run_dir
+    assert [r["env/steps"] for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "rl"][-2:] == [1024, 1280]
 
 
 def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):

@@ -48,6 +48,13 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
     ({"env": "x", "ppo": {"minibatch_size": 100}}, r"ppo.minibatch_size: 100 does not divide the batch of 128"),
     ({"env": "x", "distributed": {"num_workers": 0, "sampling": "async"}}, r"distributed.sampling"),
     ({"env": "x", "distributed": {"num_workers": -1}}, r"distributed.num_workers: must be >= 0"),
+    # PPO settings that would fail in the first update (clip_value 0), or train silently wrong:
+    # a negative max_grad_norm flips the gradient, a negative target_kl ends every update after one epoch.
+    ({"env": "x", "ppo": {"clip_value": 0}}, r"ppo.clip_value: must be > 0 or null \(off\), got 0"),
+    ({"env": "x", "ppo": {"max_grad_norm": -1}}, r"ppo.max_grad_norm: must be > 0 or null \(off\)"),
+    ({"env": "x", "ppo": {"target_kl": -0.1}}, r"ppo.target_kl: must be > 0 or null \(off\)"),
+    ({"env": "x", "ppo": {"vf_coef": -0.5}}, r"ppo.vf_coef: must be >= 0"),
+    ({"env": "x", "ppo": {"clip_ratio": 1.5}}, r"ppo.clip_ratio: must be in \(0, 1\)"),
     # The checkpoint and logger keys are the LM trainer's own (config/sections/trainer.py LoopSection),
     # checked the same way: an unknown or repeated logger, no checkpoints kept.
     ({"env": "x", "trainer": {"loggers": ["jsonl", "csv"]}}, r"trainer.loggers: must be distinct names from"),
