@@ -34,6 +34,7 @@ from hybridflow.trainer.run.checkpointing import (
     actor_checkpoint_path,
     begin_checkpoint,
     commit_checkpoint,
+    complete_checkpoints,
     controller_rng_state,
     find_checkpoint,
     read_trainer_state,
@@ -224,8 +225,13 @@ def test_reopening_a_run_keeps_what_it_had(tmp_path, tiny_config):
              {"phase": "eval", "step": 2}, {"phase": "rl", "step": 3}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     checkpoint = fake_checkpoint(run_dir, 2)
+    later = fake_checkpoint(run_dir, 3)  # resumed from the older one: step 3 would be written over
+    (later / "mine").write_text("a user's file")
     longer = tiny_config("trainer.total_steps=9")
     assert reopen_run_dir(resume_config(checkpoint, longer), checkpoint) == run_dir.resolve()
+    kept = run_dir / "checkpoints" / "global_step_3.before-resume-step2"
+    assert (kept / "mine").read_text() == "a user's file" and not later.exists()
+    assert complete_checkpoints(run_dir / "checkpoints") == [checkpoint]
     assert read_metrics(run_dir / "metrics.jsonl") == lines[:4]  # step 3 is trained again
     assert read_metrics(run_dir / "metrics.before-resume-step2.jsonl") == lines
     assert load_config(RunConfig, run_dir / "config.yaml").trainer.total_steps == 9

@@ -309,6 +309,9 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
       is kept as metrics.before-resume-step<step>[-k].jsonl.
     - final_model/: the earlier attempt's export (if it finished) moves to
       final_model.before-resume-step<step>[-k]/; the resumed run exports a new one.
+    - checkpoints past `step` (resuming from an older one), which the resumed run would
+      write over as it reaches their steps, move to
+      checkpoints/global_step_<N>.before-resume-step<step>[-k]/ (no checkpoint to resume).
     """
     saved = checkpoint.tree if isinstance(checkpoint, SavedRun) else None
     checkpoint_dir = checkpoint.checkpoint if isinstance(checkpoint, SavedRun) else checkpoint
@@ -332,6 +335,9 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
     final_model = run_dir / "final_model"
     if final_model.exists():
         os.replace(final_model, _unused(run_dir, f"final_model.before-resume-step{step}", ""))
+    for later in complete_checkpoints(run_dir / CHECKPOINTS_DIR):
+        if checkpoint_step(later) > step:
+            os.replace(later, _unused(later.parent, f"{later.name}.before-resume-step{step}", ""))
     return run_dir
 
 
