@@ -123,11 +123,11 @@ def concurrent_check(rounds: int) -> dict:
     from hybridflow.planner.calibrate import PROFILES, cases_of, predict, profile_config
     from hybridflow.planner.devices import CPU_DEFAULT, measure_cpu
     from hybridflow.trainer.jobs.profiles import mean_device, measure
-    from hybridflow.trainer.run.setup import start_ray
+    from hybridflow.controller import RayHold
 
     names = ["ppo split 1|1", "ppo split 1|1 concurrent"]
     work = Path(tempfile.mkdtemp(prefix="bench-planner-concurrent-"))
-    start_ray(None, 2)
+    RayHold(None, 2)  # one Ray for every run (stopped when the process ends)
     devices, runs = [measure_cpu()], []
     for round_ in range(rounds):
         for name in names:

@@ -35,7 +35,7 @@ from hybridflow.controller.futures import LEDGER as FETCHED
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, FetchLedger, value_future
 from hybridflow.controller.host import RoleSpec
 from hybridflow.controller.local_group import InProcessWorkerGroup, ReadyFuture
-from hybridflow.controller.ray_runtime import RayRuntime, describe_ray, init_ray
+from hybridflow.controller.ray_runtime import RayHold, RayRuntime, describe_ray, init_ray
 from hybridflow.controller.resource_pool import ResourcePool, Slot
 from hybridflow.controller.selfcheck import run_selfcheck
 from hybridflow.controller.worker import MeshCoord, Worker, WorkerContext
@@ -68,6 +68,7 @@ __all__ = [
     "create_colocated_worker_groups",
     "describe_ray",
     "init_ray",
+    "RayHold",
     "register",
     "register_dispatch_mode",
     "registered_methods",

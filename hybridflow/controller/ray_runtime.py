@@ -4,6 +4,7 @@
 (dashboard off), and a reaper process that kills what is left of it if this process is
 killed (reaper.py); `init_ray(address=...)` joins an existing cluster instead. Calling it
 when Ray is already up in this process returns the running instance's description.
+`RayHold` is how jobs (trainers, the reward-model job, eval) share that Ray in one process.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import ray
 
 from hybridflow.controller.reaper import start_reaper
+from hybridflow.errors import ConfigError
 
 LOOPBACK = "127.0.0.1"
 
@@ -78,6 +80,69 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
     node = getattr(ray._private.worker, "_global_node", None)
     start_reaper(node.get_logs_dir_path() if node is not None else None)
     return describe_ray(embedded=True)
+
+
+class RayHold:
+    """One job's use of Ray in this process: joins the cluster at `address`, or starts an
+    embedded Ray with at least `cpus` logical CPUs, or uses the Ray already running here.
+
+    Jobs share the Ray a hold started (or joined), and the last hold to `close` stops it, so
+    closing one trainer never stops the Ray another one runs on. A job whose workers are
+    stopped (`idle`: a trainer's train() returned outside `with`) holds nothing on Ray, so a
+    later job whose ranks need more CPUs than the embedded Ray has starts it again, bigger,
+    instead of failing to place them. A Ray the user started is never stopped or restarted.
+    `key` is the setting that sizes the job (named when its ranks cannot fit).
+    """
+
+    _holds: list[RayHold] = []  # the open holds of this process
+    _started = False  # whether a hold started (or joined) the running Ray
+
+    def __init__(self, address: str | None, cpus: int, nodes: int = 1, key: str = "resources.world_size") -> None:
+        self.address, self.cpus, self.nodes, self.key = address, cpus, nodes, key
+        self.busy = False
+        self.use(busy=False)
+        RayHold._holds.append(self)
+
+    def use(self, busy: bool = True) -> None:
+        """Ray up with room for this job's ranks; `busy`: its workers start now."""
+        if ray.is_initialized() and self.address is None:
+            have = ray.cluster_resources().get("CPU", 0.0)
+            if have < self.cpus:
+                working = [h for h in RayHold._holds if h.busy]
+                if not RayHold._started or working:
+                    whose = ("started outside hybridflow" if not RayHold._started else
+                             "in use by another trainer's workers")
+                    raise ConfigError(
+                        f"this run's ranks reserve {self.cpus} Ray CPUs but the Ray running in this process "
+                        f"({whose}) has {have:g}: close() that trainer, or let its train() return, first, or "
+                        "start Ray yourself with enough CPUs (ray.init(num_cpus=...))", self.key)
+                ray.shutdown()  # every job on it is idle: start it again with room for this one
+        if not ray.is_initialized():
+            if self.address is None and self.nodes > 1:
+                raise ConfigError(f"{self.nodes} nodes need a Ray cluster: start one (`ray start --head` on one "
+                                  "machine, `ray start --address HEAD:6379` on the others) and set "
+                                  "resources.ray_address=HEAD:6379", "resources.nodes")
+            if self.address is not None:
+                init_ray(address=self.address)
+            else:
+                # The ranks set their own thread counts; the CPU count only lets every rank be placed.
+                init_ray(num_cpus=max(os.cpu_count() or 1, self.cpus))
+            RayHold._started = True
+        self.busy = busy
+
+    def idle(self) -> None:
+        """This job's workers are stopped (and their placement groups released)."""
+        self.busy = False
+
+    def close(self) -> None:
+        """This job is done with Ray; the last hold stops the Ray a hold started."""
+        self.busy = False
+        if self in RayHold._holds:
+            RayHold._holds.remove(self)
+        if not RayHold._holds and RayHold._started:
+            RayHold._started = False
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 # The start of the notice Ray's driver prints (as "(raylet) ...") when a worker process

@@ -20,9 +20,10 @@ env/task.py: EnvironmentTask). With only `resume`, the checkpoint's recorded kin
 Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray
 placement groups released (after checkpointing the run where it stands), so another
 trainer can start in the same process; calling `train()` again restarts them from that
-checkpoint (the embedded Ray it started stays up until close(); a later trainer reuses it,
-run/setup.py start_ray). Inside `with RLTrainer(...) as trainer:` the workers stay up between `train()`
-calls (and can be inspected) until the block ends. Attributes of the running task
+checkpoint (trainers share the embedded Ray one of them started, which a later trainer
+needing more CPUs starts again, bigger: controller/ray_runtime.py RayHold). Inside
+`with RLTrainer(...) as trainer:` the workers stay up between `train()` calls (and can be
+inspected) until the block ends. Attributes of the running task
 (`config`, `run_dir`, `groups`, ...) read through.
 """
 

@@ -12,7 +12,8 @@ import pytest
 
 from hybridflow.config import ConfigError
 from hybridflow.trainer.run.elastic import fitting_config
-from hybridflow.trainer.run.setup import placement, split_nodes, start_ray
+from hybridflow.controller import RayHold
+from hybridflow.trainer.run.setup import placement, split_nodes
 from hybridflow.config.validation import validate_run_config
 from trainer_helpers import tiny_run_config
 
@@ -64,9 +65,9 @@ def test_more_than_one_node_needs_a_cluster():
     import ray
 
     if ray.is_initialized():
-        pytest.skip("a Ray is already running in this process (start_ray reuses it)")
+        pytest.skip("a Ray is already running in this process (RayHold reuses it)")
     with pytest.raises(ConfigError, match="resources.ray_address"):
-        start_ray(None, 4, 2)
+        RayHold(None, 4, 2)
 
 
 def test_a_run_needing_more_cpus_than_the_running_ray_has_says_so(ray_local):
@@ -75,10 +76,12 @@ def test_a_run_needing_more_cpus_than_the_running_ray_has_says_so(ray_local):
     import ray
 
     have = int(ray.cluster_resources()["CPU"])
-    assert start_ray(None, have) is False  # it fits: reused
+    RayHold(None, have).close()  # it fits: reused (and, started by the tests, left running)
+    assert ray.is_initialized()
     with pytest.raises(ConfigError, match=rf"^resources.world_size: this run's ranks reserve {have + 1} Ray CPUs "
-                                          rf"but the Ray already running in this process has {have} .*close\(\)"):
-        start_ray(None, have + 1)
+                                          rf"but the Ray running in this process \(started outside hybridflow\) "
+                                          rf"has {have}: close\(\)"):
+        RayHold(None, have + 1)
 
 
 def test_an_elastic_restart_takes_the_largest_world_size_the_cluster_holds():

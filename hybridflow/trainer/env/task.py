@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 
 from hybridflow.config import ConfigError
 from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, resolve_env_config
 from hybridflow.config.tasks import TASK_KINDS
-from hybridflow.controller import init_ray
+from hybridflow.controller import RayHold
 from hybridflow.trainer.env.groups import EnvGroups, build_env_groups
 from hybridflow.trainer.env.programs import EnvRun
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
@@ -109,12 +108,13 @@ class EnvironmentTask:
         self.saved_iteration: int | None = self.iteration if self.checkpoint else None
         if self.checkpoint is not None:
             self.display.message(f"resuming from {self.checkpoint} (iteration {self.iteration})")
-        self._ray_started = False
+        self._ray: RayHold | None = None  # with distributed.num_workers >= 1
         self._threads_before: int | None = None
         STOP.install()  # a SIGTERM while starting abandons the start (installed again once Ray is up)
 
     def release(self, save: bool) -> None:
-        """Stop the workers and release their placement groups (Ray stays up); with `save`,
+        """Stop the workers and release their placement groups (Ray stays up, though a later
+        trainer needing more CPUs may restart it: controller RayHold); with `save`,
         checkpoint the run first, so that the next `train` continues exactly from here. The
         process's torch threads (set for an in-process learner) are the caller's again."""
         if self.groups is not None:
@@ -123,6 +123,8 @@ class EnvironmentTask:
             self.checkpoint = self.saved_checkpoint  # where the next start continues (None: from scratch)
             self.groups.shutdown()
             self.groups, self.run = None, None
+            if self._ray is not None:
+                self._ray.idle()
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
@@ -133,9 +135,9 @@ class EnvironmentTask:
         self.log.close()
         if self.saved_checkpoint is None and self.iteration == 0:  # a failed start leaves no run dir (as LM runs)
             discard_unused_run_dir(self.run_dir)
-        if self._ray_started:
-            ray.shutdown()
-            self._ray_started = False
+        if self._ray is not None:
+            self._ray.close()
+            self._ray = None
 
     def setup(self) -> float:
         """Start Ray (if needed), the env runners and the learner (RLTrainer.setup)."""
@@ -150,8 +152,9 @@ class EnvironmentTask:
         if cfg.distributed.ray_address is None:  # on this machine alone (a cluster's nodes bring their own cores)
             warn_oversubscribed(cfg.distributed.num_workers, self.display.message)
         if cfg.distributed.num_workers > 0:
-            self._ray_started = self._ray_started or not ray.is_initialized()
-            init_ray(address=cfg.distributed.ray_address)
+            if self._ray is None:  # the runners and learner size themselves to the CPUs Ray has (groups.py)
+                self._ray = RayHold(cfg.distributed.ray_address, 1, key="distributed.num_workers")
+            self._ray.use()
             STOP.install()  # after Ray's own SIGTERM handler, which ends the process with status 15
         elif self._threads_before is None:
             # In-process, the learner's CPUs are this process's torch threads. More threads

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 
 from hybridflow.config.dtypes import resolved_dtypes
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
@@ -35,7 +34,7 @@ from hybridflow.config.schema import RunConfig, load_run_config, resolved_resour
 from hybridflow.config.tasks import task_kind_of_checkpoint
 from hybridflow.errors import ConfigError
 from hybridflow.config.validation import validate_run_config
-from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.controller import RayHold, RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.run.checkpointing import (
@@ -58,7 +57,6 @@ from hybridflow.trainer.run.setup import (
     build_reward_manager,
     first_prompts,
     rank_cpus,
-    start_ray,
     val_prompts,
 )
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
@@ -250,8 +248,9 @@ def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
     source's model with the checkpoint's weights; everything stopped on exit."""
     cfg = source.cfg
     layout = validate_run_config(cfg)
-    ray_started = start_ray(cfg.resources.ray_address, layout.world_size * rank_cpus(cfg.resources, layout),
-                            cfg.resources.nodes)
+    ray_hold = RayHold(cfg.resources.ray_address, layout.world_size * rank_cpus(cfg.resources, layout),
+                       cfg.resources.nodes)
+    ray_hold.use()
     groups: dict[str, WorkerGroup] = {}
     try:
         # Only the policy: no reference model, no critic (they do not change its answers).
@@ -262,5 +261,4 @@ def loaded_actor(source: ModelSource) -> Iterator[tuple[WorkerGroup, int]]:
         yield groups["actor"], layout.rollout_groups
     finally:
         shutdown_role_groups(groups)
-        if ray_started and ray.is_initialized():
-            ray.shutdown()
+        ray_hold.close()

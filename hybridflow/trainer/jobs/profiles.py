@@ -45,15 +45,18 @@ def calibrate(output_dir: Path | None = None) -> tuple[Path, str]:
     averaged: how much of a core a rank keeps while the other computes
     (DeviceSpec.shared_flops) was seen to change from one minute to the next on this
     shared virtual machine (0.5 to 1)."""
-    from hybridflow.trainer.run.setup import start_ray
+    from hybridflow.controller import RayHold
 
     output_dir = Path(output_dir or tempfile.mkdtemp(prefix="hybridflow-calibrate-"))
     devices = []
-    start_ray(None, 2)
+    ray_hold = RayHold(None, 2)  # one Ray for every profile's run
     measured = {}
-    for name, overrides in PROFILES.items():
-        devices.append(measure_cpu())
-        measured[name] = measure(profile_config(overrides, output_dir))
+    try:
+        for name, overrides in PROFILES.items():
+            devices.append(measure_cpu())
+            measured[name] = measure(profile_config(overrides, output_dir))
+    finally:
+        ray_hold.close()
     devices.append(measure_cpu())
     return fit_and_store(measured, mean_device(*devices), output_dir)
 

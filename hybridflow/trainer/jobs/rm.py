@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 import torch
 
 from hybridflow.algorithms import bradley_terry_loss, pairwise_accuracy
@@ -139,7 +138,7 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     run_dir = create_run_dir(cfg)
     display = start_display(cfg.trainer.console, run_dir, dtype_line, cfg.resources, omp_auto)
     log = MetricsLog(run_dir / "metrics.jsonl")
-    ray_started = False
+    ray_hold = None
     groups: dict[str, WorkerGroup] = {}
     try:
         base = cfg.model.path
@@ -154,7 +153,8 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
         display.message(f"{len(train)} pairs for training, {len(val)} held out")
         steps = total_steps(cfg, len(train))
         threads = cfg.resources.resolved_threads_per_rank(world)
-        ray_started = start_run_ray(cfg.resources, world * threads)
+        ray_hold = start_run_ray(cfg.resources, world * threads)
+        ray_hold.use()
         role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
         groups = build_role_groups({"rm": role}, PlacementSpec.colocated(cfg.resources.process_on_nodes(),
                                                                          use_gpu=cfg.resources.use_gpu,
@@ -166,8 +166,8 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
         display.stop()
         shutdown_role_groups(groups)
         log.close()
-        if ray_started and ray.is_initialized():
-            ray.shutdown()
+        if ray_hold is not None:
+            ray_hold.close()
 
 
 def _evaluate(cfg: RMConfig, group: WorkerGroup, val: PairwiseDataset, step: int,

@@ -129,8 +129,9 @@ class LanguageModelTask:
         self.stopped: str | None = None
 
     def release(self, save: bool) -> None:
-        """Stop the workers and release their placement groups (Ray, the reward processes
-        and the run directory stay); with `save`, checkpoint the current step first (unless
+        """Stop the workers and release their placement groups (the reward processes and the
+        run directory stay; Ray too, though a later trainer needing more CPUs may restart
+        it: controller RayHold); with `save`, checkpoint the current step first (unless
         it is saved already), so the next `train` continues from it as `--resume` would."""
         if self.roles is None:
             return
@@ -143,6 +144,7 @@ class LanguageModelTask:
             self.released_at = self.resumed_from = newest[-1]
             self.global_step = checkpoint_step(newest[-1])
         shutdown_role_groups(self.groups)
+        self.ctx.ray.idle()
         self.groups, self.roles, self.async_runner = {}, None, None
 
     def close(self) -> None:
@@ -166,6 +168,7 @@ class LanguageModelTask:
 
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
+        ctx.ray.use()  # Ray up with room for the ranks (another trainer may have restarted it)
         data = train_prompts(cfg, ctx.tokenizer)  # before any worker starts: lengths are checked now
         check_lengths_fit(cfg, max(map(len, data.input_ids)), "the longest training prompt")
         sft_actor = None

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
 
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
@@ -26,7 +24,7 @@ from hybridflow.config.dtypes import auto_note, auto_sections
 from hybridflow.config.schema import RunConfig, resolve_run_config
 from hybridflow.config.sections.resources import ComputeSection
 from hybridflow.config.validation import Layout, validate_run_config
-from hybridflow.controller import RoleSpec, WorkerGroup, init_ray, omp
+from hybridflow.controller import RayHold, RoleSpec, WorkerGroup, omp
 from hybridflow.data import (
     RLPromptDataset,
     ResumableLoader,
@@ -70,14 +68,16 @@ class RunContext:
     tokenizer: Any
     val_batch: DataProto | None
     reward: Any  # RewardManager
-    ray_started: bool
+    ray: RayHold
     cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
 
     @classmethod
-    def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None) -> RunContext:
+    def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None,
+             ray_hold: RayHold | None = None) -> RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
-        directory (or a SavedRun); the run continues in its run directory instead of a new one."""
+        directory (or a SavedRun); the run continues in its run directory instead of a new one.
+        `ray_hold`: the Ray of the context this one replaces (`reopen`)."""
         # Rebuilding the reward sections records a reward function assigned to
         # custom_fn_path after the config was made by its import path (config/sections/rewards.py: reward_reference).
         cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward),
@@ -110,7 +110,7 @@ class RunContext:
                 check_lengths_fit(cfg, longest, "the longest held-out prompt")
             reward = build_reward_manager(cfg, tokenizer)
             cpus = (layout.world_size + layout.rollout_pool_ranks) * rank_cpus(cfg.resources, layout)
-            ray_started = start_run_ray(cfg.resources, cpus)
+            ray_hold = start_run_ray(cfg.resources, cpus, ray_hold)
             log = build_loggers(cfg, run_dir, display)
         except BaseException:
             if reward is not None:
@@ -118,27 +118,23 @@ class RunContext:
             if resume_from is None:
                 discard_unused_run_dir(run_dir)
             raise
-        return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_started)
+        return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_hold)
 
     def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
         """The context of this run continuing from `checkpoint` with `cfg` (an automatic
         restart, run/recovery.py; cfg differs at most in resources.*): as `--resume` opens it
-        (metrics after the checkpoint set aside), on the same Ray, which the new context
-        stops at the end if this one would have."""
-        ray_started, self.ray_started = self.ray_started, False
-        self.close()
-        ctx = RunContext.open(cfg, resume_from=checkpoint)
-        ctx.ray_started = ray_started
-        return ctx
+        (metrics after the checkpoint set aside), on the same Ray hold."""
+        self.close(keep_ray=True)
+        return RunContext.open(cfg, resume_from=checkpoint, ray_hold=self.ray)
 
-    def close(self) -> None:
+    def close(self, keep_ray: bool = False) -> None:
         self.display.stop()
         self.reward.close()
         if self.cost is not None:
             self.cost.close()
         self.log.close()
-        if self.ray_started and ray.is_initialized():
-            ray.shutdown()
+        if not keep_ray:
+            self.ray.close()
 
 
 def save_plan(run_dir: Path, mapping: Any) -> None:
@@ -160,37 +156,17 @@ def start_display(mode: str, run_dir: Path, dtype_line: str, resources: ComputeS
     return display
 
 
-def start_run_ray(resources: ComputeSection, cpus: int) -> bool:
-    """`start_ray` for a job's ranks, with the job's resolved resources.omp_wait_policy put in
-    the environment first: Ray's processes load OpenMP with it (controller/omp.py)."""
+def start_run_ray(resources: ComputeSection, cpus: int, hold: RayHold | None = None) -> RayHold:
+    """A job's hold on Ray (controller/ray_runtime.py: RayHold) for ranks reserving `cpus`
+    (`hold`: an existing one, sized again), with the job's resolved
+    resources.omp_wait_policy put in the environment first: Ray's processes load OpenMP
+    with it (controller/omp.py)."""
     omp.export_policy(resources.omp_wait_policy)
-    return start_ray(resources.ray_address, cpus, resources.nodes)
-
-
-def start_ray(ray_address: str | None, cpus: int, nodes: int = 1) -> bool:
-    """Join the cluster at `ray_address` (resources.ray_address), or start an embedded Ray
-    with at least the `cpus` logical CPUs the job's ranks reserve (one node: `nodes` > 1
-    needs a cluster); reuse one already running. Returns whether this call started it (and
-    the job should stop it)."""
-    if ray.is_initialized():
-        have = ray.cluster_resources().get("CPU", 0.0)
-        if ray_address is None and have < cpus:  # its placement groups could never be reserved
-            raise ConfigError(
-                f"this run's ranks reserve {cpus} Ray CPUs but the Ray already running in this process has "
-                f"{have:g} (started for an earlier trainer with fewer ranks): close() that trainer first, which "
-                "stops the Ray it started (or use `with RLTrainer(...)`), or start Ray yourself with enough CPUs "
-                "(ray.init(num_cpus=...))", "resources.world_size")
-        return False
-    if ray_address is None and nodes > 1:
-        raise ConfigError(f"{nodes} nodes need a Ray cluster: start one (`ray start --head` on one machine, "
-                          "`ray start --address HEAD:6379` on the others) and set resources.ray_address=HEAD:6379",
-                          "resources.nodes")
-    if ray_address is not None:
-        init_ray(address=ray_address)
-    else:
-        # The ranks set their own thread counts; the CPU count only lets every rank be placed.
-        init_ray(num_cpus=max(os.cpu_count() or 1, cpus))
-    return True
+    if hold is None:
+        return RayHold(resources.ray_address, cpus, resources.nodes)
+    hold.cpus = cpus
+    hold.use(busy=hold.busy)
+    return hold
 
 
 def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
