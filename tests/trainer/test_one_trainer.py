@@ -22,6 +22,7 @@ from hybridflow.config.env_algorithms import (
 )
 from hybridflow.config.env_schema import env_config_from_dict
 from hybridflow.controller import InProcessWorkerGroup
+from hybridflow.trainer.observe.live_status import read_status
 from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import counted_reads
 
@@ -150,6 +151,8 @@ def test_a_language_model_run_outside_with_releases_its_workers_and_continues(ra
     assert trainer.kind.name == "language_model"
     trainer.train(steps=1)
     assert trainer.groups == {} and trainer.roles is None  # released, with a checkpoint of step 1
+    status = read_status(trainer.run_dir)  # what `hybridflow monitor` reads: the call ended
+    assert (status["state"], status["phase"]) == ("finished", None), status
     assert [p.name for p in (trainer.run_dir / "checkpoints").iterdir()] == ["global_step_1"]
     result = trainer.train(steps=1)  # restarted from it
     trainer.close()

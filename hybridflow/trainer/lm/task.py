@@ -135,6 +135,7 @@ class LanguageModelTask:
         it is saved already), so the next `train` continues from it as `--resume` would."""
         if self.roles is None:
             return
+        state = self.status.data["state"]  # how train() ended (its checkpoint here is no new phase of it)
         newest = complete_checkpoints(self.run_dir / CHECKPOINTS_DIR)
         if save and self.global_step > 0:
             self.released_at = (newest[-1] if newest and checkpoint_step(newest[-1]) == self.global_step
@@ -145,6 +146,7 @@ class LanguageModelTask:
             self.global_step = checkpoint_step(newest[-1])
         shutdown_role_groups(self.groups)
         self.ctx.ray.idle()
+        self.status.update(state=state, phase=None)
         self.groups, self.roles, self.async_runner = {}, None, None
 
     def close(self) -> None:
