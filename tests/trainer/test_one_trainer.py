@@ -5,6 +5,8 @@ environment algorithm is a declared registry row (capabilities, not name compare
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +197,36 @@ def test_a_finished_run_is_told_so_before_its_workers_start(tmp_path):
                                               "trainer.total_env_steps=32"):
             again.train()
         assert again.groups is None
+
+
+BIGGER_AFTER = """
+import os, sys
+import ray
+sys.path.insert(0, {helpers!r})
+from hybridflow import RLTrainer
+from trainer_helpers import tiny_run_config
+
+cores = os.cpu_count() or 1
+quiet = {{"output_dir": {out!r}, "console": "none", "loggers": ["jsonl"]}}
+ppo = RLTrainer({{"algorithm": "PPO", "env": "CartPole-v1", "trainer": quiet, "distributed.num_workers": 1,
+                 "ppo": {{"rollout_steps": 32, "minibatch_size": 32, "epochs": 1}}}})
+ppo.train(steps=32)                       # started the embedded Ray, with the machine's cores
+assert ray.cluster_resources()["CPU"] == cores
+lm = RLTrainer(tiny_run_config({out!r}, f"resources.threads_per_rank={{cores}}", "trainer.val_before_train=false"))
+assert ray.cluster_resources()["CPU"] == 2 * cores  # two ranks of `cores` CPUs: Ray started again, bigger
+assert lm.train(steps=1).steps == 1
+assert ppo.train(steps=32).env_steps == 64   # the first trainer goes on, on the new Ray
+ppo.close()
+assert ray.is_initialized()               # the language-model trainer still holds it
+lm.close()
+assert not ray.is_initialized()
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_a_later_trainer_needing_more_cpus_restarts_the_ray_an_idle_one_started(tmp_path):
+    # Before, the language-model trainer was refused: the environment trainer's Ray had too few CPUs.
+    script = BIGGER_AFTER.format(helpers=str(Path(__file__).parent), out=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
