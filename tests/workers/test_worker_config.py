@@ -34,7 +34,7 @@ def test_kl_loss_needs_the_reference_policy():
     ({"name": "vlm"}, "name"),  # unknown backend
     ({"dtype": "fp16"}, "dtype"),
     ({"top_p": 0.0}, "top_p"),
-    ({"response_length": 0}, "max_new_tokens"),
+    ({"response_length": 0}, "^response_length: must be >= 1"),  # the setting, not SamplingParams.max_new_tokens
     ({"log_prob_mode": "raw"}, "log_prob_mode"),
 ])
 def test_rollout_settings_are_validated(kwargs, message):
