@@ -87,7 +87,8 @@ def test_the_algorithm_is_named_in_any_case_and_flat_as_in_environment_tasks():
     # section (mapping), got 'GRPO'" and algorithm.name=PPO "'PPO' is not a registered algorithm".
     assert run_config_from_tree({"algorithm": "GRPO"}).algorithm.name == "grpo"
     assert load_run_config(None, ["algorithm.name=PPO"]).algorithm.name == "ppo"
-    with pytest.raises(ConfigError, match=r"^algorithm.name: 'grpoo' is not a registered algorithm; did you mean 'grpo'"):
+    with pytest.raises(ConfigError,
+                       match=r"^algorithm.name: 'grpoo' is not a registered algorithm; did you mean 'grpo'"):
         run_config_from_tree({"algorithm": "grpoo"})
 
 

@@ -126,7 +126,8 @@ def _run_with_checkpoint(cfg, run_dir: Path, step: int) -> Path:
 
 @pytest.mark.parametrize("saved, now, fix", [
     ("sync", "async", "trainer.mode=sync"), ("sync", "one_step_off", "trainer.mode=sync"),
-    ("async", "sync", "trainer.mode=one_step_off or async"), ("one_step_off", "sync", "trainer.mode=one_step_off or async"),
+    ("async", "sync", "trainer.mode=one_step_off or async"),
+    ("one_step_off", "sync", "trainer.mode=one_step_off or async"),
 ])
 def test_a_checkpoint_resumes_only_in_a_mode_of_its_kind(tiny_config, tmp_path, saved, now, fix):
     """trainer.* may change on resume, but a checkpoint of the asynchronous modes holds the

@@ -27,15 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from hybridflow.config.dtypes import resolved_dtypes
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
 from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
 from hybridflow.config.tasks import task_kind_of_checkpoint
-from hybridflow.errors import ConfigError
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RayHold, RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
+from hybridflow.errors import ConfigError
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.run.checkpointing import (
     CHECKPOINTS_DIR,

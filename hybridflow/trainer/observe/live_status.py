@@ -7,7 +7,8 @@ Two files in the run directory:
   timeline `hybridflow monitor --profile` reports on. Appended through an open,
   line-buffered file: ~15 us per phase.
 - <run>/status.json, replaced atomically (a reader sees the old or the new file):
-      {"pid": controller pid, "host": its host name, "state": "starting" | "training" | "restarting" | "finished" | "failed",
+      {"pid": controller pid, "host": its host name,
+       "state": "starting" | "training" | "restarting" | "finished" | "failed",
        "step": global step in flight, "phase": current phase, "phase_start": unix time,
        "started": unix time of the run, "steps_done": steps finished by this process, "restarts": n,
        "workers": [{"role": "actor", "rank": 0, "pid": 1234, "node": "10.0.0.1", "node_id": "..."}, ...]}
@@ -45,9 +46,9 @@ class LiveStatus:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / STATUS_FILE
-        self.data: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "state": "starting", "step": 0, "phase": None,
-                                     "phase_start": time.time(), "started": time.time(), "steps_done": 0,
-                                     "restarts": 0, "workers": []}
+        self.data: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "state": "starting",
+                                     "step": 0, "phase": None, "phase_start": time.time(), "started": time.time(),
+                                     "steps_done": 0, "restarts": 0, "workers": []}
         self._timeline = open(run_dir / TIMELINE_FILE, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._written = 0.0
         self._write(force=True)

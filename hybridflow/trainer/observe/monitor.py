@@ -82,8 +82,9 @@ def attach(run_dir: str | Path | None = None, address: str | None = None) -> lis
                                     "the run has not started yet")
         if status.get("host") == socket.gethostname() and not psutil.pid_exists(status["pid"]):
             # Else its workers were sampled as if alive (a Ray started for nothing, TaskUnschedulableError).
-            raise RuntimeError(f"{str(run_dir)!r} is not running: its process (pid {status['pid']}) has exited, last "
-                               f"state {status['state']!r} at step {status['step']}; `hybridflow plot` draws its metrics")
+            raise RuntimeError(f"{str(run_dir)!r} is not running: its process (pid {status['pid']}) has exited, "
+                               f"last state {status['state']!r} at step {status['step']}; `hybridflow plot` draws "
+                               "its metrics")
         return [WatchedWorker(w["role"], w["rank"], w["pid"], w["node"], w.get("node_id")) for w in status["workers"]]
     if address is None:
         raise ValueError("attach needs a run directory or a Ray address")

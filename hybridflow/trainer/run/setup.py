@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from hybridflow.algorithms import PolicyLossConfig
 from hybridflow.config import ConfigError
 from hybridflow.config.dtypes import auto_note, auto_sections

@@ -72,4 +72,5 @@ def test_the_commands_given_an_environment_run_read_it_as_one(tmp_path, capsys):
     for command in (["eval", str(run_dir)], ["export", str(run_dir), "--out", str(tmp_path / "model")]):
         capsys.readouterr()
         assert main(command) == 2
-        assert "is a run of task kind 'environment'; eval and export take language-model runs" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "is a run of task kind 'environment'; eval and export take language-model runs" in err

@@ -143,7 +143,8 @@ def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
     assert str(info.value) == "enviroment: unknown key; did you mean env?"
     # resume=False is a fresh run for every kind (an environment task raised "expected str, bytes or
     # os.PathLike object, not bool"; a language-model run "resume=False is not a checkpoint to resume").
-    with hybridflow.RLTrainer({"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "fresh")}, resume=False) as env:
+    fresh = {"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "fresh")}
+    with hybridflow.RLTrainer(fresh, resume=False) as env:
         assert env.checkpoint is None and env.run_dir.parent == tmp_path / "fresh"
 
 
