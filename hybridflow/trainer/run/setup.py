@@ -240,7 +240,7 @@ def endless(loader: ResumableLoader) -> Iterator[Any]:
 def actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
     return ActorRolloutRefConfig(
         engine=cfg.actor.engine_config(model_path, cfg.seed), loss=cfg.actor.loss, rollout=cfg.rollout,
-        use_reference=cfg.use_reference,
+        use_reference=cfg.use_reference, fuse_old_log_probs=cfg.fuses_old_log_probs,
     )
 
 
