@@ -142,16 +142,19 @@ class Task:
             self.ctx.ray.idle()
         self.status.update(state=state, phase=None)
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, keep_state: bool = False) -> None:
         try:
             self.part.release(self)
         finally:
             shutdown_role_groups(self.groups)
-            self.groups, self.roles, self.state = {}, None, None
+            self.groups, self.roles = {}, None
+            if not keep_state:  # a later start builds it afresh and loads the checkpoint's
+                self.state = None
 
     def close(self) -> None:
-        """Stop the workers and (if this run started it) Ray; close the loggers."""
-        self._stop_workers()
+        """Stop the workers and (if this run started it) Ray; close the loggers. The state the
+        program carried (trainer.state: a Lagrange multiplier, environment steps) stays readable."""
+        self._stop_workers(keep_state=True)
         self.status.close()
         self.ctx.close()
         if self.resumed_from is None and self.global_step == 0:
