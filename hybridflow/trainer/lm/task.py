@@ -53,6 +53,7 @@ from hybridflow.trainer.run.lifecycle import (
     MODEL_KEY,
     ResumePoint,
     check_steps_left,
+    configured_resume,
     model_record,
     policy_start_path,
     resume_point,
@@ -109,6 +110,8 @@ class LanguageModelTask:
         if isinstance(resume, ResumePoint) and config is not None:
             raise ValueError("a ResumePoint carries its config; pass config=None with it")
         resume_from = None
+        if resume is None and config is not None:
+            resume = configured_resume(config)  # trainer.resume: auto / a path; None: a fresh run
         if resume is not None:
             point = resume if isinstance(resume, ResumePoint) else resume_point(resume, config)
             self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
@@ -119,7 +122,8 @@ class LanguageModelTask:
         self.run_dir = self.ctx.run_dir
         self.status = LiveStatus(self.run_dir)
         if self.resumed_from is not None:
-            self.ctx.display.message(f"resuming from {self.resumed_from} (step {self.global_step})")
+            how = "" if config is None or config.trainer.resume == "never" else f" (trainer.resume={config.trainer.resume})"
+            self.ctx.display.message(f"resuming from {self.resumed_from} (step {self.global_step}){how}")
         self.groups: dict[str, WorkerGroup] = {}
         self.roles: Roles | None = None
         self.async_runner: AsyncRunner | None = None  # trainer.mode one_step_off / async
@@ -171,7 +175,8 @@ class LanguageModelTask:
     def _start(self) -> None:
         cfg, ctx = self.config, self.ctx
         ctx.ray.use()  # Ray up with room for the ranks (another trainer may have restarted it)
-        data = train_prompts(cfg, ctx.tokenizer)  # before any worker starts: lengths are checked now
+        # before any worker starts: lengths are checked now (read already when counting trainer.total_epochs)
+        data = ctx.train_data if ctx.train_data is not None else train_prompts(cfg, ctx.tokenizer)
         check_lengths_fit(cfg, max(map(len, data.input_ids)), "the longest training prompt")
         sft_actor = None
         if cfg.sft.steps > 0 and self.resumed_from is None:  # a resumed run warm-started before its checkpoint
@@ -252,11 +257,10 @@ class LanguageModelTask:
         the last step's metrics."""
         cfg, ctx = self.config, self.ctx
         algorithm = step_program(cfg.algorithm.spec)
-        ctx.display.start(cfg.algorithm.name.upper(), steps)
+        ctx.display.start(cfg.algorithm.name.upper(), end, done=end - steps)  # the run's own step numbers
         metrics: dict[str, float] = {}
         while self.global_step < end:
             self.global_step += 1
-            done = steps - (end - self.global_step)
             self.status.update(step=self.global_step)
             start, fetched = time.perf_counter(), dataclasses.replace(FETCHED)
             if self.async_runner is not None:
@@ -272,13 +276,13 @@ class LanguageModelTask:
             step.metrics["controller/fetched_values"] = float(FETCHED.values - fetched.values)
             metrics = self._step_metrics(step)
             self.stopped = self.signal.stop_reason(self.global_step, metrics)
-            if self._due(cfg.trainer.test_freq) and done < steps:  # the last step is evaluated below
+            if self._due(cfg.trainer.test_freq) and self.global_step < end:  # the last step is evaluated below
                 metrics.update(self._val_metrics())
             ctx.log.write("rl", self.global_step, metrics)
             if self._due(cfg.trainer.save_freq):  # after the log: a checkpoint's steps are all logged
                 self.save_checkpoint()
             self.status.update(steps_done=self.status.data["steps_done"] + 1)
-            ctx.display.step(done, steps, metrics)
+            ctx.display.step(self.global_step, end, metrics)
             if STOP.received:
                 ctx.display.stop()
                 raise RunTerminated(stopped_line(self.global_step, self._checkpoint_on_signal(), self.run_dir))
@@ -383,7 +387,8 @@ class LanguageModelTask:
             group.write_checkpoint(str(tmp / name))
         state = {"global_step": self.global_step, "roles": sorted(trained),
                  "algorithm": self.state.state_dict(), "loader": self.loader.state_dict(),
-                 "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path)}
+                 "rng": controller_rng_state(), MODEL_KEY: model_record(self.config, self.ctx.model_path),
+                 "signal": self.signal.state_dict()}
         if self.async_runner is not None:  # version, seeds' call count, untrained prompts (modes/async_trainer.py)
             state["async"] = self.async_runner.save_state(tmp)
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
@@ -399,6 +404,8 @@ class LanguageModelTask:
             group.load_checkpoint(str(role_checkpoint_path(checkpoint, name)))
         self.loader.load_state_dict(state["loader"])
         self.state.load_state_dict(state["algorithm"])
+        if "signal" in state:  # adv/no_signal_steps goes on counting as without the stop (older checkpoints: from 0)
+            self.signal.load_state_dict(state["signal"])
         if self.async_runner is not None:
             self.async_runner.load_state(state["async"], checkpoint)
         set_controller_rng_state(state["rng"])  # last: building the workers drew from it
