@@ -104,7 +104,11 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
 
 
 def read_task_config(tree: dict[str, Any]) -> tuple[TaskKind, Any]:
-    """Check the top-level keys, decide the kind (once) and build its config."""
+    """Translate verl / TRL keys (config/compat), check the top-level keys, decide the kind
+    (once) and build its config."""
+    from hybridflow.config.compat import translate_foreign
+
+    tree = translate_foreign(tree) if isinstance(tree, dict) else tree
     check_top_level_keys(tree)
     kind = task_kind_of(tree)
     if kind.marker is None:  # the kind of a config without another kind's marker: was the marker forgotten?
