@@ -10,7 +10,7 @@ mean" / import paths.
     ENVS.resolve("pkg.mod:MyEnv", "env.id", how)   # a registered name or an import path
     raise ENVS.unknown("myenv", "env.id", "give a registered name or 'package.module:Class'")
 
-    LOSSES = Registry("policy loss", "actor.policy_loss.loss_mode", {"vanilla": "pkg.losses"})
+    LOSSES = Registry("policy loss", "actor.loss.policy.loss_mode", {"vanilla": "pkg.losses"})
     LOSSES.check("vanilla")                   # imports nothing: config validation runs before torch
     LOSSES.get("vanilla")                     # imports pkg.losses (its decorator registers the name)
 
