@@ -89,14 +89,16 @@ def for_this_machine(overrides: list[str], model: Path, data: dict[str, Path]) -
 def one_small_step(overrides: list[str], run_dir: Path) -> list[str]:
     """The sizes that make one step fit this 2-core machine, as verl keys after the script's
     own: one step (total_training_steps) of the fewest prompts whose mini-batch (of rollout.n
-    responses each) the script's micro-batches divide, 4 held-out prompts, the run in `run_dir`."""
+    responses each) the script's micro-batches divide, responses up to 256 tokens (a random
+    model rarely stops on its own), 4 held-out prompts, the run in `run_dir`."""
     given = dict(item.lstrip("+").split("=", 1) for item in overrides)
     n = int(given.get("actor_rollout_ref.rollout.n", 1))
     micros = [int(given.get(key, 1)) for key in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                                                  "critic.ppo_micro_batch_size_per_gpu")]
     prompts = math.lcm(*(m // math.gcd(m, n) for m in micros))
     return [f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-            "data.val_max_samples=4", "trainer.total_training_steps=1", f"trainer.default_local_dir={run_dir}"]
+            "data.max_response_length=256", "data.val_max_samples=4", "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={run_dir}"]
 
 
 # A reward file as verl users write them (data_source dispatch, modules beside it), with
