@@ -110,3 +110,10 @@ def test_a_trl_config_validates_and_unknown_names_get_a_trl_hint():
         translate_tree({"trl": {"num_generation": 4}})
     with pytest.raises(ConfigError, match=r"^trl\.scale_rewards: 'batch'"):
         translate_tree({"trl": {"scale_rewards": "batch"}})
+
+
+def test_trl_and_verl_keys_in_one_config():
+    tree, reports = translate_tree({"trl": {"beta": 0.04}, "actor_rollout_ref": {"rollout": {"n": 4}}})
+    assert [r.dialect for r in reports] == ["verl", "TRL"]
+    native = dict(leaves(tree))
+    assert native["rollout.n"] == 4 and native["actor.loss.kl_loss_coef"] == 0.04

@@ -172,3 +172,24 @@ def test_references_resolve_as_omegaconf_reads_them():
                                         "h": {"b": 3, "c": 3, "d": 7, "e": 3}, "i": None}
     with pytest.raises(ConfigError, match="refers to 'nowhere'"):
         resolve_references({"a": "${nowhere}"})
+
+
+def test_the_cli_prints_what_it_mapped_and_refuses_in_one_line(tmp_path, capsys):
+    """`hybridflow train --config verl.yaml`: the notice on stderr, the native keys in the
+    printed config; a value that cannot be honoured is one line and exit status 2."""
+    from hybridflow.cli import main
+
+    config = tmp_path / "verl.yaml"
+    config.write_text(yaml.safe_dump({"algorithm": {"adv_estimator": "rloo"}, "data": {"train_batch_size": 8},
+                                      "actor_rollout_ref": {"rollout": {"n": 4},
+                                                            "actor": {"ppo_mini_batch_size": "${data.train_batch_size}",
+                                                                      "ppo_micro_batch_size_per_gpu": 8}},
+                                      "trainer": {"total_training_steps": 3}}))
+    assert main(["train", "--config", str(config), "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=8 -> actor.micro_batch.mini_batch_size=32" in err
+    printed = yaml.safe_load(out)
+    assert printed["algorithm"]["name"] == "rloo" and printed["actor"]["micro_batch"]["mini_batch_size"] == 32
+    assert main(["train", "--config", str(config), "algorithm.use_pf_ppo=true", "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("hybridflow train: config error: algorithm.use_pf_ppo: true: it asks for")

@@ -32,7 +32,8 @@ def translate_tree(tree: dict[str, Any]) -> tuple[dict[str, Any], list[Report]]:
     reports = []
     native = nest_dotted(tree)
     for dialect in DIALECTS:
-        native, report = translate(dialect, native, RunConfig)
+        others = tuple(top for d in DIALECTS if d is not dialect for top in d.own_tops)
+        native, report = translate(dialect, native, RunConfig, others)
         if report is not None:
             reports.append(report)
     return (native, reports) if reports else (tree, [])

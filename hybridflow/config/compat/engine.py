@@ -226,9 +226,11 @@ def is_native(key: str, keys: set[str], free: set[str]) -> bool:
 # ----------------------------------------------------------------------------- translation
 
 
-def translate(dialect: Dialect, tree: dict[str, Any], root: type) -> tuple[dict[str, Any], Report | None]:
+def translate(dialect: Dialect, tree: dict[str, Any], root: type,
+              others: tuple[str, ...] = ()) -> tuple[dict[str, Any], Report | None]:
     """The native tree of `tree` (a nested mapping) and the report; (tree, None) unchanged when
-    no key of the dialect is in it."""
+    no key of the dialect is in it. Keys under the top-level sections `others` (another
+    dialect's) are left as they are."""
     keys, free = native_paths(root)
     detected = dialect.detects(tree) if dialect.detects is not None else any(
         k.split(".")[0] in dialect.own_tops or dialect.row_of(k) is not None and not is_native(k, keys, free)
@@ -244,7 +246,7 @@ def translate(dialect: Dialect, tree: dict[str, Any], root: type) -> tuple[dict[
         row = dialect.row_of(key)
         if row is not None and not (row.plain and is_native(key, keys, free)):
             given[key] = value
-        elif is_native(key, keys, free):
+        elif is_native(key, keys, free) or key.split(".")[0] in others:
             native[key] = value
             if row is not None:  # a key both have, with one meaning: said like the others
                 report.mapped.append((key, value, {key: value}, row.why))
