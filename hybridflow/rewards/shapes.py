@@ -106,6 +106,9 @@ class RewardFunctions:
         self.fns, self.names = list(fns), list(names)
         self.weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
 
+    def __call__(self, samples: list[dict[str, Any]], batch: dict[str, list[Any]]) -> list[Any]:
+        return self.score_batch(samples, batch)
+
     def score_batch(self, samples: list[dict[str, Any]], batch: dict[str, list[Any]]) -> list[Any]:
         columns = [BatchCall(fn)(samples, batch) for fn in self.fns]
         out: list[Any] = []
