@@ -208,7 +208,7 @@ class RewardManager:
         else:
             outcomes, restarts = self._run(tasks)
         out = self._assemble(outcomes, last, responses.shape, restarts)
-        for key, values in out.extra_info.items():  # each template's or function's part (ComposedScore, RewardFunctions)
+        for key, values in out.extra_info.items():  # each part (templates.ComposedScore, shapes.RewardFunctions)
             if key.startswith(PART_PREFIXES):
                 out.metrics[key] = float(np.mean([float(v) for v in values if v is not None] or [0.0]))
         if self.turn_templates:
@@ -272,7 +272,8 @@ class RewardManager:
         self._succeeded = self._succeeded or any(status == "ok" for status, _ in outcomes)
         return outcomes, restarts
 
-    def _run_batched(self, tasks: list[dict[str, Any]], inputs: dict[str, list[Any]]) -> tuple[list[tuple[str, Any]], int]:
+    def _run_batched(self, tasks: list[dict[str, Any]],
+                     inputs: dict[str, list[Any]]) -> tuple[list[tuple[str, Any]], int]:
         """Score in chunks with the batched function (one chunk per worker); each chunk's
         outcome becomes its samples' (None: "no reward for this completion", a failure)."""
         chunks = _chunks(len(tasks), max(1, self.config.num_workers))

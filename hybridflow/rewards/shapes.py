@@ -100,7 +100,8 @@ class RewardFunctions:
 
     batched = True
 
-    def __init__(self, fns: Sequence[Callable[..., Any]], names: Sequence[str], weights: Sequence[float] | None) -> None:
+    def __init__(self, fns: Sequence[Callable[..., Any]], names: Sequence[str],
+                 weights: Sequence[float] | None) -> None:
         if weights is not None and len(weights) != len(fns):
             raise ValueError(f"{len(weights)} weights for {len(fns)} reward functions; give one per function")
         self.fns, self.names = list(fns), list(names)

@@ -46,7 +46,8 @@ def test_batch_sizes_follow_trls_arithmetic():
 
 def test_trls_defaults_fill_the_batch_sizes_not_given():
     native = native_of({"learning_rate": 5e-6})
-    assert (native["data.train_batch_size"], native["rollout.n"], native["actor.micro_batch.mini_batch_size"]) == (1, 8, 8)
+    sizes = ("data.train_batch_size", "rollout.n", "actor.micro_batch.mini_batch_size")
+    assert tuple(native[k] for k in sizes) == (1, 8, 8)
     assert native["data.prompt.apply_chat_template"] == "conversational"
     assert native["data.prompt.default_data_source"] == "dataset"
     mine = native_of({"learning_rate": 5e-6}, data={"train_batch_size": 8}, rollout={"n": 4})
@@ -62,7 +63,8 @@ def test_optimizer_steps_become_generations():
 
 
 @pytest.mark.parametrize("trl, expected", [
-    ({"beta": 0.04}, {"actor.loss.use_kl_loss": True, "actor.loss.kl_loss_coef": 0.04, "actor.loss.kl_loss_type": "k3"}),
+    ({"beta": 0.04}, {"actor.loss.use_kl_loss": True, "actor.loss.kl_loss_coef": 0.04,
+                      "actor.loss.kl_loss_type": "k3"}),
     ({"beta": 0.0}, {"actor.loss.use_kl_loss": False}),
     ({"epsilon": 0.1}, {"actor.loss.policy.clip_ratio_low": 0.1, "actor.loss.policy.clip_ratio_high": 0.1}),
     ({"epsilon": 0.2, "epsilon_high": 0.28}, {"actor.loss.policy.clip_ratio_low": 0.2,

@@ -77,7 +77,8 @@ def test_a_trl_grpo_setup_runs_one_step(machine, ray_local, tmp_path, capfd):
     funcs = [load_reward_fn(rewards / "rewards.py", n).resolve() for n in ("accuracy_reward", "format_reward")]
     rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {a}?"}], "solution": str(2 * a)} for a in range(16)]
     data = write_records(rows, tmp_path / "train.jsonl")
-    trl = {"model": str(machine["model"]), "train_dataset": str(data), "reward_funcs": funcs, "reward_weights": [1.0, 0.5],
+    trl = {"model": str(machine["model"]), "train_dataset": str(data), "reward_funcs": funcs,
+           "reward_weights": [1.0, 0.5],
            "num_generations": 4, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
            "max_completion_length": 32, "max_prompt_length": 64, "beta": 0.04, "learning_rate": 1e-6,
            "loss_type": "dr_grpo", "scale_rewards": False, "epsilon": 0.2, "num_iterations": 1, "max_steps": 1,
@@ -92,4 +93,5 @@ def test_a_trl_grpo_setup_runs_one_step(machine, ray_local, tmp_path, capfd):
     [step] = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()
               if json.loads(line)["phase"] == "rl"]
     assert step["reward/errors"] == 0 and "reward_fn/format_reward" in step
-    assert step["score/mean"] == pytest.approx(step["reward_fn/accuracy_reward"] + 0.5 * step["reward_fn/format_reward"])
+    parts = step["reward_fn/accuracy_reward"] + 0.5 * step["reward_fn/format_reward"]
+    assert step["score/mean"] == pytest.approx(parts)

@@ -117,15 +117,17 @@ def _loss_type(v: Any, ctx: Ctx) -> Out:
         raise ConfigError(f"{v!r}: the losses here are {sorted(_LOSS_TYPES)}", "trl.loss_type")
     out: Out = {"actor.loss.policy.loss_agg_mode": _LOSS_TYPES[v]}
     if v == "dr_grpo":  # its constant is max_completion_length
-        out["actor.loss.loss_scale_factor"] = float(ctx.first("trl.max_completion_length", "native:rollout.response_length",
-                                                              default=DEFAULTS["max_completion_length"]))
+        length = ctx.first("trl.max_completion_length", "native:rollout.response_length",
+                           default=DEFAULTS["max_completion_length"])
+        out["actor.loss.loss_scale_factor"] = float(length)
     return out
 
 
 def _scale_rewards(v: Any, ctx: Ctx) -> Out:
     scale = {True: True, "group": True, "true": True, False: False, "none": False, "false": False}
     if v not in scale:
-        raise ConfigError(f"{v!r}: group (or true) or none (or false); 'batch' scaling is not here", "trl.scale_rewards")
+        raise ConfigError(f"{v!r}: group (or true) or none (or false); 'batch' scaling is not here",
+                          "trl.scale_rewards")
     return {"algorithm.norm_adv_by_std_in_grpo": scale[v]}
 
 
@@ -146,9 +148,11 @@ def _report_to(v: Any, ctx: Ctx) -> Out:
     names = [v] if isinstance(v, str) else list(v)
     unknown = [n for n in names if n not in _REPORT_TO and n != "all"]
     if unknown:
-        raise ConfigError(f"{unknown}: hybridflow logs to wandb, tensorboard (and always metrics.jsonl)", "trl.report_to")
+        raise ConfigError(f"{unknown}: hybridflow logs to wandb, tensorboard (and always metrics.jsonl)",
+                          "trl.report_to")
     chosen = {_REPORT_TO[n] for n in names if n in _REPORT_TO} | ({"wandb", "tensorboard"} if "all" in names else set())
-    return {"trainer.loggers": [n for n in ("console", "jsonl", "tensorboard", "wandb") if n in chosen | {"console", "jsonl"}]}
+    chosen |= {"console", "jsonl"}
+    return {"trainer.loggers": [n for n in ("console", "jsonl", "tensorboard", "wandb") if n in chosen]}
 
 
 def _betas(v: Any, ctx: Ctx) -> Out:
@@ -219,7 +223,8 @@ def _rows() -> tuple[Row, ...]:
              "GRPOTrainer(model=...): a local model directory"),
         conv("trl.reward_funcs", ("reward.custom_fn_path", "reward.custom_fn_name"), _reward_funcs,
              "GRPOTrainer(reward_funcs=...): called batched, as TRL does"),
-        conv("trl.train_dataset", "data.train_files", _paths("data.train_files"), "GRPOTrainer(train_dataset=...): files"),
+        conv("trl.train_dataset", "data.train_files", _paths("data.train_files"),
+             "GRPOTrainer(train_dataset=...): files"),
         conv("trl.eval_dataset", "data.val_files", _paths("data.val_files"), "GRPOTrainer(eval_dataset=...): files"),
         same("trl.reward_weights", "reward.custom_fn_weights", why="the weighted sum of the reward functions"),
         *(_batch_row(name) for name in ("per_device_train_batch_size", "gradient_accumulation_steps",

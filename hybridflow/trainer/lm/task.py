@@ -122,7 +122,7 @@ class LanguageModelTask:
         self.run_dir = self.ctx.run_dir
         self.status = LiveStatus(self.run_dir)
         if self.resumed_from is not None:
-            how = "" if config is None or config.trainer.resume == "never" else f" (trainer.resume={config.trainer.resume})"
+            how = "" if config.trainer.resume == "never" else f" (trainer.resume={config.trainer.resume})"
             self.ctx.display.message(f"resuming from {self.resumed_from} (step {self.global_step}){how}")
         self.groups: dict[str, WorkerGroup] = {}
         self.roles: Roles | None = None
