@@ -29,7 +29,7 @@ from typing import Any
 
 from hybridflow.registry import Registry, import_file
 from hybridflow.rewards import arithmetic, gsm8k, math_answer
-from hybridflow.rewards.shapes import RewardFunctions, check_shape, is_batched, sample_arguments
+from hybridflow.rewards.shapes import SAMPLE_ARGS, RewardFunctions, check_shape, is_batched, sample_arguments
 
 ScoreFn = Callable[..., "float | dict[str, Any]"]
 USER_REWARD_PREFIX = "hybridflow_user_reward_"  # the module names of reward files (import_file)
@@ -187,14 +187,18 @@ class FileRewardFn:
 def load_reward_fn(path: str | Path, name: str | list[str] = "compute_score",
                    weights: list[float] | None = None) -> ScoreFn:
     """Load `name` from `path` (checked now, so mistakes surface at start-up): a Python file
-    or the dotted import path of a module (`my_pkg.rewards`), picklable by (path, name).
-    Several names: their weighted sum (`RewardFunctions`; weights null: 1 each)."""
+    (a FileRewardFn, picklable by path) or the dotted import path of a module (`my_pkg.rewards`:
+    the function itself, picklable by reference; a FileRewardFn when it takes only some of
+    the arguments). Several names: their weighted sum (`RewardFunctions`; weights null: 1 each)."""
     if isinstance(name, str):
         if weights is not None:
             raise ValueError("weights are for several reward functions; give names as a list")
         fn = FileRewardFn(path, name)
-        fn.resolve()
-        return fn
+        resolved = fn.resolve()
+        # A module's function travels by reference as it is, unless it must be called with
+        # only some of the arguments (a scorer's shape).
+        takes_all = is_batched(resolved) or len(sample_arguments(resolved, dict.fromkeys(SAMPLE_ARGS))) == 4
+        return resolved if fn.module is not None and takes_all else fn
     fns = [load_reward_fn(path, n) for n in name]
     return RewardFunctions(fns, list(name), weights)
 

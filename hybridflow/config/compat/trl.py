@@ -4,7 +4,7 @@ reward_funcs, train_dataset), each mapped to hybridflow's with the same meaning 
     trl: {num_generations: 8, per_device_train_batch_size: 8, gradient_accumulation_steps: 4,
           beta: 0.04, reward_funcs: [rewards.py:accuracy_reward, rewards.py:format_reward]}
 
-Batch sizes follow TRL's arithmetic (GRPOConfig.__post_init__): a generation batch of
+Batch sizes follow TRL's arithmetic (GRPOConfig's __post_init__): a generation batch of
 per_device_train_batch_size x ranks x steps_per_generation completions (steps_per_generation:
 gradient_accumulation_steps) is data.train_batch_size = that / num_generations prompts; an
 optimizer step takes per_device x ranks x gradient_accumulation_steps completions; TRL's
