@@ -10,7 +10,7 @@ mean" / import paths.
     ENVS.resolve("pkg.mod:MyEnv", "env.id", how)   # a registered name or an import path
     raise ENVS.unknown("myenv", "env.id", "give a registered name or 'package.module:Class'")
 
-    LOSSES = Registry("policy loss", "actor.policy_loss.loss_mode", {"vanilla": "pkg.losses"})
+    LOSSES = Registry("policy loss", "actor.loss.policy.loss_mode", {"vanilla": "pkg.losses"})
     LOSSES.check("vanilla")                   # imports nothing: config validation runs before torch
     LOSSES.get("vanilla")                     # imports pkg.losses (its decorator registers the name)
 
@@ -92,12 +92,12 @@ def import_object(path: str, key: str | None = None, what: str = "object") -> An
     return getattr(module, attr)
 
 
-def import_file(path: Path, prefix: str) -> ModuleType:
+def import_file(path: Path, prefix: str, name: str | None = None) -> ModuleType:
     """The .py file `path` imported once per process as its own module, named `prefix` + its
-    stem + a hash of its path (two files both called algo.py do not clash). A file whose
-    import raises leaves no module behind; the error propagates."""
+    stem + a hash of its path (two files both called algo.py do not clash), or `name`. A file
+    whose import raises leaves no module behind; the error propagates."""
     path = path.resolve()
-    name = f"{prefix}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    name = name or f"{prefix}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:

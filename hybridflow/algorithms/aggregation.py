@@ -1,6 +1,6 @@
 """Loss aggregation: from a [B, T] per-token loss matrix to the scalar that is backpropagated.
 
-Modes (config key `actor.loss_agg_mode`), with m the response mask, l the token loss,
+Modes (config key `actor.loss.policy.loss_agg_mode`), with m the response mask, l the token loss,
 N the number of non-empty sequences and L a constant length normaliser:
 
 - `token-mean`:              sum_{i,t} m l / sum_{i,t} m  (DAPO, Yu et al. 2025, arXiv 2503.14476)

@@ -16,7 +16,7 @@ the on-policy gradient of reverse KL, while k1's has zero expectation and k3's i
 arXiv 2506.09477); the `+` form logs the preferred estimate and optimises the right thing.
 
 Config keys: `algorithm.kl_penalty` (KL in the reward: r_t = score_t - beta * kl_t) and
-`actor.kl_loss_type` (KL as a loss term, with `actor.kl_loss_coef`).
+`actor.loss.kl_loss_type` (KL as a loss term, with `actor.loss.kl_loss_coef`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Policy losses (config key `actor.policy_loss.loss_mode`): PPO clip, GSPO, CISPO, REINFORCE, GPG.
+"""Policy losses (config key `actor.loss.policy.loss_mode`): PPO clip, GSPO, CISPO, REINFORCE, GPG.
 
 Uniform signature:
 

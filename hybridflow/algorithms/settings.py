@@ -30,11 +30,11 @@ ADV_ESTIMATORS: Registry[Any] = Registry("advantage estimator", "algorithm.adv_e
     **dict.fromkeys(("grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "opo", "gpg"),
                     _ALG + "group_advantages"),
 })
-POLICY_LOSSES: Registry[Any] = Registry("policy loss", "actor.policy_loss.loss_mode", dict.fromkeys(
+POLICY_LOSSES: Registry[Any] = Registry("policy loss", "actor.loss.policy.loss_mode", dict.fromkeys(
     ("vanilla", "gspo", "cispo", "reinforce", "gpg"), _ALG + "policy_loss"))
-LOSS_AGG_MODES: Registry[Any] = Registry("loss aggregation mode", "actor.loss_agg_mode", dict.fromkeys(
+LOSS_AGG_MODES: Registry[Any] = Registry("loss aggregation mode", "actor.loss.policy.loss_agg_mode", dict.fromkeys(
     ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"), _ALG + "aggregation"))
-KL_ESTIMATORS: Registry[Any] = Registry("KL estimator", "algorithm.kl_penalty / actor.kl_loss_type", dict.fromkeys(
+KL_ESTIMATORS: Registry[Any] = Registry("KL estimator", "algorithm.kl_penalty / actor.loss.kl_loss_type", dict.fromkeys(
     ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"), _ALG + "kl"))
 
 
@@ -73,7 +73,7 @@ class PolicyLossConfig:
     clip_ratio_low / clip_ratio_high: the ratio is clipped to [1 - low, 1 + high]
         (DAPO clip-higher: high > low). For `gspo` use small values (e.g. 3e-4 / 4e-4).
     clip_ratio_c: dual-clip bound for negative advantages (must be > 1).
-    loss_agg_mode: aggregation mode name (`actor.loss_agg_mode`).
+    loss_agg_mode: aggregation mode name (`actor.loss.policy.loss_agg_mode`).
     log_ratio_clamp: |log pi - log pi_old| is clamped to this before exp.
     """
 

@@ -422,6 +422,11 @@ def _check_dapo(cfg: RunConfig) -> None:
             f"algorithm.name={cfg.algorithm.name} clips higher than lower (clip-higher): "
             f"actor.loss.policy.clip_ratio_high={policy.clip_ratio_high} must be > clip_ratio_low={policy.clip_ratio_low}"
         )
+    dapo = cfg.algorithm.dapo
+    if dapo.filter_groups.metric == "shaped_score" and not (dapo.overlong_buffer.enable and cfg.trainer.mode == "sync"):
+        raise ConfigError("algorithm.dapo.filter_groups.metric=shaped_score tells groups apart by the score with the "
+                          "overlong penalty: it needs algorithm.dapo.overlong_buffer.enable=true and trainer.mode=sync "
+                          "(the asynchronous modes filter the stream on the score)")
     if cfg.algorithm.dapo.overlong_buffer.enable and overlong_buffer_len(cfg) > cfg.rollout.response_length:
         raise ConfigError(
             f"algorithm.dapo.overlong_buffer.len={overlong_buffer_len(cfg)} exceeds rollout.response_length="

@@ -35,10 +35,14 @@ class DynamicSamplingSection:
     max_extra_rounds: generation rounds after the first, at most, per step; when they are
         spent, the step trains on the groups kept so far (cut to whole actor mini-batches;
         metric dapo/cap_hit), or fails if that is none.
+    metric: what must differ within a group: "score" (the reward function's score) or
+        "shaped_score" (the score with the overlong penalty, overlong_buffer.enable; sync
+        mode only).
     """
 
     enable: bool = True
     max_extra_rounds: int = 8
+    metric: Literal["score", "shaped_score"] = "score"
 
     def __post_init__(self) -> None:
         at_least(self, 0, "max_extra_rounds")

@@ -63,6 +63,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not of the form key.path=value")
     key, raw = text.split("=", 1)
+    key = key.lstrip("+")  # Hydra's "+key=value" (add a key) and "++key=value" set it like any other
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key part")
     # YAML parsing gives ints, floats, bools, null and lists the way a user types them.

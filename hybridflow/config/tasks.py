@@ -130,7 +130,11 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
 
 
 def read_task_config(tree: dict[str, Any]) -> tuple[TaskKind, RunConfig]:
-    """Check the top-level keys, decide the kind (once) and build its config."""
+    """Translate verl / TRL keys (config/compat), check the top-level keys, decide the kind
+    (once) and build its config."""
+    from hybridflow.config.compat import translate_foreign
+
+    tree = translate_foreign(tree) if isinstance(tree, dict) else tree
     check_top_level_keys(tree)
     kind = task_kind_of(tree)
     return kind, kind.build(tree)

@@ -21,6 +21,10 @@ class PromptDataConfig:
         not filtered: "error" (raise, naming the row), "left" (keep the last tokens),
         "right" (keep the first tokens).
     filter_overlong_prompts: drop overlong prompts instead (counted in `stats`).
+    apply_chat_template: true renders every prompt with the tokenizer's chat template (a
+        plain-text prompt as one user message); false uses plain-text prompts as written;
+        "conversational" templates the prompts given as chat messages and uses plain-text
+        ones as written (TRL's rule).
     pad_to: "batch" pads each batch to its longest prompt; "max_length" always pads to
         max_prompt_length (fixed shapes).
     default_data_source: used for rows without a data_source column.
@@ -30,7 +34,7 @@ class PromptDataConfig:
     max_prompt_length: int = 512
     truncation: Literal["error", "left", "right"] = "error"
     filter_overlong_prompts: bool = True
-    apply_chat_template: bool = True
+    apply_chat_template: bool | Literal["conversational"] = True
     pad_to: Literal["batch", "max_length"] = "batch"
     default_data_source: str | None = None
     max_samples: int | None = None

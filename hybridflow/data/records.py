@@ -118,6 +118,7 @@ class PromptRecord:
     ground_truth: Any
     extra_info: dict
     index: int
+    columns: dict = dataclasses.field(default_factory=dict)  # the row's other columns (a batched reward function's)
 
 
 def _check_messages(messages: Any, where: str) -> Messages:
@@ -170,4 +171,5 @@ def from_row(
     extra_info = row.get("extra_info") or {}
     if not isinstance(extra_info, dict):
         raise ValueError(f"{where}: extra_info must be a dict, got {type(extra_info).__name__}")
-    return PromptRecord(prompt, str(data_source), ground_truth, dict(extra_info), index)
+    columns = {k: v for k, v in row.items() if k != prompt_key}
+    return PromptRecord(prompt, str(data_source), ground_truth, dict(extra_info), index, columns)

@@ -29,9 +29,11 @@ from hybridflow.protocol import DataProto
 logger = logging.getLogger(__name__)
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, apply_chat_template: bool) -> str:
-    """The prompt text the model sees: chat template with a generation prompt, or the raw string."""
-    if not apply_chat_template:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str,
+                  apply_chat_template: bool | str) -> str:
+    """The prompt text the model sees: chat template with a generation prompt, or the raw
+    string (apply_chat_template "conversational": the template for chat messages only)."""
+    if not apply_chat_template or (apply_chat_template == "conversational" and isinstance(prompt, str)):
         if not isinstance(prompt, str):
             raise ValueError(
                 "the prompt is a list of chat messages but apply_chat_template is false; enable "
@@ -142,6 +144,7 @@ class RLPromptDataset:
             "ground_truth": record.ground_truth,
             "extra_info": record.extra_info,
             "index": record.index,
+            "columns": record.columns,
         }
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> DataProto:
@@ -154,15 +157,16 @@ def collate_prompts(samples: Sequence[dict[str, Any]], pad_id: int, pad_length: 
     """Left-pad `input_ids` to `pad_length` (or the longest sample) and build the DataProto.
 
     Tensors: input_ids, attention_mask, position_ids. Non-tensors: raw_prompt,
-    data_source, ground_truth, extra_info, index.
+    data_source, ground_truth, extra_info, index, and columns (the row's other columns, what
+    a batched reward function reads) where the samples have them.
     """
     if not samples:
         raise ValueError("collate_prompts got an empty list of samples")
     sequences = [s["input_ids"] for s in samples]
     length = pad_length if pad_length is not None else max(len(s) for s in sequences)
     input_ids, attention_mask = left_pad(sequences, pad_id, length)
-    keys = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
-    non_tensors = {key: [s[key] for s in samples] for key in keys}
+    keys = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index", "columns")
+    non_tensors = {key: [s[key] for s in samples] for key in keys if all(key in s for s in samples)}
     return DataProto.from_dict(
         tensors={
             "input_ids": input_ids,

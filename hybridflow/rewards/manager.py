@@ -9,7 +9,10 @@ Scoring runs in a pool of worker processes (see pool.py), or in this process whe
 `num_workers=0` (for debugging: errors and alarms still handled, but a function that
 blocks the alarm hangs the caller). A sample whose function raises, returns something
 that is not a finite number (or a dict with one under "score"), or times out gets
-`error_score` and is counted; the run never stops for it.
+`error_score` and is counted; the run never stops for it. A batched function (TRL's shape,
+shapes.py) is called once per chunk of the batch (one chunk per worker, as TRL calls it once
+per device), with the prompts, completions, completion ids and the data set's columns;
+reward.manager.timeout_s bounds each call.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from hybridflow.rewards.config import RewardConfig
 from hybridflow.rewards.limits import worker_limits
 from hybridflow.rewards.pool import NOT_SCORED, ScoringPool
 from hybridflow.rewards.registry import DispatchScore
+from hybridflow.rewards.shapes import BatchCall, is_batched
 from hybridflow.rewards.templates import TemplateSpec, score_turns
 
 logger = logging.getLogger(__name__)
@@ -96,6 +100,32 @@ def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
     return score, extras
 
 
+# Extra values of a reward function's dict that are logged as metrics (their batch mean): each
+# template's weighted part (templates.ComposedScore), each function's value (shapes.RewardFunctions).
+PART_PREFIXES = ("template/", "reward_fn/")
+
+
+def _chunks(count: int, parts: int) -> list[list[int]]:
+    """range(count) cut into at most `parts` contiguous chunks of near-equal size."""
+    size = -(-count // max(1, parts)) or 1
+    return [list(range(k, min(k + size, count))) for k in range(0, count, size)]
+
+
+def batch_inputs(data: DataProto, texts: list[str], starts: Any, last: torch.Tensor) -> dict[str, list[Any]]:
+    """What a batched (TRL-shaped) reward function is called with, one entry per sample: prompts
+    as the data set gave them (text or chat messages), completions (text, or one assistant
+    message for chat prompts), completion_ids, and every other column of the data set's rows."""
+    nt, responses = data.non_tensor_batch, data.batch["responses"]
+    n = len(texts)
+    prompts = list(nt["raw_prompt"]) if "raw_prompt" in nt else [None] * n
+    completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
+    ids = [responses[i, int(starts[i]): int(last[i]) + 1].tolist() for i in range(n)]
+    rows = [dict(r) for r in nt["columns"]] if "columns" in nt else [{} for _ in range(n)]
+    columns = {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)}
+    columns = {k: v for k, v in columns.items() if k not in ("prompts", "completions", "completion_ids")}
+    return {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
+
+
 def last_valid_positions(response_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last 1 in each row of response_mask; -1 for a row with none."""
     positions = torch.arange(response_mask.shape[1], device=response_mask.device).expand_as(response_mask)
@@ -119,15 +149,17 @@ class RewardManager:
         self.turn_templates = [t for t in (turn_templates or []) if t.level == "turn"]
         self.config = config or RewardConfig()
         self.compute_score = compute_score if compute_score is not None else DispatchScore()
+        self.batched = is_batched(self.compute_score)
+        self._call = BatchCall(self.compute_score) if self.batched else self.compute_score
         self._pool: ScoringPool | None = None
         if self.config.num_workers > 0:
             self._pool = ScoringPool(
-                self.compute_score,
+                self._call,
                 self.config.num_workers,
                 self.config.timeout_s,
                 self.config.kill_grace_s,
                 self.config.mp_context,
-                limits=worker_limits(self.config, self.compute_score),
+                limits=worker_limits(self.config, self._call),
             )
         self._failing_calls = 0  # scoring calls in a row with more than max_failed_share failures
         self._succeeded = False  # whether the function has scored any sample yet
@@ -171,10 +203,13 @@ class RewardManager:
             }
             for i in range(len(texts))
         ]
-        outcomes, restarts = self._run(tasks)
+        if self.batched:
+            outcomes, restarts = self._run_batched(tasks, batch_inputs(data, texts, starts, last))
+        else:
+            outcomes, restarts = self._run(tasks)
         out = self._assemble(outcomes, last, responses.shape, restarts)
-        for key, values in out.extra_info.items():  # each template's weighted part (templates.ComposedScore)
-            if key.startswith("template/"):
+        for key, values in out.extra_info.items():  # each part (templates.ComposedScore, shapes.RewardFunctions)
+            if key.startswith(PART_PREFIXES):
                 out.metrics[key] = float(np.mean([float(v) for v in values if v is not None] or [0.0]))
         if self.turn_templates:
             add_turn_rewards(out, data, self.tokenizer, self.turn_templates)
@@ -229,12 +264,29 @@ class RewardManager:
         else:
             outcomes, restarts = [], 0
             for task in tasks:
-                outcomes.append(call_with_timeout(self.compute_score, task, self.config.timeout_s))
+                outcomes.append(call_with_timeout(self._call, task, self.config.timeout_s))
                 if give_up is not None and len(outcomes) >= give_up and not any(s == "ok" for s, _ in outcomes):
                     outcomes += [("error", f"{NOT_SCORED}: the first {give_up} samples failed")] * (
                         len(tasks) - len(outcomes))
                     break
         self._succeeded = self._succeeded or any(status == "ok" for status, _ in outcomes)
+        return outcomes, restarts
+
+    def _run_batched(self, tasks: list[dict[str, Any]],
+                     inputs: dict[str, list[Any]]) -> tuple[list[tuple[str, Any]], int]:
+        """Score in chunks with the batched function (one chunk per worker); each chunk's
+        outcome becomes its samples' (None: "no reward for this completion", a failure)."""
+        chunks = _chunks(len(tasks), max(1, self.config.num_workers))
+        calls = [{"samples": [tasks[i] for i in idx], "batch": {k: [v[i] for i in idx] for k, v in inputs.items()}}
+                 for idx in chunks]
+        results, restarts = self._run(calls)
+        outcomes: list[tuple[str, Any]] = []
+        for idx, (status, value) in zip(chunks, results):
+            if status != "ok":
+                outcomes += [(status, value)] * len(idx)
+                continue
+            outcomes += [("ok", v) if v is not None else ("error", "the reward function returned None (no reward for "
+                                                                    "this completion)") for v in value]
         return outcomes, restarts
 
     def _assemble(self, outcomes, last: torch.Tensor, shape: torch.Size, restarts: int) -> RewardOutput:
@@ -290,7 +342,7 @@ def sample_outcomes(out: RewardOutput) -> dict[str, np.ndarray]:
     for i, message in out.errors:
         columns[OUTCOME_TIMEOUT if message.startswith("timeout:") else OUTCOME_ERROR][i] = 1.0
     for key, values in out.extra_info.items():
-        if key.startswith("template/"):
+        if key.startswith(PART_PREFIXES):
             columns[key] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
     return columns
 
@@ -307,7 +359,7 @@ def outcome_metrics(batch: DataProto, worker_restarts: float, prefix: str = "") 
         "reward/worker_restarts": float(worker_restarts),
     }
     for key, values in non_tensors.items():
-        if key.startswith(prefix + "template/"):
+        if key.removeprefix(prefix).startswith(PART_PREFIXES):
             present = values[~np.isnan(values.astype(np.float64))].astype(np.float64)
             metrics[key.removeprefix(prefix)] = float(np.mean(present.tolist() or [0.0]))
     return {**metrics, **environment_metrics(batch)}

@@ -5,29 +5,33 @@
     fn = load_reward_fn("my_pkg.rewards", "compute_score")        # or an importable module
     reward_fn_reference(compute_score)                            # -> ("my_pkg.rewards", "compute_score")
 
-A reward function has verl's signature
+A reward function has one of the shapes of shapes.py: verl's
 
     compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
 
-and is called with keyword arguments; a dict return must hold "score" (the reward) and
-may hold extra per-sample values that are logged.
+(or a scorer's compute_score(solution_str, ground_truth, ...)), called with the keyword
+arguments it names; a dict return must hold "score" (the reward) and may hold extra
+per-sample values that are logged. Or TRL's, batched: reward(completions, **kwargs) -> list.
+A reward file's own folder is importable (`import helpers` of a file beside it; a
+`from . import helpers` too), in the controller and in the reward worker processes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
-import inspect
 import re
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hybridflow.registry import Registry, import_file
 from hybridflow.rewards import arithmetic, gsm8k, math_answer
+from hybridflow.rewards.shapes import SAMPLE_ARGS, RewardFunctions, check_shape, is_batched, sample_arguments
 
 ScoreFn = Callable[..., "float | dict[str, Any]"]
-REQUIRED_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
 USER_REWARD_PREFIX = "hybridflow_user_reward_"  # the module names of reward files (import_file)
 
 
@@ -94,10 +98,26 @@ class DispatchScore:
 
 def _import_file(path: Path) -> Any:
     try:
-        return import_file(path, USER_REWARD_PREFIX)  # one module per file: two reward.py files do not clash
+        return import_beside(path)
     except (Exception, SystemExit) as err:  # a file that calls exit() at import is a broken file too
         raise ImportError(f"importing reward file {str(path)!r} failed: {_import_failure(err)}; fix the file "
                           "(it is imported on the controller and in every reward worker)") from err
+
+
+def import_beside(path: Path) -> Any:
+    """The reward file `path` imported once per process as a module of a package whose folder
+    is the file's (so `from . import helpers` works), with that folder on sys.path (so
+    `import helpers` does, as when the file is run as a script)."""
+    path = path.resolve()
+    folder = str(path.parent)
+    package = f"{USER_REWARD_PREFIX}{hashlib.sha1(folder.encode()).hexdigest()[:10]}"
+    if folder not in sys.path:
+        sys.path.append(folder)  # after the installed packages: a helpers.py never hides one of theirs
+    if package not in sys.modules:
+        parent = types.ModuleType(package)
+        parent.__path__ = [folder]
+        sys.modules[package] = parent
+    return import_file(path, USER_REWARD_PREFIX, name=f"{package}.{path.stem}")
 
 
 def _import_failure(err: BaseException) -> str:
@@ -108,79 +128,79 @@ def _import_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _check_signature(fn: Callable, where: str) -> None:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return  # builtins and some callables have no inspectable signature
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    missing = [name for name in REQUIRED_PARAMETERS if name not in params]
-    if missing:
-        raise TypeError(
-            f"{where} is called as fn(data_source=, solution_str=, ground_truth=, extra_info=) but has no "
-            f"parameter(s) {missing}; add them (or **kwargs) to its signature"
-        )
-
-
 class FileRewardFn:
-    """A reward function defined in a .py file, picklable by (path, name).
-
-    A worker process that unpickles it imports the file itself, so user functions work in
-    spawn/forkserver process pools without being installed as a package.
-    """
+    """A reward function by where it is defined: a .py file or an importable module (dotted
+    name), picklable by (path, name). A worker process that unpickles it imports the file or
+    module itself, so user functions work in spawn/forkserver process pools without being
+    installed as a package. Called per sample with the arguments the function names, or, when
+    `batched` (TRL's shape), with a batch."""
 
     def __init__(self, path: str | Path, name: str) -> None:
-        self.path = Path(path).resolve()
+        self.module = str(path) if is_module_path(path) else None
+        self.path = Path(path).resolve() if self.module is None else str(path)
         self.name = name
         self._fn: ScoreFn | None = None
 
     def resolve(self) -> ScoreFn:
-        """Import the file (once) and return the function, with errors that name the fix."""
+        """Import the file or module (once) and return the function, with errors that name the fix."""
         if self._fn is None:
-            if not self.path.is_file():
-                raise FileNotFoundError(f"reward function file {str(self.path)!r} does not exist")
-            module = _import_file(self.path)
+            module = self._import()
+            where = repr(str(self.path)) if self.module is None else f"module {self.module!r}"
             fn = getattr(module, self.name, None)
             if fn is None:
                 defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
                 raise AttributeError(
-                    f"{str(self.path)!r} defines no {self.name!r}; functions there: {defined}. Set the reward "
+                    f"{where} defines no {self.name!r}; functions there: {defined}. Set the reward "
                     "function name to one of these"
                 )
             if not callable(fn):
-                raise TypeError(f"{self.name!r} in {str(self.path)!r} is a {type(fn).__name__}, not a function")
-            _check_signature(fn, f"{self.name} in {self.path.name}")
+                raise TypeError(f"{self.name!r} in {where} is a {type(fn).__name__}, not a function")
+            check_shape(fn, f"{self.name} in {Path(str(self.path)).name}")
             self._fn = fn
         return self._fn
 
-    def __call__(self, **kwargs: Any) -> float | dict[str, Any]:
-        return self.resolve()(**kwargs)
+    def _import(self) -> Any:
+        if self.module is not None:
+            try:
+                return importlib.import_module(self.module)
+            except (Exception, SystemExit) as err:
+                raise ImportError(f"importing reward module {self.module!r} failed: {_import_failure(err)}") from err
+        if not self.path.is_file():
+            raise FileNotFoundError(f"reward function file {str(self.path)!r} does not exist")
+        return _import_file(self.path)
+
+    @property
+    def batched(self) -> bool:
+        return is_batched(self.resolve())
+
+    def __call__(self, **kwargs: Any) -> Any:
+        fn = self.resolve()
+        return fn(**kwargs) if is_batched(fn) else fn(**sample_arguments(fn, kwargs))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "name": self.name, "_fn": None}
+        return {**self.__dict__, "_fn": None}
 
     def __repr__(self) -> str:
         return f"FileRewardFn({str(self.path)!r}, {self.name!r})"
 
 
-def load_reward_fn(path: str | Path, name: str = "compute_score") -> ScoreFn:
-    """Load `name` from `path` (checked now, so mistakes surface at start-up): a Python
-    file (a FileRewardFn, picklable by path), or the dotted import path of a module
-    (`my_pkg.rewards`: the function itself, picklable by reference)."""
-    if is_module_path(path):
-        try:
-            module = importlib.import_module(str(path))
-        except (Exception, SystemExit) as err:
-            raise ImportError(f"importing reward module {str(path)!r} failed: {_import_failure(err)}") from err
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            raise AttributeError(f"module {str(path)!r} defines no function {name!r}; set the reward function name")
-        _check_signature(fn, f"{name} in {path}")
-        return fn
-    fn = FileRewardFn(path, name)
-    fn.resolve()
-    return fn
+def load_reward_fn(path: str | Path, name: str | list[str] = "compute_score",
+                   weights: list[float] | None = None) -> ScoreFn:
+    """Load `name` from `path` (checked now, so mistakes surface at start-up): a Python file
+    (a FileRewardFn, picklable by path) or the dotted import path of a module (`my_pkg.rewards`:
+    the function itself, picklable by reference; a FileRewardFn when it takes only some of
+    the arguments). Several names: their weighted sum (`RewardFunctions`; weights null: 1 each)."""
+    if isinstance(name, str):
+        if weights is not None:
+            raise ValueError("weights are for several reward functions; give names as a list")
+        fn = FileRewardFn(path, name)
+        resolved = fn.resolve()
+        # A module's function travels by reference as it is, unless it must be called with
+        # only some of the arguments (a scorer's shape).
+        takes_all = is_batched(resolved) or len(sample_arguments(resolved, dict.fromkeys(SAMPLE_ARGS))) == 4
+        return resolved if fn.module is not None and takes_all else fn
+    fns = [load_reward_fn(path, n) for n in name]
+    return RewardFunctions(fns, list(name), weights)
 
 
 _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

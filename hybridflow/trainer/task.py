@@ -31,7 +31,7 @@ from hybridflow.trainer.run.checkpointing import (
     read_trainer_state,
     set_controller_rng_state,
 )
-from hybridflow.trainer.run.lifecycle import ResumePoint
+from hybridflow.trainer.run.lifecycle import ResumePoint, configured_resume
 from hybridflow.trainer.run.recovery import RESTART_PHASE, CannotRestart, Failure, supervise
 from hybridflow.trainer.run.run_dir import discard_unused_run_dir
 from hybridflow.trainer.run.stop_signal import STOP, RunTerminated, stopped_line
@@ -80,6 +80,8 @@ class Task:
         if isinstance(resume, ResumePoint) and config is not None:
             raise ValueError("a ResumePoint carries its config; pass config=None with it")
         resume_from = None
+        if resume is None and config is not None:
+            resume = configured_resume(config)  # trainer.resume: auto / a path; None: a fresh run
         if resume is not None:
             point = resume if isinstance(resume, ResumePoint) else self.part.resume_point(resume, config)
             self.resumed_from, config, self.global_step = point.checkpoint, point.cfg, point.step
@@ -90,7 +92,8 @@ class Task:
         self.run_dir: Path = self.ctx.run_dir
         self.status = LiveStatus(self.run_dir)
         if self.resumed_from is not None:
-            self.ctx.display.message(f"resuming from {self.resumed_from} ({self.part.unit} {self.global_step})")
+            how = "" if self.config.trainer.resume == "never" else f" (trainer.resume={self.config.trainer.resume})"
+            self.ctx.display.message(f"resuming from {self.resumed_from} ({self.part.unit} {self.global_step}){how}")
         self.groups: dict[str, WorkerGroup] = {}
         self.roles: Roles | None = None
         self.state: Any = None  # what the program carries across steps (AlgoState, EnvRun)

@@ -34,8 +34,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
     "getter, typo, suggestion, key",
     [
         (get_adv_estimator, "rlo", "rloo", "algorithm.adv_estimator"),
-        (get_policy_loss, "vanila", "vanilla", "actor.policy_loss.loss_mode"),
-        (get_loss_agg_mode, "seq-mean-token-sum-nrm", "seq-mean-token-sum-norm", "actor.loss_agg_mode"),
+        (get_policy_loss, "vanila", "vanilla", "actor.loss.policy.loss_mode"),
+        (get_loss_agg_mode, "seq-mean-token-sum-nrm", "seq-mean-token-sum-norm", "actor.loss.policy.loss_agg_mode"),
         (get_kl_estimator, "low_var", "low_var_kl", "algorithm.kl_penalty"),
     ],
 )
@@ -94,6 +94,6 @@ def test_docs_list_every_builtin_name():
     builtin = [n for n in names if not n.startswith("test_only_")]
     missing = [n for n in builtin if f"`{n}`" not in text]
     assert not missing, f"docs/algorithms.md does not document: {missing}"
-    for key in ("algorithm.adv_estimator", "actor.policy_loss.loss_mode", "actor.loss_agg_mode",
-                "algorithm.kl_penalty", "actor.kl_loss_type"):
+    for key in ("algorithm.adv_estimator", "actor.loss.policy.loss_mode", "actor.loss.policy.loss_agg_mode",
+                "algorithm.kl_penalty", "actor.loss.kl_loss_type"):
         assert key in text

@@ -154,3 +154,18 @@ def test_unsupported_file_type(tmp_path, char_tokenizer):
     path.write_text("prompt\n1+1=\n")
     with pytest.raises(ValueError, match="unsupported file type"):
         RLPromptDataset(path, char_tokenizer, PromptDataConfig())
+
+
+def test_trl_rows_in_both_prompt_forms(tmp_path, char_tokenizer):
+    """TRL's prompt column, as TRL reads it (apply_chat_template: conversational): chat
+    messages go through the chat template, plain text to the model as written; rows need no
+    data_source, and every other column travels with the prompt (what a TRL reward reads)."""
+    rows = [{"prompt": [{"role": "user", "content": "2+3?"}], "solution": "5"}, {"prompt": "7+8=", "solution": "15"}]
+    path = write_records(rows, tmp_path / "trl.jsonl")
+    config = PromptDataConfig(max_prompt_length=64, apply_chat_template="conversational", default_data_source="dataset")
+    ds = RLPromptDataset(path, char_tokenizer, config)
+    batch = ds.collate([ds[0], ds[1]])
+    assert ds[0]["input_ids"] == _rendered(char_tokenizer, rows[0]["prompt"])
+    assert ds[1]["input_ids"] == char_tokenizer("7+8=", add_special_tokens=False)["input_ids"]
+    assert [c["solution"] for c in batch.non_tensor_batch["columns"]] == ["5", "15"]
+    assert list(batch.non_tensor_batch["data_source"]) == ["dataset", "dataset"]

@@ -38,6 +38,9 @@ REWARD_FILE = textwrap.dedent(
 
     def two_args(solution_str, ground_truth):
         return 1.0
+
+    def wrong_shape(text, answer):
+        return 1.0
     '''
 )
 
@@ -171,10 +174,15 @@ def test_missing_inputs_are_named(tokenizer, reward_fn):
 def test_load_reward_fn_errors(tmp_path, reward_fn):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_reward_fn(tmp_path / "absent.py", "compute_score")
-    with pytest.raises(AttributeError, match=r"defines no 'score_fn'.*\['compute_score', 'two_args'\]"):
+    with pytest.raises(AttributeError, match=r"defines no 'score_fn'.*\['compute_score', 'two_args', 'wrong_shape'\]"):
         load_reward_fn(reward_fn.path, "score_fn")
-    with pytest.raises(TypeError, match=r"has no parameter\(s\) \['data_source', 'extra_info'\]"):
-        load_reward_fn(reward_fn.path, "two_args")
+    # verl's per-data-set scorers take (solution_str, ground_truth): called with just those
+    assert load_reward_fn(reward_fn.path, "two_args")(data_source="x", solution_str="1", ground_truth="1",
+                                                     extra_info=None) == 1.0
+    with pytest.raises(TypeError, match=r"wrong_shape in my_reward.py has parameters \['text', 'answer'\].*"
+                                        r"compute_score\(data_source, solution_str, ground_truth.*"
+                                        r"compute_score\(solution_str, ground_truth.*reward\(completions"):
+        load_reward_fn(reward_fn.path, "wrong_shape")
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
     with pytest.raises(ImportError, match="importing reward file .* failed: ModuleNotFoundError"):

@@ -88,7 +88,8 @@ def test_an_existing_run_dir_is_refused_and_kept(good, tmp_path, capsys):
     (None, "does not exist"),
     ("def compute_score(data_source, solution_str, ground_truth, extra_info=None)\n    return 1.0\n",
      "SyntaxError at line 1"),
-    ("def compute_score(solution_str, ground_truth):\n    return 1.0\n", "no parameter(s) ['data_source'"),
+    ("def compute_score(text):\n    return 1.0\n", "none of the shapes a reward function may have: "
+     "compute_score(data_source, solution_str, ground_truth"),
     ("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n",
      "defines no 'compute_score'; functions there: ['score']"),
     ("import sys\nsys.exit(3)\n", "called exit(3) while being imported"),

@@ -208,3 +208,38 @@ def test_sft_warm_start_builds_the_rl_actor_in_its_workers_and_equals_a_fresh_st
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "val/score"):
             if key in a or key in b:
                 assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-7), (key, a["step"])
+
+
+def test_trainer_resume_names_the_checkpoint_a_run_starts_from(tiny_config, tmp_path):
+    """trainer.resume: never (a fresh run), auto (the newest checkpoint of the run directory or
+    of the newest run of the config's name, or a fresh run when there is none), a path."""
+    from test_resume import fake_checkpoint
+
+    from hybridflow.trainer.run.lifecycle import configured_resume
+
+    run = tmp_path / "runs" / "r"
+    assert configured_resume(tiny_config("trainer.resume=auto", f"trainer.run_dir={run}")) is None
+    fake_checkpoint(run, 1)
+    newest = fake_checkpoint(run, 2)
+    assert configured_resume(tiny_config("trainer.resume=auto", f"trainer.run_dir={run}")) == newest
+    assert configured_resume(tiny_config(f"trainer.resume={run}")) == newest
+    assert configured_resume(tiny_config(f"trainer.run_dir={run}")) is None  # never, the default
+    named = tmp_path / "runs" / "arithmetic-grpo-20260101-120000"
+    fake_checkpoint(named, 3)
+    assert configured_resume(tiny_config("trainer.resume=auto")) == named / "checkpoints" / "global_step_3"
+
+
+def test_total_epochs_counts_whole_batches_of_the_prompts_kept(tiny_config):
+    from hybridflow.trainer.observe.display import RunDisplay
+    from hybridflow.trainer.run.setup import with_epoch_steps
+
+    said = []
+    display = RunDisplay("none")
+    display.message = said.append
+    epochs = tiny_config("trainer.total_epochs=3", "trainer.total_steps=null", "data.train_batch_size=4")
+    assert with_epoch_steps(epochs, 10, display).trainer.total_steps == 6  # 3 x 2 batches, 2 prompts left over
+    assert said == ["trainer.total_steps=6: trainer.total_epochs=3 x 2 batches of 4 prompts (10 kept)"]
+    capped = tiny_config("trainer.total_epochs=3", "trainer.total_steps=5", "data.train_batch_size=4")
+    assert with_epoch_steps(capped, 10, display).trainer.total_steps == 5
+    with pytest.raises(ConfigError, match="^trainer.total_epochs: 3 training prompts make no whole batch"):
+        with_epoch_steps(epochs, 3, display)

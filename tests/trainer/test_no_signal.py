@@ -55,3 +55,26 @@ def test_a_run_whose_reward_never_differs_stops_after_the_limit_and_still_export
     assert [r[NO_SIGNAL_STEPS] for r in records] == [1.0, 2.0]
     assert all(r["adv/silent_groups"] == r["adv/groups"] == 4.0 for r in records)
     assert (result.run_dir / "final_model" / "config.json").is_file()  # nothing the run made is lost
+
+
+@pytest.mark.slow
+def test_a_resumed_run_counts_on_and_shows_its_own_step_numbers(ray_local, tiny_config, tmp_path, capfd):
+    """Stopped after 1 of 2 steps and resumed (`hybridflow train --resume`): the progress line
+    shows step 2/2, and adv/no_signal_steps goes on 1, 2 as in the run that never stopped."""
+    from hybridflow.cli import main
+
+    reward_file = tmp_path / "flat_reward.py"
+    reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    return 0.0\n")
+    settings = ("resources.world_size=1", f"reward.custom_fn_path={reward_file}", "trainer.total_steps=2",
+                "trainer.save_freq=1", "trainer.val_before_train=false")
+    with RLTrainer(tiny_config(*settings)) as trainer:
+        whole = trainer.train()
+    with RLTrainer(tiny_config(*settings)) as trainer:
+        stopped = trainer.train(steps=1)
+    capfd.readouterr()
+    assert main(["train", "--resume", str(stopped.run_dir), "trainer.console=plain"]) == 0
+    out = capfd.readouterr().out
+    assert "GRPO: steps 2 to 2" in out and "step 2/2 " in out and "step 1/1 " not in out
+    counts = [r[NO_SIGNAL_STEPS] for r in rl_records(whole.run_dir)]
+    assert counts == [1.0, 2.0] and [r[NO_SIGNAL_STEPS] for r in rl_records(stopped.run_dir)] == counts

@@ -16,15 +16,19 @@ from hybridflow.rewards.registry import reward_fn_reference
 class RewardSection:
     """Rule-based rewards scored in worker processes (errors and hangs are contained).
 
-    custom_fn_path / custom_fn_name: your `compute_score(data_source, solution_str,
-        ground_truth, extra_info)` in a Python file or an importable module (dotted name);
-        null uses the built-in scorers. From Python, custom_fn_path may be the function
-        itself: it is recorded by its import path (see `reward_reference`).
+    custom_fn_path / custom_fn_name: your reward function in a Python file or an importable
+        module (dotted name): verl's `compute_score(data_source, solution_str, ground_truth,
+        extra_info)`, a scorer's `compute_score(solution_str, ground_truth)` or TRL's batched
+        `reward(completions, **kwargs)` (hybridflow/rewards/shapes.py); null uses the built-in
+        scorers. From Python, custom_fn_path may be the function itself: it is recorded by its
+        import path (see `reward_reference`). A list of names: their weighted sum
+        (custom_fn_weights; null: 1 each), as TRL sums its reward_funcs.
     """
 
     manager: RewardConfig = field(default_factory=lambda: RewardConfig(num_workers=1, timeout_s=10.0))
     custom_fn_path: str | Callable[..., float] | None = None  # a function: turned into its path
-    custom_fn_name: str = "compute_score"
+    custom_fn_name: str | list[str] = "compute_score"
+    custom_fn_weights: list[float] | None = None
     # reward templates composed with weights (rewards/templates.py, docs/agents.md); empty:
     # the data source's scorer (or custom_fn). Entries: {name, weight, level, args}.
     templates: list[dict[str, Any]] = field(default_factory=list)
@@ -34,6 +38,10 @@ class RewardSection:
 
         self.custom_fn_path, self.custom_fn_name = reward_reference(self.custom_fn_path, self.custom_fn_name)
         parse_templates(self.templates, "templates")
+        names = self.custom_fn_name if isinstance(self.custom_fn_name, list) else [self.custom_fn_name]
+        if not names or self.custom_fn_weights is not None and len(self.custom_fn_weights) != len(names):
+            raise ConfigError(f"{self.custom_fn_weights} for the {len(names)} functions of custom_fn_name {names}: "
+                              "give one weight per function (null: 1 each)", "custom_fn_weights")
         if self.templates and self.custom_fn_path is not None:
             raise ConfigError("give either templates or custom_fn_path; a file function is the template "
                               "{name: user, args: {path: ..., name: ...}}", "templates")

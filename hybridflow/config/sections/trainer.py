@@ -16,6 +16,10 @@ from hybridflow.errors import ConfigError
 
 # trainer.loggers: where metrics go (hybridflow/trainer/observe/loggers.py).
 LOGGER_NAMES = ("console", "jsonl", "tensorboard", "wandb")
+# trainer.metric_names: the names metrics are logged under (config/compat: other frameworks' names).
+METRIC_NAMES = ("hybridflow", "verl")
+# trainer.resume: what a run does when its run directory (or newest run of its name) has a checkpoint.
+RESUME_WORDS = ("never", "auto")
 
 
 def check_run_name(name: str) -> None:
@@ -121,7 +125,18 @@ class TrainerSection(LoopSection):
     keys (a checkpoint holds models, optimizers, schedules, data position, RNG and algorithm
     state) and
 
-    total_steps: RL steps (one batch of prompts each).
+    total_steps: RL steps (one batch of prompts each); null: total_epochs decides.
+    total_epochs: passes over the training prompts (null: total_steps decides). The run
+        counts its steps once the prompts are read (those data.prompt keeps, in batches of
+        data.train_batch_size, the last partial one dropped): total_epochs x that, or
+        total_steps when that is fewer; config.yaml records the count as total_steps.
+    resume: "never" (a run starts fresh unless told to resume: `--resume`), "auto" (continue
+        from the newest checkpoint of trainer.run_dir, or of the newest run named `name`
+        under output_dir, when there is one; else start fresh), or the path of a run or
+        checkpoint directory to continue from (`--resume PATH`).
+    metric_names: the names metrics are logged under: "hybridflow" (ours) and, added to them,
+        "verl" (verl's names for the same numbers, so dashboards made for verl carry over;
+        docs/migrating.md).
     test_freq: greedy held-out evaluation every this many steps (0: only before and after).
     save_final_model: export the trained actor as a Hugging Face dir (<run>/final_model).
     val_before_train: evaluate the starting policy (logged at step 0) before the first step.
@@ -152,7 +167,9 @@ class TrainerSection(LoopSection):
         never).
     """
 
-    total_steps: int = 30
+    total_steps: int | None = 30
+    total_epochs: int | None = None
+    resume: str = "never"
     test_freq: int = 10
     save_final_model: bool = True
     val_before_train: bool = True
@@ -165,10 +182,18 @@ class TrainerSection(LoopSection):
     log_freq: int = 1000
     return_window: int = 20
     target_return: float | None = None
+    metric_names: list[str] = field(default_factory=lambda: ["hybridflow"])
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive(self, "total_env_steps", "log_freq", "return_window")
+        if "hybridflow" not in self.metric_names or any(n not in METRIC_NAMES for n in self.metric_names):
+            raise ConfigError(f"must hold 'hybridflow' and may add {[n for n in METRIC_NAMES if n != 'hybridflow']}, "
+                              f"got {self.metric_names}", "metric_names")
         at_least(self, 1, "max_no_signal_steps", null="never stop")
-        at_least(self, 1, "total_steps")
+        at_least(self, 1, "total_steps", "total_epochs", null="")
+        if self.total_steps is None and self.total_epochs is None:
+            raise ConfigError("is null and so is total_epochs: set one of them", "total_steps")
+        if not self.resume:
+            raise ConfigError(f"must be one of {list(RESUME_WORDS)} or a run / checkpoint directory", "resume")
         at_least(self, 0, "test_freq", note="0 = only before and after")

@@ -148,10 +148,14 @@ def settings_lines(source: ModelSource) -> list[str]:
     agent = ", agent loop on (rollout.agent.enable)" if r.agent.enable else ""
     return [f"settings from {source.settings_from}:",
             f"  prompts up to {prompt.max_prompt_length} tokens (data.prompt.max_prompt_length), chat "
-            f"template {'on' if prompt.apply_chat_template else 'off'} (data.prompt.apply_chat_template)",
+            f"template {_template_word(prompt.apply_chat_template)} (data.prompt.apply_chat_template)",
             f"  responses up to {r.response_length} tokens (rollout.response_length), dtype {dtype} "
             f"(rollout.dtype), backend {r.name}{agent}",
             f"  {sampling}, {v.n} response(s) per prompt (trainer.validation.*)"]
+
+
+def _template_word(apply: bool | str) -> str:
+    return "for chat-message prompts only" if apply == "conversational" else "on" if apply else "off"
 
 
 def _checked(source: ModelSource) -> ModelSource:

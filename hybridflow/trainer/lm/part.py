@@ -92,7 +92,8 @@ class LanguageModelPart:
     def start(self, task: Task) -> None:
         cfg, ctx = task.config, task.ctx
         ctx.ray.use()  # Ray up with room for the ranks (another trainer may have restarted it)
-        data = train_prompts(cfg, ctx.tokenizer)  # before any worker starts: lengths are checked now
+        # before any worker starts: lengths are checked now (read already when counting trainer.total_epochs)
+        data = ctx.train_data if ctx.train_data is not None else train_prompts(cfg, ctx.tokenizer)
         check_lengths_fit(cfg, max(map(len, data.input_ids)), "the longest training prompt")
         sft_actor = None
         if cfg.sft.steps > 0 and task.resumed_from is None:  # a resumed run warm-started before its checkpoint
@@ -158,7 +159,7 @@ class LanguageModelPart:
         return task.global_step
 
     def show(self, task: Task, end: int) -> None:
-        task.ctx.display.start(task.config.algorithm.name.upper(), self.steps)
+        task.ctx.display.start(task.config.algorithm.name.upper(), end, done=end - self.steps)  # the run's own steps
 
     def step(self, task: Task) -> Step:
         cfg = task.config
@@ -182,7 +183,7 @@ class LanguageModelPart:
         test_freq = task.config.trainer.test_freq
         if test_freq > 0 and task.global_step % test_freq == 0 and task.global_step < end:  # the last: after
             metrics.update(self._val_metrics(task))
-        task.ctx.display.step(self.steps - (end - task.global_step), self.steps, metrics)
+        task.ctx.display.step(task.global_step, end, metrics)
         return metrics
 
     def save_due(self, task: Task, before: int) -> bool:
@@ -236,7 +237,7 @@ class LanguageModelPart:
         for name, group in trained.items():
             group.write_checkpoint(str(directory / name))
         state = {"roles": sorted(trained), "algorithm": task.state.state_dict(), "loader": self.loader.state_dict(),
-                 MODEL_KEY: model_record(task.config, task.ctx.model_path)}
+                 MODEL_KEY: model_record(task.config, task.ctx.model_path), "signal": self.signal.state_dict()}
         if self.async_runner is not None:  # version, seeds' call count, untrained prompts (modes/async_trainer.py)
             state["async"] = self.async_runner.save_state(directory)
         return state
@@ -250,6 +251,8 @@ class LanguageModelPart:
             group.load_checkpoint(str(role_checkpoint_path(checkpoint, name)))
         self.loader.load_state_dict(state["loader"])
         task.state.load_state_dict(state["algorithm"])
+        if "signal" in state:  # adv/no_signal_steps goes on counting as without the stop (older checkpoints: from 0)
+            self.signal.load_state_dict(state["signal"])
         if self.async_runner is not None:
             self.async_runner.load_state(state["async"], checkpoint)
 

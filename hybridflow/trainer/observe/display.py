@@ -68,16 +68,17 @@ class RunDisplay:
         if self.mode != "none":
             self.console.print(text, soft_wrap=True)
 
-    def start(self, title: str, total: int) -> None:
+    def start(self, title: str, total: int, done: int = 0) -> None:
+        """A phase whose steps run from `done` + 1 to `total` (a resumed run: `done` before it)."""
         if self.mode == "rich":
             self._progress = Progress(
                 TextColumn(f"[bold]{title}[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 TextColumn("{task.fields[info]}"), console=self.console, transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(title, total=total, info="")
+            self._task = self._progress.add_task(title, total=total, completed=done, info="")
         elif self.mode == "plain":
-            self.console.print(f"{title}: {total} steps")
+            self.console.print(f"{title}: {total} steps" if done == 0 else f"{title}: steps {done + 1} to {total}")
 
     def step(self, step: int, total: int, metrics: dict[str, Any]) -> None:
         if self._progress is not None:

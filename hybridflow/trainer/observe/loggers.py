@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from hybridflow.config.compat import metric_renames
 from hybridflow.config.schema import RunConfig
 from hybridflow.trainer.observe.display import RunDisplay, eval_summary
 # RL_PHASES: their keys share one step axis in TensorBoard / W&B, as in the plots
@@ -112,12 +113,17 @@ class WandbLogger:
 
 
 class RunLoggers:
-    """Every configured logger behind one `write` / `close`."""
+    """Every configured logger behind one `write` / `close`; `renames(step, metrics)` gives
+    the same numbers under other names too (trainer.metric_names)."""
 
-    def __init__(self, loggers: Mapping[str, MetricLogger]) -> None:
+    def __init__(self, loggers: Mapping[str, MetricLogger],
+                 renames: Callable[[int, Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
         self.loggers = dict(loggers)
+        self.renames = renames
 
     def write(self, phase: str, step: int, metrics: Mapping[str, Any]) -> None:
+        if self.renames is not None:
+            metrics = {**metrics, **self.renames(step, metrics)}
         for logger in self.loggers.values():
             logger.write(phase, step, metrics)
 
@@ -138,7 +144,7 @@ def build_loggers(cfg: RunConfig, run_dir: Path, display: RunDisplay) -> RunLogg
     except BaseException:
         RunLoggers(loggers).close()
         raise
-    return RunLoggers(loggers)
+    return RunLoggers(loggers, metric_renames(cfg.trainer.metric_names, cfg.trainer.validation.n))
 
 
 def _make(name: str, cfg: RunConfig, run_dir: Path, display: RunDisplay) -> MetricLogger:

@@ -31,6 +31,13 @@ class SignalWatch:
         self.in_a_row = 0
         self.hinted = False
 
+    def state_dict(self) -> dict[str, int | bool]:
+        """What a checkpoint keeps, so a resumed run counts on as an uninterrupted one."""
+        return {"in_a_row": self.in_a_row, "hinted": self.hinted}
+
+    def load_state_dict(self, state: dict[str, int | bool]) -> None:
+        self.in_a_row, self.hinted = int(state["in_a_row"]), bool(state["hinted"])
+
     def stop_reason(self, step: int, metrics: dict[str, float]) -> str | None:
         """Record `step`'s signal in `metrics`; the reason to stop now, or None."""
         if SILENT_GROUPS not in metrics:  # a program that made no actor update (custom programs)

@@ -186,14 +186,23 @@ def remax(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
 def dapo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """DAPO (Yu et al. 2025): dynamic sampling, overlong reward shaping, clip-higher, token-mean loss."""
     d = cfg.algorithm.dapo
+    overlong = (cfg.rollout.response_length, overlong_buffer_len(cfg), d.overlong_buffer.penalty_factor)
+    shaped = d.overlong_buffer.enable and d.filter_groups.metric == "shaped_score"  # groups told apart after it
+
+    def sample_round(part: Step, r: int) -> None:
+        generate_and_score(part, roles, cfg, round=r)
+        if shaped:
+            P.add_overlong_penalty(part, *overlong)
+
     if d.filter_groups.enable:
-        P.sample_informative_groups(step, lambda part, r: generate_and_score(part, roles, cfg, round=r),
-                                    cfg.data.train_batch_size, d.filter_groups.max_extra_rounds, group_unit(cfg))
+        P.sample_informative_groups(step, sample_round, cfg.data.train_batch_size, d.filter_groups.max_extra_rounds,
+                                    group_unit(cfg))
     else:
-        generate_and_score(step, roles, cfg)
-    if d.overlong_buffer.enable:
-        P.add_overlong_penalty(step, cfg.rollout.response_length, overlong_buffer_len(cfg),
-                               d.overlong_buffer.penalty_factor)
+        sample_round(step, 0)
+    if shaped:
+        P.overlong_metrics(step, *overlong)  # of the groups trained on, not of the last round
+    elif d.overlong_buffer.enable:
+        P.add_overlong_penalty(step, *overlong)
     train_critic_free(step, roles, cfg, state)
 
 

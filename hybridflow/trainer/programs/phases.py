@@ -355,6 +355,14 @@ def add_overlong_penalty(step: Step, max_response_length: int, buffer_len: int, 
     b = step.batch.batch
     penalty = overlong_reward_penalty(b["response_mask"].sum(-1), max_response_length, buffer_len, penalty_factor)
     b["token_level_scores"] = b["token_level_scores"] + scores_at_last_response_token(penalty, b["response_mask"])
+    overlong_metrics(step, max_response_length, buffer_len, penalty_factor)
+
+
+def overlong_metrics(step: Step, max_response_length: int, buffer_len: int, penalty_factor: float) -> None:
+    """dapo/overlong_penalty_mean and dapo/overlong_ratio of the step's batch (the penalty its
+    response lengths get)."""
+    penalty = overlong_reward_penalty(step.batch.batch["response_mask"].sum(-1), max_response_length, buffer_len,
+                                      penalty_factor)
     step.metrics["dapo/overlong_penalty_mean"] = float(penalty.double().mean())
     step.metrics["dapo/overlong_ratio"] = float((penalty < 0).double().mean())
 

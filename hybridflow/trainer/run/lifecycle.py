@@ -206,6 +206,20 @@ def checkpoint_of_runs(cfg: RunConfig) -> Path:
     return find_checkpoint(newest.parent.parent)  # that run's newest intact checkpoint
 
 
+def configured_resume(cfg: RunConfig) -> Path | None:
+    """The checkpoint trainer.resume names: "auto" the newest of the config's runs (None when
+    there is none yet: the run starts fresh), a path that run or checkpoint, "never" None."""
+    resume = cfg.trainer.resume
+    if resume == "never":
+        return None
+    if resume != "auto":
+        return find_checkpoint(resume)
+    try:
+        return checkpoint_of_runs(cfg)
+    except CheckpointNotFoundError:
+        return None
+
+
 def resume_config(resume: str | Path | SavedRun, cfg: RunConfig | None) -> RunConfig:
     """The config of the resumed run (`resume`: a run or checkpoint directory, or a
     SavedRun): the run's saved config.yaml, or `cfg` when it only changes keys in

@@ -294,7 +294,7 @@ def check_scorers(data_sources: Iterable[str], key: str) -> None:
 # ----------------------------------------------------------------------------- reward file
 
 
-def check_reward_file(path: str, name: str, key: str) -> Any:
+def check_reward_file(path: str, name: str | list[str], key: str) -> Any:
     """Import the reward function `name` from `path` (FileRewardFn); ConfigError naming the file."""
     from hybridflow.rewards.registry import load_reward_fn
 

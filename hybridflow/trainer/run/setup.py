@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.algorithms import PolicyLossConfig
-from hybridflow.config import ConfigError
+from hybridflow.config import ConfigError, save_config
 from hybridflow.config.dtypes import auto_note, auto_sections
 from hybridflow.config.schema import RunConfig, resolve_run_config
 from hybridflow.config.sections.resources import ComputeSection
@@ -70,6 +70,7 @@ class RunContext:
     ray: RayHold
     cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
     keep_phases: tuple[str, ...] = ("sft",)  # metrics.jsonl phases a resume keeps whole (reopen_run_dir)
+    train_data: Any = None  # the training prompts when they were read to count trainer.total_epochs
 
     @classmethod
     def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None,
@@ -105,6 +106,11 @@ class RunContext:
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
             model_path = base_model_path(cfg, run_dir, write_builtin=True)
             tokenizer = load_tokenizer(model_path)
+            train_data = None
+            if cfg.trainer.total_epochs is not None:  # the steps are counted from the prompts kept
+                train_data = train_prompts(cfg, tokenizer)
+                cfg = with_epoch_steps(cfg, len(train_data), display)
+                save_config(cfg, run_dir / "config.yaml")
             val_batch = val_prompts(cfg, tokenizer)
             if val_batch is not None:
                 longest = int(val_batch.batch["attention_mask"].sum(-1).max())
@@ -120,7 +126,7 @@ class RunContext:
                 discard_unused_run_dir(run_dir)
             raise
         return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_hold,
-                   keep_phases=keep_phases)
+                   keep_phases=keep_phases, train_data=train_data)
 
     def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
         """The context of this run continuing from `checkpoint` with `cfg` (an automatic
@@ -180,7 +186,7 @@ def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     fn, specs = None, parse_templates(cfg.reward.templates)
     if cfg.reward.custom_fn_path is not None:
-        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name)
+        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, cfg.reward.custom_fn_weights)
     elif any(s.level == "trajectory" for s in specs):
         fn = ComposedScore(specs)
     return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn, turn_templates=specs)
@@ -209,6 +215,21 @@ def train_prompts(cfg: RunConfig, tokenizer: Any) -> RLPromptDataset:
         f"{stats['truncated']} truncated"
     )
     return ds
+
+
+def with_epoch_steps(cfg: RunConfig, prompts: int, display: RunDisplay) -> RunConfig:
+    """cfg with trainer.total_steps counted from trainer.total_epochs: epochs x whole batches
+    of the `prompts` kept (the last partial batch dropped), or total_steps when set and fewer."""
+    t, batch = cfg.trainer, cfg.data.train_batch_size
+    steps = t.total_epochs * (prompts // batch)
+    if t.total_steps is not None and t.total_steps <= steps:
+        return cfg
+    if steps < 1:
+        raise ConfigError(f"{prompts} training prompts make no whole batch of data.train_batch_size={batch}",
+                          "trainer.total_epochs")
+    display.message(f"trainer.total_steps={steps}: trainer.total_epochs={t.total_epochs} x {prompts // batch} "
+                    f"batches of {batch} prompts ({prompts} kept)")
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(t, total_steps=steps))
 
 
 def val_prompts(cfg: RunConfig, tokenizer: Any) -> DataProto | None:
