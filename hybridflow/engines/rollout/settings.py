@@ -16,6 +16,10 @@ MATMUL_MODES = ("auto", "native", "fp32_panels")  # see gemm.py
 
 LOG_PROB_MODES = ("scaled", "processed")
 
+# How the native engine's decode loop runs (config.py): "host" reads every token back,
+# "device" keeps decoding, sampling and stops on the device (device_loop.py), "auto" picks.
+DECODE_LOOPS = ("auto", "host", "device")
+
 
 class InvalidSampling(ValueError):
     """Bad SamplingParams: `problems` lists (argument, what is wrong), the first one first."""
