@@ -13,7 +13,8 @@ import dataclasses
 
 import pytest
 import torch
-from rollout_helpers import char_tokenizer, full_forward_log_probs, left_padded, load_hf, save_model, truncated_log_probs
+from rollout_helpers import (char_tokenizer, full_forward_log_probs, left_padded, load_hf, save_model,
+                             truncated_log_probs)
 
 from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig, SamplingParams
 from hybridflow.engines.rollout.device_loop import bucket_of
