@@ -279,7 +279,7 @@ def rollout_case(path: Path, batch: int, args, ceilings: dict[str, float], hf_st
         start = time.perf_counter()
         fn()  # warm-up (kernel choice, graph capture, compiling)
         result[f"{name}_first_call_s"] = round(time.perf_counter() - start, 2)
-        seconds = best_time(fn, args.device, repeats=2)
+        seconds = best_time(fn, args.device, repeats=1 if args.tiny else 2)
         result[f"{name}_tok_s"] = round(tokens / seconds, 1)
     if not hf_static:
         result["ours_cuda_graphs"] = graphs
