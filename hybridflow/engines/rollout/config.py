@@ -17,7 +17,7 @@ import torch
 from hybridflow.engines.precision import resolve_dtype
 from hybridflow.engines.rollout.gemm import resolve_matmul
 from hybridflow.engines.rollout.sampling import LOG_PROB_MODES
-from hybridflow.engines.rollout.settings import DECODE_LOOPS
+from hybridflow.engines.rollout.settings import checked_decode_loop
 from hybridflow.errors import ConfigError
 
 
@@ -61,21 +61,9 @@ class RolloutConfig:
         object.__setattr__(self, "matmul", resolve_matmul(self.matmul, self.dtype, device_type))
         if self.max_num_seqs < 1 or self.prefill_token_budget < 1:
             raise ValueError("max_num_seqs and prefill_token_budget must be >= 1")
-        object.__setattr__(self, "decode_loop", resolve_decode_loop(self.decode_loop, device_type))
+        loop = checked_decode_loop(self.decode_loop, device_type, compile_decode=self.compile_decode,
+                                   cuda_graphs=self.cuda_graphs)
+        object.__setattr__(self, "decode_loop", loop)
         if self.readback_every < 1:
             raise ConfigError(f"must be >= 1, got {self.readback_every}", "readback_every")
-        if (self.cuda_graphs or self.compile_decode) and self.decode_loop != "device":
-            key = "cuda_graphs" if self.cuda_graphs else "compile_decode"
-            raise ConfigError("applies to the device decode loop only: set decode_loop: device (or auto on a GPU)",
-                              key)
-        if self.cuda_graphs and device_type != "cuda":
-            raise ConfigError(f"needs a CUDA device, got device={self.device!r}: set it to false", "cuda_graphs")
 
-
-def resolve_decode_loop(mode: str, device_type: str) -> str:
-    """The concrete decode loop for config value `mode` on `device_type`."""
-    if mode not in DECODE_LOOPS:
-        raise ConfigError(f"must be one of {DECODE_LOOPS}, got {mode!r}", "decode_loop")
-    if mode != "auto":
-        return mode
-    return "device" if device_type == "cuda" else "host"
