@@ -200,7 +200,7 @@ def train_case(path: Path, variant: str, args, peak: float) -> dict[str, Any]:
     flops = training_flops(params, layers, hidden, [prompt + response] * n)
     return {
         "step_s": round(step_s, 4), "tokens_per_s": round(n * (prompt + response) / step_s, 1),
-        "mfu": round(flops / step_s / peak, 4), "tflop_s": round(flops / step_s / 1e12, 2),
+        "mfu": figure(flops / step_s / peak), "tflop_s": figure(flops / step_s / 1e12),
         "matmul_params": params, "batch": [n, prompt, response, micro], "settings": kw,
         "loss": round(float(metrics.get("actor/loss", float("nan"))), 5),
         "grad_norm": round(float(metrics.get("actor/grad_norm", float("nan"))), 5),
@@ -284,13 +284,18 @@ def rollout_case(path: Path, batch: int, args, ceilings: dict[str, float], hf_st
     if not hf_static:
         result["ours_cuda_graphs"] = graphs
         result["roofline_tok_s"] = round(decode_roofline_tok_s(path, batch, args, ceilings["copy_bytes_per_s"]), 1)
-        result["fraction_of_roofline"] = round(result["ours_tok_s"] / result["roofline_tok_s"], 4)
+        result["fraction_of_roofline"] = figure(result["ours_tok_s"] / result["roofline_tok_s"])
     result["peak_gpu_gib"] = peak_memory_gib(args.device)
     return result
 
 
 def check_tokens(out: DataProto, expected: int) -> None:
     assert int(out.batch["response_mask"].sum()) == expected, "every row must run max_new tokens (eos ignored)"
+
+
+def figure(value: float, digits: int = 3) -> float:
+    """`value` to `digits` significant digits: a CPU's 0.03 TFLOP/s is not rounded to 0."""
+    return float(f"{value:.{digits}g}")
 
 
 def best_time(fn: Callable[[], None], device: str, repeats: int) -> float:
@@ -315,8 +320,8 @@ def ceilings_case(args) -> dict[str, Any]:
     seconds = best_time(lambda: dst.copy_(src), args.device, repeats=20 if gpu else 3)
     size = 8192 if gpu else 256
     peak = measure_matmul_flops(torch.bfloat16, size=size, seconds=1.0 if gpu else 0.05)
-    return {"copy_bytes_per_s": 2 * src.numel() * 2 / seconds, "copy_tb_s": round(4 * src.numel() / seconds / 1e12, 3),
-            "bf16_matmul_flops": peak, "bf16_matmul_tflop_s": round(peak / 1e12, 1), "matmul_size": size,
+    return {"copy_bytes_per_s": 2 * src.numel() * 2 / seconds, "copy_tb_s": figure(4 * src.numel() / seconds / 1e12),
+            "bf16_matmul_flops": peak, "bf16_matmul_tflop_s": figure(peak / 1e12), "matmul_size": size,
             "copy_bytes": 4 * src.numel()}
 
 
@@ -528,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     peak = ceilings["bf16_matmul_flops"]
     record["bf16_matmul_peak_tflop_s"], record["copy_tb_s"] = ceilings["bf16_matmul_tflop_s"], ceilings["copy_tb_s"]
     print(f"gpu_check on {record['machine'].get('gpu', 'cpu')}: torch {torch.__version__}, bf16 matmul "
-          f"{peak / 1e12:.1f} TFLOP/s, copy {ceilings['copy_tb_s']} TB/s (measured)", flush=True)
+          f"{peak / 1e12:.3g} TFLOP/s, copy {ceilings['copy_tb_s']} TB/s (measured)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         paths = {name: save_random_model(work, name, args.tiny, args.device) for name in args.models}

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 GOALS = {"smollm2_decode_tok_s_at_batch_256", "llama_1b_decode_fraction_of_hbm_roofline",
          "decode_over_best_hf_generate", "train_mfu_llama_1b", "train_mfu_smollm2", "grpo_step_over_trl"}
 
 
+@pytest.mark.slow  # 165 s at load 15 (2-core EPYC): a GRPO step, two engines and HF's static cache
 def test_gpu_check_runs_on_cpu_tiny(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--budget-s", "100000",
@@ -24,7 +27,7 @@ def test_gpu_check_runs_on_cpu_tiny(tmp_path):
     assert record["all_ok"] and all(case["ok"] for case in cases.values())
     assert {name.split("/")[0] for name in cases} == {"ceilings", "rollout", "train", "grpo", "logprob_parity",
                                                       "packed", "rollout_hf_static"}
-    assert cases["ceilings"]["copy_tb_s"] > 0 and cases["ceilings"]["bf16_matmul_tflop_s"] >= 0
+    assert cases["ceilings"]["copy_tb_s"] > 0 and cases["ceilings"]["bf16_matmul_tflop_s"] > 0
     for variant in ("plain", "fast"):
         train = cases[f"train/tiny/{variant}"]
         assert train["step_s"] > 0 and 0 < train["mfu"] < 1
@@ -43,4 +46,4 @@ def test_gpu_check_runs_on_cpu_tiny(tmp_path):
     assert cases["packed/tiny"]["max_abs_diff"] < 0.05
     assert set(record["goals"]) == GOALS
     assert all(goal["status"] in ("met", "not met", "not measured") for goal in record["goals"].values())
-    assert record["machine"]["torch"] and record["bf16_matmul_peak_tflop_s"] >= 0
+    assert record["machine"]["torch"] and record["bf16_matmul_peak_tflop_s"] > 0
