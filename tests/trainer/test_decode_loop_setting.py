@@ -1,7 +1,7 @@
 """The native engine's decode-loop settings from a run config: rollout.decode_loop,
 readback_every, compile_decode and cuda_graphs reach the rollout engine, a bad value is one
-line keyed by its setting (CLI exit 2), and the loop "auto" resolved to is printed once and
-saved in config.yaml."""
+line keyed by its setting (CLI exit 2), the loop "auto" resolved to is printed once and
+saved in config.yaml, and a resumed run may change them (a CPU run resumed on a GPU)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import yaml
 from hybridflow.cli import main
 from hybridflow.config.schema import load_run_config
 from hybridflow.config.validation import run_decode_loop
+from hybridflow.errors import ConfigError
+from hybridflow.trainer.run.lifecycle import RESUMABLE_CHANGES, unchanged_but
 from hybridflow.workers.generation import rollout_engine_config
 
 
@@ -57,3 +59,11 @@ def test_a_run_prints_its_decode_loop_once_and_saves_it(ray_local, tmp_path, cap
         assert yaml.safe_load((ctx.run_dir / "config.yaml").read_text())["rollout"]["decode_loop"] == saved
     finally:
         ctx.close()
+
+
+def test_a_resumed_run_may_change_the_decode_loop_but_not_the_sampling(tmp_path):
+    saved = load_run_config(None, ["rollout.decode_loop=host"])
+    on_gpu = load_run_config(None, ["rollout.decode_loop=device", "rollout.readback_every=4"])
+    assert unchanged_but(tmp_path, saved, on_gpu, RESUMABLE_CHANGES, "fix").rollout.decode_loop == "device"
+    with pytest.raises(ConfigError, match="rollout.temperature"):
+        unchanged_but(tmp_path, saved, load_run_config(None, ["rollout.temperature=0.5"]), RESUMABLE_CHANGES, "fix")
