@@ -37,6 +37,11 @@ of a bf16 GEMM (hybridflow/engines/rollout/gemm.py); torch's bf16 kernel on such
 emulated at ~1/4 of the fp32 rate. The `torch kernel` column (bf16 rows where auto picked
 panels, unless --no-torch-kernel) is our engine with matmul="native", i.e. in torch's own
 bf16 GEMM like HF: it separates what continuous batching saves from what the kernel saves.
+The `device loop` column (unless --no-device-loop) is our engine with
+decode_loop="device" (sampling and stop ids on the device, state read back every
+--readback-every steps, live rows padded to batch buckets: engines/rollout/device_loop.py)
+against the default per-token host loop, same prompts, same tokens (asserted): it decides
+the CPU default of RolloutConfig.decode_loop (benchmarks/results/rollout_decode_loop.json).
 Writes benchmarks/results/rollout.json with the machine description.
 """
 
@@ -97,13 +102,15 @@ def _since(start: Timing) -> Timing:
     return time.perf_counter() - start[0], time.process_time() - start[1]
 
 
-def run_ours(engine: NativeRolloutEngine, prompts: DataProto, budgets: list[int]) -> Timing:
+def run_ours(engine: NativeRolloutEngine, prompts: DataProto, budgets: list[int], keep: dict | None = None) -> Timing:
     params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=b, ignore_eos=True, seed=i)
               for i, b in enumerate(budgets)]
     start = _clock()
     out = engine.generate(prompts, params)
     elapsed = _since(start)
     assert int(out.batch["response_mask"].sum()) == sum(budgets)
+    if keep is not None:
+        keep["responses"] = out.batch["responses"]
     return elapsed
 
 
@@ -138,6 +145,10 @@ def bench_case(path: Path, name: str, batch: int, dtype_name: str, args) -> dict
     if args.torch_kernel and engines["ours"].config.matmul != "native":
         engines["torch_kernel"] = NativeRolloutEngine.from_pretrained(
             path, RolloutConfig(dtype=dtype, max_num_seqs=batch, matmul="native"))
+    if args.device_loop:
+        engines["device_loop"] = NativeRolloutEngine.from_pretrained(
+            path, RolloutConfig(dtype=dtype, max_num_seqs=batch, decode_loop="device",
+                                readback_every=args.readback_every))
     prompts, budgets = make_workload(batch, hf.config.vocab_size, args.prompt_lens, max_new)
     warm_prompts, warm_budgets = make_workload(2, hf.config.vocab_size, args.prompt_lens, 4, seed=1)
     for engine in engines.values():
@@ -145,11 +156,12 @@ def bench_case(path: Path, name: str, batch: int, dtype_name: str, args) -> dict
     run_hf(hf, warm_prompts, 4, args.hf_cache)
     times: dict[str, list[Timing]] = {key: [] for key in [*engines, "hf"]}
     loads = []
+    outputs: dict[str, dict] = {key: {} for key in engines}
     for _ in range(args.repeats):
         for key in times:  # interleaved: ours, hf, torch_kernel, ours, hf, torch_kernel, ...
             loads.append(os.getloadavg()[0])
             times[key].append(run_hf(hf, prompts, max_new, args.hf_cache) if key == "hf"
-                              else run_ours(engines[key], prompts, budgets))
+                              else run_ours(engines[key], prompts, budgets, outputs[key]))
     useful = sum(budgets)
     wall = {key: min(t[0] for t in runs) for key, runs in times.items()}
     cpu = {key: min(t[1] for t in runs) for key, runs in times.items()}
@@ -181,6 +193,20 @@ def bench_case(path: Path, name: str, batch: int, dtype_name: str, args) -> dict
         "ours_gemm_gflop_s": round(ours_flops / t_ours / 1e9, 1), "hf_gemm_gflop_s": round(hf_flops / t_hf / 1e9, 1),
         "hf_cache": args.hf_cache, "load_avg_1m_per_run": [round(x, 2) for x in loads],
     }
+    if "device_loop" in times:
+        t_dev, stats_dev = wall["device_loop"], engines["device_loop"].last_stats
+        row.update({
+            "device_loop_s": round(t_dev, 3), "device_loop_tok_s": round(useful / t_dev, 1),
+            "device_loop_cpu_s": round(cpu["device_loop"], 3),
+            "device_over_host_speed": round(t_ours / t_dev, 2),
+            "device_over_host_speed_cpu_time": round(cpu["ours"] / cpu["device_loop"], 2),
+            "device_loop_same_tokens": bool(torch.equal(outputs["device_loop"]["responses"],
+                                                        outputs["ours"]["responses"])),
+            "device_loop_readback_every": args.readback_every, "device_loop_readbacks": stats_dev.readbacks,
+            "device_loop_decode_row_steps": stats_dev.decode_row_steps, "host_loop_decode_row_steps":
+                stats.decode_row_steps,
+            "device_loop_runs_wall_cpu_s": [[round(w, 3), round(c, 3)] for w, c in times["device_loop"]],
+        })
     if "torch_kernel" in times:
         t_kernel = wall["torch_kernel"]
         row.update({
@@ -221,14 +247,17 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     head = f"{'model':>6} {'batch':>5} {'dtype':>5} {'tokens':>7} {'ours s':>8} {'ours tok/s':>10} {'hf s':>8} " \
            f"{'hf tok/s':>9} {'speedup':>7} {'cpu-time':>8} {'work ratio':>10} {'flop ratio':>10} {'load':>5} | " \
            f"{'torch-kernel tok/s':>18} {'speedup':>7} {'cpu-time':>8}"
-    print(head)
+    print(head + f" | {'device-loop tok/s':>17} {'vs host':>7} {'cpu-time':>8} {'same':>5}")
     for r in rows:
         load = max(r["load_avg_1m_per_run"])
         extra = (f"{r['torch_kernel_tok_s']:>18} {r['speedup_torch_kernel']:>6}x "
                  f"{r['speedup_torch_kernel_cpu_time']:>7}x" if "torch_kernel_s" in r else f"{'-':>18} {'-':>7} {'-':>8}")
         print(f"{r['model']:>6} {r['batch']:>5} {r['dtype']:>5} {r['useful_tokens']:>7} {r['ours_s']:>8} "
               f"{r['ours_tok_s']:>10} {r['hf_s']:>8} {r['hf_tok_s']:>9} {r['speedup']:>6}x {r['speedup_cpu_time']:>7}x "
-              f"{r['work_ratio_hf_over_ours']:>9}x {r['flop_ratio_hf_over_ours']:>9}x {load:>5.1f} | {extra}")
+              f"{r['work_ratio_hf_over_ours']:>9}x {r['flop_ratio_hf_over_ours']:>9}x {load:>5.1f} | {extra}"
+              + (f" | {r['device_loop_tok_s']:>17} {r['device_over_host_speed']:>6}x "
+                 f"{r['device_over_host_speed_cpu_time']:>7}x {str(r['device_loop_same_tokens']):>5}"
+                 if "device_loop_s" in r else ""))
 
 
 def main() -> None:
@@ -246,6 +275,9 @@ def main() -> None:
                         help="KV cache of transformers generate")
     parser.add_argument("--no-torch-kernel", dest="torch_kernel", action="store_false",
                         help="skip the column of our engine in torch's own bf16 kernel (matmul='native')")
+    parser.add_argument("--no-device-loop", dest="device_loop", action="store_false",
+                        help="skip the column of our engine with decode_loop='device'")
+    parser.add_argument("--readback-every", type=int, default=8, help="the device loop's readback interval")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -179,7 +179,7 @@ def run_trl(spec: dict) -> dict:
         scale_rewards="group",
         gradient_checkpointing=False,  # GRPOConfig turns it on by default; hybridflow runs without
         bf16=spec["dtype"] == "bf16",
-        use_cpu=True,
+        use_cpu=spec.get("device", "cpu") == "cpu",  # gpu_check.py runs it on a GPU
         shuffle_dataset=False,  # both systems take the prompts in file order
         max_steps=spec["steps"],
         logging_steps=1,

@@ -67,7 +67,7 @@ from hybridflow.config.sections.rewards import CostModelSection, RewardModelSect
 from hybridflow.config.sections.roles import ActorSection, CriticSection
 from hybridflow.config.sections.sft import SFTSection
 from hybridflow.config.sections.trainer import TrainerSection, check_run_name
-from hybridflow.config.validation import validate_run_config
+from hybridflow.config.validation import run_decode_loop, validate_run_config
 from hybridflow.workers.config import RolloutWorkerConfig
 
 
@@ -218,14 +218,17 @@ def resolve_run_config(cfg: RunConfig) -> RunConfig:
     config.yaml: resources.world_size and threads_per_rank, algorithm.adv_estimator,
     algorithm.dapo.overlong_buffer.len, each role's dtype: auto (config/dtypes.py),
     resources.omp_wait_policy: auto and on a shared machine threads_per_rank (controller/omp.py),
-    reward.manager.memory_limit_mb and cpu_time_s: auto (rewards/limits.py)."""
+    reward.manager.memory_limit_mb and cpu_time_s: auto (rewards/limits.py), rollout.decode_loop:
+    auto (config/validation.py: run_decode_loop)."""
     from hybridflow.config.dtypes import resolved_dtypes
     from hybridflow.controller import omp  # imports Ray and torch: only when a run resolves
     from hybridflow.rewards.limits import resolved_limits
 
     resources = omp.resolve_for_load(cfg.resources, resolved_resources(cfg.resources))
     reward = dataclasses.replace(cfg.reward, manager=resolved_limits(cfg.reward.manager))
-    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg), reward=reward)
+    rollout = dataclasses.replace(cfg.rollout, decode_loop=run_decode_loop(cfg))
+    cfg = dataclasses.replace(cfg, resources=resources, algorithm=resolved_algorithm(cfg), reward=reward,
+                              rollout=rollout)
     return resolved_dtypes(cfg)
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from hybridflow.config.algorithm import check_algorithm
 from hybridflow.config.sections.async_rl import check_async_settings
 from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, require_gpu
+from hybridflow.engines.rollout.settings import checked_decode_loop
 from hybridflow.engines.train.config import EngineSettings
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import check_role_engine, check_role_pipeline
@@ -63,6 +64,7 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     tp_gen = cfg.rollout.tensor_model_parallel_size
     if cfg.rollout.name in EXTERNAL_ENGINES and (why := require_gpu(cfg.rollout.name, cfg.resources.use_gpu)):
         raise ConfigError(why, "resources.use_gpu")
+    run_decode_loop(cfg)
     if actor_ranks % tp_gen:
         raise ConfigError(f"{tp_gen} does not divide the actor's {actor_ranks} ranks",
                           "rollout.tensor_model_parallel_size")
@@ -92,6 +94,18 @@ def validate_run_config(cfg: RunConfig) -> Layout:
     check_async_settings(cfg)
     pool = cfg.async_rl.rollout_ranks if cfg.trainer.mode != "sync" else 0
     return Layout(world, actor_ranks, critic_ranks if cfg.use_critic else 0, groups, prompts * cfg.rollout.n, pool)
+
+
+def run_decode_loop(cfg: RunConfig) -> str:
+    """rollout.decode_loop as the run's native rollout engines resolve it ("auto": "device"
+    with resources.use_gpu, else "host"); ConfigError keyed rollout.* where
+    rollout.compile_decode or rollout.cuda_graphs cannot run with it."""
+    r = cfg.rollout
+    try:
+        return checked_decode_loop(r.decode_loop, "cuda" if cfg.resources.use_gpu else "cpu",
+                                   compile_decode=r.compile_decode, cuda_graphs=r.cuda_graphs)
+    except ConfigError as err:
+        raise err.within("rollout") from None
 
 
 def _check_actor_pipeline(cfg: RunConfig, actor_ranks: int, tp_gen: int) -> None:

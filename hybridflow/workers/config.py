@@ -27,7 +27,13 @@ from hybridflow.engines.precision import DTYPE_NAMES, DtypeName
 from hybridflow.engines.reshard.method import ReshardMethod
 from hybridflow.engines.rollout.external import EXTERNAL_ENGINES, check_external_backend
 from hybridflow.engines.rollout.registry import check_rollout_backend, multi_turn_backends
-from hybridflow.engines.rollout.settings import LOG_PROB_MODES, MATMUL_MODES, InvalidSampling, SamplingParams
+from hybridflow.engines.rollout.settings import (
+    DECODE_LOOPS,
+    LOG_PROB_MODES,
+    MATMUL_MODES,
+    InvalidSampling,
+    SamplingParams,
+)
 from hybridflow.envs.agent.config import AgentConfig
 from hybridflow.engines.train.config import (
     ActorLossConfig,
@@ -55,6 +61,11 @@ class RolloutWorkerConfig:
     max_num_seqs / max_model_len / prefill_token_budget / log_prob_mode / matmul: engine
         knobs (engines/rollout/engine.py; matmul "auto" runs bf16 products as fp32 panels on
         CPUs without native bf16, engines/rollout/gemm.py).
+    decode_loop / readback_every / compile_decode / cuda_graphs: the native engine's decode
+        loop (engines/rollout/config.py, device_loop.py): "auto" is "device" with
+        resources.use_gpu and "host" otherwise, resolved when the run starts (config.yaml);
+        compile_decode and cuda_graphs need the device loop, cuda_graphs a GPU (checked with
+        the run's resources, config/validation.py).
     seed: base seed; each generation call and micro-DP group derives its own from it.
     temperature ... stop: default sampling; a call's prompts.meta_info overrides any of
         them (keys temperature, top_p, top_k, max_new_tokens or response_length, n,
@@ -70,6 +81,10 @@ class RolloutWorkerConfig:
     prefill_token_budget: int = 8192
     log_prob_mode: str = "scaled"
     matmul: str = "auto"
+    decode_loop: str = "auto"
+    readback_every: int = 8
+    compile_decode: bool = False
+    cuda_graphs: bool = False
     seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -102,10 +117,11 @@ class RolloutWorkerConfig:
         except ValueError as err:
             raise ConfigError(str(err), "reshard_method") from None
         for key, value, allowed in (("dtype", self.dtype, DTYPE_NAMES), ("log_prob_mode", self.log_prob_mode,
-                                    LOG_PROB_MODES), ("matmul", self.matmul, MATMUL_MODES)):
+                                    LOG_PROB_MODES), ("matmul", self.matmul, MATMUL_MODES),
+                                    ("decode_loop", self.decode_loop, DECODE_LOOPS)):
             if value not in allowed:
                 raise ConfigError(f"must be one of {tuple(allowed)}, got {value!r}", key)
-        for key in ("max_num_seqs", "prefill_token_budget"):
+        for key in ("max_num_seqs", "prefill_token_budget", "readback_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"must be >= 1, got {getattr(self, key)}", key)
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -24,7 +24,8 @@ def rollout_engine_config(r: RolloutWorkerConfig, device: torch.device) -> Rollo
     return RolloutConfig(
         dtype=resolve_dtype(r.dtype, device.type), device=str(device), max_num_seqs=r.max_num_seqs,
         max_model_len=r.max_model_len, keep_kv_cache=False, log_prob_mode=r.log_prob_mode,
-        prefill_token_budget=r.prefill_token_budget, seed=r.seed, matmul=r.matmul,
+        prefill_token_budget=r.prefill_token_budget, seed=r.seed, matmul=r.matmul, decode_loop=r.decode_loop,
+        readback_every=r.readback_every, compile_decode=r.compile_decode, cuda_graphs=r.cuda_graphs,
     )
 
 

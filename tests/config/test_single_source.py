@@ -201,6 +201,10 @@ RUN_RULES = [
     # the rollout worker's rules
     (["rollout.seed=-1"], "rollout.seed"),
     (["rollout.matmul=fast"], "rollout.matmul"),
+    (["rollout.decode_loop=gpu"], "rollout.decode_loop"),
+    (["rollout.readback_every=0"], "rollout.readback_every"),
+    (["rollout.compile_decode=true"], "rollout.compile_decode"),  # auto is the host loop without a GPU
+    (["rollout.decode_loop=device", "rollout.cuda_graphs=true"], "rollout.cuda_graphs"),  # a CPU run
     (["resources.world_size=2", "rollout.tensor_model_parallel_size=4"], "rollout.tensor_model_parallel_size"),
     # cross-section rules
     (["actor.micro_batch.mini_batch_size=48"], "actor.micro_batch.mini_batch_size"),

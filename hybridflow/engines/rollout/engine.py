@@ -18,6 +18,10 @@ The stop token / completing token is kept in the response.
 Randomness: every sample owns a generator seeded from (seed, prompt row, sample index)
 when SamplingParams.seed is set, else from (config.seed, call number, row, sample). Results
 therefore do not depend on batch composition, slot count or tensor-parallel size.
+
+Decode loop (`config.decode_loop`): "host" (scheduler.py) reads each step's tokens back;
+"device" (device_loop.py) samples and stops on the device and reads back every few steps,
+with the same tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from hybridflow.engines.rollout.batch_io import (
     unpad_prompts,
 )
 from hybridflow.engines.rollout.config import RolloutConfig
+from hybridflow.engines.rollout.device_loop import DeviceLoopScheduler, DeviceSteps, SlotState
 from hybridflow.engines.rollout.interface import RolloutEngine
 from hybridflow.engines.rollout.kv_cache import KVCache
 from hybridflow.engines.rollout.model import DecoderModel
@@ -69,6 +74,9 @@ class NativeRolloutEngine(RolloutEngine):
         self.cache: KVCache | None = None
         self.last_stats: RunStats | None = None
         self._calls = 0
+        self._state: SlotState | None = None  # device loop: per-slot sequence state
+        self._steps = DeviceSteps(self.model, config.log_prob_mode, cuda_graphs=config.cuda_graphs,
+                                  compile_step=config.compile_decode)
 
     # ----------------------------------------------------------------- RolloutEngine
     @property
@@ -93,7 +101,8 @@ class NativeRolloutEngine(RolloutEngine):
         return TurnEngine(self, slots=slots)
 
     def release_memory(self, *, keep_weights: bool = False) -> None:
-        self.cache = None
+        self._steps.reset()  # captured graphs read the cache and weights being freed
+        self.cache, self._state = None, None
         self.model.release_buffers()
         self.model.weights.release(keep_values=keep_weights)
 
@@ -113,16 +122,21 @@ class NativeRolloutEngine(RolloutEngine):
         need_len = max(len(r.prompt) + r.params.max_new_tokens for r in requests)
         slots = min(self.config.max_num_seqs, len(requests))
         cache = self._acquire_cache(slots, need_len)
-        scheduler = Scheduler(
-            self.model, cache, slots=slots, max_len=self.max_len,
-            log_prob_mode=self.config.log_prob_mode,
-            prefill_token_budget=self.config.prefill_token_budget, tokenizer=self.tokenizer,
-        )
+        common = dict(slots=slots, max_len=self.max_len, log_prob_mode=self.config.log_prob_mode,
+                      prefill_token_budget=self.config.prefill_token_budget, tokenizer=self.tokenizer)
+        if self.config.decode_loop == "device":
+            state = self._acquire_state(slots, max(p.max_new_tokens for p in params),
+                                        max(1, max(len(r.stop_ids) for r in requests)))
+            scheduler = DeviceLoopScheduler(self.model, cache, state, self._steps,
+                                            readback_every=self.config.readback_every, **common)
+        else:
+            scheduler = Scheduler(self.model, cache, **common)
         try:
             self.last_stats = scheduler.run(requests)
         finally:
-            if not self.config.keep_kv_cache:
-                self.cache = None
+            # captured graphs read the cache's addresses: it stays while they do
+            if not (self.config.keep_kv_cache or self.config.cuda_graphs):
+                self.cache, self._state = None, None
         self._calls += 1
         return pack_output(prompts, requests, params, self.pad_id)
 
@@ -149,6 +163,15 @@ class NativeRolloutEngine(RolloutEngine):
         if self.cache is not None and self.cache.fits(slots, max_len, self.config.dtype, dev):
             return self.cache
         self.cache = None  # drop the old one before allocating its replacement
+        self._steps.reset()
         self.cache = KVCache(s.num_layers, slots, self.model.n_kv, max_len, s.head_dim, self.config.dtype, dev)
         return self.cache
+
+    def _acquire_state(self, slots: int, width: int, stops: int) -> SlotState:
+        dev = self.model.weights.norm.device
+        if self._state is None or not self._state.fits(slots, width, stops, dev):
+            self._steps.reset()
+            self._state = None
+            self._state = SlotState.allocate(slots, width, stops, dev)
+        return self._state
 

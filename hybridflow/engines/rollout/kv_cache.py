@@ -57,3 +57,11 @@ class KVCache:
         """Copy the first `length` positions of slot `src` into slot `dst` (all layers)."""
         self.k[:, dst, :, :length].copy_(self.k[:, src, :, :length])
         self.v[:, dst, :, :length].copy_(self.v[:, src, :, :length])
+
+    def move_slots(self, src: list[int], dst: list[int], length: int) -> None:
+        """Copy the first `length` positions of slots `src` onto slots `dst` (disjoint), all
+        layers, in one indexed copy per buffer."""
+        s, d = (torch.tensor(x, dtype=torch.long, device=self.k.device) for x in (src, dst))
+        for buf in (self.k, self.v):
+            prefix = buf[:, :, :, :length]
+            prefix.index_copy_(1, d, prefix.index_select(1, s))

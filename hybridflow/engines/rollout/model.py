@@ -232,8 +232,12 @@ class DecoderModel:
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
         """One step for slots 0..B-1: token b sits at positions[b]; returns logits [B, vocab].
 
-        `kv_len` is max(positions)+1: attention reads only that prefix of the cache.
+        `kv_len` is at least max(positions)+1: attention reads only that prefix of the cache.
         """
+        return self.decode_step(tokens, positions, cache, kv_len)
+
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, kv_len: int) -> torch.Tensor:
+        """`decode` without entering inference mode (torch.compile cannot trace into it)."""
         b, d = tokens.shape[0], self.spec.head_dim
         group = self.n_q // self.n_kv
         cos = self.cos.index_select(0, positions).unsqueeze(1)  # [B, 1, d/2]

@@ -78,6 +78,7 @@ class RunStats:
     slot_moves: int = 0
     max_live: int = 0
     cache_bytes: int = 0
+    readbacks: int = 0  # device loop: times the host read the sequences' state back
 
 
 class Scheduler:
@@ -126,7 +127,11 @@ class Scheduler:
 
     # ----------------------------------------------------------------- prefill
     def _prefill(self, admitted: list[Request], first_slot: int) -> list[Request]:
-        """Prefill admitted requests in length-sorted chunks; returns them in slot order."""
+        """Prefill admitted requests in length-sorted chunks; returns them in slot order.
+
+        A chunk holds at most `prefill_token_budget` padded tokens; a prompt longer than
+        that is prefilled alone, in pieces of that many tokens (`_prefill_long`).
+        """
         groups: dict[int, list[Request]] = {}
         for r in admitted:
             groups.setdefault(r.prompt_row, []).append(r)
@@ -138,6 +143,9 @@ class Scheduler:
             if chunk and (len(chunk) + 1) * longest > self.prefill_token_budget:
                 placed += self._prefill_chunk([groups[g] for g in chunk], first_slot + len(placed))
                 chunk = []
+            if longest > self.prefill_token_budget:
+                placed += self._prefill_long(groups[row], first_slot + len(placed))
+                continue
             chunk.append(row)
         if chunk:
             placed += self._prefill_chunk([groups[g] for g in chunk], first_slot + len(placed))
@@ -150,9 +158,26 @@ class Scheduler:
         placed = [r for g in groups for r in g]
         self.stats.prefill_calls += 1
         self.stats.prefill_tokens_computed += sum(len(p) for p in prompts)
-        settings = RowSettings.build([r.params for r in placed], self.vocab, self.device)
-        self._sample_and_append(placed, logits.index_select(0, src), settings)
+        self._first_tokens(placed, logits.index_select(0, src), first_slot)
         return placed
+
+    def _prefill_long(self, group: list[Request], slot: int) -> list[Request]:
+        """One prompt longer than the budget: pieces of `prefill_token_budget` tokens, each
+        attending to the cached ones before it; the n samples then copy the first slot."""
+        prompt, piece = group[0].prompt, self.prefill_token_budget
+        for start in range(0, len(prompt), piece):
+            logits = self.model.extend([prompt[start : start + piece]], [start], [slot], self.cache)
+            self.stats.prefill_calls += 1
+        self.stats.prefill_tokens_computed += len(prompt)
+        for k in range(1, len(group)):
+            self.cache.move_slot(slot, slot + k, len(prompt))
+        self._first_tokens(group, logits.expand(len(group), -1), slot)
+        return group
+
+    def _first_tokens(self, placed: list[Request], logits: torch.Tensor, first_slot: int) -> None:
+        """Sample each placed request's first token from its prompt's last logits."""
+        settings = RowSettings.build([r.params for r in placed], self.vocab, self.device)
+        self._sample_and_append(placed, logits, settings)
 
     # ----------------------------------------------------------------- decode
     def _decode_step(self, live: list[Request], settings: RowSettings) -> None:
@@ -192,15 +217,22 @@ class Scheduler:
     # ----------------------------------------------------------------- slots
     def _compact(self, live: list[Request]) -> list[Request]:
         """Drop finished rows; move tail survivors into holes so live slots stay 0..n-1."""
-        survivors = [r for r in live if r.finish_reason is None]
-        n = len(survivors)
-        if n == len(live):
-            return live
-        holes = [i for i in range(n) if live[i].finish_reason is not None]
-        movers = [i for i in range(n, len(live)) if live[i].finish_reason is None]
-        compacted = list(live[:n])
-        for hole, src in zip(holes, movers):
+        survivors, moves = compaction(live)
+        for src, hole in moves:
             self.cache.move_slot(src, hole, live[src].written)
-            compacted[hole] = live[src]
-            self.stats.slot_moves += 1
-        return compacted
+        self.stats.slot_moves += len(moves)
+        return survivors
+
+
+def compaction(live: list[Request]) -> tuple[list[Request], list[tuple[int, int]]]:
+    """The live rows once finished ones leave, and the (source slot, hole) moves that keep
+    them in slots 0..n-1: survivors from the tail fill the holes in front."""
+    n = sum(r.finish_reason is None for r in live)
+    if n == len(live):
+        return live, []
+    holes = [i for i in range(n) if live[i].finish_reason is not None]
+    movers = [i for i in range(n, len(live)) if live[i].finish_reason is None]
+    compacted = list(live[:n])
+    for hole, src in zip(holes, movers):
+        compacted[hole] = live[src]
+    return compacted, list(zip(movers, holes))

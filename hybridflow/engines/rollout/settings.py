@@ -1,9 +1,9 @@
 """The torch-free settings of the rollout engines: what config validation checks.
 
 `SamplingParams` (one request's sampling, sampling.py samples with it), the log-prob
-modes and the GEMM modes (gemm.py). The run config's `rollout` section
-(workers/config.py) checks its values against these before torch is imported;
-sampling.py and gemm.py re-export them.
+modes, the GEMM modes (gemm.py) and the decode loops (device_loop.py). The run config's
+`rollout` section (workers/config.py) checks its values against these before torch is
+imported; sampling.py and gemm.py re-export them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridflow.errors import ConfigError
+
 MATMUL_MODES = ("auto", "native", "fp32_panels")  # see gemm.py
 
 LOG_PROB_MODES = ("scaled", "processed")
+
+# How the native engine's decode loop runs (config.py): "host" reads every token back,
+# "device" keeps decoding, sampling and stops on the device (device_loop.py), "auto" picks.
+DECODE_LOOPS = ("auto", "host", "device")
+
+
+def checked_decode_loop(mode: str, device_type: str, *, compile_decode: bool, cuda_graphs: bool) -> str:
+    """The concrete decode loop of `mode` on `device_type`; ConfigError (keyed as in
+    RolloutConfig) where compile_decode or cuda_graphs cannot run with it."""
+    loop = resolve_decode_loop(mode, device_type)
+    if (cuda_graphs or compile_decode) and loop != "device":
+        key = "cuda_graphs" if cuda_graphs else "compile_decode"
+        raise ConfigError(f"applies to the device decode loop only, and decode_loop is {loop} here: set "
+                          "decode_loop to device (auto is device on a GPU only) or this to false", key)
+    if cuda_graphs and device_type != "cuda":
+        raise ConfigError(f"needs a CUDA device, got {device_type}: set it to false", "cuda_graphs")
+    return loop
+
+
+def resolve_decode_loop(mode: str, device_type: str) -> str:
+    """The concrete decode loop for config value `mode` on `device_type`."""
+    if mode not in DECODE_LOOPS:
+        raise ConfigError(f"must be one of {DECODE_LOOPS}, got {mode!r}", "decode_loop")
+    if mode != "auto":
+        return mode
+    return "device" if device_type == "cuda" else "host"
 
 
 class InvalidSampling(ValueError):

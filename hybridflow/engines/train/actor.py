@@ -84,6 +84,8 @@ class ActorEngine(TrainEngine):
             chunk_size=self.config.logits_chunk_size,
             pack_sequences=self.config.pack_sequences,
             with_entropy=with_entropy,
+            fused_head=self.config.fused_head,
+            compiled_head=self.config.compile_kernels,
         )
         return {"log_probs": lp} if ent is None else {"log_probs": lp, "entropys": ent}
 
@@ -134,6 +136,8 @@ class ActorEngine(TrainEngine):
             pack_sequences=self.config.pack_sequences,
             with_entropy=self._update_needs_entropy(fused),
             entropy_grad=self.loss_config.entropy_coeff > 0,  # else only the fused path's metric
+            fused_head=self.config.fused_head,
+            compiled_head=self.config.compile_kernels,
         )
         return self._loss(log_prob, entropy, mb, agg, fused)
 

@@ -211,6 +211,12 @@ class EngineSettings:
     pack_sequences: remove padding and pack each micro-batch into one row with
         per-sequence position ids (same results as the padded batch, less compute).
     logits_chunk_size: rows of the vocabulary-wide logits upcast to fp32 at a time.
+    fused_head: compute the response log-probs and entropy inside the lm_head, a
+        logits_chunk_size chunk of rows at a time, so no [tokens, vocab] logits exist
+        (engines/train/vocab_head.py); needs tp_size = pp_size = 1 and a plain Linear head.
+    compile_kernels: torch.compile each decoder layer (fusing RMSNorm, rotary and SwiGLU
+        into few kernels) and the fused head's per-chunk vocabulary math. Off by default:
+        compiling costs minutes on CPUs and is measured on GPUs by benchmarks/gpu_check.py.
     attn_implementation: the Hugging Face attention kernel ("sdpa", "eager", ...).
     peak_flops_per_device: for the MFU metric; None uses a known-GPU table, or a
         measured bf16/fp32 matmul rate on CPU.
@@ -224,6 +230,8 @@ class EngineSettings:
     param_offload: bool = False
     pack_sequences: bool = False
     logits_chunk_size: int = 1024
+    fused_head: bool = False
+    compile_kernels: bool = False
     attn_implementation: str = "sdpa"
     peak_flops_per_device: float | None = None
     micro_batch: ForwardBatchConfig = field(default_factory=ForwardBatchConfig)
@@ -240,6 +248,9 @@ class EngineSettings:
             raise ConfigError("cannot be true with pp_size > 1: a pipeline's micro-batches must share one shape "
                               "(cut them by count: micro_batch_size_per_device)", "micro_batch.use_dynamic_bsz")
         _count("logits_chunk_size", self.logits_chunk_size)
+        if self.fused_head and (self.tp_size > 1 or self.pp_size > 1):
+            raise ConfigError("needs tp_size = pp_size = 1 (a head split over ranks needs a vocabulary-parallel "
+                              "softmax): set it to false", "fused_head")
         if self.peak_flops_per_device is not None:
             _positive("peak_flops_per_device", self.peak_flops_per_device)
 

@@ -43,7 +43,10 @@ from hybridflow.engines.train.parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
     apply_tensor_parallel,
+    compile_layers,
 )
+from hybridflow.engines.train.vocab_head import can_fuse_head
+from hybridflow.errors import ConfigError
 
 Tensor = torch.Tensor
 
@@ -114,6 +117,12 @@ class TrainEngine:
             model = apply_lora(model, cfg.lora)
         if cfg.gradient_checkpointing and self.trainable:
             apply_activation_checkpointing(hf_model_of(model))
+        if cfg.fused_head and not can_fuse_head(hf_model_of(model)):
+            raise ConfigError(f"needs a plain bias-free Linear output head; {type(hf_model_of(model)).__name__}'s is "
+                              f"{type(hf_model_of(model).get_output_embeddings()).__name__}: set it to false",
+                              "fused_head")
+        if cfg.compile_kernels:
+            compile_layers(hf_model_of(model))
         if cfg.tp_size > 1:
             apply_tensor_parallel(model, self.device_mesh[TP])
         mixed = self.trainable and self.compute_dtype != torch.float32

@@ -7,6 +7,9 @@ positions S-R-1 .. S-2. Only those R positions go through the lm_head (never the
 [B, S, V]), and log-softmax / entropy upcast them to fp32 `chunk_size` rows at a time.
 Values follow the same shift (the value of the state before each response token).
 
+With `fused_head` the lm_head's product, log-softmax and entropy run together a chunk
+of rows at a time (vocab_head.py): no [tokens, vocab] logits at all, in any dtype.
+
 A padded micro-batch first drops the columns that are padding in every row (`trim`):
 responses are padded to the generation's max_new_tokens and prompts to the batch's
 longest, so a micro-batch whose sequences all end early computed on nothing. The outputs
@@ -22,6 +25,8 @@ from torch import nn
 
 from hybridflow.algorithms import entropy_from_logits, logprobs_from_logits
 from hybridflow.engines.train.batching import PackedBatch, pack, unpack
+from hybridflow.engines.train.lora import hf_model_of
+from hybridflow.engines.train.vocab_head import with_head_stats
 
 Tensor = torch.Tensor
 
@@ -82,6 +87,8 @@ def causal_lm_log_probs(
     pack_sequences: bool,
     with_entropy: bool,
     entropy_grad: bool = True,
+    fused_head: bool = False,
+    compiled_head: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs [B, R] (fp32) of the response tokens, and their entropy if asked.
 
@@ -91,39 +98,58 @@ def causal_lm_log_probs(
     """
     r = response_length(batch)
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    stats = _VocabStats(model, temperature, chunk_size, with_entropy, entropy_grad, fused_head, compiled_head)
     if pack_sequences:
         packed = pack(input_ids, attention_mask, batch["position_ids"])
         keep = _packed_prediction_positions(packed, attention_mask, r)
-        logits = model(
-            input_ids=packed.input_ids,
-            position_ids=packed.position_ids,
-            use_cache=False,
-            logits_to_keep=keep,
-        ).logits[0]
         # Label of a kept position: the next packed token. For a sequence's last token
         # that is the next sequence's first token, a masked garbage label.
         n = packed.input_ids.shape[1]
         labels = packed.input_ids[0, (keep + 1).clamp(max=n - 1)]
-        log_probs = logprobs_from_logits(logits, labels, temperature, chunk_size)
-        lp = _response_slice(unpack(log_probs, packed, keep), r)
-        ent = None
-        if with_entropy:
-            entropy = _entropy(logits, chunk_size, temperature, entropy_grad)
-            ent = _response_slice(unpack(entropy, packed, keep), r)
+        log_probs, entropy = stats(labels, input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                   use_cache=False, logits_to_keep=keep)
+        lp = _response_slice(unpack(log_probs.reshape(-1), packed, keep), r)
+        ent = None if entropy is None else _response_slice(unpack(entropy.reshape(-1), packed, keep), r)
         return lp, ent
 
     short, r_kept = trim(batch, r)
-    logits = model(
-        input_ids=short["input_ids"],
-        attention_mask=short["attention_mask"],
-        position_ids=short["position_ids"],
-        use_cache=False,
-        logits_to_keep=r_kept + 1,
-    ).logits[:, :-1]
+    s = short["input_ids"].shape[1]
     labels = short["input_ids"][:, -r_kept:]
-    lp = pad_responses(logprobs_from_logits(logits, labels, temperature, chunk_size), r)
-    ent = pad_responses(_entropy(logits, chunk_size, temperature, entropy_grad), r) if with_entropy else None
-    return lp, ent
+    # the logits path keeps one position too many and drops it (a slice, as it always has);
+    # the fused head takes exactly the positions that predict the labels
+    keep = torch.arange(s - r_kept - 1, s - 1, device=labels.device) if fused_head else r_kept + 1
+    lp, ent = stats(labels, input_ids=short["input_ids"], attention_mask=short["attention_mask"],
+                    position_ids=short["position_ids"], use_cache=False, logits_to_keep=keep)
+    return pad_responses(lp, r), (pad_responses(ent, r) if ent is not None else None)
+
+
+class _VocabStats:
+    """One forward of a causal LM to the log-probs of `labels` at the kept positions (and
+    their entropy): through logits, or fused into the head (vocab_head.py)."""
+
+    def __init__(self, model: nn.Module, temperature: float, chunk_size: int, with_entropy: bool,
+                 entropy_grad: bool, fused: bool, compiled: bool) -> None:
+        self.model, self.temperature, self.chunk_size = model, temperature, chunk_size
+        self.with_entropy, self.entropy_grad, self.fused, self.compiled = (with_entropy, entropy_grad, fused,
+                                                                           compiled)
+
+    def __call__(self, labels: Tensor, **inputs) -> tuple[Tensor, Tensor | None]:
+        if not self.fused:
+            logits = self.model(**inputs).logits
+            # packed: one row of kept positions; padded: the extra last position dropped
+            logits = logits[0] if labels.dim() == 1 else logits[:, :-1]
+            lp = logprobs_from_logits(logits, labels, self.temperature, self.chunk_size)
+            ent = _entropy(logits, self.chunk_size, self.temperature, self.entropy_grad) if self.with_entropy \
+                else None
+            return lp, ent
+        with with_head_stats(hf_model_of(self.model), labels, temperature=self.temperature, chunk=self.chunk_size,
+                             with_entropy=self.with_entropy, entropy_grad=self.entropy_grad,
+                             compiled=self.compiled) as stats:
+            out = self.model(**inputs)
+        if "output" not in stats or out.logits is not stats["output"]:
+            raise RuntimeError(f"{type(hf_model_of(self.model)).__name__} changes its lm_head's output before "
+                               "returning it: the fused head cannot serve it; set fused_head: false")
+        return stats["log_probs"], stats["entropy"]
 
 
 def _entropy(logits: Tensor, chunk_size: int, temperature: float, grad: bool) -> Tensor:

@@ -102,10 +102,13 @@ def _missing_model(path: Path) -> FileNotFoundError:
 
 # Keys a resumed run may change: how long and how often (trainer.*), where it runs
 # (resources.*), how rewards are run (not what they score), and which held-out prompts it
-# reports on. Anything else (model, data, algorithm, optimizer, rollout, seeds) would make
-# the saved weights, optimizer moments, data position or algorithm state mean something else.
+# reports on, and how the native engine's decode loop runs (the same tokens; "auto" is
+# resolved anew, so a run may resume on a GPU). Anything else (model, data, algorithm,
+# optimizer, sampling, seeds) would make the saved weights, optimizer moments, data position
+# or algorithm state mean something else.
 RESUMABLE_CHANGES = (
     "name", "trainer.", "resources.", "data.val_files", "data.max_val_samples",
+    "rollout.decode_loop", "rollout.readback_every", "rollout.compile_decode", "rollout.cuda_graphs",
     "reward.manager.num_workers", "reward.manager.timeout_s", "reward.manager.kill_grace_s",
     "reward.manager.mp_context", "reward.manager.memory_limit_mb", "reward.manager.max_failed_share",
     "reward.manager.max_failed_steps", "reward.manager.cpu_time_s", "reward.manager.file_size_limit_mb",
@@ -230,8 +233,8 @@ def resume_config(resume: str | Path | SavedRun, cfg: RunConfig | None) -> RunCo
         return saved
     cfg = resolve_run_config(keep_dtypes(cfg, saved))  # dtype: auto stays what the run measured
     return unchanged_but(run.checkpoint, saved, cfg, RESUMABLE_CHANGES, "drop these overrides (a resumed run may "
-                         "change trainer.*, resources.*, the reward workers and the held-out data), or start a new "
-                         "run from an exported model (model.path)")
+                         "change trainer.*, resources.*, the reward workers, the held-out data and the decode loop), or "
+                         "start a new run from an exported model (model.path)")
 
 
 def unchanged_but(checkpoint: Path, saved: Any, cfg: Any, resumable: tuple[str, ...], fix: str) -> Any:

@@ -93,6 +93,7 @@ class RunContext:
             cfg, mapping = resolve_auto_placement(cfg)
         autos = auto_sections(cfg)
         omp_auto = cfg.resources.omp_wait_policy == "auto"
+        loop_auto = cfg.rollout.decode_loop == "auto"
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from, keep_phases)
@@ -101,6 +102,7 @@ class RunContext:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
             display = start_display(cfg.trainer.display_mode(), run_dir, auto_note(cfg, autos), cfg.resources,
                                     omp_auto)
+            display.message(decode_loop_note(cfg, loop_auto))
             if mapping is not None:
                 save_plan(run_dir, mapping)
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
@@ -162,6 +164,15 @@ def start_display(mode: str, run_dir: Path, dtype_line: str, resources: ComputeS
     display.message(dtype_line)
     display.message(omp.describe(resources.omp_wait_policy, omp.last_auto() if omp_auto else None))
     return display
+
+
+def decode_loop_note(cfg: RunConfig, auto: bool) -> str:
+    """The line a run prints at its start: the native rollout engine's resolved decode loop."""
+    why = f" (auto: {'a GPU run' if cfg.resources.use_gpu else 'no GPU'})" if auto else ""
+    r = cfg.rollout
+    extra = "".join(f", {key}" for key in ("compile_decode", "cuda_graphs") if getattr(r, key))
+    every = f", read back every {r.readback_every} steps" if r.decode_loop == "device" else ""
+    return f"decode loop: {r.decode_loop}{why}{every}{extra} (rollout.decode_loop)"
 
 
 def start_run_ray(resources: ComputeSection, cpus: int, hold: RayHold | None = None) -> RayHold:

@@ -172,14 +172,32 @@ def _reference_truncation(scaled: torch.Tensor, top_k: int, top_p: float) -> tor
     return dense
 
 
-def test_truncation_matches_a_full_sort_including_the_wide_nucleus_fallback():
+@pytest.mark.parametrize("host_sync", [True, False])
+def test_truncation_matches_a_full_sort_including_the_wide_nucleus_fallback(host_sync):
+    """host_sync=False (the device loop) sorts the whole vocabulary at once: the same distribution."""
     gen = torch.Generator().manual_seed(2)
     vocab = 3000  # flat logits: a 0.9 nucleus holds far more than the 1024 first candidates
     scaled = torch.randn(6, vocab, generator=gen) * torch.tensor([[0.3], [0.3], [8.0], [8.0], [1.0], [1.0]])
     settings = [(-1, 0.9), (20, 0.9), (-1, 0.5), (5, 1.0), (-1, 0.99), (300, 0.95)]
     params = [SamplingParams(top_k=k, top_p=p) for k, p in settings]
     rows = RowSettings.build(params, vocab=vocab, device="cpu")
-    ids, probs = _truncated_candidates(scaled, torch.logsumexp(scaled, -1, keepdim=True), rows)
+    ids, probs = _truncated_candidates(scaled, torch.logsumexp(scaled, -1, keepdim=True), rows, host_sync)
     dense = torch.zeros(6, vocab).scatter_(1, ids, probs)
     for i, (k, p) in enumerate(settings):
         assert torch.allclose(dense[i], _reference_truncation(scaled[i], k, p), atol=1e-6), i
+
+
+@pytest.mark.parametrize("host_sync", [True, False])
+def test_a_rows_token_does_not_depend_on_its_neighbours_settings(host_sync):
+    """An untruncated row samples the same token alone and beside top-k/top-p/greedy rows."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 2000, generator=gen)
+    uniforms = torch.rand(4, generator=gen, dtype=torch.float64)
+    params = [SamplingParams(), SamplingParams(top_p=0.8), SamplingParams(temperature=0.0), SamplingParams(top_k=7)]
+    together, lp_together = sample_tokens(logits, RowSettings.build(params, 2000, "cpu"), uniforms, "processed",
+                                          host_sync=host_sync)
+    for i, p in enumerate(params):
+        alone, lp_alone = sample_tokens(logits[i : i + 1], RowSettings.build([p], 2000, "cpu"), uniforms[i : i + 1],
+                                        "processed", host_sync=host_sync)
+        assert int(alone) == int(together[i]), i
+        assert torch.allclose(lp_alone, lp_together[i : i + 1], atol=1e-5), i

@@ -3,7 +3,8 @@
 Each rank builds the engine on the world group twice: once cutting its shard from full
 tensors, once from shards cut by the caller (`sharded=True`, what resharding will do).
 Greedy and seeded-sampling outputs must equal the single-process engine's: tokens exactly,
-log-probs within 1e-5 (fp32; only the summation order of the all-reduce differs).
+log-probs within 1e-5 (fp32; only the summation order of the all-reduce differs). The
+first model also runs the device decode loop (device_loop.py), tokens agreed inside each step.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hybridflow.engines.rollout import NativeRolloutEngine, RolloutConfig, Sampl
 from hybridflow.engines.rollout.weights import iter_safetensors
 
 FP32 = RolloutConfig(dtype=torch.float32, max_num_seqs=3)
+DEVICE_LOOP = RolloutConfig(dtype=torch.float32, max_num_seqs=3, decode_loop="device", readback_every=3)
 CASES = {
     "qwen2": ("qwen2", {}, {}),
     "qwen3": ("qwen3", {}, {}),
@@ -57,6 +59,9 @@ def _tp_worker(rank: int, world: int, init_file: str, paths: dict, out_prefix: s
             return engine
 
         results[name, "sharded"] = _generate_all(from_shards)
+        if name == next(iter(paths)):
+            results[name, "device_loop"] = _generate_all(
+                lambda: NativeRolloutEngine.from_pretrained(path, DEVICE_LOOP, process_group=group))
     torch.save(results, f"{out_prefix}.{rank}")
     dist.destroy_process_group()
 
@@ -70,8 +75,8 @@ def test_tp2_generation_equals_single_process(tmp_path):
     for name, path in paths.items():
         single = _generate_all(lambda: NativeRolloutEngine.from_pretrained(path, FP32))
         for rank_results in per_rank:
-            for how in ("full", "sharded"):
-                for kind, (tokens, log_probs) in rank_results[name, how].items():
+            for how in ("full", "sharded", "device_loop"):
+                for kind, (tokens, log_probs) in rank_results.get((name, how), {}).items():
                     ref_tokens, ref_lp = single[kind]
                     assert torch.equal(tokens, ref_tokens), (name, how, kind)
                     assert torch.allclose(log_probs, ref_lp, atol=1e-5), (name, how, kind)
