@@ -12,7 +12,9 @@ Measured per tree (saved under the label in results/one_task_model.json, with th
   loss function starts, joined with the controller's stack at the worker-group call that
   reached it (a loss in a worker process); each file counted once;
 - lines of hybridflow/trainer + hybridflow/config (all lines of the .py files);
-- `duplicates` pairs over the tree (the first number of its summary line).
+- `duplicates` pairs over the tree (the first number of its summary line);
+- seconds to a config error (`hybridflow train bad.key=1`), torch-free, and after importing the
+  trainer's programs (what rows beside their programs would cost the config layer).
 `--sb3 FILE` adds the CPU seconds per 1000 environment steps of a benchmarks/bench_vs_sb3.py
 --steps JSON (SB3 and each hybridflow row, with the ratio); `--suite` the CI suite minutes
 as given (where they were measured goes in --suite-note).
@@ -24,9 +26,11 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +82,23 @@ def loss_path(tree: Path, name: str) -> dict[str, Any]:
             "hops": [f"{f}:{fn}" for f, fn, _ in stack]}
 
 
+def config_error_seconds(tree: Path, rounds: int = 5) -> dict[str, float]:
+    """Median wall seconds of `hybridflow train bad.key=1` (a config error: torch-free), and of the
+    same after importing the trainer's programs (what the error would cost if the config layer
+    had to import the built-in rows from beside their programs: torch, Ray, transformers)."""
+    probe = ("import sys; from hybridflow.cli import main; {pre}"
+             "import contextlib, io; f = io.StringIO(); r = contextlib.redirect_stderr(f); r.__enter__(); "
+             "sys.exit(main(['train', 'bad.key=1']))")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    times: dict[str, list[float]] = {"torch_free": [], "after_programs_import": []}
+    for _ in range(rounds):  # interleaved: load hits both alike
+        for name, pre in (("torch_free", ""), ("after_programs_import", "import hybridflow.trainer.programs.algorithms; ")):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", probe.format(pre=pre)], env=env, capture_output=True, timeout=600)
+            times[name].append(time.perf_counter() - start)
+    return {name: round(statistics.median(values), 2) for name, values in times.items()}
+
+
 def trainer_config_lines(tree: Path) -> dict[str, int]:
     counts = {}
     for package in ("trainer", "config"):
@@ -112,6 +133,8 @@ def table(results: dict[str, Any]) -> str:
             ("files ... (env PPO, Ray learner)", lambda r: r.get("loss_path", {}).get("env_ppo_ray", {}).get("files")),
             ("lines trainer/ + config/", lambda r: r.get("lines", {}).get("total")),
             ("duplicates pairs", lambda r: r.get("duplicates")),
+            ("config error s (torch-free / +programs)", lambda r: "{torch_free} / {after_programs_import}".format(
+                **r["config_error_s"]) if "config_error_s" in r else None),
             ("suite minutes (fast, slow)", lambda r: r.get("suite_minutes"))]
     for system in sorted({s for r in results.values() if isinstance(r, dict)
                           for s in r.get("sb3", {}).get("ppo_cartpole", {})}):
@@ -136,7 +159,7 @@ def main() -> None:
     parser.add_argument("--sb3", default=None, help="a bench_vs_sb3.py --steps JSON to take the CPU figures from")
     parser.add_argument("--suite", default=None, help="CI suite minutes, e.g. fast=15.8,slow=26.6")
     parser.add_argument("--suite-note", default=None)
-    parser.add_argument("--skip", default="", help="comma list of: paths, lines, duplicates")
+    parser.add_argument("--skip", default="", help="comma list of: paths, lines, duplicates, config_error")
     parser.add_argument("--table", action="store_true", help="only print the saved results")
     args = parser.parse_args()
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
@@ -152,6 +175,8 @@ def main() -> None:
             entry["lines"] = trainer_config_lines(tree)
         if "duplicates" not in skip:
             entry["duplicates"] = duplicate_pairs(tree)
+        if "config_error" not in skip:
+            entry["config_error_s"] = config_error_seconds(tree)
         if args.sb3:
             entry["sb3"] = sb3_figures(Path(args.sb3))
         if args.suite:
