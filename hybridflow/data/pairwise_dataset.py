@@ -80,7 +80,8 @@ class PairwiseDataset:
             if key not in row:
                 raise ValueError(
                     f"pair row {i} has no {key!r} column (columns: {sorted(row)}); give prompt/chosen/rejected "
-                    "rows (`hybridflow preprocess hh-rlhf` writes them) or set prompt_key/chosen_key/rejected_key"
+                    "rows (`hybridflow preprocess hh-rlhf` writes them) or set data.pairs.prompt_key / "
+                    "data.pairs.chosen_key / data.pairs.rejected_key"
                 )
         prompt = row[cfg.prompt_key]
         prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else prompt

@@ -67,7 +67,8 @@ class SFTDataset:
         for key in (self.config.prompt_key, self.config.response_key):
             if key not in row:
                 raise ValueError(
-                    f"SFT row {i} has no {key!r} column (columns: {sorted(row)}); set prompt_key/response_key"
+                    f"SFT row {i} has no {key!r} column (columns: {sorted(row)}); set sft.data.prompt_key / "
+                    "sft.data.response_key to the columns that hold them"
                 )
         response = row[self.config.response_key]
         if not isinstance(response, str):

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # Set in each worker by `init_worker`: the reward function and the queue on which a
-# worker announces (task id, pid, None) when it starts a task, so the parent knows which
-# process to kill when that task hangs, and (task id, pid, outcome) when it ends.
+# worker announces (task id, pid) when it starts a task, so the parent knows which
+# process to kill when that task hangs.
 _FN: Callable[..., Any] | None = None
 _STARTS: Any = None
 _CPU_LIMIT_S: int | None = None
@@ -224,20 +224,13 @@ def _alive(pid: int) -> bool:
 
 
 def score_task(task_id: int, kwargs: dict[str, Any], timeout_s: float | None) -> tuple[str, Any]:
-    """Run one sample in a worker process, announcing its start and its end."""
+    """Run one sample in a worker process, announcing its start."""
     if _FN is None:
         raise RuntimeError("reward worker was not initialised (init_worker did not run)")
-    pid = os.getpid()
-    _STARTS.put((task_id, pid, None))
+    _STARTS.put((task_id, os.getpid()))
     if _CONFINEMENT_FAILED is not None:
-        outcome: tuple[str, Any] = ("error", _CONFINEMENT_FAILED)
-    else:
-        outcome = call_with_timeout(_FN, kwargs, timeout_s, _CPU_LIMIT_S)
-    # The parent hears of each sample's end at once (its result comes back with the chunk):
-    # a function that fails on every sample is then noticed after a few samples. A failure
-    # travels whole (its message is short); a score comes back with the chunk only.
-    _STARTS.put((task_id, pid, ("ok", None) if outcome[0] == "ok" else outcome))
-    return outcome
+        return "error", _CONFINEMENT_FAILED
+    return call_with_timeout(_FN, kwargs, timeout_s, _CPU_LIMIT_S)
 
 
 def score_chunk(tasks: list[tuple[int, dict[str, Any]]], timeout_s: float | None) -> list[tuple[str, Any]]:

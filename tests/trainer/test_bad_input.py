@@ -154,7 +154,8 @@ def test_model_directory_problems(good, tmp_path, capsys, how, message):
     ("fake.parquet", "not parquet at all", "not a parquet file"),
     ("torn.jsonl", json.dumps(ROWS[0]) + '\n{"prompt": "1+1=", "data_s\n', "torn.jsonl:2: not valid JSON"),
     ("noprompt.jsonl", "".join(json.dumps({"question": "1+1=", "data_source": "arithmetic"}) + "\n"
-                               for _ in range(8)), "has no 'prompt' column (columns: ['data_source', 'question'])"),
+                               for _ in range(8)),
+     "has no 'prompt' column (columns: ['data_source', 'question']); set data.prompt.prompt_key"),
     ("ints.jsonl", "".join(json.dumps({"prompt": i, "data_source": "arithmetic"}) + "\n" for i in range(8)),
      "'prompt' must be a string or a list of chat messages, got int"),
     ("few.jsonl", "".join(json.dumps(row) + "\n" for row in ROWS[:3]),
