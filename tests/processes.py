@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 
 def descendants(pid: int) -> set[int]:
@@ -31,3 +35,22 @@ def alive(pids: set[int]) -> set[int]:
         except OSError:
             pass
     return running
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    ray_started: bool  # whether the command started a Ray instance (a session under its RAY_TMPDIR)
+
+
+def run_cli(args: list[str], tmp: Path, stdin: str = "", env: dict[str, str] | None = None,
+            timeout: float = 300) -> CliResult:
+    """`hybridflow ARGS` in a fresh process, Ray's temporary directory under `tmp` (so a start
+    of Ray leaves a session there), `stdin` as its input."""
+    ray_tmp = Path(tmp) / "ray-tmp"
+    ray_tmp.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "hybridflow.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "RAY_TMPDIR": str(ray_tmp), **(env or {})})
+    return CliResult(done.returncode, done.stdout, done.stderr, any(ray_tmp.rglob("session_*")))

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow.errors import ConfigError
+from hybridflow.errors import ConfigError, UserInputError
 from hybridflow.registry import Registry, import_object, suggest
 
 
@@ -83,7 +83,12 @@ def task_kind_of_config(config: Any) -> TaskKind | None:
 def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
     """The kind that wrote a checkpoint, from its trainer_state.json."""
     recorded = state.get("kind")
-    return next(kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded)
+    found = next((kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded), None)
+    if found is None:
+        raise UserInputError(f"trainer_state.json names a checkpoint kind {recorded!r} that no task kind writes "
+                             f"(known: {sorted(str(k.checkpoint_kind) for k in TASK_KINDS.entries.values())}): the "
+                             "checkpoint is damaged or from another program")
+    return found
 
 
 def check_top_level_keys(tree: dict[str, Any]) -> None:
