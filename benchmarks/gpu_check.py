@@ -100,7 +100,7 @@ def save_random_model(root: Path, name: str, tiny: bool, device: str) -> Path:
     config = make_tiny_config("llama") if tiny else transformers.LlamaConfig(**SHAPES[name])
     torch.manual_seed(0)
     with torch.device(device):  # initialising 1.2B parameters on the host takes tens of seconds
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, trust_remote_code=False)
     model.save_pretrained(path, safe_serialization=True)
     del model
     return path
@@ -159,7 +159,7 @@ def train_case(path: Path, variant: str, args, peak: float) -> dict[str, Any]:
         kw.update(param_offload=True, optimizer_offload=True)
     memory_reset(args.device)
     engine = ActorEngine(engine_config(path, mini=n, micro=micro, **kw))
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     batch = full_batch(n, prompt, response, vocab, seed=1)
     batch["old_log_probs"] = engine.compute_log_prob(batch)[0].detach()
     times, metrics = [], {}
@@ -201,8 +201,8 @@ def rollout_case(path: Path, batch: int, args) -> dict[str, Any]:
     max_new = args.max_new
     memory_reset(args.device)
     ours = native_engine(path, args.device, batch)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
-                                                           attn_implementation="sdpa").to(args.device).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                                           trust_remote_code=False).to(args.device).eval()
     prompts = prompts_of(batch, hf.config.vocab_size, args.prompt_lens, seed=batch)
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=max_new, ignore_eos=True, seed=0)
     gen = transformers.GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new,
@@ -245,7 +245,7 @@ def best_time(fn: Callable[[], None], device: str, repeats: int) -> float:
 def logprob_parity_case(path: Path, args) -> dict[str, Any]:
     """The rollout engine's sampled log-probs vs the training engine's recomputation (bf16)."""
     rollout = native_engine(path, args.device, 16)
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     out = rollout.generate(prompts_of(16, vocab, args.prompt_lens, seed=7),
                            SamplingParams(temperature=1.0, max_new_tokens=args.max_new, ignore_eos=True, seed=3))
     del rollout
@@ -262,7 +262,7 @@ def logprob_parity_case(path: Path, args) -> dict[str, Any]:
 def packed_case(path: Path, args) -> dict[str, Any]:
     """Packed vs padded forward of the training engine on ragged sequences: equal log-probs?"""
     n, prompt, response, micro = args.train_batch
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     batch = full_batch(n, prompt, response, vocab, seed=5, ragged=True)
     result: dict[str, Any] = {"varlen_in_torch": hasattr(torch.nn.attention, "varlen")}
     log_probs = {}

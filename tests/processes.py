@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +49,14 @@ class CliResult:
 
 def run_cli(args: list[str], tmp: Path, stdin: str = "", env: dict[str, str] | None = None,
             timeout: float = 300) -> CliResult:
-    """`hybridflow ARGS` in a fresh process, Ray's temporary directory under `tmp` (so a start
-    of Ray leaves a session there), `stdin` as its input."""
-    ray_tmp = Path(tmp) / "ray-tmp"
-    ray_tmp.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "hybridflow.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "RAY_TMPDIR": str(ray_tmp), **(env or {})})
-    return CliResult(done.returncode, done.stdout, done.stderr, any(ray_tmp.rglob("session_*")))
+    """`hybridflow ARGS` in a fresh process with `stdin` as its input, and Ray's temporary
+    directory a new one (a short path: Ray's socket names must fit 107 bytes), so that a
+    start of Ray leaves a session there."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="hf-ray-", dir="/tmp"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "hybridflow.cli", *args], input=stdin, capture_output=True,
+                              text=True, timeout=timeout, cwd=tmp,
+                              env={**os.environ, "RAY_TMPDIR": str(ray_tmp), **(env or {})})
+        return CliResult(done.returncode, done.stdout, done.stderr, any(ray_tmp.rglob("session_*")))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

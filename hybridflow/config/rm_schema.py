@@ -67,6 +67,7 @@ class RMModelSection:
 
     path: str | None = None
     builtin: BuiltinModelSection = field(default_factory=lambda: BuiltinModelSection(max_position_embeddings=512))
+    trust_remote_code: bool = False  # as model.trust_remote_code of RL runs (docs/robustness.md)
 
 
 @dataclass
@@ -126,7 +127,7 @@ def load_rm_config(path: str | Path | None = None, overrides: list[str] = ()) ->
 
 def rm_worker_config(cfg: RMConfig, model_path: str) -> RewardModelWorkerConfig:
     """The worker config of the trained reward model."""
-    return RewardModelWorkerConfig(engine=cfg.engine.engine_config(model_path, cfg.seed))
+    return RewardModelWorkerConfig(engine=cfg.engine.engine_config(model_path, cfg.seed, cfg.model.trust_remote_code))
 
 
 def validate_rm_config(cfg: RMConfig) -> int:

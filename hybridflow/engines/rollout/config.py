@@ -38,6 +38,9 @@ class RolloutConfig:
     # one converted panel at a time, for CPUs without native bf16; "auto": the latter exactly
     # there (see gemm.py). A concrete mode after construction.
     matmul: str = "auto"
+    # model.trust_remote_code: whether transformers may run the model directory's own code
+    # (a backend that builds a transformers model from the config passes it on)
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.dtype, str):

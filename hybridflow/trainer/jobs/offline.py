@@ -159,7 +159,8 @@ def _checked(source: ModelSource) -> ModelSource:
     the model directory (a truncated safetensors file is one line naming it, not a
     deserializer error from a worker) and the reward file, before Ray starts."""
     if Path(source.model_path).is_dir():  # a built-in model is written into the run dir on first use
-        check_model_dir(source.model_path, "model.path", tokenizer=True)
+        check_model_dir(source.model_path, "model.path", tokenizer=True,
+                        trust_remote_code=source.cfg.model.trust_remote_code)
     reward = source.cfg.reward
     if reward.custom_fn_path is not None:
         check_reward_file(reward.custom_fn_path, reward.custom_fn_name, "reward.custom_fn_path")
@@ -196,7 +197,7 @@ def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples:
     """Score the source's policy on the prompts (trainer.validation sampling: greedy by
     default); the report keeps every response (evaluate.response_records)."""
     cfg = source.cfg
-    tokenizer = load_tokenizer(source.model_path)
+    tokenizer = load_tokenizer(source.model_path, trust_remote_code=cfg.model.trust_remote_code)
     prompts, data = held_out_or_files(source, files, max_samples, tokenizer)
     if cfg.reward.custom_fn_path is None:  # the built-in scorers must know every data source
         check_scorers(prompts.non_tensor_batch["data_source"], "--data" if files else "data.val_files")

@@ -35,6 +35,7 @@ from hybridflow.engines.models import load_hf_config
 from hybridflow.trainer.jobs.sft import train_steps
 from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, write_builtin_model
+from hybridflow.trainer.run.preflight import check_model_dir
 from hybridflow.trainer.run.run_dir import MetricsLog, create_run_dir
 from hybridflow.trainer.run.setup import endless, start_display, start_run_ray
 from hybridflow.workers import PlacementSpec, RewardModelWorker, build_role_groups, shutdown_role_groups
@@ -52,22 +53,22 @@ class RMResult:
     final_loss: float
 
 
-def init_reward_model_dir(model_path: str | Path, out_dir: Path, seed: int) -> Path:
+def init_reward_model_dir(model_path: str | Path, out_dir: Path, seed: int, trust_remote_code: bool) -> Path:
     """A one-label sequence classifier to train: `model_path` itself if it is one, else the
     causal LM with a new score head (initialised from `seed`) saved with its tokenizer in `out_dir`."""
     import transformers
 
-    config = load_hf_config(model_path)
+    config = load_hf_config(model_path, trust_remote_code=trust_remote_code)
     if any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
         return Path(model_path)  # load_model checks num_labels == 1 when the engine loads it
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
     torch.manual_seed(seed)
     # The score head is missing from a causal-LM checkpoint by design; silence HF's note about it.
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=1, dtype="auto", local_files_only=True
+            model_path, num_labels=1, dtype="auto", local_files_only=True, trust_remote_code=trust_remote_code
         )
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -135,6 +136,8 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
     omp_auto = cfg.resources.omp_wait_policy == "auto"
     cfg = dataclasses.replace(cfg, resources=dataclasses.replace(
         cfg.resources, omp_wait_policy=omp.resolve(cfg.resources.omp_wait_policy)))
+    if cfg.model.path is not None:  # before the run directory: refused in one line
+        check_model_dir(cfg.model.path, "model.path", tokenizer=True, trust_remote_code=cfg.model.trust_remote_code)
     run_dir = create_run_dir(cfg)
     display = start_display(cfg.trainer.console, run_dir, dtype_line, cfg.resources, omp_auto)
     log = MetricsLog(run_dir / "metrics.jsonl")
@@ -144,8 +147,9 @@ def run_rm_job(cfg: RMConfig) -> RMResult:
         base = cfg.model.path
         if base is None:
             base = str(write_builtin_model(cfg.model.builtin, run_dir / BUILTIN_MODEL_DIR, cfg.seed))
-        model_path = init_reward_model_dir(base, run_dir / "init_reward_model", cfg.seed)
-        tokenizer = load_tokenizer(model_path)
+        trust = cfg.model.trust_remote_code
+        model_path = init_reward_model_dir(base, run_dir / "init_reward_model", cfg.seed, trust)
+        tokenizer = load_tokenizer(model_path, trust_remote_code=trust)
         train, val = pair_data(cfg, tokenizer)
         display.message(_stats_line("train pairs", train, cfg))
         if cfg.data.val_files:

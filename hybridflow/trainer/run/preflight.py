@@ -10,10 +10,12 @@ of as a traceback from a worker a minute later. Only the standard library, PyYAM
 pyarrow are used: no model is loaded, so the checks take well under a second for the
 model and reward file (the data files are read once, as the run reads them anyway).
 
-A model directory is checked from its files alone: config.json parses; its weights exist
-and every safetensors file is complete (its header's tensors end where the file ends);
-the embedding and the number of decoder layers in the weights agree with config.json; a
-tokenizer file is there (policy only). `model_manifest` (a fingerprint of config.json and
+A model directory is checked from its files alone: config.json parses; it names no code to
+run (an `auto_map` in config.json or tokenizer_config.json: refused unless
+model.trust_remote_code) and a model_type the engines support; a reward or cost model is a
+one-label sequence classifier; its weights exist and every safetensors file is complete
+(its header's tensors end where the file ends); the embedding and the number of decoder
+layers in the weights agree with config.json; a tokenizer file is there (policy only). `model_manifest` (a fingerprint of config.json and
 the weight files) is recorded with each checkpoint so a resume can tell that the model
 changed (run/lifecycle.py).
 """
@@ -49,14 +51,16 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
         import torch
 
         check_gpu_count(cfg, torch.cuda.device_count())
+    trust = cfg.model.trust_remote_code
     if cfg.model.path is not None:
-        check_model_dir(cfg.model.path, "model.path", tokenizer=True)
+        check_model_dir(cfg.model.path, "model.path", tokenizer=True, trust_remote_code=trust)
     check_lengths_fit(cfg, 1, "the shortest possible prompt")  # the data's own lengths: once tokenized
     if cfg.critic.model_path is not None and cfg.use_critic:
-        check_model_dir(cfg.critic.model_path, "critic.model_path", tokenizer=False)
+        check_model_dir(cfg.critic.model_path, "critic.model_path", tokenizer=False, trust_remote_code=trust)
     for key in ("reward_model", "cost_model"):
         if getattr(cfg, key).path is not None:
-            check_model_dir(getattr(cfg, key).path, f"{key}.path", tokenizer=False)
+            check_model_dir(getattr(cfg, key).path, f"{key}.path", tokenizer=False, trust_remote_code=trust,
+                            scorer=True)
     reward_fn = None
     if cfg.reward.custom_fn_path is not None:
         reward_fn = check_reward_file(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, "reward.custom_fn_path")
@@ -133,19 +137,76 @@ def check_lengths_fit(cfg: RunConfig, longest_prompt: int, what: str) -> None:
 # ----------------------------------------------------------------------------- model directories
 
 
-def check_model_dir(path: str | Path, key: str, *, tokenizer: bool) -> None:
-    """Raise ConfigError(key) unless `path` is a complete local Hugging Face model directory."""
+def check_model_dir(path: str | Path, key: str, *, tokenizer: bool, trust_remote_code: bool,
+                    scorer: bool = False) -> None:
+    """Raise ConfigError(key) unless `path` is a complete local Hugging Face model directory
+    of a supported family (module docstring); `scorer`: a reward or cost model."""
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"{str(path)!r} is not a directory; give a local Hugging Face model directory "
                           "(config.json, *.safetensors, tokenizer files). Nothing is downloaded", key)
     config = read_model_config(path, key)
+    if not trust_remote_code:
+        check_no_remote_code(path, config, key)
+    check_model_type(path, config, key)
+    if scorer:
+        check_scorer_head(path, config, key)
     tensors = weight_shapes(path, key)
     if tensors is not None:
         _check_sizes(path, config, tensors, key)
     if tokenizer and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{str(path)!r} has no tokenizer (none of {list(TOKENIZER_FILES)}); copy the model's "
                           "tokenizer files into it (tokenizer.save_pretrained(path))", key)
+
+
+REMOTE_CODE_KEY = "model.trust_remote_code"
+
+
+def check_no_remote_code(path: Path, config: dict[str, Any], key: str) -> None:
+    """ConfigError(model.trust_remote_code) when the directory names Python code of its own
+    for transformers to run: an `auto_map` in config.json or tokenizer_config.json."""
+    named = {"config.json": config.get("auto_map")}
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        try:
+            tok = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+            raise ConfigError(f"{tokenizer_config} is not valid JSON ({type(err).__name__}: {err}); restore the file "
+                              "from the model's source", key) from None
+        named["tokenizer_config.json"] = tok.get("auto_map") if isinstance(tok, dict) else None
+    found = {name: value for name, value in named.items() if value}
+    if found:
+        name, value = next(iter(found.items()))
+        classes = sorted({str(v) for v in (value.values() if isinstance(value, dict) else [value])
+                          for v in (v if isinstance(v, list) else [v]) if v})[:3]
+        raise ConfigError(f"{str(path / name)!r} ({key}) names Python code of its own to run ({name}: auto_map "
+                          f"{classes}); hybridflow runs a model directory's code only with "
+                          f"{REMOTE_CODE_KEY}=true, which runs it with your permissions in the controller and every "
+                          "worker: set it only for a directory whose code you have read", REMOTE_CODE_KEY)
+
+
+def check_model_type(path: Path, config: dict[str, Any], key: str) -> None:
+    """ConfigError(key) unless config.json's model_type is a family the engines support."""
+    from hybridflow.engines.model_families import SUPPORTED_FAMILIES
+
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_FAMILIES:
+        raise ConfigError(f"{str(path / 'config.json')!r}: model_type {model_type!r} is not supported; supported "
+                          f"families: {sorted(SUPPORTED_FAMILIES)} (docs/models.md)", key)
+
+
+def check_scorer_head(path: Path, config: dict[str, Any], key: str) -> None:
+    """ConfigError(key) unless config.json describes a one-label *ForSequenceClassification."""
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not any(
+            isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(f"{str(path)!r} is not a reward model: its architectures are {architectures!r}; a "
+                          "scoring model must be saved as a *ForSequenceClassification with one label "
+                          "(hybridflow rm trains one)", key)
+    labels = config.get("id2label")
+    count = len(labels) if isinstance(labels, dict) else config.get("num_labels", 2)
+    if count != 1:
+        raise ConfigError(f"{str(path)!r} has {count} labels; a scoring model needs exactly 1", key)
 
 
 def read_model_config(path: Path, key: str) -> dict[str, Any]:
@@ -155,7 +216,7 @@ def read_model_config(path: Path, key: str) -> dict[str, Any]:
         raise ConfigError(f"{str(path)!r} has no config.json; is it a Hugging Face model directory?", key)
     try:
         config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ConfigError(f"{config_file} is not valid JSON ({err}); restore the file from the model's "
                           "source", key) from None
     if not isinstance(config, dict):
