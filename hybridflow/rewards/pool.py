@@ -116,9 +116,10 @@ class ScoringPool:
         """Stop the worker processes. The pool restarts on the next `run` if used again.
 
         Between runs no sample is in flight (hung ones were killed), so a graceful
-        shutdown cannot block.
+        shutdown cannot block. Workers in a PID namespace of their own (allow_subprocess) are
+        killed instead: there, a worker's pid is not the one the executor knows it by.
         """
-        self._discard_executor(kill=False)
+        self._discard_executor(kill=self.limits.allow_subprocess)
 
     # ------------------------------------------------------------------ scoring
 
