@@ -208,6 +208,11 @@ def with_overrides(tree: dict[str, Any], overrides: list[str] = ()) -> dict[str,
     return tree
 
 
+def override_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys `overrides` set ("a.b=1" -> "a.b")."""
+    return {".".join(_parse_override(text)[0]) for text in overrides}
+
+
 def nest_dotted(tree: dict[str, Any]) -> dict[str, Any]:
     """A user's tree with dotted keys ("ppo.lr": 1e-3) as nested sections, merged with the
     sections given as such ({"ppo": {"epochs": 3}}); the input is not changed."""

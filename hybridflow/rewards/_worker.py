@@ -335,6 +335,21 @@ def score_task(task_id: int, kwargs: dict[str, Any], timeout_s: float | None) ->
     return call_with_timeout(_FN, kwargs, timeout_s, _CPU_LIMIT_S)
 
 
+def check_function() -> str | None:
+    """In a worker: import the reward function (a file's, `resolve`) as a sample would, and
+    say what is wrong with it (None: nothing)."""
+    if _CONFINEMENT_FAILED is not None:
+        return _CONFINEMENT_FAILED
+    resolve = getattr(_FN, "resolve", None)
+    if resolve is None:
+        return None
+    try:
+        resolve()
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - a broken file, whatever it raises
+        return f"{err}{_confinement_hint(err.__cause__ or err)}"
+    return None
+
+
 def score_chunk(tasks: list[tuple[int, dict[str, Any]]], timeout_s: float | None) -> list[tuple[str, Any]]:
     """Run several samples one after another in a worker (one round trip for all of them);
     each still announces its start and has its own timeout."""

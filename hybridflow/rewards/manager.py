@@ -39,6 +39,29 @@ logger = logging.getLogger(__name__)
 GIVE_UP_AFTER = 4  # failed samples (none succeeded) that end a call before the function ever succeeded
 
 
+IMPORT_TIMEOUT_S = 120.0  # how long a reward worker may take to import the function (check_reward_function)
+
+
+def check_reward_function(fn: Callable[..., Any], config: RewardConfig) -> str | None:
+    """What is wrong with a file's reward function (FileRewardFn), found where it will run:
+    imported in one worker confined like the samples (in this process with num_workers=0,
+    the unconfined debugging mode); None when nothing is, or `fn` is no file's."""
+    if not hasattr(fn, "resolve"):
+        return None
+    if config.num_workers == 0:
+        try:
+            fn.resolve()
+        except (OSError, ImportError, AttributeError, TypeError) as err:
+            return str(err)
+        return None
+    pool = ScoringPool(fn, 1, config.timeout_s, config.kill_grace_s, config.mp_context,
+                       limits=worker_limits(config, fn))
+    try:
+        return pool.check_function(IMPORT_TIMEOUT_S)
+    finally:
+        pool.close()
+
+
 class RewardFailureError(UserInputError):
     """The reward function failed on most samples for max_failed_steps scoring calls in a row."""
 

@@ -41,10 +41,11 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from hybridflow.rewards._worker import WorkerLimits, init_worker, score_chunk
+from hybridflow.rewards._worker import WorkerLimits, check_function, init_worker, score_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,20 @@ class ScoringPool:
         killed instead: there, a worker's pid is not the one the executor knows it by.
         """
         self._discard_executor(kill=self.limits.allow_subprocess)
+
+    def check_function(self, timeout_s: float) -> str | None:
+        """Import the function in a worker, confined like the samples; what is wrong with it
+        (_worker.py `check_function`), or None."""
+        executor = self._ensure_executor()
+        try:
+            return executor.submit(check_function).result(timeout=timeout_s)
+        except FutureTimeout:
+            self._discard_executor(kill=True)
+            return f"importing the reward function took longer than {timeout_s:.0f} s in a reward worker"
+        except BrokenProcessPool:
+            self._discard_executor(kill=True)
+            return ("the reward worker process died while importing the reward function (a crash in native code, "
+                    "exit at import, or past reward.manager.memory_limit_mb)")
 
     # ------------------------------------------------------------------ scoring
 

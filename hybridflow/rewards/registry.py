@@ -97,7 +97,7 @@ def _import_file(path: Path) -> Any:
         return import_file(path, USER_REWARD_PREFIX)  # one module per file: two reward.py files do not clash
     except (Exception, SystemExit) as err:  # a file that calls exit() at import is a broken file too
         raise ImportError(f"importing reward file {str(path)!r} failed: {_import_failure(err)}; fix the file "
-                          "(it is imported on the controller and in every reward worker)") from err
+                          "(it is imported in every reward worker)") from err
 
 
 def _import_failure(err: BaseException) -> str:
@@ -164,10 +164,12 @@ class FileRewardFn:
         return f"FileRewardFn({str(self.path)!r}, {self.name!r})"
 
 
-def load_reward_fn(path: str | Path, name: str = "compute_score") -> ScoreFn:
-    """Load `name` from `path` (checked now, so mistakes surface at start-up): a Python
-    file (a FileRewardFn, picklable by path), or the dotted import path of a module
-    (`my_pkg.rewards`: the function itself, picklable by reference)."""
+def load_reward_fn(path: str | Path, name: str = "compute_score", *, resolve: bool = True) -> ScoreFn:
+    """Load `name` from `path`: a Python file (a FileRewardFn, picklable by path), or the
+    dotted import path of a module (`my_pkg.rewards`: the function itself, picklable by
+    reference; an installed module, imported here). A file is imported here when `resolve`
+    (mistakes surface at once); a run passes resolve=False, so that a reward file is imported
+    only in the confined reward workers (manager.py `check_reward_function` checks it there)."""
     if is_module_path(path):
         try:
             module = importlib.import_module(str(path))
@@ -179,7 +181,8 @@ def load_reward_fn(path: str | Path, name: str = "compute_score") -> ScoreFn:
         _check_signature(fn, f"{name} in {path}")
         return fn
     fn = FileRewardFn(path, name)
-    fn.resolve()
+    if resolve:
+        fn.resolve()
     return fn
 
 

@@ -37,6 +37,7 @@ from hybridflow.trainer.run.run_dir import refuse_existing_run_dir
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
+    from hybridflow.rewards.config import RewardConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -63,9 +64,11 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
                             scorer=True)
     reward_fn = None
     if cfg.reward.custom_fn_path is not None:
-        reward_fn = check_reward_file(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, "reward.custom_fn_path")
+        reward_fn = check_reward_file(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, "reward.custom_fn_path",
+                                      cfg.reward.manager)
     if cfg.cost_model.custom_fn_path is not None:
-        check_reward_file(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, "cost_model.custom_fn_path")
+        check_reward_file(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, "cost_model.custom_fn_path",
+                          cfg.reward.manager)
     if cfg.data.train_files:
         records = prompt_records(cfg.data.train_files, "data.train_files", cfg)
         limit = cfg.data.prompt.max_samples
@@ -355,11 +358,18 @@ def check_scorers(data_sources: Iterable[str], key: str) -> None:
 # ----------------------------------------------------------------------------- reward file
 
 
-def check_reward_file(path: str, name: str, key: str) -> Any:
-    """Import the reward function `name` from `path` (FileRewardFn); ConfigError naming the file."""
+def check_reward_file(path: str, name: str, key: str, manager: RewardConfig) -> Any:
+    """The reward function `name` of `path`, imported and checked in a reward worker confined
+    as the run's will be (rewards/manager.py `check_reward_function`; a module path is
+    installed code, imported here); ConfigError naming the file."""
+    from hybridflow.rewards.manager import check_reward_function
     from hybridflow.rewards.registry import load_reward_fn
 
     try:
-        return load_reward_fn(path, name)
+        fn = load_reward_fn(path, name, resolve=False)
     except (OSError, ImportError, AttributeError, TypeError) as err:
         raise ConfigError(str(err), key) from None
+    problem = check_reward_function(fn, manager)
+    if problem is not None:
+        raise ConfigError(problem, key)
+    return fn

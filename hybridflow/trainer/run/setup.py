@@ -177,7 +177,7 @@ def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     fn, specs = None, parse_templates(cfg.reward.templates)
     if cfg.reward.custom_fn_path is not None:
-        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name)
+        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, resolve=False)
     elif any(s.level == "trajectory" for s in specs):
         fn = ComposedScore(specs)
     return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn, turn_templates=specs)
@@ -188,7 +188,7 @@ def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     settings), or None without cost_model.custom_fn_path."""
     if cfg.cost_model.custom_fn_path is None:
         return None
-    fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name)
+    fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, resolve=False)
     return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
 
 
