@@ -23,6 +23,18 @@ class UserInputError(ValueError):
     checkpoint): the message names it and the fix. The CLI prints it in one or two lines
     and exits with status 2 (no traceback unless --debug)."""
 
+    MAX_CHARS = 2000  # a message quotes what the user gave, which may be huge or hold newlines
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        lines = text.splitlines()
+        if len(lines) > 2:
+            text = " ".join(line.strip() for line in lines)
+        if len(text) <= self.MAX_CHARS:
+            return text
+        half = self.MAX_CHARS // 2  # the middle goes: a quoted value is there, the fix is at the end
+        return f"{text[:half]} [... {len(text) - 2 * half} characters ...] {text[-half:]}"
+
 
 class DamagedFileError(UserInputError):
     """A file a run reads back (a checkpoint's, a saved batch) is damaged, cut short or not

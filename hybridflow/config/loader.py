@@ -138,7 +138,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
     if annotation in (int, float) and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
             number = float(value)  # YAML reads "1e-5" and "1e5" (no dot) as strings
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: an int past float's range
             number = None
         if annotation is float and number is not None:
             return number
