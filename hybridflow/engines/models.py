@@ -261,6 +261,16 @@ def hf_model_for_export(model: torch.nn.Module, *, trust_remote_code: bool) -> t
         return auto_cls.from_config(config, trust_remote_code=trust_remote_code)
 
 
+def backbone_shapes(path: str | Path, *, trust_remote_code: bool) -> dict[str, list[int]]:
+    """Parameter name -> shape of the decoder backbone (AutoModel: no head) that the config.json
+    of `path` describes, built on the meta device (no memory, no weights read). Checkpoint
+    names carry a "model." prefix the backbone's lack (pre-flight compares the two)."""
+    config = load_hf_config(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    return {name: list(t.shape) for name, t in model.state_dict().items()}
+
+
 def model_family(model: torch.nn.Module) -> str:
     """The model_type ("llama", "qwen2", ...) of a loaded model; error if unsupported."""
     family = getattr(getattr(model, "config", None), "model_type", None)

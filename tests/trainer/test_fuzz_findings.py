@@ -56,3 +56,50 @@ def test_a_damaged_presets_file_is_refused(model, content, what):
         load_run_config(None, [f"model.path={model}"])
     assert "hybridflow_presets.json is not a presets file hybridflow wrote" in short(err) and what in short(err)
     assert err.value.key == "model.path"
+
+
+def rewrite_safetensors_header(file: Path, edit) -> None:
+    """`edit(header)` applied to the file's JSON header, the data bytes kept."""
+    data = file.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    edit(header)
+    raw = json.dumps(header).encode()
+    file.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length:])
+
+
+def _widen(header: dict) -> None:
+    name = next(n for n, t in header.items() if n != "__metadata__" and len(t["shape"]) == 2)
+    header[name]["shape"][1] += 1  # the bytes stay; the shape no longer fits them
+
+
+def _bad_dtype(header: dict) -> None:
+    name = next(n for n in header if n != "__metadata__")
+    header[name]["dtype"] = "F33"
+
+
+def _config_edit(model: Path, **changes) -> None:
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.mark.parametrize("damage, message", [
+    # each passed pre-flight at 6c4bac7 and failed in the model load (a worker's, after Ray)
+    (lambda m: rewrite_safetensors_header(m / "model.safetensors", _widen),
+     "model.safetensors is not a readable safetensors file"),
+    (lambda m: rewrite_safetensors_header(m / "model.safetensors", _bad_dtype),
+     "model.safetensors is not a readable safetensors file"),
+    (lambda m: _config_edit(m, intermediate_size=24), "config.json and the weights come from different models"),
+    (lambda m: _config_edit(m, num_attention_heads=3), "describes no model transformers can build"),
+], ids=["shape-not-its-bytes", "unknown-dtype", "intermediate-size", "heads-not-dividing-hidden"])
+def test_model_directory_damage_the_load_would_meet_is_found_before_ray(model, damage, message):
+    from hybridflow.engines.models import load_model
+    from hybridflow.trainer.run.preflight import preflight
+
+    damage(model)
+    with pytest.raises(Exception):  # what a worker would meet: the check below must find it first
+        load_model(model)
+    cfg = load_run_config(None, [f"model.path={model}"])
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    assert message in short(err) and err.value.key == "model.path"

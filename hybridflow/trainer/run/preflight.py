@@ -157,6 +157,7 @@ def check_model_dir(path: str | Path, key: str, *, tokenizer: bool, trust_remote
     tensors = weight_shapes(path, key)
     if tensors is not None:
         _check_sizes(path, config, tensors, key)
+        _check_shapes(path, tensors, key, trust_remote_code)
     if tokenizer and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{str(path)!r} has no tokenizer (none of {list(TOKENIZER_FILES)}); copy the model's "
                           "tokenizer files into it (tokenizer.save_pretrained(path))", key)
@@ -262,14 +263,36 @@ def safetensors_shapes(file: Path, key: str) -> dict[str, list[int]]:
             if length > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(handle.read(length))
-        end = max((int(t["data_offsets"][1]) for n, t in header.items() if n != "__metadata__"), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{file} is not a readable safetensors file ({err}); copy or download it again",
-                          key) from None
+        end = max((_entry_end(name, entry) for name, entry in header.items() if name != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, AttributeError,
+            RecursionError) as err:
+        raise ConfigError(f"{file} is not a readable safetensors file ({type(err).__name__}: {err}); copy or "
+                          "download it again", key) from None
     if 8 + length + end != size:
         raise ConfigError(f"{file} is truncated or damaged: its header describes {8 + length + end} bytes, the "
                           f"file has {size}; copy or download it again", key)
     return {name: list(t["shape"]) for name, t in header.items() if name != "__metadata__"}
+
+
+# Bytes per element of each safetensors dtype (the format's own names).
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _entry_end(name: str, entry: Any) -> int:
+    """Where the header entry `name` ends in the data, once its dtype, shape and offsets agree
+    (what safetensors itself checks when loading); ValueError otherwise."""
+    begin, end = entry["data_offsets"]
+    shape, dtype = entry["shape"], entry["dtype"]
+    if dtype not in _DTYPE_BYTES or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"the entry {name!r} has dtype {dtype!r} and shape {shape!r}")
+    count = 1
+    for n in shape:
+        count *= n
+    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end
+            and end - begin == count * _DTYPE_BYTES[dtype]):
+        raise ValueError(f"the entry {name!r} spans bytes {begin}..{end}, not its {count} {dtype} elements")
+    return end
 
 
 def _check_sizes(path: Path, config: dict[str, Any], shapes: dict[str, list[int]], key: str) -> None:
@@ -287,6 +310,25 @@ def _check_sizes(path: Path, config: dict[str, Any], shapes: dict[str, list[int]
         raise ConfigError(f"{str(path)!r}: the weights hold {len(layers)} decoder layers but config.json says "
                           f"num_hidden_layers={declared}; config.json and the weights come from different models",
                           key)
+
+
+def _check_shapes(path: Path, shapes: dict[str, list[int]], key: str, trust_remote_code: bool) -> None:
+    """Every weight of the backbone against the shape config.json implies (a model built on the
+    meta device: engines/models.py `backbone_shapes`), so a config.json that disagrees with its
+    weights anywhere fails here, not in the workers' load."""
+    from hybridflow.engines.models import backbone_shapes
+
+    try:
+        expected = backbone_shapes(path, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - transformers' errors for values it cannot build a model from
+        raise ConfigError(f"{str(path / 'config.json')!r} describes no model transformers can build "
+                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); restore the file "
+                          "from the model's source", key) from None
+    for name, shape in shapes.items():
+        want = expected.get(name.removeprefix("model."))
+        if want is not None and want != shape:
+            raise ConfigError(f"{str(path)!r}: the weight {name} is {shape} but config.json implies {want}; "
+                              "config.json and the weights come from different models", key)
 
 
 def model_manifest(path: str | Path) -> dict[str, Any]:
