@@ -92,7 +92,8 @@ class PairwiseDataset:
             if not isinstance(row[key], str):
                 raise ValueError(f"pair row {i}: {key!r} must be a string reply, got {type(row[key]).__name__}")
             replies.append(row[key])
-        return render_prompt(tokenizer, prompt, cfg.apply_chat_template), replies[0], replies[1]
+        text = render_prompt(tokenizer, prompt, cfg.apply_chat_template, f"pair row {i}", "data.pairs")
+        return text, replies[0], replies[1]
 
     def _tokenize(self, tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> None:
         texts = [self._texts(tokenizer, r, i) for i, r in enumerate(rows)]

@@ -75,7 +75,8 @@ class SFTDataset:
             raise ValueError(f"SFT row {i}: response must be a string, got {type(response).__name__}")
         prompt = row[self.config.prompt_key]
         prompt = prompt.tolist() if hasattr(prompt, "tolist") else prompt
-        return render_prompt(self.tokenizer, prompt, self.config.apply_chat_template), response
+        return render_prompt(self.tokenizer, prompt, self.config.apply_chat_template, f"SFT row {i}",
+                             "sft.data"), response
 
     def _is_conversation(self, row: dict) -> bool:
         return self.config.messages_key in row and self.config.prompt_key not in row

@@ -103,3 +103,17 @@ def test_model_directory_damage_the_load_would_meet_is_found_before_ray(model, d
     with pytest.raises(ConfigError) as err:
         preflight(cfg)
     assert message in short(err) and err.value.key == "model.path"
+
+
+def test_a_chat_message_the_template_refuses_is_a_config_error(tmp_path):
+    """The built-in chat template raises jinja2's TemplateError on an unknown role; that was
+    a traceback (exit 1) after Ray started."""
+    from hybridflow.data import RLPromptDataset, build_char_tokenizer
+    from hybridflow.data.configs import PromptDataConfig
+
+    rows = tmp_path / "train.jsonl"
+    rows.write_text(json.dumps({"prompt": [{"role": "robot", "content": "1+1="}], "data_source": "arithmetic"}) + "\n")
+    with pytest.raises(ConfigError) as err:
+        RLPromptDataset([str(rows)], build_char_tokenizer(), PromptDataConfig())
+    assert "row 0: the tokenizer's chat template cannot render it" in short(err) and "unknown role robot" in short(err)
+    assert err.value.key == "data.prompt.apply_chat_template"
