@@ -117,3 +117,20 @@ def test_a_chat_message_the_template_refuses_is_a_config_error(tmp_path):
         RLPromptDataset([str(rows)], build_char_tokenizer(), PromptDataConfig())
     assert "row 0: the tokenizer's chat template cannot render it" in short(err) and "unknown role robot" in short(err)
     assert err.value.key == "data.prompt.apply_chat_template"
+
+
+def test_a_chat_message_the_template_refuses_stops_the_command_before_ray(tmp_path, capsys):
+    from hybridflow.cli import main
+
+    rows = tmp_path / "train.jsonl"
+    good = {"prompt": [{"role": "user", "content": "1+1="}], "data_source": "arithmetic",
+            "reward_model": {"ground_truth": "2"}}
+    bad = {**good, "prompt": [{"role": "robot", "content": "1+1="}]}
+    rows.write_text("".join(json.dumps(row) + "\n" for row in [good] * 7 + [bad]))
+    out = tmp_path / "runs"
+    assert main(["train", f"trainer.output_dir={out}", f"data.train_files=[{rows}]", "data.train_batch_size=1",
+                 "actor.micro_batch.mini_batch_size=8", "actor.micro_batch.micro_batch_size_per_device=8",
+                 "sft.steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert "data.prompt.apply_chat_template: row 7: the tokenizer's chat template cannot render it" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -80,10 +80,12 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
                 f"{usable}, or add rows", "data.train_batch_size")
         if reward_fn is None and cfg.reward_model.path is None:
             check_scorers((r.data_source for r in records), "data.train_files")
+        check_prompts_render(records, cfg)
     if cfg.data.val_files:
         records = prompt_records(cfg.data.val_files, "data.val_files", cfg)
         if reward_fn is None:
             check_scorers((r.data_source for r in records), "data.val_files")
+        check_prompts_render(records, cfg)
 
 
 def check_gpu_count(cfg: RunConfig, visible: int) -> None:
@@ -381,6 +383,40 @@ def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRec
         return [from_row(row, index, prompt.prompt_key, prompt.default_data_source) for index, row in enumerate(rows)]
     except ValueError as err:
         raise ConfigError(f"{files}: {err}", key) from None
+
+
+def _prompt_shape(prompt: Any) -> tuple:
+    """What a chat template's acceptance depends on: a string, or each message's role and
+    the types of its values."""
+    if isinstance(prompt, str):
+        return ("str",)
+    return tuple((m.get("role"), tuple(sorted((k, type(v).__name__) for k, v in m.items())))
+                 if isinstance(m, dict) else type(m).__name__ for m in prompt)
+
+
+def check_prompts_render(records: list[PromptRecord], cfg: RunConfig) -> None:
+    """One prompt of each shape rendered as the run's prompt data set will render it (its
+    tokenizer's chat template), so a message the template refuses is refused here, not after
+    Ray started (data.prompt.apply_chat_template, the row)."""
+    from hybridflow.data.rl_dataset import render_prompt
+
+    apply = cfg.data.prompt.apply_chat_template
+    if apply and cfg.model.path is None and cfg.model.pretrained is not None:
+        return  # its tokenizer is fetched and converted with the model, after these checks
+    firsts = {_prompt_shape(r.prompt): r for r in reversed(records)}
+    tokenizer = run_tokenizer(cfg) if apply else None
+    for record in sorted(firsts.values(), key=lambda r: r.index):
+        render_prompt(tokenizer, record.prompt, apply, f"row {record.index}")
+
+
+def run_tokenizer(cfg: RunConfig) -> Any:
+    """The tokenizer the run will load: model.path's, or the built-in model's (model.pretrained
+    null)."""
+    from hybridflow.data import build_char_tokenizer, load_tokenizer
+
+    if cfg.model.path is None:
+        return build_char_tokenizer()
+    return load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
 
 
 def check_scorers(data_sources: Iterable[str], key: str) -> None:
