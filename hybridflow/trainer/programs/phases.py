@@ -71,15 +71,17 @@ SILENT_GROUPS, GROUPS = "adv/silent_groups", "adv/groups"  # record_signal
 
 @dataclass
 class Roles:
-    """What the step program talks to."""
+    """What the step program talks to (the roles of its task kind; the others are None)."""
 
-    actor: WorkerGroup  # ActorRolloutRefWorker: generation, log-probs, reference policy, update
-    critic: WorkerGroup | None  # CriticWorker (algorithms with a critic: ppo, safe_rlhf)
-    reward: Any  # hybridflow.rewards.RewardManager: scores responses in worker processes
+    actor: WorkerGroup | None = None  # ActorRolloutRefWorker: generation, log-probs, reference policy, update
+    critic: WorkerGroup | None = None  # CriticWorker (algorithms with a critic: ppo, safe_rlhf)
+    reward: Any = None  # hybridflow.rewards.RewardManager: scores responses in worker processes
     reward_model: WorkerGroup | None = None  # RewardModelWorker (reward_model.path)
     cost_critic: WorkerGroup | None = None  # CriticWorker of the costs (safe_rlhf)
     cost_model: WorkerGroup | None = None  # RewardModelWorker scoring costs (cost_model.path)
     cost_fn: Any = None  # RewardManager of the rule-based cost function (cost_model.custom_fn_path)
+    runners: WorkerGroup | None = None  # EnvRunnerWorker: environments and the acting policy (environment tasks)
+    learner: WorkerGroup | None = None  # LearnerWorker: the policy's updates (environment tasks)
 
 
 @dataclass
@@ -382,14 +384,15 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
 
 
 @phase("update_actor")
-def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
+def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False,
+                 with_old: bool = True) -> None:
     """One policy update on the step's batch (plus the KL loss when configured; with
-    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
+    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy;
+    `with_old` False: the update computes old_log_probs itself, RunConfig.fuses_old_log_probs).
     Records adv/silent_groups and adv/groups first (`record_signal`)."""
     record_signal(step)
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
-    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
-        keys += (OLD_LOG_PROBS,)
+    keys = (ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ())
+            + (("rollout_log_probs",) if with_behaviour else ()) + ((OLD_LOG_PROBS,) if with_old else ()))
     dp_call(step, actor, "update_actor", _select(step.batch, keys),
             then=lambda out: step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor")))
 
