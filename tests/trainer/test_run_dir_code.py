@@ -74,3 +74,22 @@ def test_a_named_reward_file_is_imported_only_confined(foreign_run, capsys):
     err = capsys.readouterr().err
     assert "importing reward file" in err and "PermissionError" in err and "reward workers are confined" in err
     assert not markers["reward"].exists() and not markers["algorithm"].exists()
+
+
+@pytest.mark.slow  # the export itself runs (4 min here under a load of 40 on 2 cores)
+def test_export_and_eval_of_a_foreign_run_never_import_its_reward_file(tmp_path, tiny_config, capsys):
+    """The report's case with only the settings every version has: config.yaml names a reward
+    file planted in the run directory; export needs no reward, eval was not told to use it."""
+    run_dir = tmp_path / "run"
+    write_run_checkpoint(run_dir)
+    cfg = tiny_config("resources.world_size=1")
+    save_config(cfg, run_dir / "config.yaml")
+    base_model_path(cfg, run_dir, write_builtin=True)
+    marker = tmp_path / "reward-ran"
+    tree = yaml.safe_load((run_dir / "config.yaml").read_text())
+    tree["reward"]["custom_fn_path"] = str(planted(run_dir, "reward.py", marker))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(tree))
+    main(["export", str(run_dir), "--out", str(tmp_path / "exported")])
+    assert not marker.exists()
+    assert main(["eval", str(run_dir)]) == 2
+    assert not marker.exists() and "--use-run-reward" in capsys.readouterr().err
