@@ -1,15 +1,11 @@
 """Fuzzing what a user hands hybridflow: config overrides and files, data rows, and every file
 of a checkpoint and of a model directory, cut short or damaged. Each case must end in
-success or in a UserInputError of one or two lines (the CLI's exit status 2), never another
-exception (a traceback, exit 1), a hang (pytest-timeout) or a partial write; a few cases run
-the `hybridflow` command end to end. Hypothesis, derandomized (the same cases every run, no
-example database): the counts are the `max_examples` below; the session's summary prints the
-cases each test ran and the tests that found something (conftest.py).
-
-Checked in-process against the layers that run before Ray starts (the config loader and
-validation, trainer/run/preflight.py, checkpoint verification) and, where those let a case
-through, against what the run then does with it on the controller (the prompt data set, the
-tokenizer and its chat template) and in a worker (the model load)."""
+success or a UserInputError of one or two lines (the CLI's exit 2), never another exception
+(a traceback), a hang (pytest-timeout) or a partial write; what the pre-Ray checks accept must
+then load as the run loads it (prompt data set, chat template, model), and four cases run the
+`hybridflow` command end to end. Hypothesis, derandomized (the same cases every run, no example
+database): the counts are the `max_examples` below; the session summary prints the cases each
+test ran and the tests that found something (conftest.py)."""
 
 from __future__ import annotations
 
