@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32, trust_remote_code=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, foreach=True)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq))
     r = args.response

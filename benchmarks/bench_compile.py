@@ -42,7 +42,7 @@ def tiny_model(work: Path) -> transformers.PreTrainedModel:
     from bench_vs_trl import WORKLOADS, model_dir
 
     path = model_dir(WORKLOADS["tiny"], work)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False)
 
 
 def train_step(model: torch.nn.Module, params: list, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> None:
@@ -105,7 +105,7 @@ def main() -> None:
     ids = torch.randint(3, vocab, (args.samples, args.tokens))
 
     def make_train(compiled: bool):
-        model = transformers.AutoModelForCausalLM.from_config(base.config)
+        model = transformers.AutoModelForCausalLM.from_config(base.config, trust_remote_code=False)
         model.load_state_dict(base.state_dict())
         params = list(model.parameters())
         optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)

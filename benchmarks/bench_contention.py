@@ -213,7 +213,7 @@ def grpo_inputs(work: Path, steps: int) -> dict[str, Any]:
     w = WORKLOADS["tiny"]
     model = model_dir(w, work)
     prompts = work / "tiny_prompts.jsonl"
-    rows = prompt_rows(w, AutoTokenizer.from_pretrained(model), w.prompts_per_step * steps)
+    rows = prompt_rows(w, AutoTokenizer.from_pretrained(model, trust_remote_code=False), w.prompts_per_step * steps)
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {**base_spec(w, "fp32", model, prompts, steps, 0), "flop_facts": list(flop_facts(model))}
 

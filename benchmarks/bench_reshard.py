@@ -79,7 +79,7 @@ def rank_main(rank: int, world: int, model_dir: str, gen_tps: list[int], repeats
 
     hf_config = load_hf_config(model_dir)
     # The full model as the engine loaded it (fp32 master weights), every stage's parameters.
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, trust_remote_code=False)
     full = {n: p.detach() for n, p in model.named_parameters()}
     rows = []
     for tp in sorted({tp for tp, _ in layouts(world, gen_tps, pp)}):
@@ -129,7 +129,8 @@ def model_sizes(model_dir: Path):
     from hybridflow.engines.reshard import ModelSizes
 
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(model_dir))
+        config = transformers.AutoConfig.from_pretrained(model_dir, trust_remote_code=False)
+        model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     return ModelSizes.from_model(model)
 
 

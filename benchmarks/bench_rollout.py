@@ -140,7 +140,8 @@ def gemm_flops_per_position(config) -> tuple[int, int]:
 def bench_case(path: Path, name: str, batch: int, dtype_name: str, args) -> dict[str, Any]:
     dtype = DTYPES[dtype_name]
     max_new = args.max_new or MODELS[name]["max_new"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
+                                                           trust_remote_code=False).eval()
     engines = {"ours": NativeRolloutEngine.from_pretrained(path, RolloutConfig(dtype=dtype, max_num_seqs=batch))}
     if args.torch_kernel and engines["ours"].config.matmul != "native":
         engines["torch_kernel"] = NativeRolloutEngine.from_pretrained(

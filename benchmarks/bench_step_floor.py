@@ -137,7 +137,7 @@ def floor_of(workload: str, trl: dict, repeats: int, threads: int, ceiling: floa
 
     w = WORKLOADS[workload]
     work = Path(os.environ.get("HF_BENCH_WORK", "/tmp/hybridflow_bench_floor"))
-    config = AutoConfig.from_pretrained(model_dir(w, work))
+    config = AutoConfig.from_pretrained(model_dir(w, work), trust_remote_code=False)
     samples = w.prompts_per_step * w.n
     phases: dict[str, dict[str, float]] = {}
     for g in step_gemms(config, samples, trl["prompt_tokens"], trl["completion_tokens"]):

@@ -187,7 +187,8 @@ def main() -> None:
         rows = [run(d, model_dir, args) for d in args.dtypes.split(",")]
         import transformers
 
-        n_total = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+        full = transformers.AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=False)
+        n_total = sum(p.numel() for p in full.parameters())
     header = (f"| {'dtype':5} | {'tok/s fwd+bwd':>13} | {'GFLOP/s':>7} | {'matmul ceiling GFLOP/s':>22} | "
               f"{'MFU (wall)':>10} | {'MFU (CPU time)':>14} | {'tok/s update+AdamW':>18} |")
     print(header)

@@ -144,7 +144,7 @@ def qwen05_model_dir(path: Path, tokenizer_dir: Path) -> Path:
         return path
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
     config = Qwen2Config(**QWEN05_CONFIG, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
@@ -182,9 +182,9 @@ def flop_facts(path: Path) -> tuple[int, int, int]:
 
     from hybridflow.engines.train.flops import matmul_parameter_count
 
-    config = AutoConfig.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     return matmul_parameter_count(model), config.num_hidden_layers, config.hidden_size
 
 
@@ -512,7 +512,7 @@ def run_workload(w: Workload, dtype: str, args: argparse.Namespace, work: Path, 
     from transformers import AutoTokenizer
 
     model = model_dir(w, work)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
     prompts = work / f"{w.name}_prompts.jsonl"
     rows = prompt_rows(w, tokenizer, w.prompts_per_step * args.steps)
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -137,7 +137,8 @@ def main() -> None:
     workload = replace(WORKLOADS["tiny"], lr=args.lr)
     model = warm_start(work, args.sft_steps, args.threads, env)
     prompts = work / "prompts.jsonl"
-    rows = prompt_rows(workload, AutoTokenizer.from_pretrained(model), workload.prompts_per_step * args.steps)
+    tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
+    rows = prompt_rows(workload, tokenizer, workload.prompts_per_step * args.steps)
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     seeds = [int(s) for s in args.seeds.split(",")]
     curves: dict[str, dict[int, list[float]]] = {"trl": {}, "hybridflow": {}}

@@ -272,9 +272,9 @@ def main() -> None:
     load_before = load_average()
     t0 = time.perf_counter()
     model_dir = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False).eval()
     items, dropped = items_of([Path(f) for f in args.data], tokenizer, args.max_prompt_length, args.limit)
     if not items:
         raise SystemExit("eval_plain: no prompts left to score")

@@ -124,7 +124,7 @@ def save_random_model(root: Path, name: str, tiny: bool, device: str) -> Path:
     config = make_tiny_config("llama") if tiny else transformers.LlamaConfig(**SHAPES[name])
     torch.manual_seed(0)
     with torch.device(device):  # initialising 1.2B parameters on the host takes tens of seconds
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, trust_remote_code=False)
     model.save_pretrained(path, safe_serialization=True)
     del model
     return path
@@ -184,7 +184,7 @@ def train_case(path: Path, variant: str, args, peak: float) -> dict[str, Any]:
     kw = {"fused_head": True, "compile_kernels": args.device == "cuda"} if variant == "fast" else {}
     memory_reset(args.device)
     engine = ActorEngine(engine_config(path, mini=n, micro=micro, **kw))
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     batch = full_batch(n, prompt, response, vocab, seed=1)
     batch["old_log_probs"] = engine.compute_log_prob(batch)[0].detach()
     times, metrics = [], {}
@@ -221,7 +221,7 @@ def native_engine(path: Path, device: str, slots: int, **kw) -> NativeRolloutEng
 def hf_generate(path: Path, args, batch: int, static: bool) -> Callable[[DataProto], None]:
     """transformers generate on `path`: dynamic cache, or static cache compiled (its best setting
     on a GPU; on a CPU the rehearsal does not compile)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16,
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, trust_remote_code=False,
                                                               attn_implementation="sdpa").to(args.device).eval()
     extra = dict(cache_implementation="static", disable_compile=args.device != "cuda") if static else {}
     gen = transformers.GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -242,7 +242,7 @@ def decode_roofline_tok_s(path: Path, batch: int, args, bandwidth: float) -> flo
     """Tokens/s if a decode step only read, at the measured copy bandwidth, the bytes it must:
     the bf16 weights it multiplies by (layers and lm_head, not the embedding table) and each
     row's KV cache at the run's mean length (prompt mean + max_new / 2)."""
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
     h, inter, layers, vocab = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
     head_dim = h // config.num_attention_heads
     kv = config.num_key_value_heads * head_dim
@@ -258,7 +258,7 @@ def rollout_case(path: Path, batch: int, args, ceilings: dict[str, float], hf_st
     (CUDA graphs on a GPU) and with the per-token host loop, and HF generate (dynamic cache,
     or with `hf_static` its static cache compiled)."""
     memory_reset(args.device)
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     prompts = prompts_of(batch, vocab, args.prompt_lens, seed=batch)
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=args.max_new, ignore_eos=True, seed=0)
     graphs = args.device == "cuda"
@@ -328,7 +328,7 @@ def ceilings_case(args) -> dict[str, Any]:
 def logprob_parity_case(path: Path, args) -> dict[str, Any]:
     """The rollout engine's sampled log-probs vs the training engine's recomputation (bf16)."""
     rollout = native_engine(path, args.device, 16)
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     out = rollout.generate(prompts_of(16, vocab, args.prompt_lens, seed=7),
                            SamplingParams(temperature=1.0, max_new_tokens=args.max_new, ignore_eos=True, seed=3))
     del rollout
@@ -345,7 +345,7 @@ def logprob_parity_case(path: Path, args) -> dict[str, Any]:
 def packed_case(path: Path, args) -> dict[str, Any]:
     """Packed vs padded forward of the training engine on ragged sequences: equal log-probs?"""
     n, prompt, response, micro = args.train_batch
-    vocab = transformers.AutoConfig.from_pretrained(path).vocab_size
+    vocab = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False).vocab_size
     batch = full_batch(n, prompt, response, vocab, seed=5, ragged=True)
     result: dict[str, Any] = {"varlen_in_torch": hasattr(torch.nn.attention, "varlen")}
     log_probs = {}

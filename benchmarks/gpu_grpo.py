@@ -90,7 +90,7 @@ def _timed(phases: dict[str, float], name: str, sync: Callable[[], None], fn: Ca
 
 def ours_step(path: Path, args, sync: Callable[[], None]) -> dict[str, Any]:
     """Two GRPO steps on our engines (the first warms up: kernels, graphs); the second's phases."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     prompts, n, max_new = args.grpo_prompts, args.grpo_n, args.grpo_max_new
     fast = args.device == "cuda"
     rollout = NativeRolloutEngine.from_pretrained(path, RolloutConfig(
@@ -159,8 +159,8 @@ def trl_step(path: Path, args, work: Path) -> dict[str, Any]:
 
 def hf_stand_in_step(path: Path, args, sync: Callable[[], None]) -> dict[str, Any]:
     """transformers' generate + one training step (the same surrogate loss) on the same work."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False).to(args.device)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
     prompts, n, max_new = args.grpo_prompts, args.grpo_n, args.grpo_max_new
     result: dict[str, Any] = {}

@@ -6,6 +6,8 @@ and the reward workers (rewards/_worker.py).
     net = new_namespaces(libc, pid=False)          # before any thread starts
     abi = landlock(libc, readable=[sys.prefix, ...], writable=[])
     deny_sockets(libc)                             # no socket of any kind, every thread
+    deny_new_processes(libc)                       # no fork / vfork / clone but of threads
+    child = new_pid_namespace(libc)                # 0 here: PID 1 of a namespace that dies with the parent
 
 Standard library only and no hybridflow import: the sandbox child runs under `python -I`
 and loads this file by path. `landlock` handles "execute" and allows it nowhere (no
@@ -14,8 +16,12 @@ program can be run), allows reading only beneath `readable`, writing only beneat
 sockets and no signals to processes outside. `deny_sockets` installs a seccomp filter
 under which socket() and socketpair() fail with EACCES in every thread: no network (TCP,
 UDP, raw) and no unix socket (a docker or database socket on the disk), without needing a
-namespace, which a process with threads (numpy's BLAS pool) cannot unshare. Every step is
-irreversible.
+namespace, which a process with threads (numpy's BLAS pool) cannot unshare.
+`deny_new_processes` is a seccomp filter under which fork, vfork and clone (but of a thread)
+fail with EPERM in every thread, root included (RLIMIT_NPROC does not bind root).
+`new_pid_namespace` forks the first process of a new PID namespace, which dies with its
+parent (PR_SET_PDEATHSIG): the kernel then kills every process left in the namespace, a
+`setsid` grandchild included. Every step is irreversible.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import ctypes
 import errno
 import os
 import platform
+import select
+import signal
 import struct
 
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
@@ -130,6 +138,59 @@ def deny_sockets(libc: ctypes.CDLL) -> bool:
         _bpf(_RET_K, 0, 0, _RET_ALLOW),
         _bpf(_RET_K, 0, 0, denied),
     ])
+    return _install_filter(libc, machine, program)
+
+
+# fork, vfork (x86_64 only) and clone, clone3 by architecture; seccomp_data.args[0] (clone's
+# flags, low word on little-endian) is at offset 16.
+_PROCESS_CALLS = {"x86_64": {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435},
+                  "aarch64": {"clone": 220, "clone3": 435}}
+CLONE_THREAD = 0x00010000
+_JSET_K = 0x45
+
+
+def deny_new_processes(libc: ctypes.CDLL) -> bool:
+    """fork(), vfork() and clone() without CLONE_THREAD fail with EPERM from now on, in every
+    thread of this process; clone3() fails with ENOSYS, on which the C library falls back to
+    clone() (threads keep working); a foreign ABI's calls fail. False where seccomp or this
+    architecture is not supported."""
+    machine = platform.machine()
+    if machine not in _PROCESS_CALLS:
+        return False
+    arch, calls = _SECCOMP_ARCH[machine][0], _PROCESS_CALLS[machine]
+    program = _assemble([
+        (_LD_W_ABS, 4, None, None),                       # A = seccomp_data.arch
+        (_JEQ_K, arch, None, "deny"),                     # another ABI: nothing
+        (_LD_W_ABS, 0, None, None),                       # A = seccomp_data.nr
+        (_JSET_K, _X32_BIT, "deny", None),                # x32 numbering: nothing
+        *((_JEQ_K, calls[name], "deny", None) for name in ("fork", "vfork") if name in calls),
+        (_JEQ_K, calls["clone3"], "no_clone3", None),
+        (_JEQ_K, calls["clone"], None, "allow"),
+        (_LD_W_ABS, 16, None, None),                      # A = clone's flags
+        (_JSET_K, CLONE_THREAD, "allow", "deny"),         # a thread, or a process
+        ("no_clone3", _RET_K, _RET_ERRNO | errno.ENOSYS),
+        ("allow", _RET_K, _RET_ALLOW),
+        ("deny", _RET_K, _RET_ERRNO | errno.EPERM),
+    ])
+    return _install_filter(libc, machine, program)
+
+
+def _assemble(lines: list[tuple]) -> bytes:
+    """A BPF program from (code, k, label if true, label if false) jumps and loads, and
+    (label, code, k) returns; None: the next instruction."""
+    labels = {line[0]: i for i, line in enumerate(lines) if isinstance(line[0], str)}
+    out = []
+    for i, line in enumerate(lines):
+        if isinstance(line[0], str):
+            out.append(_bpf(line[1], 0, 0, line[2]))
+            continue
+        code, k, if_true, if_false = line
+        offset = [0 if to is None else labels[to] - i - 1 for to in (if_true, if_false)]
+        out.append(_bpf(code, offset[0], offset[1], k))
+    return b"".join(out)
+
+
+def _install_filter(libc: ctypes.CDLL, machine: str, program: bytes) -> bool:
     buffer = ctypes.create_string_buffer(program)
     fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -137,3 +198,31 @@ def deny_sockets(libc: ctypes.CDLL) -> bool:
     done = libc.syscall(_SYS_SECCOMP[machine], _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC,
                         ctypes.byref(fprog))
     return done == 0
+
+
+def new_pid_namespace(libc: ctypes.CDLL) -> int | None:
+    """Fork into a new PID namespace: returns 0 in the child, which is its first process (PID
+    1 there, where it can start threads and processes) and dies with this one
+    (PR_SET_PDEATHSIG; the kernel then kills every process left in the namespace, a
+    `setsid` grandchild included); the child's pid here; None where the kernel allows no
+    PID namespace (a user namespace is tried where this process is not root). This process
+    must be single-threaded, and can start no thread afterwards (it only supervises)."""
+    if libc.unshare(CLONE_NEWPID) != 0 and libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+        return None
+    # The child's parent lies outside its namespace (getppid() is 0 there): this process's
+    # life is the write end of a pipe it keeps open, EOF once it is gone.
+    alive_read, alive_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid:
+        os.close(alive_read)
+        _KEPT_OPEN.append(alive_write)
+        return pid
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    os.close(alive_write)
+    if select.select([alive_read], [], [], 0)[0]:  # EOF: the parent died before the line above
+        os._exit(1)
+    os.close(alive_read)
+    return 0
+
+
+_KEPT_OPEN: list[int] = []  # the write end of new_pid_namespace's pipe, open for this process's life

@@ -7,8 +7,8 @@ config, trainer, cli) may raise it without breaking the layer order of ARCHITECT
     # a section that holds the raising config names the full key:
     raise err.within("actor.micro_batch")      # actor.micro_batch.epochs: must be >= 1, got 0
 
-`UserInputError` is the base of every error in what the user gave (ConfigError included);
-the CLI turns it into a short message and exit status 2.
+`UserInputError` is the base of every error in what the user gave (ConfigError and
+DamagedFileError included); the CLI turns it into a short message and exit status 2.
 
 `key` is the dotted key relative to the config object that raised the error (None: the
 message names its keys itself); whoever knows where that object sits in a bigger tree
@@ -22,6 +22,23 @@ class UserInputError(ValueError):
     """Something the user gave is wrong (config, model directory, data file, reward file,
     checkpoint): the message names it and the fix. The CLI prints it in one or two lines
     and exits with status 2 (no traceback unless --debug)."""
+
+    MAX_CHARS = 2000  # a message quotes what the user gave, which may be huge or hold newlines
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        lines = text.splitlines()
+        if len(lines) > 2:
+            text = " ".join(line.strip() for line in lines)
+        if len(text) <= self.MAX_CHARS:
+            return text
+        half = self.MAX_CHARS // 2  # the middle goes: a quoted value is there, the fix is at the end
+        return f"{text[:half]} [... {len(text) - 2 * half} characters ...] {text[-half:]}"
+
+
+class DamagedFileError(UserInputError):
+    """A file a run reads back (a checkpoint's, a saved batch) is damaged, cut short or not
+    what hybridflow wrote; the message names the file."""
 
 
 class ConfigError(UserInputError):

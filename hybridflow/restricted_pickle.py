@@ -97,5 +97,6 @@ def _guarded(load: Callable[[], Any], what: str) -> Any:
         return load()
     except UnsafePickleError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as err:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            MemoryError, RecursionError, OverflowError) as err:  # a damaged length or nesting
         raise UnsafePickleError(f"{what} is damaged and cannot be read ({type(err).__name__}: {err})") from None

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 
 def descendants(pid: int) -> set[int]:
@@ -31,3 +37,26 @@ def alive(pids: set[int]) -> set[int]:
         except OSError:
             pass
     return running
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    ray_started: bool  # whether the command started a Ray instance (a session under its RAY_TMPDIR)
+
+
+def run_cli(args: list[str], tmp: Path, stdin: str = "", env: dict[str, str] | None = None,
+            timeout: float = 300) -> CliResult:
+    """`hybridflow ARGS` in a fresh process with `stdin` as its input, and Ray's temporary
+    directory a new one (a short path: Ray's socket names must fit 107 bytes), so that a
+    start of Ray leaves a session there."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="hf-ray-", dir="/tmp"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "hybridflow.cli", *args], input=stdin, capture_output=True,
+                              text=True, timeout=timeout, cwd=tmp,
+                              env={**os.environ, "RAY_TMPDIR": str(ray_tmp), **(env or {})})
+        return CliResult(done.returncode, done.stdout, done.stderr, any(ray_tmp.rglob("session_*")))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

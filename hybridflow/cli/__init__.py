@@ -22,7 +22,9 @@ heavy dependencies lazily so `hybridflow --help` stays fast.
 Errors: a mistake in what the user gave (config, data, model, reward file, checkpoint: a
 `hybridflow.errors.UserInputError`) ends the command with one or two lines that name the
 problem and the fix, and exit status 2; any other failure with one line and status 1.
-`--debug` (anywhere on the command line) shows the full traceback instead.
+`--debug` (anywhere on the command line) shows the full traceback instead. Standard input is
+not read (at end of file for every command but a --debug one): nothing can be answered
+from it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable
 
 from hybridflow.cli import eval as eval_cmd
@@ -78,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     try:
         try:
-            return handler(args)
+            with no_input():
+                return handler(args)
         except BaseException as err:  # after a SIGTERM / SIGINT, whatever ended the command is the stop
             stopped = stopped_by_signal(err)
             if stopped is None:
@@ -95,6 +100,19 @@ def main(argv: list[str] | None = None) -> int:
         text = worker_failure(err) or f"error: {one_line(err)}"
         print(f"hybridflow {args.command}: {text}\n(run again with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+@contextmanager
+def no_input() -> Iterator[None]:
+    """sys.stdin at end of file while a command runs: no library can ask a question and
+    act on the answer (transformers' "run the custom code? [y/N]" did, from piped input)."""
+    saved = sys.stdin
+    with open(os.devnull, encoding="utf-8") as devnull:
+        sys.stdin = devnull
+        try:
+            yield
+        finally:
+            sys.stdin = saved
 
 
 def stopped_by_signal(err: BaseException) -> str | None:

@@ -10,8 +10,10 @@ the run's evaluation at that step; a model directory with the settings saved nex
 weights (hybridflow_presets.json, written with every model a run exports), else the
 defaults; never the built-in demo's. Dotted overrides change any of them, e.g.
 `rollout.response_length=256 trainer.validation.do_sample=true trainer.validation.n=4`.
-The settings used are printed first. --show N prints N responses with their prompt, ground
-truth and score; --output writes the report with every response as JSON to a new file.
+The settings used are printed first. A run's reward file (and its reward.manager settings
+that loosen the workers' confinement) is used only when named on the command line, or with
+--use-run-reward. --show N prints N responses with their prompt, ground truth and score;
+--output writes the report with every response as JSON to a new file.
 docs/eval.md explains every number.
 """
 
@@ -34,6 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--show", type=int, default=0, metavar="N",
                         help="print the first N responses with their prompt, ground truth and score")
     parser.add_argument("--max-samples", type=int, default=None, help="score only the first N prompts")
+    parser.add_argument("--use-run-reward", action="store_true",
+                        help="score with the reward settings of the run's config.yaml as saved (a reward file, its "
+                             "reward.manager confinement); without it a run's reward file is used only when named "
+                             "on the command line (reward.custom_fn_path=FILE)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="dotted config overrides, e.g. "
                              "resources.world_size=1 rollout.response_length=256")
@@ -54,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from hybridflow.trainer.jobs.offline import evaluate_source, resolve_source, settings_lines, write_json_once
 
     try:
-        source = resolve_source(args.path, args.overrides)
+        source = resolve_source(args.path, args.overrides, use_run_reward=args.use_run_reward)
         print("\n".join(settings_lines(source)), flush=True)
         report = evaluate_source(source, args.data, args.max_samples)
     except (ConfigError, FileNotFoundError, ValueError) as err:

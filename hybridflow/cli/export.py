@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         refuse_existing_dir(Path(args.out))  # before anything starts
-        source = resolve_source(args.path, args.overrides)
+        source = resolve_source(args.path, args.overrides, reward=False)  # export scores nothing
         out = export_source(source, args.out)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"hybridflow export: {err}", file=sys.stderr)

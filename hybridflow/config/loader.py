@@ -142,7 +142,7 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
     if annotation in (int, float) and isinstance(value, (int, float, str)) and not isinstance(value, bool):
         try:
             number = float(value)  # YAML reads "1e-5" and "1e5" (no dot) as strings
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: an int past float's range
             number = None
         if annotation is float and number is not None:
             return number
@@ -210,6 +210,11 @@ def with_overrides(tree: dict[str, Any], overrides: list[str] = ()) -> dict[str,
         key_path, value = _parse_override(text)
         _set_path(tree, key_path, value)
     return tree
+
+
+def override_keys(overrides: list[str]) -> set[str]:
+    """The dotted keys `overrides` set ("a.b=1" -> "a.b")."""
+    return {".".join(_parse_override(text)[0]) for text in overrides}
 
 
 def nest_dotted(tree: dict[str, Any]) -> dict[str, Any]:

@@ -50,10 +50,12 @@ def read_model_presets(model_dir: str | Path | None) -> tuple[tuple[str, object]
     if not path.is_file():
         return ()
     try:
-        presets = json.loads(path.read_text())["presets"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ConfigError(f"{path} is not a presets file hybridflow wrote ({err}); delete it or write it again",
-                          "model.path") from None
+        presets = json.loads(path.read_text(encoding="utf-8"))["presets"]
+        if not isinstance(presets, dict):
+            raise TypeError(f"presets is a {type(presets).__name__}, not a mapping")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path} is not a presets file hybridflow wrote ({type(err).__name__}: {err}); delete it "
+                          "or write it again", "model.path") from None
     unknown = sorted(set(presets) - set(CARRIED_KEYS))
     if unknown:
         raise ConfigError(f"{path} holds keys hybridflow does not carry with a model: {unknown}", "model.path")

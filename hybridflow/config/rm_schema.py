@@ -97,7 +97,8 @@ def resolve_rm_config(cfg: RunConfig) -> RunConfig:
 
 def rm_worker_config(cfg: RunConfig, model_path: str) -> RewardModelWorkerConfig:
     """The worker config of the trained reward model."""
-    return RewardModelWorkerConfig(engine=cfg.rm.engine.engine_config(model_path, cfg.seed))
+    return RewardModelWorkerConfig(engine=cfg.rm.engine.engine_config(model_path, cfg.seed,
+                                                                             cfg.model.trust_remote_code))
 
 
 def validate_rm_config(cfg: RunConfig) -> int:

@@ -23,7 +23,7 @@ from hybridflow.config.algorithm import AlgorithmSection
 from hybridflow.config.env_schema import env_config_from_dict, resolve_env_config
 from hybridflow.config.rm_schema import resolve_rm_config, rm_config_from_tree
 from hybridflow.config.schema import RunConfig, resolve_run_config, run_config_from_tree
-from hybridflow.errors import ConfigError
+from hybridflow.errors import ConfigError, UserInputError
 from hybridflow.registry import Registry, suggest
 
 
@@ -107,8 +107,13 @@ def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
     recorded = state.get("kind")
     found = next((kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded), None)
     if found is None:
-        raise ConfigError(f"the checkpoint is one of a {recorded!r} job (`hybridflow {recorded}`), which restarts by "
-                          "itself but is not continued by `hybridflow train`; start it again, or train from its model")
+        if isinstance(recorded, str) and recorded:  # a job's checkpoint (sft, ...): it restarts itself
+            raise ConfigError(f"the checkpoint is one of a {recorded!r} job (`hybridflow {recorded}`), which restarts "
+                              "by itself but is not continued by `hybridflow train`; start it again, or train from "
+                              "its model")
+        raise UserInputError(f"trainer_state.json names a checkpoint kind {recorded!r} that no task kind writes "
+                             f"(known: {sorted(str(k.checkpoint_kind) for k in TASK_KINDS.entries.values())}): the "
+                             "checkpoint is damaged or from another program")
     return found
 
 

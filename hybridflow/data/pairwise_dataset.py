@@ -80,7 +80,8 @@ class PairwiseDataset:
             if key not in row:
                 raise ValueError(
                     f"pair row {i} has no {key!r} column (columns: {sorted(row)}); give prompt/chosen/rejected "
-                    "rows (`hybridflow preprocess hh-rlhf` writes them) or set prompt_key/chosen_key/rejected_key"
+                    "rows (`hybridflow preprocess hh-rlhf` writes them) or set rm.data.pairs.prompt_key / "
+                    "rm.data.pairs.chosen_key / rm.data.pairs.rejected_key"
                 )
         prompt = row[cfg.prompt_key]
         prompt = prompt.tolist() if isinstance(prompt, np.ndarray) else prompt
@@ -91,7 +92,8 @@ class PairwiseDataset:
             if not isinstance(row[key], str):
                 raise ValueError(f"pair row {i}: {key!r} must be a string reply, got {type(row[key]).__name__}")
             replies.append(row[key])
-        return render_prompt(tokenizer, prompt, cfg.apply_chat_template), replies[0], replies[1]
+        text = render_prompt(tokenizer, prompt, cfg.apply_chat_template, f"pair row {i}", "rm.data.pairs")
+        return text, replies[0], replies[1]
 
     def _tokenize(self, tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> None:
         texts = [self._texts(tokenizer, r, i) for i, r in enumerate(rows)]

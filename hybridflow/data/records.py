@@ -140,11 +140,16 @@ def from_row(
     index: int,
     prompt_key: str = "prompt",
     default_data_source: str | None = None,
+    section: str = "data.prompt",
 ) -> PromptRecord:
-    """A `PromptRecord` from a verl-format row or a plain row with a string prompt."""
+    """A `PromptRecord` from a verl-format row or a plain row with a string prompt.
+    `section`: the dotted config section of prompt_key / default_data_source (for messages)."""
     where = f"row {index}"
     if prompt_key not in row:
-        raise ValueError(f"{where} has no {prompt_key!r} column (columns: {sorted(row)}); set prompt_key")
+        columns = sorted(map(str, row))
+        shown = columns if len(columns) <= 20 else [*columns[:20], f"... {len(columns) - 20} more"]
+        raise ValueError(f"{where} has no {prompt_key!r} column (columns: {shown}); set {section}.prompt_key to "
+                         "the column that holds the prompts")
     raw = row[prompt_key]
     if isinstance(raw, str):
         prompt: Messages | str = raw
@@ -162,7 +167,7 @@ def from_row(
     if data_source is None:
         raise ValueError(
             f"{where} has no 'data_source' column; add one (it selects the reward function) or set "
-            "default_data_source in the data config"
+            f"{section}.default_data_source"
         )
     reward_model = row.get("reward_model") or {}
     if not isinstance(reward_model, dict):

@@ -29,24 +29,27 @@ from hybridflow.protocol import DataProto
 logger = logging.getLogger(__name__)
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str,
-                  apply_chat_template: bool | str) -> str:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Messages | str, apply_chat_template: bool | str,
+                  where: str = "a prompt", section: str = "data.prompt") -> str:
     """The prompt text the model sees: chat template with a generation prompt, or the raw
-    string (apply_chat_template "conversational": the template for chat messages only)."""
+    string (apply_chat_template "conversational": the template for chat messages only). A
+    prompt that cannot be rendered is a ConfigError naming `where` (the row) and the
+    `section.apply_chat_template` setting."""
+    key = f"{section}.apply_chat_template"
     if not apply_chat_template or (apply_chat_template == "conversational" and isinstance(prompt, str)):
         if not isinstance(prompt, str):
-            raise ValueError(
-                "the prompt is a list of chat messages but apply_chat_template is false; enable "
-                "apply_chat_template or give plain string prompts"
-            )
+            raise ConfigError(f"{where} is a list of chat messages but apply_chat_template is false; enable it, or "
+                              "give plain string prompts", key)
         return prompt
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            f"tokenizer {type(tokenizer).__name__} has no chat template; set apply_chat_template=false "
-            "and use string prompts, or use a tokenizer that has one"
-        )
+        raise ConfigError(f"tokenizer {type(tokenizer).__name__} has no chat template; set {key}=false and use "
+                          "string prompts, or use a tokenizer that has one", key)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # noqa: BLE001 - the template's own refusal (jinja2: an unknown role) or its bug
+        raise ConfigError(f"{where}: the tokenizer's chat template cannot render it ({type(err).__name__}: {err}); fix "
+                          f"the messages (roles the template knows), or set {key}=false for plain prompts", key) from None
 
 
 def pad_token_id_of(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -110,7 +113,8 @@ class RLPromptDataset:
         logger.info("prompt data set: %s", self.stats)
 
     def _tokenize(self, records: list[PromptRecord]) -> None:
-        texts = [render_prompt(self.tokenizer, r.prompt, self.config.apply_chat_template) for r in records]
+        texts = [render_prompt(self.tokenizer, r.prompt, self.config.apply_chat_template, f"row {r.index}",
+                               self.section) for r in records]
         all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         limit = self.config.max_prompt_length
         for record, ids in zip(records, all_ids):

@@ -67,14 +67,16 @@ class SFTDataset:
         for key in (self.config.prompt_key, self.config.response_key):
             if key not in row:
                 raise ValueError(
-                    f"SFT row {i} has no {key!r} column (columns: {sorted(row)}); set prompt_key/response_key"
+                    f"SFT row {i} has no {key!r} column (columns: {sorted(row)}); set sft.data.prompt_key / "
+                    "sft.data.response_key to the columns that hold them"
                 )
         response = row[self.config.response_key]
         if not isinstance(response, str):
             raise ValueError(f"SFT row {i}: response must be a string, got {type(response).__name__}")
         prompt = row[self.config.prompt_key]
         prompt = prompt.tolist() if hasattr(prompt, "tolist") else prompt
-        return render_prompt(self.tokenizer, prompt, self.config.apply_chat_template), response
+        return render_prompt(self.tokenizer, prompt, self.config.apply_chat_template, f"SFT row {i}",
+                             "sft.data"), response
 
     def _is_conversation(self, row: dict) -> bool:
         return self.config.messages_key in row and self.config.prompt_key not in row

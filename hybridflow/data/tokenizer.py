@@ -113,8 +113,9 @@ def save_char_tokenizer(path: str | Path, model_max_length: int = 512) -> Path:
     return path
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load a tokenizer from a local directory (never downloads), with a clear error."""
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a local directory (never downloads), with a clear error;
+    `trust_remote_code` (model.trust_remote_code): let transformers run the directory's code."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(
@@ -122,7 +123,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
             "tokenizer directory (tokenizer.json or a model directory). Nothing is downloaded."
         )
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - a damaged tokenizer file fails with KeyError, TypeError, ...
         raise UserInputError(f"could not load a tokenizer from {str(path)!r}: {err}") from err
 

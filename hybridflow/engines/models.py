@@ -21,27 +21,9 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig
 
+# MOE_FAMILIES is imported from here by the sharding code
+from hybridflow.engines.model_families import EAGER_ATTENTION_FAMILIES, MOE_FAMILIES, SUPPORTED_FAMILIES  # noqa: F401
 from hybridflow.errors import UserInputError
-
-# model_type (as in config.json) -> transformers config class name
-SUPPORTED_FAMILIES: dict[str, str] = {
-    "llama": "LlamaConfig",
-    "qwen2": "Qwen2Config",
-    "qwen3": "Qwen3Config",
-    "mistral": "MistralConfig",
-    "gemma2": "Gemma2Config",
-    "gemma3_text": "Gemma3TextConfig",  # Gemma3ForCausalLM (text-only checkpoints, e.g. gemma-3-1b)
-    "qwen3_moe": "Qwen3MoeConfig",
-    "deepseek_v3": "DeepseekV3Config",
-}
-
-# Mixture-of-experts families: their experts are fused 3-D tensors that the tensor-parallel
-# plan does not split (they are sharded over dp by FSDP like every other parameter).
-MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
-
-# Families whose attention soft-caps its logits (tanh), which only the eager kernel applies;
-# transformers refuses sdpa for them.
-EAGER_ATTENTION_FAMILIES = ("gemma2",)
 
 
 def _tiny_family_settings(family: str, *, num_attention_heads: int, hidden_size: int) -> dict:
@@ -110,13 +92,15 @@ def save_tiny_model(path: str | Path, family: str = "llama", *, seed: int = 0, *
     path = Path(path)
     config = make_tiny_config(family, **sizes)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     model.save_pretrained(path, safe_serialization=True)
     return path
 
 
-def load_hf_config(path: str | Path) -> PretrainedConfig:
-    """Read config.json of a local model directory, with errors that say what is wrong."""
+def load_hf_config(path: str | Path, *, trust_remote_code: bool = False) -> PretrainedConfig:
+    """Read config.json of a local model directory, with errors that say what is wrong.
+    `trust_remote_code` (model.trust_remote_code): let transformers run code the directory
+    names (auto_map); never asked interactively."""
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(
@@ -135,7 +119,7 @@ def load_hf_config(path: str | Path) -> PretrainedConfig:
             f"{config_file}: model_type {model_type!r} is not supported; "
             f"supported families: {sorted(SUPPORTED_FAMILIES)}"
         )
-    return AutoConfig.from_pretrained(path, local_files_only=True)
+    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 # ---------------------------------------------------------------------------------------
@@ -209,6 +193,7 @@ def load_model(
     *,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
 ) -> torch.nn.Module:
     """Load a model of `kind` ("causal_lm", "critic", "reward") from a local HF directory.
 
@@ -220,7 +205,7 @@ def load_model(
     if kind not in MODEL_KINDS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {kind!r}")
     path = Path(path)
-    config = load_hf_config(path)
+    config = load_hf_config(path, trust_remote_code=trust_remote_code)
     _check_weights_present(path)
     if kind == "reward":
         _check_reward_config(path, config)
@@ -237,6 +222,7 @@ def load_model(
             dtype=dtype,
             attn_implementation=attn_implementation,
             local_files_only=True,
+            trust_remote_code=trust_remote_code,
             **extra,
         )
     except (OSError, ValueError, RuntimeError) as err:
@@ -259,7 +245,7 @@ def _check_reward_config(path: Path, config: PretrainedConfig) -> None:
         )
 
 
-def hf_model_for_export(model: torch.nn.Module) -> transformers.PreTrainedModel:
+def hf_model_for_export(model: torch.nn.Module, *, trust_remote_code: bool) -> transformers.PreTrainedModel:
     """An empty Hugging Face model of the same class as `model`, for `save_pretrained`.
 
     Built on the meta device, so it costs no memory until a state dict is assigned.
@@ -272,7 +258,17 @@ def hf_model_for_export(model: torch.nn.Module) -> transformers.PreTrainedModel:
     else:
         raise TypeError(f"cannot export a {type(model).__name__}; expected a HF model or TokenScoreModel")
     with torch.device("meta"):
-        return auto_cls.from_config(config)
+        return auto_cls.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def backbone_shapes(path: str | Path, *, trust_remote_code: bool) -> dict[str, list[int]]:
+    """Parameter name -> shape of the decoder backbone (AutoModel: no head) that the config.json
+    of `path` describes, built on the meta device (no memory, no weights read). Checkpoint
+    names carry a "model." prefix the backbone's lack (pre-flight compares the two)."""
+    config = load_hf_config(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    return {name: list(t.shape) for name, t in model.state_dict().items()}
 
 
 def model_family(model: torch.nn.Module) -> str:
@@ -291,6 +287,7 @@ def save_tiny_reward_model(path: str | Path, family: str = "llama", *, seed: int
     config = make_tiny_config(family, **sizes)
     config.num_labels = 1
     torch.manual_seed(seed)
-    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32,
+                                                                        trust_remote_code=False)
     model.save_pretrained(path, safe_serialization=True)
     return path

@@ -135,10 +135,11 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     if not tokenizer.chat_template:
         raise PretrainedModelError(f"{gguf} carries no chat template; it cannot serve as an instruct model")
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                  trust_remote_code=False)
     # transformers refuses to save a model loaded from GGUF (it counts as quantised) even
     # though its weights are dequantised already: move them into a plain model of the
     # same config, without the quantization_config that would point back at the file.
@@ -147,7 +148,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         del config.quantization_config
     config.name_or_path = gguf.stem
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     model.load_state_dict(loaded.state_dict(), assign=True)
     model.tie_weights()
     model.save_pretrained(out, safe_serialization=True)

@@ -175,11 +175,11 @@ def policy_shape(cfg: RunConfig) -> ModelShape:
     from hybridflow.engines.models import load_hf_config
 
     if cfg.model.path is not None:
-        return ModelShape.from_hf(load_hf_config(cfg.model.path))
+        return ModelShape.from_hf(load_hf_config(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code))
     if cfg.model.pretrained is not None:
         from hybridflow.engines.pretrained import pretrained_model_dir  # converts on first use
 
-        return ModelShape.from_hf(load_hf_config(pretrained_model_dir(cfg.model.pretrained)))
+        return ModelShape.from_hf(load_hf_config(pretrained_model_dir(cfg.model.pretrained), trust_remote_code=False))
     from hybridflow.data.tokenizer import build_char_tokenizer
 
     b = cfg.model.builtin
@@ -196,6 +196,7 @@ def problem_from_config(cfg: RunConfig, cluster: Cluster, caps: Capabilities | N
 
     gpu = cluster.device.name != "cpu"
     policy = model or policy_shape(cfg)
+    trust = cfg.model.trust_remote_code
     phases = active_phases(cfg.algorithm.spec.phases, run_settings(cfg))
 
     def load(section, shape: ModelShape, trainable: bool) -> RoleLoad:
@@ -211,12 +212,13 @@ def problem_from_config(cfg: RunConfig, cluster: Cluster, caps: Capabilities | N
     if "reference" in needed:
         roles["reference"] = load(cfg.actor, policy, False)
     for critic in cfg.algorithm.spec.critics:
-        shape = policy if model or cfg.critic.model_path is None else ModelShape.from_hf(load_hf_config(cfg.critic.model_path))
+        shape = policy if model or cfg.critic.model_path is None else ModelShape.from_hf(
+            load_hf_config(cfg.critic.model_path, trust_remote_code=trust))
         roles[critic] = load(cfg.critic, shape.with_head("value"), True)
     for key in ("reward_model", "cost_model"):
         if key in needed:
             section = getattr(cfg, key)
-            shape = model or ModelShape.from_hf(load_hf_config(section.path))
+            shape = model or ModelShape.from_hf(load_hf_config(section.path, trust_remote_code=trust))
             roles[key] = load(section, shape.with_head("value"), False)
     workload = Workload(cfg.data.train_batch_size, cfg.rollout.n, cfg.data.prompt.max_prompt_length,
                         cfg.rollout.response_length, cfg.rollout.max_num_seqs, _dtype_bytes(cfg.rollout.dtype, gpu))

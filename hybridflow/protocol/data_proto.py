@@ -25,6 +25,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
+from hybridflow.errors import DamagedFileError
 from hybridflow.protocol import _checks, serialization
 from hybridflow.protocol.partition import balanced_partition
 
@@ -313,7 +314,13 @@ class DataProto:
     def load(cls, path: str | os.PathLike) -> DataProto:
         """Read a file written by :meth:`save` (arrays and plain data only: a planted payload is refused)."""
         proto = cls.__new__(cls)
-        proto.__setstate__(serialization.load_state(path))
+        state = serialization.load_state(path)
+        try:
+            proto.__setstate__(state)
+            proto._check_types()
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, RuntimeError) as err:
+            raise DamagedFileError(f"{os.fspath(path)!r} is not a DataProto hybridflow wrote ({type(err).__name__}: "
+                                   f"{err}); the file is damaged") from None
         return proto
 
     # ------------------------------------------------------------------ helpers

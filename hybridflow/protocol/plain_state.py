@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from hybridflow.errors import DamagedFileError
+
 # JSON tags of what JSON has no type for; a dict with one of these as its only key is a tag.
 _TENSOR, _ARRAY, _SCALAR, _TUPLE, _DICT = "__tensor__", "__array__", "__numpy_scalar__", "__tuple__", "__dict__"
 
@@ -41,18 +43,23 @@ def save_plain_state(stem: str | Path, tree: Any) -> None:
 
 
 def load_plain_state(stem: str | Path) -> Any:
-    """The tree `save_plain_state` wrote (a ValueError naming the file when it is damaged)."""
+    """The tree `save_plain_state` wrote (a DamagedFileError naming the file when it is damaged)."""
     stem = Path(stem)
     json_path, st_path = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
     try:
         encoded = json.loads(json_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{json_path} is not valid JSON ({err}): the checkpoint is damaged") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise DamagedFileError(f"{json_path} is not readable JSON ({type(err).__name__}: {err}): the checkpoint is "
+                               "damaged") from None
     try:
         tensors = load_file(str(st_path))
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for a damaged header
-        raise ValueError(f"{st_path} cannot be read ({type(err).__name__}: {err}): the checkpoint is damaged") from None
-    return _decode(encoded, tensors, json_path)
+        raise DamagedFileError(f"{st_path} cannot be read ({type(err).__name__}: {err}): the checkpoint is "
+                               "damaged") from None
+    try:
+        return _decode(encoded, tensors, json_path)
+    except (TypeError, AttributeError, ValueError, RecursionError) as err:  # entries of the wrong shape
+        raise DamagedFileError(f"{json_path}: {type(err).__name__}: {err}: the checkpoint is damaged") from None
 
 
 def _tmp(stem: Path, suffix: str) -> Path:
@@ -90,8 +97,8 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:
     if not isinstance(value, dict):
         return value
     if len(value) != 1:
-        raise ValueError(f"{path}: an entry {sorted(value)!r} that save_plain_state does not write: the file is "
-                         "damaged")
+        raise DamagedFileError(f"{path}: an entry {sorted(value)!r} that save_plain_state does not write: the "
+                               "file is damaged")
     (tag, inner), = value.items()
     if tag == _DICT:
         return {k: _decode(v, tensors, path) for k, v in inner.items()}
@@ -99,8 +106,9 @@ def _decode(value: Any, tensors: dict[str, torch.Tensor], path: Path) -> Any:
         return tuple(_decode(v, tensors, path) for v in inner)
     if tag in (_TENSOR, _ARRAY, _SCALAR):
         if inner not in tensors:
-            raise ValueError(f"{path} names the tensor {inner!r}, which its .safetensors file lacks: the checkpoint "
-                             "is damaged")
+            raise DamagedFileError(f"{path} names the tensor {inner!r}, which its .safetensors file lacks: the "
+                                   "checkpoint is damaged")
         tensor = tensors[inner]
         return tensor if tag == _TENSOR else tensor.numpy() if tag == _ARRAY else tensor.numpy()[0]
-    raise ValueError(f"{path}: an entry tagged {tag!r} that save_plain_state does not write: the file is damaged")
+    raise DamagedFileError(f"{path}: an entry tagged {tag!r} that save_plain_state does not write: the file is "
+                           "damaged")

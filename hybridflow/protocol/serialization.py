@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.errors import DamagedFileError
 from hybridflow.restricted_pickle import NUMPY_GLOBALS, restricted_loads
 
 STATE_VERSION = 1
@@ -140,12 +141,14 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     with open(path, "rb") as f:
         magic = f.read(len(_FILE_MAGIC))
         if magic != _FILE_MAGIC:
-            raise ValueError(
+            raise DamagedFileError(
                 f"{os.fspath(path)!r} is not a DataProto file (bad header); write it with "
                 f"DataProto.save"
             )
         header = _read_block(f, path)
         count = int.from_bytes(_read_exact(f, 8, path), "little")
+        if count > os.fstat(f.fileno()).st_size // 8:  # each block takes at least its 8-byte length
+            raise DamagedFileError(f"{os.fspath(path)!r} is damaged: it claims {count} buffers")
         buffers = [_read_block(f, path) for _ in range(count)]
     return restricted_loads(header, NUMPY_GLOBALS, what=os.fspath(path), buffers=buffers)
 
@@ -161,7 +164,10 @@ def _read_block(f, path: str | os.PathLike) -> bytearray:
 
 
 def _read_exact(f, size: int, path: str | os.PathLike) -> bytearray:
+    # A damaged length must not allocate more than the file holds.
+    if size > os.fstat(f.fileno()).st_size - f.tell():
+        raise DamagedFileError(f"{os.fspath(path)!r} is truncated; the DataProto file is incomplete")
     data = bytearray(size)
     if f.readinto(data) != size:
-        raise ValueError(f"{os.fspath(path)!r} is truncated; the DataProto file is incomplete")
+        raise DamagedFileError(f"{os.fspath(path)!r} is truncated; the DataProto file is incomplete")
     return data

@@ -35,6 +35,13 @@ class RewardConfig:
         files; the time, CPU, memory and file-size limits stay.
     readable_paths: more files or directories the confined workers may read (a data set
         the reward function looks answers up in).
+    allow_subprocess: let the reward function start processes (fork, subprocess,
+        multiprocessing; with the sandbox still no program can be run). false (default): a
+        seccomp filter refuses them, root included. true: they run in a PID namespace of the
+        worker's, killed with the worker (and so with the run), a `setsid` one included.
+    env_passthrough: names of environment variables the workers get besides the locale,
+        path and thread-count ones (rewards/limits.py ENV_ALLOWED); every other variable of
+        the controller (API keys: WANDB_API_KEY, HF_TOKEN, ...) is withheld.
     max_failed_share / max_failed_steps: the run stops with an error naming the first
         failure after `max_failed_steps` scoring calls in a row (training steps or held-out
         evaluations) in which more than `max_failed_share` of the samples failed (raised,
@@ -52,6 +59,8 @@ class RewardConfig:
     file_size_limit_mb: int | None = 64
     sandbox: bool = True
     readable_paths: list[str] = dataclasses.field(default_factory=list)
+    allow_subprocess: bool = False
+    env_passthrough: list[str] = dataclasses.field(default_factory=list)
     max_failed_share: float = 0.5
     max_failed_steps: int = 3
 
@@ -73,5 +82,8 @@ class RewardConfig:
             raise ConfigError(f"must be >= 0 or null, got {self.file_size_limit_mb}", "file_size_limit_mb")
         if not 0.0 <= self.max_failed_share < 1.0:
             raise ConfigError(f"must be in [0, 1), got {self.max_failed_share}", "max_failed_share")
+        bad = [name for name in self.env_passthrough if not isinstance(name, str) or not name or "=" in name]
+        if bad:
+            raise ConfigError(f"must list environment variable names, got {bad}", "env_passthrough")
         if self.max_failed_steps < 0:
             raise ConfigError(f"must be >= 0 (0 = never stop), got {self.max_failed_steps}", "max_failed_steps")

@@ -9,6 +9,8 @@ the rest). CPU "auto": the per-sample time limit rounded up. Readable when confi
 Python installation (prefixes and site-packages), system libraries, the hybridflow
 package, the directory of every file the reward function comes from, and
 `readable_paths`; nothing else (not the home directory, not the run directory, not /tmp).
+Environment: the variables of ENV_ALLOWED (locale, paths, thread counts) and those named
+in `env_passthrough`; no other variable of the controller (API keys, tokens) reaches a worker.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ AUTO_MEMORY_MIN_MB, AUTO_MEMORY_MAX_MB = 1024, 8192
 # Machine facts libraries read at import (torch: cpuinfo; BLAS: the CPU topology); nothing private.
 SYSTEM_READABLE = ("/usr", "/lib", "/lib64", "/etc/localtime", "/dev/null", "/dev/urandom", "/proc/cpuinfo",
                    "/sys/devices/system/cpu")
+# What a reward worker's environment keeps of the controller's: how text, paths, time and
+# thread pools behave; nothing that authenticates (reward.manager.env_passthrough adds names).
+ENV_ALLOWED = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED",
+               "PYTHONIOENCODING", "PYTHONUTF8", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+ENV_ALLOWED_PREFIXES = ("LC_",)
 
 
 def machine_memory_mb(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
@@ -79,7 +87,17 @@ def worker_limits(config: RewardConfig, fn: Callable[..., Any]) -> WorkerLimits:
         file_bytes=None if config.file_size_limit_mb is None else config.file_size_limit_mb * 2**20,
         sandbox=config.sandbox,
         readable=tuple(readable_paths(fn, config.readable_paths)) if config.sandbox else (),
+        allow_subprocess=config.allow_subprocess,
+        environment=tuple(sorted(worker_environment(config.env_passthrough).items())),
     )
+
+
+def worker_environment(passthrough: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables a reward worker gets: those of `environ` (default: this process's) in
+    ENV_ALLOWED or starting with ENV_ALLOWED_PREFIXES, and those named in `passthrough`."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items()
+            if k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES) or k in passthrough}
 
 
 def readable_paths(fn: Callable[..., Any], extra: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rewards._worker import call_with_timeout
 from hybridflow.rewards.config import RewardConfig
 from hybridflow.rewards.limits import worker_limits
-from hybridflow.rewards.pool import NOT_SCORED, ScoringPool
+from hybridflow.rewards.pool import NOT_SCORED, ScoringPool, first_samples_first
 from hybridflow.rewards.registry import DispatchScore
 from hybridflow.rewards.shapes import BatchCall, is_batched
 from hybridflow.rewards.templates import TemplateSpec, score_turns
@@ -41,6 +41,29 @@ logger = logging.getLogger(__name__)
 
 
 GIVE_UP_AFTER = 4  # failed samples (none succeeded) that end a call before the function ever succeeded
+
+
+IMPORT_TIMEOUT_S = 120.0  # how long a reward worker may take to import the function (check_reward_function)
+
+
+def check_reward_function(fn: Callable[..., Any], config: RewardConfig) -> str | None:
+    """What is wrong with a file's reward function (FileRewardFn), found where it will run:
+    imported in one worker confined like the samples (in this process with num_workers=0,
+    the unconfined debugging mode); None when nothing is, or `fn` is no file's."""
+    if not hasattr(fn, "resolve"):
+        return None
+    if config.num_workers == 0:
+        try:
+            fn.resolve()
+        except (OSError, ImportError, AttributeError, TypeError) as err:
+            return str(err)
+        return None
+    pool = ScoringPool(fn, 1, config.timeout_s, config.kill_grace_s, config.mp_context,
+                       limits=worker_limits(config, fn))
+    try:
+        return pool.check_function(IMPORT_TIMEOUT_S)
+    finally:
+        pool.close()
 
 
 class RewardFailureError(UserInputError):
@@ -254,23 +277,21 @@ class RewardManager:
         return responses, mask
 
     def _run(self, tasks: list[dict[str, Any]]) -> tuple[list[tuple[str, Any]], int]:
-        # Until the function has succeeded once, GIVE_UP_AFTER samples (or a round of all
-        # workers, if more) that all fail end the call, and the failure limit then stops
-        # the run: a broken function costs seconds, not a batch of per-sample time limits.
+        # Until the function has succeeded once, the first GIVE_UP_AFTER samples (or a round
+        # of all workers, if more) are scored first; when they all fail, no other sample is,
+        # and the failure limit then stops the run: a broken function costs seconds, not a
+        # batch of per-sample time limits.
         give_up = (max(self.config.num_workers, GIVE_UP_AFTER) if self.config.max_failed_steps and not self._succeeded
                    else None)
         if self._pool is not None:
             outcomes, restarts = self._pool.run(tasks, give_up_after=give_up)
         else:
-            outcomes, restarts = [], 0
-            for task in tasks:
-                outcomes.append(call_with_timeout(self._call, task, self.config.timeout_s))
-                if give_up is not None and len(outcomes) >= give_up and not any(s == "ok" for s, _ in outcomes):
-                    outcomes += [("error", f"{NOT_SCORED}: the first {give_up} samples failed")] * (
-                        len(tasks) - len(outcomes))
-                    break
+            outcomes, restarts = first_samples_first(self._in_process, tasks, give_up)
         self._succeeded = self._succeeded or any(status == "ok" for status, _ in outcomes)
         return outcomes, restarts
+
+    def _in_process(self, tasks: list[dict[str, Any]]) -> tuple[list[tuple[str, Any]], int]:
+        return [call_with_timeout(self._call, task, self.config.timeout_s) for task in tasks], 0
 
     def _run_batched(self, tasks: list[dict[str, Any]],
                      inputs: dict[str, list[Any]]) -> tuple[list[tuple[str, Any]], int]:

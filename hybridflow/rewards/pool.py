@@ -14,10 +14,10 @@ created once and reused across batches. Per sample:
 - after MAX_RESTARTS_PER_RUN pool replacements in one batch, the samples not yet scored
   get ("error", ...): a function that hangs or crashes on every sample costs a bounded
   time per step, and the manager's failure limit then stops the run;
-- with `give_up_after=N`, once N samples have ended, every one failed and none succeeded,
-  the workers are stopped and the samples not yet scored get ("error", NOT_SCORED ...):
-  a function that fails on every sample costs one round of samples, not a whole batch
-  (the manager asks for it until the function has succeeded once).
+- with `give_up_after=N`, the first N samples are scored first; when every one of them
+  failed, the function is called on no other sample, and those get ("error", NOT_SCORED
+  ...): a function that fails on every sample costs N samples, not a whole batch (the
+  manager asks for it until the function has succeeded once).
 
 Each worker runs under the limits of a `WorkerLimits` (address space, CPU seconds per
 sample, file size; confined to read-only files and no network by default: _worker.py;
@@ -26,8 +26,7 @@ limits.py builds them from `reward.manager.*`) and exits within a second of its 
 scoring process behind.
 
 The parent learns which process runs which sample from a start message each worker
-sends (task id, pid) before it calls the function, and how each ended from an end
-message. Samples travel in chunks (a few per worker and round: one inter-process round
+sends (task id, pid) before it calls the function. Samples travel in chunks (a few per worker and round: one inter-process round
 trip per chunk, not per sample, which was most of the scoring time of a cheap rule); a
 worker's latest announced sample is the one it is running, so timeouts stay per sample.
 """
@@ -42,10 +41,11 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout  # the builtin from Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from hybridflow.rewards._worker import WorkerLimits, init_worker, score_chunk
+from hybridflow.rewards._worker import WorkerLimits, check_function, init_worker, score_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,6 @@ class ScoringPool:
         self._starts: Any = None
         self._pids: set[int] = set()
         self.restarts = 0  # pools replaced after a kill or a crash, over the pool's life
-        self._tally = Tally(None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -118,18 +117,32 @@ class ScoringPool:
         """Stop the worker processes. The pool restarts on the next `run` if used again.
 
         Between runs no sample is in flight (hung ones were killed), so a graceful
-        shutdown cannot block.
+        shutdown cannot block. Workers in a PID namespace of their own (allow_subprocess) are
+        killed instead: there, a worker's pid is not the one the executor knows it by.
         """
-        self._discard_executor(kill=False)
+        self._discard_executor(kill=self.limits.allow_subprocess)
+
+    def check_function(self, timeout_s: float) -> str | None:
+        """Import the function in a worker, confined like the samples; what is wrong with it
+        (_worker.py `check_function`), or None."""
+        executor = self._ensure_executor()
+        try:
+            return executor.submit(check_function).result(timeout=timeout_s)
+        except FutureTimeout:
+            self._discard_executor(kill=True)
+            return f"importing the reward function took longer than {timeout_s:.0f} s in a reward worker"
+        except BrokenProcessPool:
+            self._discard_executor(kill=True)
+            return ("the reward worker process died while importing the reward function (a crash in native code, "
+                    "exit at import, or past reward.manager.memory_limit_mb)")
 
     # ------------------------------------------------------------------ scoring
 
     def run(self, tasks: Sequence[dict[str, Any]], give_up_after: int | None = None) -> tuple[list[Outcome], int]:
         """Outcomes of fn(**task) in task order, and how many pools had to be replaced.
         give_up_after: see the module docstring (None: score every sample)."""
-        self._tally = Tally(give_up_after)
         try:
-            return self._run_all(tasks)
+            return first_samples_first(self._run_all, tasks, give_up_after)
         except BaseException:
             # Whatever went wrong, no worker may stay busy (or hung) behind us: a later
             # close() would otherwise wait for it forever.
@@ -156,12 +169,6 @@ class ScoringPool:
             batch = [min(suspects & pending)] if suspects & pending else sorted(pending)
             before = (len(pending), len(suspects))
             broke = self._run_round(tasks, batch, pending, results, suspects)
-            if self._tally.hopeless() and pending:
-                self._discard_executor(kill=True)  # the samples still running are abandoned
-                for i in pending:  # those that ended keep their own failure
-                    results[i] = self._tally.failures.get(i) or (
-                        "error", f"{NOT_SCORED}: the first {len(self._tally.failures)} samples to end all failed")
-                break
             if broke:
                 self._discard_executor(kill=True)
                 self.restarts += 1
@@ -202,8 +209,6 @@ class ScoringPool:
                 return True
             if self._kill_hung(started, pending, results):
                 return True
-            if self._tally.hopeless():
-                return False
         return False
 
     def _collect(self, done, futures: dict[Future, list[int]], pending: set[int], results: list) -> bool:
@@ -225,12 +230,9 @@ class ScoringPool:
     def _drain_starts(self, started: dict[int, tuple[int, float]]) -> None:
         now = time.monotonic()
         while not self._starts.empty():
-            task_id, pid, outcome = self._starts.get()
+            task_id, pid = self._starts.get()
             self._pids.add(pid)
-            if outcome is None:
-                started[task_id] = (pid, now)
-            else:
-                self._tally.add(task_id, outcome)
+            started[task_id] = (pid, now)
 
     def _kill_hung(self, started: dict[int, tuple[int, float]], pending: set[int], results: list) -> bool:
         limit = self.timeout_s + self.kill_grace_s
@@ -245,7 +247,6 @@ class ScoringPool:
             _kill(pid)
             results[i] = ("timeout", f"reward function ran longer than {limit:.1f} s; its worker process was killed")
             pending.discard(i)
-            self._tally.add(i, results[i])
         return bool(hung)
 
     def _blame(self, batch: list[int], started, pending: set[int], results: list, suspects: set[int]) -> None:
@@ -255,28 +256,22 @@ class ScoringPool:
         if len(batch) == 1 and batch[0] in pending:
             results[batch[0]] = ("error", "the reward worker process died while scoring this sample")
             pending.discard(batch[0])
-            self._tally.add(batch[0], results[batch[0]])
             return
         suspects.update(running)
 
 
-class Tally:
-    """How the samples of one `run` ended so far (the failures by sample), and whether to
-    give the rest up."""
-
-    def __init__(self, give_up_after: int | None) -> None:
-        self.give_up_after = give_up_after
-        self.succeeded = 0
-        self.failures: dict[int, Outcome] = {}
-
-    def add(self, task_id: int, outcome: Outcome) -> None:
-        if outcome[0] == "ok":
-            self.succeeded += 1
-        else:
-            self.failures[task_id] = outcome
-
-    def hopeless(self) -> bool:
-        return self.give_up_after is not None and self.succeeded == 0 and len(self.failures) >= self.give_up_after
+def first_samples_first(run: Callable[[Sequence[dict[str, Any]]], tuple[list[Outcome], int]],
+                        tasks: Sequence[dict[str, Any]], give_up_after: int | None) -> tuple[list[Outcome], int]:
+    """`run(tasks)`; with `give_up_after=N`, `run` on the first N tasks and, unless every one
+    of them failed, on the rest (module docstring). The pool and the in-process mode alike."""
+    if give_up_after is None or len(tasks) <= give_up_after:
+        return run(tasks)
+    first, restarts = run(tasks[:give_up_after])
+    if not any(status == "ok" for status, _ in first):
+        return first + [("error", f"{NOT_SCORED}: the first {give_up_after} samples all failed")] * (
+            len(tasks) - give_up_after), restarts
+    rest, more = run(tasks[give_up_after:])
+    return first + rest, restarts + more
 
 
 NOT_SCORED = "not scored"  # the start of the error of a sample given up by `give_up_after`

@@ -18,6 +18,7 @@ A reward file's own folder is importable (`import helpers` of a file beside it; 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import re
@@ -101,7 +102,7 @@ def _import_file(path: Path) -> Any:
         return import_beside(path)
     except (Exception, SystemExit) as err:  # a file that calls exit() at import is a broken file too
         raise ImportError(f"importing reward file {str(path)!r} failed: {_import_failure(err)}; fix the file "
-                          "(it is imported on the controller and in every reward worker)") from err
+                          "(it is imported in every reward worker)") from err
 
 
 def import_beside(path: Path) -> Any:
@@ -118,6 +119,31 @@ def import_beside(path: Path) -> Any:
         parent.__path__ = [folder]
         sys.modules[package] = parent
     return import_file(path, USER_REWARD_PREFIX, name=f"{package}.{path.stem}")
+
+
+def _declared_batched(path: Path, name: str) -> bool | None:
+    """Whether the file's `def name(...)` takes a batch (names `completions`, or sets
+    `name.batched = ...` at top level), read with ast without running the file; None when
+    the source does not say (then the function is imported to find out)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    found: bool | None = None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            args = node.args
+            found = "completions" in {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == "batched" and isinstance(t.value, ast.Name)
+                and t.value.id == name for t in node.targets):
+            if not isinstance(node.value, ast.Constant):
+                return None
+            found = bool(node.value.value)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom, ast.ClassDef)) and name in {
+                getattr(t, "id", None) for t in getattr(node, "targets", [getattr(node, "target", None)])}:
+            return None  # bound by other means than a def: not readable from the source
+    return found
 
 
 def _import_failure(err: BaseException) -> str:
@@ -171,6 +197,10 @@ class FileRewardFn:
 
     @property
     def batched(self) -> bool:
+        if self._fn is None and self.module is None:
+            declared = _declared_batched(self.path, self.name)
+            if declared is not None:  # read from the file's source: it is not run here (confined workers run it)
+                return declared
         return is_batched(self.resolve())
 
     def __call__(self, **kwargs: Any) -> Any:
@@ -185,21 +215,27 @@ class FileRewardFn:
 
 
 def load_reward_fn(path: str | Path, name: str | list[str] = "compute_score",
-                   weights: list[float] | None = None) -> ScoreFn:
-    """Load `name` from `path` (checked now, so mistakes surface at start-up): a Python file
-    (a FileRewardFn, picklable by path) or the dotted import path of a module (`my_pkg.rewards`:
-    the function itself, picklable by reference; a FileRewardFn when it takes only some of
-    the arguments). Several names: their weighted sum (`RewardFunctions`; weights null: 1 each)."""
+                   weights: list[float] | None = None, *, resolve: bool = True) -> ScoreFn:
+    """Load `name` from `path`: a Python file (a FileRewardFn, picklable by path) or the dotted
+    import path of a module (`my_pkg.rewards`: installed code, imported here; the function
+    itself, picklable by reference, or a FileRewardFn when it takes only some of the
+    arguments). A file is imported here only when `resolve`: a run passes resolve=False so
+    that it is imported only in the confined reward workers (manager.py
+    `check_reward_function`). Several names: their weighted sum (`RewardFunctions`)."""
     if isinstance(name, str):
         if weights is not None:
             raise ValueError("weights are for several reward functions; give names as a list")
         fn = FileRewardFn(path, name)
+        if fn.module is None:
+            if resolve:
+                fn.resolve()
+            return fn
         resolved = fn.resolve()
         # A module's function travels by reference as it is, unless it must be called with
         # only some of the arguments (a scorer's shape).
         takes_all = is_batched(resolved) or len(sample_arguments(resolved, dict.fromkeys(SAMPLE_ARGS))) == 4
-        return resolved if fn.module is not None and takes_all else fn
-    fns = [load_reward_fn(path, n) for n in name]
+        return resolved if takes_all else fn
+    fns = [load_reward_fn(path, n, resolve=resolve) for n in name]
     return RewardFunctions(fns, list(name), weights)
 
 

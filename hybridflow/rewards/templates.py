@@ -32,6 +32,7 @@ level only; a trajectory whose environment failed keeps its error_score without 
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Callable
@@ -135,7 +136,9 @@ def rule(s: Sample) -> float:
     return _as_float(DispatchScore()(s.data_source, s.text, s.ground_truth, s.extra_info))
 
 
-@register_reward_template("user")
+# runs_user_code: a file's code, which runs only in the confined reward workers (never on the
+# controller, where turn-level templates are scored)
+@_TEMPLATES.register("user", runs_user_code=True)
 def user(s: Sample, path: str, name: str = "compute_score") -> float:
     return _as_float(FileRewardFn(path, name)(data_source=s.data_source, solution_str=s.text,
                                               ground_truth=s.ground_truth, extra_info=s.extra_info))
@@ -190,12 +193,16 @@ def parse_templates(items: list[dict], key: str = "reward.templates") -> list[Te
             _check_model_spec(spec, specs, where)
             specs.append(spec)
             continue
-        try:  # arguments checked now, on a blank sample, so a typo fails at start-up
-            spec.fn(Sample("", "0", "arithmetic", {}), **spec.args)
+        if spec.level == "turn" and _TEMPLATES.capabilities(spec.name).get("runs_user_code"):
+            raise ConfigError(f"template {spec.name!r} runs a file's code, which runs only in the confined reward "
+                              "workers; turn-level templates are scored on the controller: use it at level "
+                              "trajectory", where + ".level")
+        try:  # arguments checked now against the signature (nothing is called), so a typo fails at start-up
+            inspect.signature(spec.fn).bind(Sample("", "0", "arithmetic", {}), **spec.args)
         except TypeError as err:
             raise ConfigError(f"bad args for template {spec.name!r}: {err}", where + ".args") from None
-        except Exception:
-            pass  # a template may legitimately fail on the blank sample (e.g. a rule scorer's parsing)
+        except ValueError:
+            pass  # a callable without an inspectable signature
         specs.append(spec)
     return specs
 

@@ -80,13 +80,15 @@ class ActorRolloutRefWorker(Worker):
         """Build actor, reference and hybrid engine (collective), then declare both meshes."""
         self.init_process_group()
         cfg = self.config
+        trust = cfg.engine.trust_remote_code
         self.actor = ActorEngine(cfg.engine, cfg.loss, fsdp_shard_dim=aligned_shard_dim)
         if cfg.use_reference and not cfg.engine.lora.enabled:
             self.ref = ActorEngine(cfg.engine, cfg.loss, trainable=False)
         self.hybrid = HybridEngine.build(
-            generation_named_parameters(self.actor), load_hf_config(cfg.model_path), rollout_engine_config(cfg.rollout, self.actor.device),
+            generation_named_parameters(self.actor), load_hf_config(cfg.model_path, trust_remote_code=trust),
+            rollout_engine_config(cfg.rollout, self.actor.device, trust),
             gen_tp=cfg.rollout.tensor_model_parallel_size, method=cfg.rollout.reshard_method,
-            backend=cfg.rollout.name, tokenizer=tokenizer_if_present(cfg.model_path), model_path=cfg.model_path,
+            backend=cfg.rollout.name, tokenizer=tokenizer_if_present(cfg.model_path, trust), model_path=cfg.model_path,
         )
         for engine in (self.actor, self.ref):
             if engine is not None and uses_offload(engine):

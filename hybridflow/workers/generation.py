@@ -19,9 +19,9 @@ from hybridflow.engines.rollout import RolloutConfig, SamplingParams
 from hybridflow.workers.config import RolloutWorkerConfig
 
 
-def rollout_engine_config(r: RolloutWorkerConfig, device: torch.device) -> RolloutConfig:
+def rollout_engine_config(r: RolloutWorkerConfig, device: torch.device, trust_remote_code: bool) -> RolloutConfig:
     """The rollout engine's settings from the `rollout` section, on `device`."""
-    return RolloutConfig(
+    return RolloutConfig(trust_remote_code=trust_remote_code,
         dtype=resolve_dtype(r.dtype, device.type), device=str(device), max_num_seqs=r.max_num_seqs,
         max_model_len=r.max_model_len, keep_kv_cache=False, log_prob_mode=r.log_prob_mode,
         prefill_token_budget=r.prefill_token_budget, seed=r.seed, matmul=r.matmul, decode_loop=r.decode_loop,
@@ -52,10 +52,10 @@ def derive_seed(entropy: list[int]) -> int:
     return int(state[0]) & 0x7FFFFFFF
 
 
-def tokenizer_if_present(model_path: str):
+def tokenizer_if_present(model_path: str, trust_remote_code: bool):
     """The model directory's tokenizer (stop strings need one to decode), or None."""
     if not (Path(model_path) / "tokenizer_config.json").is_file():
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(model_path, local_files_only=True, trust_remote_code=trust_remote_code)

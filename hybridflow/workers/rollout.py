@@ -126,10 +126,11 @@ class RolloutWorker(Worker):
         groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, self.world_size, tp)] if tp > 1 else None
         self.dp_rank, self.tp_rank = divmod(self.rank, tp)
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        trust = self.config.engine.trust_remote_code
         self.engine = engine = build_rollout_engine(
-            r.name, load_hf_config(self.config.model_path), rollout_engine_config(r, device),
-            process_group=groups[self.dp_rank] if groups else None,
-            tokenizer=tokenizer_if_present(self.config.model_path), model_path=self.config.model_path)
+            r.name, load_hf_config(self.config.model_path, trust_remote_code=trust),
+            rollout_engine_config(r, device, trust), process_group=groups[self.dp_rank] if groups else None,
+            tokenizer=tokenizer_if_present(self.config.model_path, trust), model_path=self.config.model_path)
         # Partial rollouts need the native continuous-batching scheduler; other backends (and
         # multi-turn rollouts) generate whole calls (`_whole_call`).
         if r.name == "native" and not r.agent.enable:

@@ -62,13 +62,14 @@ def _other_value(hint: Any, default: Any) -> Any:
     raise AssertionError(f"no test value for {hint}")
 
 
-ENGINE_LEAVES = [leaf for leaf in _leaves(TrainEngineConfig) if leaf[0] not in ("model_path", "seed")]
+# model_path, seed and trust_remote_code come from the run (model.trust_remote_code), not the role's section
+ENGINE_LEAVES = [leaf for leaf in _leaves(TrainEngineConfig) if leaf[0] not in ("model_path", "seed", "trust_remote_code")]
 
 
 def test_the_engine_leaves_are_all_found():
     keys = {key for key, _, _ in ENGINE_LEAVES}
     assert {"dtype", "tp_size", "optim.lr", "optim.betas", "lora.target_modules", "micro_batch.epochs"} <= keys
-    assert {key for key, _, _ in _leaves(TrainEngineSettings)} == keys  # the config adds only path and seed
+    assert {key for key, _, _ in _leaves(TrainEngineSettings)} == keys  # the config adds path, seed, trust_remote_code
 
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
@@ -82,7 +83,7 @@ def test_every_engine_setting_is_a_yaml_key_of_the_trained_roles(role, key, hint
     if key == "lora.rank":
         overrides = [f"{role}.lora.rank=4"]
     cfg = load_config(RunConfig, None, overrides)
-    engine = getattr(cfg, role).engine_config("/model", seed=3)
+    engine = getattr(cfg, role).engine_config("/model", seed=3, trust_remote_code=False)
     got = engine
     for part in key.split("."):
         got = getattr(got, part)
@@ -98,7 +99,7 @@ def test_every_frozen_engine_setting_is_a_yaml_key_of_the_scorers(key, hint, def
     value = _other_value(hint, default)
     for role in ("reward_model", "cost_model"):
         cfg = load_config(RunConfig, None, [f"{role}.{key}={value}"])
-        got = getattr(cfg, role).engine_config("/rm", seed=0)
+        got = getattr(cfg, role).engine_config("/rm", seed=0, trust_remote_code=False)
         for part in key.split("."):
             got = getattr(got, part)
         assert got == value
@@ -129,9 +130,9 @@ def test_every_advantage_setting_is_a_yaml_key(key, hint, default):
 def test_the_run_defaults_are_the_workers_and_engines_defaults():
     bare = RunConfig()
     assert bare.rollout == RolloutWorkerConfig()
-    assert bare.actor.engine_config("/m", 0) == TrainEngineConfig(model_path="/m")
-    assert bare.critic.engine_config("/m", 0) == TrainEngineConfig(model_path="/m")
-    assert bare.reward_model.engine_config("/m", 0) == TrainEngineConfig(model_path="/m")
+    assert bare.actor.engine_config("/m", 0, False) == TrainEngineConfig(model_path="/m")
+    assert bare.critic.engine_config("/m", 0, False) == TrainEngineConfig(model_path="/m")
+    assert bare.reward_model.engine_config("/m", 0, False) == TrainEngineConfig(model_path="/m")
     assert (bare.actor.loss, bare.critic.loss) == (ActorLossConfig(), CriticLossConfig())
     assert bare.algorithm.advantage_config() == AdvantageConfig()
 
@@ -140,7 +141,7 @@ def test_a_run_of_your_own_model_and_data_gets_the_class_defaults():
     cfg = load_run_config(None, ["model.path=/models/mine", "data.train_files=[train.parquet]", "sft.steps=0",
                                  "rollout.n=4"])
     assert cfg.rollout == RolloutWorkerConfig(n=4)
-    assert cfg.actor.engine_config("/m", 0) == TrainEngineConfig(model_path="/m")
+    assert cfg.actor.engine_config("/m", 0, False) == TrainEngineConfig(model_path="/m")
 
 
 def test_the_demo_keeps_its_values_from_one_preset_table():

@@ -75,3 +75,30 @@ def test_max_failed_steps_zero_never_stops(tokenizer, reward_fn):
     config = RewardConfig(num_workers=0, timeout_s=5.0, max_failed_steps=0)
     out = RewardManager(tokenizer, config, reward_fn)(make_batch(tokenizer, ["1"] * 5, ["broken"] * 5))
     assert len(out.errors) == 5 and not any("not scored" in e for _, e in out.errors)
+
+
+COUNTING_FILE = textwrap.dedent(
+    '''
+    import os
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        with open(os.path.join(os.path.dirname(__file__), "calls.txt"), "a") as calls:
+            calls.write(solution_str + "\\n")
+        raise RuntimeError("always broken")
+    '''
+)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_function_that_fails_at_once_is_called_on_the_first_samples_only(tokenizer, tmp_path, workers):
+    # docs/robustness.md: until it has succeeded, the first GIVE_UP_AFTER samples (or one round
+    # of all workers, if more) are scored first, and no other sample when they all failed.
+    # The function counts its own calls (unconfined, to write the count).
+    (tmp_path / "counting_reward.py").write_text(COUNTING_FILE)
+    fn = load_reward_fn(tmp_path / "counting_reward.py")
+    config = RewardConfig(num_workers=workers, timeout_s=5.0, sandbox=False)
+    with RewardManager(tokenizer, config, fn) as manager, pytest.raises(RewardFailureError) as err:
+        manager(make_batch(tokenizer, [str(i) for i in range(64)], ["1"] * 64))
+    expected = max(GIVE_UP_AFTER, workers)
+    assert len((tmp_path / "calls.txt").read_text().splitlines()) == expected
+    assert f"({expected} scored, {64 - expected} given up" in str(err.value)

@@ -17,6 +17,8 @@ import pytest
 
 from hybridflow.cli import main
 from hybridflow.data.records import write_records
+from hybridflow.errors import ConfigError
+from tests.processes import run_cli
 
 ROWS = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": f"{i}+1="}],
          "reward_model": {"ground_truth": str(i + 1)}} for i in range(8)]
@@ -125,7 +127,23 @@ def _broken_model(good: dict, tmp_path: Path, how: str) -> Path:
     elif how == "no_tokenizer":
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (model / name).unlink()
+    elif how == "model_type":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    elif how == "remote_code":
+        plant_remote_code(model, tmp_path / "planted-code-ran")
     return model
+
+
+def plant_remote_code(model: Path, marker: Path) -> None:
+    """What the report found: config.json names an unknown model_type with code of its own
+    (auto_map), whose import touches `marker`."""
+    (model / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+                                   "from transformers import LlamaConfig\n"
+                                   "class EvilConfig(LlamaConfig):\n    model_type = 'evil_llama'\n")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "evil_llama",
+                                                   "auto_map": {"AutoConfig": "evil.EvilConfig"}}))
 
 
 @pytest.mark.parametrize("how, message", [
@@ -136,6 +154,9 @@ def _broken_model(good: dict, tmp_path: Path, how: str) -> Path:
     ("sizes", "decoder layers but config.json says num_hidden_layers"),
     ("hidden", "config.json and the weights come from different models"),
     ("no_tokenizer", "has no tokenizer"),
+    ("model_type", "model_type 'gpt2' is not supported; supported families: ["),
+    ("remote_code", "names Python code of its own to run (config.json: auto_map ['evil.EvilConfig']); hybridflow "
+                    "runs a model directory's code only with model.trust_remote_code=true"),
 ])
 def test_model_directory_problems(good, tmp_path, capsys, how, message):
     model = tmp_path / "absent" if how == "missing" else _broken_model(good, tmp_path, how)
@@ -147,6 +168,7 @@ def test_model_directory_problems(good, tmp_path, capsys, how, message):
                         ["export", str(model), "--out", str(tmp_path / "exported")]):
             err = refused(command, out, capsys)
             assert "model.path" in err and message in err and str(model) in err
+    assert not (tmp_path / "planted-code-ran").exists()
 
 
 @pytest.mark.parametrize("name, content, message", [
@@ -155,7 +177,8 @@ def test_model_directory_problems(good, tmp_path, capsys, how, message):
     ("fake.parquet", "not parquet at all", "not a parquet file"),
     ("torn.jsonl", json.dumps(ROWS[0]) + '\n{"prompt": "1+1=", "data_s\n', "torn.jsonl:2: not valid JSON"),
     ("noprompt.jsonl", "".join(json.dumps({"question": "1+1=", "data_source": "arithmetic"}) + "\n"
-                               for _ in range(8)), "has no 'prompt' column (columns: ['data_source', 'question'])"),
+                               for _ in range(8)),
+     "has no 'prompt' column (columns: ['data_source', 'question']); set data.prompt.prompt_key"),
     ("ints.jsonl", "".join(json.dumps({"prompt": i, "data_source": "arithmetic"}) + "\n" for i in range(8)),
      "'prompt' must be a string or a list of chat messages, got int"),
     ("few.jsonl", "".join(json.dumps(row) + "\n" for row in ROWS[:3]),
@@ -262,3 +285,42 @@ def test_no_error_names_a_config_class_instead_of_a_key():
                  for n, line in enumerate(p.read_text().splitlines(), 1)
                  if pattern.search(line) and not line.lstrip().startswith(("#", '"""'))]  # messages, not docs
     assert offenders == []
+
+
+def test_planted_model_code_never_runs_even_when_stdin_says_yes(good, tmp_path):
+    # transformers asks "Do you wish to run the custom code? [y/N]" when trust_remote_code is not
+    # given; a piped "y" answered it. Now every load passes it, and the directory is refused first.
+    model = _broken_model(good, tmp_path, "remote_code")
+    result = run_cli(argv(tmp_path / "runs", model, good["data"]), tmp_path, stdin="y\ny\ny\n")
+    assert result.returncode == 2 and not result.ray_started, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "model.trust_remote_code=true" in result.stderr
+    assert not (tmp_path / "planted-code-ran").exists() and not (tmp_path / "runs").exists()
+
+
+def test_trust_remote_code_runs_the_directorys_code_when_set(good, tmp_path):
+    """model.trust_remote_code=true passes the checks and reaches transformers' loaders, which
+    then run the directory's code (its tokenizer class here); nothing is asked."""
+    from hybridflow.config.schema import load_run_config
+    from hybridflow.trainer.run.preflight import preflight
+
+    model = tmp_path / "model"
+    shutil.copytree(good["model"], model)
+    marker = tmp_path / "tokenizer-code-ran"
+    (model / "marked_tokenizer.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from transformers import PreTrainedTokenizerFast\nclass MarkedTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    auto_map = {"AutoTokenizer": ["marked_tokenizer.MarkedTokenizer", None]}
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "tokenizer_class": "MarkedTokenizer", "auto_map": auto_map}))
+    args = argv(tmp_path / "runs", model, good["data"])[1:]
+    with pytest.raises(ConfigError, match="tokenizer_config.json.*auto_map"):
+        preflight(load_run_config(None, args))
+    preflight(load_run_config(None, [*args, "model.trust_remote_code=true"]))
+    # The controller's tokenizer load, as a run starts (in a process whose module cache is here).
+    script = ("from hybridflow.data import load_tokenizer; import sys; "
+              f"print(type(load_tokenizer({str(model)!r}, trust_remote_code=True)).__name__)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "HF_HOME": str(tmp_path / "hf")}, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "MarkedTokenizer", done.stderr
+    assert marker.exists()

@@ -45,7 +45,9 @@ def test_eval_and_export_reproduce_the_run(ray_local, tiny_config, tmp_path, cap
 def _check_eval_of_the_checkpoint(run_dir, root, expected: dict, capsys) -> None:
     out = root / "report.json"
     checkpoint = run_dir / "checkpoints" / f"global_step_{STEPS}"
-    assert cli_main(["eval", str(checkpoint), "--data", str(root / "val.jsonl"), "--output", str(out)]) == 0
+    # The run scored with its own reward file: used as saved only when confirmed (or named)
+    assert cli_main(["eval", str(checkpoint), "--use-run-reward", "--data", str(root / "val.jsonl"),
+                     "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["step"] == STEPS and report["sampling"]["do_sample"] is False
     assert report["metrics"] == expected

@@ -94,7 +94,7 @@ def test_rm_command_learns_the_preference_and_exports_a_hf_reward_model(ray_loca
 def test_init_from_a_causal_lm_adds_a_score_head_and_keeps_a_reward_model(tmp_path):
     lm = make_builtin_model_dir(tmp_path / "lm", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                 max_position_embeddings=64)
-    rm_dir = init_reward_model_dir(lm, tmp_path / "rm", seed=0)
+    rm_dir = init_reward_model_dir(lm, tmp_path / "rm", seed=0, trust_remote_code=False)
     assert rm_dir == tmp_path / "rm"
     rm = transformers.AutoModelForSequenceClassification.from_pretrained(rm_dir)
     causal = transformers.AutoModelForCausalLM.from_pretrained(lm)
@@ -103,9 +103,9 @@ def test_init_from_a_causal_lm_adds_a_score_head_and_keeps_a_reward_model(tmp_pa
     assert transformers.AutoTokenizer.from_pretrained(rm_dir).chat_template is not None
     # the same seed gives the same head; an existing reward model is trained as it is
     again = transformers.AutoModelForSequenceClassification.from_pretrained(
-        init_reward_model_dir(lm, tmp_path / "rm2", seed=0))
+        init_reward_model_dir(lm, tmp_path / "rm2", seed=0, trust_remote_code=False))
     assert torch.equal(rm.score.weight, again.score.weight)
-    assert init_reward_model_dir(rm_dir, tmp_path / "unused", seed=1) == rm_dir
+    assert init_reward_model_dir(rm_dir, tmp_path / "unused", seed=1, trust_remote_code=False) == rm_dir
     assert not (tmp_path / "unused").exists()
 
 

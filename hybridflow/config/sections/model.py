@@ -30,11 +30,16 @@ class ModelSection:
     path: a local Hugging Face model directory (config.json, safetensors, tokenizer).
     pretrained: a name in hybridflow.engines.pretrained.PRETRAINED_MODELS (e.g.
         smollm2-135m-instruct), converted once into $HYBRIDFLOW_CACHE (~/.cache/hybridflow).
+    trust_remote_code: let transformers run Python code that a model directory of the run
+        names (an `auto_map` in config.json or tokenizer_config.json), with your permissions,
+        in the controller and every worker. false (the default): such a directory is refused
+        before anything starts. Only for directories whose code you have read.
     """
 
     path: str | None = None
     pretrained: str | None = None
     builtin: BuiltinModelSection = field(default_factory=BuiltinModelSection)
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if self.path is not None and self.pretrained is not None:

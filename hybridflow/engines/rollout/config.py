@@ -51,6 +51,9 @@ class RolloutConfig:
     # device loop on CUDA: replay each (batch bucket, KV length) step as a captured CUDA
     # graph; keeps the KV cache between calls (until release_memory). Off until measured on a GPU.
     cuda_graphs: bool = False
+    # model.trust_remote_code: whether transformers may run the model directory's own code
+    # (a backend that builds a transformers model from the config passes it on)
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         device_type = torch.device(self.device).type

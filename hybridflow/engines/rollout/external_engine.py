@@ -99,7 +99,7 @@ class ExternalRolloutEngine(RolloutEngine):
         self.eos_ids = id_tuple(getattr(hf_config, "eos_token_id", None))
         pad = config.pad_token_id if config.pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
-        module = expected_weights(hf_config)
+        module = expected_weights(hf_config, config.trust_remote_code)
         # weights are accepted under the module's names (the training engine's) and the
         # checkpoint's (a model directory), which differ for fused MoE experts
         self.expected = {**module, **checkpoint_shapes(module)}

@@ -223,13 +223,13 @@ def check_reply(engine: str, call: str, reply: Any) -> None:
 
 
 # ------------------------------------------------------------------------------ weights
-def expected_weights(hf_config) -> dict[str, tuple[int, ...]]:
+def expected_weights(hf_config, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
     """Hugging Face name -> full shape of every parameter the model has (built on the meta
     device: no memory), tied weights under both names."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
+        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 

@@ -92,7 +92,8 @@ class HFRolloutEngine(RolloutEngine):
                              "keep it; set keep_kv_cache=False, or use the native backend (rollout.name=native)")
         self.config = config
         self.device = torch.device(config.device)
-        self.model = AutoModelForCausalLM.from_config(hf_config, dtype=config.dtype).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_config(hf_config, dtype=config.dtype,
+                                                      trust_remote_code=config.trust_remote_code).to(self.device).eval()
         self.model.requires_grad_(False)
         self.max_len = config.max_model_len or _max_positions(hf_config)
         pad = config.pad_token_id if config.pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
@@ -121,10 +122,10 @@ class HFRolloutEngine(RolloutEngine):
         tensors at load time. Weights from the training engine already carry the module's
         names; only a directory on disk needs the conversion. Costs one transient copy.
         """
-        hf_config = load_hf_config(model_dir)
+        hf_config = load_hf_config(model_dir, trust_remote_code=config.trust_remote_code)
         engine = cls(hf_config, config, process_group=process_group, tokenizer=tokenizer, model_path=str(model_dir))
         loaded = AutoModelForCausalLM.from_pretrained(model_dir, config=hf_config, dtype=config.dtype,
-                                                      local_files_only=True)
+                                                      local_files_only=True, trust_remote_code=config.trust_remote_code)
         engine.load_weights(loaded.state_dict().items())
         return engine
 

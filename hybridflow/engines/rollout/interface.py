@@ -63,8 +63,8 @@ class RolloutEngine(ABC):
     def from_pretrained(cls, model_dir: str | Path, config: RolloutConfig = RolloutConfig(), *,
                         process_group=None, tokenizer=None) -> "RolloutEngine":
         """Build from a local HF directory and load its safetensors (each rank keeps its shard)."""
-        engine = cls(load_hf_config(model_dir), config, process_group=process_group, tokenizer=tokenizer,
-                     model_path=str(model_dir))
+        engine = cls(load_hf_config(model_dir, trust_remote_code=config.trust_remote_code), config,
+                     process_group=process_group, tokenizer=tokenizer, model_path=str(model_dir))
         engine.load_weights(iter_safetensors(model_dir))
         return engine
 

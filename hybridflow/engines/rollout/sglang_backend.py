@@ -70,7 +70,7 @@ class SGLangRolloutEngine(ExternalRolloutEngine):
             tp_size=1, base_gpu_id=torch.device(self.config.device).index or 0, random_seed=self.config.seed,
             context_length=self.max_len, max_running_requests=self.config.max_num_seqs,
             mem_fraction_static=self.mem_fraction_static, enable_memory_saver=True, load_format="dummy",
-            enable_deterministic_inference=True, log_level="error",
+            enable_deterministic_inference=True, log_level="error", trust_remote_code=self.config.trust_remote_code,
         )
         self._kept_weights = False
 

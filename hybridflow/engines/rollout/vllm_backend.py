@@ -114,7 +114,8 @@ class VLLMRolloutEngine(ExternalRolloutEngine):
             model=self.model_path, skip_tokenizer_init=True, dtype=str(self.config.dtype).removeprefix("torch."),
             seed=self.config.seed, max_model_len=self.max_len, max_num_seqs=self.config.max_num_seqs,
             gpu_memory_utilization=self.gpu_memory_utilization, enable_sleep_mode=True, load_format="dummy",
-            logprobs_mode="processed_logprobs", enable_prefix_caching=True, **parallel,
+            logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+            trust_remote_code=self.config.trust_remote_code, **parallel,
         )
         self._sampling_params = vllm.SamplingParams
         self._kv_asleep = False

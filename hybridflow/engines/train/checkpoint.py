@@ -46,7 +46,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from hybridflow.engines.train.dcp_reader import CheckpointSecurityError, load_dcp
+from hybridflow.engines.train.dcp_reader import (
+    DAMAGED_HINT,
+    CheckpointFileError,
+    CheckpointSecurityError,
+    load_dcp,
+    unpickler_reason,
+)
 from hybridflow.engines.train.engine import TrainEngine
 
 LATEST_FILE = "latest_checkpointed_step.txt"
@@ -213,30 +219,26 @@ def load_extra(path: str | Path) -> dict | None:
     return None
 
 
-def load_plain(path: str | Path) -> Any:
+def load_plain(path: str | Path, *, mmap: bool = False) -> Any:
     """A `torch.save`d file that may hold only tensors and plain data (dicts, lists,
     numbers, strings): `weights_only=True`, so a planted pickle payload in a checkpoint is
-    refused instead of run. The error names the file."""
+    refused instead of run; a damaged file is a CheckpointFileError. Both name the file in
+    one line. `mmap`: map the tensors' data instead of reading it (a check of the file)."""
     try:
         with warnings.catch_warnings():  # torch warns about a planted file's pickle protocol before refusing it
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            return torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise CheckpointSecurityError(
             f"{str(path)!r} holds Python objects other than tensors and plain data; it was not written by "
             f"hybridflow (or was tampered with), and is not loaded: code inside it could run "
             f"({unpickler_reason(err)})"
         ) from None
-
-
-def unpickler_reason(err: pickle.UnpicklingError) -> str:
-    """What torch's weights-only unpickler refused, in one line (its message is a page of
-    advice to load the file unrestricted, which is exactly what must not be done here)."""
-    text = str(err)
-    marker = "WeightsUnpickler error:"
-    reason = text.split(marker, 1)[1] if marker in text else text
-    lines = [line.strip() for line in reason.splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__
+    except (RuntimeError, EOFError, OSError, ValueError, TypeError, KeyError, AttributeError, IndexError,
+            MemoryError, RecursionError, OverflowError) as err:
+        reason = (str(err).strip().splitlines() or [""])[0][:300]
+        raise CheckpointFileError(f"{str(path)!r} is damaged or cut short ({type(err).__name__}: {reason}); "
+                                  f"{DAMAGED_HINT}") from None
 
 
 # ----------------------------------------------------------------------------- atomic directories

@@ -278,14 +278,15 @@ class EngineSettings:
                     "smaller or mini-batches larger", "micro_batch.micro_batch_size_per_device")
         return dp
 
-    def engine_config(self, model_path: str, seed: int) -> TrainEngineConfig:
+    def engine_config(self, model_path: str, seed: int, trust_remote_code: bool) -> TrainEngineConfig:
         """The engine config of a model at `model_path` with these settings (the settings this
-        class does not hold keep TrainEngineConfig's defaults)."""
+        class does not hold keep TrainEngineConfig's defaults); `trust_remote_code`: the run's
+        model.trust_remote_code."""
         settings = TrainEngineSettings if isinstance(self, TrainEngineSettings) else EngineSettings
         values = {f.name: getattr(self, f.name) for f in fields(settings)}
         if not isinstance(self.micro_batch, MicroBatchConfig):  # a frozen engine: update keys unused
             values["micro_batch"] = MicroBatchConfig(**asdict(self.micro_batch))
-        return TrainEngineConfig(model_path=model_path, seed=seed, **values)
+        return TrainEngineConfig(model_path=model_path, seed=seed, trust_remote_code=trust_remote_code, **values)
 
 
 @dataclass
@@ -319,11 +320,14 @@ class TrainEngineConfig(TrainEngineSettings):
     """Everything needed to load, shard and train (or only run) one model: the settings
     above plus the model directory and the seed of initialisation and shuffling.
 
-    Both are keyword-only: `TrainEngineConfig(model_path="...", dtype="fp32")`.
+    All three are keyword-only: `TrainEngineConfig(model_path="...", dtype="fp32")`.
+    trust_remote_code: let transformers run code the model directory names (auto_map; the
+    run's model.trust_remote_code), never asked interactively.
     """
 
     model_path: str = field(kw_only=True)
     seed: int = field(default=0, kw_only=True)
+    trust_remote_code: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

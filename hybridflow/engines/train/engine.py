@@ -104,7 +104,8 @@ class TrainEngine:
         torch.manual_seed(cfg.seed)
         store_dtype = torch.float32 if self.trainable else self.compute_dtype
         attention = for_packing(cfg.attn_implementation) if cfg.pack_sequences else cfg.attn_implementation
-        model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=attention)
+        model = load_model(cfg.model_path, self.kind, dtype=store_dtype, attn_implementation=attention,
+                           trust_remote_code=cfg.trust_remote_code)
         if cfg.pp_size > 1:
             if self.kind == "reward" or cfg.lora.enabled:
                 raise ValueError(f"pipeline parallelism (pp_size={cfg.pp_size}) is supported for a causal LM (actor, "

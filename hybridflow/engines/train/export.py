@@ -66,13 +66,14 @@ def _pipeline_state_dict(engine: TrainEngine) -> dict[str, torch.Tensor]:
 def _empty_hf_model(engine: TrainEngine) -> torch.nn.Module:
     """The meta-device HF model the state dict is assigned to; a pipeline stage is not a HF
     model, but its config is the whole causal LM's."""
+    trust = engine.config.trust_remote_code
     if engine.pipeline is None:
-        return hf_model_for_export(hf_model_of(engine.model))
+        return hf_model_for_export(hf_model_of(engine.model), trust_remote_code=trust)
     if engine.kind != "causal_lm":
         raise ValueError(f"export of a pipeline-parallel {engine.kind} model is not supported; load its checkpoint "
                          "at pp_size=1 (checkpoints move between layouts) and export from there")
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(engine.model.config)
+        return transformers.AutoModelForCausalLM.from_config(engine.model.config, trust_remote_code=trust)
 
 
 def _write(engine: TrainEngine, full: dict[str, torch.Tensor], out_dir: Path, dtype: torch.dtype | None) -> None:

@@ -28,7 +28,7 @@ def make_turn_model_dir(path: str | Path, eos_boost: float = 5.0, **sizes) -> Pa
     from hybridflow.data.tokenizer import make_builtin_model_dir
 
     path = make_builtin_model_dir(path, **(sizes or TINY_SIZES))
-    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False)
     with torch.no_grad():
         w = model.lm_head.weight
         w[2] = eos_boost * w[10:40].mean(0) * 30 ** 0.5

@@ -91,7 +91,7 @@ def write_task(in_jsonl: str | Path, out_dir: str | Path, limit: int | None = No
     if model_dir is not None:
         from transformers import AutoTokenizer
 
-        renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir, local_files_only=True))
+        renderer = ChatRenderer(AutoTokenizer.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False))
         paths["sft"] = check_output(out / "sft.jsonl", overwrite)
         write_atomically([sft_row(renderer, r["question"], r["answer"]) for r in rows], paths["sft"])
     return {name: str(path) for name, path in paths.items()}

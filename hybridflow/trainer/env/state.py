@@ -27,6 +27,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from hybridflow.errors import DamagedFileError
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.plain_state import load_plain_state, save_plain_state
 
@@ -55,14 +56,21 @@ def save_env_state(directory: Path, runner_states: list[dict[str, Any]], pending
 def load_env_state(directory: Path) -> tuple[list[dict[str, Any]], list[DataProto], str | None]:
     """(runner states, pending batches, a note when environments were not restored or None)."""
     if (directory / "runners.pkl").is_file() and not (directory / f"{RUNNERS_STEM}.json").is_file():
-        raise ValueError(f"{directory} was written by an older hybridflow that pickled the env runners' state "
+        raise DamagedFileError(f"{directory} was written by an older hybridflow that pickled the env runners' state "
                          "(runners.pkl); it is not unpickled (code inside could run). Start a new run, or resume it "
                          "with the hybridflow version that wrote it")
     states = load_plain_state(directory / RUNNERS_STEM)
+    if not isinstance(states, list) or not all(isinstance(state, dict) for state in states):
+        raise DamagedFileError(f"{directory / RUNNERS_STEM}.json holds no list of env runner states: the checkpoint "
+                               "is damaged")
     refused = []
     for rank, state in enumerate(states):
         signed = state.get(_ENVS)
-        state[_ENVS] = None if signed is None else _verified(directory / signed["file"], signed["hmac"])
+        if signed is not None and not (isinstance(signed, dict) and isinstance(signed.get("file"), str)
+                                       and Path(signed["file"]).name == signed["file"]):
+            raise DamagedFileError(f"{directory / RUNNERS_STEM}.json: env runner {rank}'s environments entry is not "
+                                   "what hybridflow writes: the checkpoint is damaged")
+        state[_ENVS] = None if signed is None else _verified(directory / signed["file"], signed.get("hmac"))
         if signed is not None and state[_ENVS] is None:
             refused.append(rank)
     count = len(list((directory / PENDING_DIR).glob("*.dataproto")))

@@ -4,17 +4,15 @@
     source = resolve_source("runs/grpo-20260101-120000")         # run dir: its newest checkpoint
     report = evaluate_source(source, ["test.parquet"])           # None: the run's held-out prompts
     report.metrics["val/accuracy"], report.metrics["val/gsm8k/accuracy"]
-    export_source(resolve_source("runs/.../checkpoints/global_step_20"), "exported/")
+    export_source(resolve_source("runs/.../checkpoints/global_step_20", reward=False), "exported/")
 
-A source is a run directory (its newest complete checkpoint; its final_model/ when it saved
-no checkpoint), a checkpoint directory
-(`<run>/checkpoints/global_step_<N>`), or a Hugging Face model directory. A checkpoint is
-scored with its run's config.yaml (world size, generation and prompt settings, reward
-function, trainer.validation), so `hybridflow eval` on the checkpoint of step N repeats
-the run's own evaluation at step N; dotted overrides change any of it. A model directory
-takes the settings saved next to its weights (hybridflow_presets.json, written with every
-model a run exports: config/model_presets.py), else the config classes' defaults, never
-the built-in demo's; `settings_lines` says which values were used and where they came from.
+A source is a run directory (its newest complete checkpoint, else its final_model/), a
+checkpoint directory (`<run>/checkpoints/global_step_<N>`: scored with its run's config.yaml,
+so eval repeats the run's own evaluation at step N) or a Hugging Face model directory (the
+settings saved next to its weights, config/model_presets.py, else the defaults). A run's
+config.yaml is data: its settings that name code or loosen the reward workers' confinement
+(`RUN_CODE_SETTINGS`) are used only when the command line names them; export loads no
+reward, eval's runs in the confined reward workers. `settings_lines` says what was used.
 """
 
 from __future__ import annotations
@@ -28,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow.config.dtypes import resolved_dtypes
+from hybridflow.config.loader import override_keys, user_tree, with_overrides
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
-from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources
+from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources, run_config_from_tree
 from hybridflow.config.tasks import task_kind_of_checkpoint
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RayHold, RoleSpec, WorkerGroup
@@ -75,6 +74,7 @@ class ModelSource:
     step: int | None = None
     run_dir: Path | None = None  # the run whose final_model/ this is (held-out prompts from its config)
     settings_from: str = ""  # where cfg's values come from, in words (settings_lines)
+    not_taken: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.yaml's code settings left out
 
 
 @dataclass
@@ -96,8 +96,11 @@ class EvalReport:
         }
 
 
-def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSource:
-    """The model source `path` names (module docstring); overrides are dotted config keys."""
+def resolve_source(path: str | Path, overrides: Sequence[str] = (), *, reward: bool = True,
+                   use_run_reward: bool = False) -> ModelSource:
+    """The model source `path` names (module docstring); overrides are dotted config keys.
+    `reward`: the command scores responses (eval; export does not); `use_run_reward`: take
+    the reward settings of the run's config.yaml as saved (eval's --use-run-reward)."""
     path = Path(path)
     with_flags = " and the command line" if overrides else ""
     if (path / "config.json").is_file():  # a Hugging Face model directory
@@ -106,14 +109,14 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
         cfg = load_run_config(None, [f"model.path={path}", "sft.steps=0", "rollout.n=2", *overrides], demo=False)
         saved = path / MODEL_PRESETS_FILE
         origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
-        return _checked(ModelSource(path, _resolved(cfg), str(path), settings_from=origin + with_flags))
+        return _checked(ModelSource(path, _resolved(cfg), str(path), settings_from=origin + with_flags), reward)
     final_model = path / FINAL_MODEL_DIR
     if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
             path / CHECKPOINTS_DIR):
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
-        cfg = load_run_config(path / "config.yaml", list(overrides))
+        cfg, not_taken = run_config_as_data(path / "config.yaml", overrides, reward, use_run_reward)
         return _checked(ModelSource(path, _resolved(cfg), str(final_model), run_dir=path,
-                                    settings_from=f"{path / 'config.yaml'}{with_flags}"))
+                                    settings_from=f"{path / 'config.yaml'}{with_flags}", not_taken=not_taken), reward)
     try:
         checkpoint = find_checkpoint(path)
     except CheckpointNotFoundError as err:
@@ -124,9 +127,81 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
     if not kind.language_model:  # its config.yaml is not a language-model tree
         raise ConfigError(f"{str(path)!r} is a run of task kind {kind.name!r}; eval and export take language-model "
                           "runs and models (an environment run's return is in its metrics.jsonl: hybridflow plot)")
-    cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))
+    cfg, not_taken = run_config_as_data(run_config_path(checkpoint), overrides, reward, use_run_reward)
+    cfg = _resolved(cfg)
     return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
-                                checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}"))
+                                checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}",
+                                not_taken=not_taken), reward)
+
+
+# Settings of a run's config.yaml that name code to run, or loosen the reward workers'
+# confinement, and when a saved value does: eval and export take such a value from the file
+# only when the command line names the key (module docstring). The reward ones (all but the
+# first two) are taken as saved with eval's --use-run-reward.
+RUN_CODE_SETTINGS: dict[str, Any] = {
+    "algorithm.module": lambda v: v is not None,
+    "model.trust_remote_code": lambda v: v is True,
+    "reward.custom_fn_path": lambda v: v is not None,
+    "cost_model.custom_fn_path": lambda v: v is not None,
+    "reward.templates": lambda v: isinstance(v, list) and any(
+        isinstance(t, dict) and t.get("name") == "user" for t in v),
+    "reward.manager.sandbox": lambda v: v is False,
+    "reward.manager.num_workers": lambda v: v == 0,
+    "reward.manager.allow_subprocess": lambda v: v is True,
+    "reward.manager.env_passthrough": lambda v: bool(v),
+    "reward.manager.readable_paths": lambda v: bool(v),
+}
+REWARD_CODE = ("reward.custom_fn_path", "cost_model.custom_fn_path", "reward.templates")
+
+
+def run_config_as_data(config_path: Path, overrides: Sequence[str], reward: bool,
+                       use_run_reward: bool) -> tuple[RunConfig, dict[str, Any]]:
+    """The run's config with `overrides`, its RUN_CODE_SETTINGS left at their defaults unless
+    named on the command line (the reward ones also with `use_run_reward`); and those left out.
+    A reward's code left out is an error when the command scores (`reward`)."""
+    tree = user_tree(config_path)
+    named = override_keys(list(overrides))
+    not_taken = {}
+    for key, loosens in RUN_CODE_SETTINGS.items():
+        value = _tree_value(tree, key)
+        given = any(key == n or key.startswith(n + ".") for n in named)
+        kept_by_flag = use_run_reward and key not in ("algorithm.module", "model.trust_remote_code")
+        if value is not _ABSENT and loosens(value) and not given and not kept_by_flag:
+            not_taken[key] = value
+            _drop(tree, key)
+    if "algorithm.module" in not_taken:  # its algorithm is not registered then; eval and export use none
+        tree["algorithm"] = {}
+        rollout = tree.setdefault("rollout", {})
+        if isinstance(rollout, dict) and not (isinstance(rollout.get("n"), int) and rollout["n"] >= 2):
+            rollout["n"] = 2  # what the default algorithm (grpo) needs
+    code = {key: value for key, value in not_taken.items() if key in REWARD_CODE}
+    if reward and code:
+        key, value = next(iter(code.items()))
+        raise ConfigError(f"{config_path} scores with code of its own ({key}={value!r}); eval runs a run's reward code "
+                          f"only when you name it: add {key}={value if not isinstance(value, list) else '[...]'} "
+                          "(it runs in the confined reward workers, reward.manager.*), or --use-run-reward to take the "
+                          "run's reward settings as saved", key)
+    return run_config_from_tree(with_overrides(tree, list(overrides))), not_taken
+
+
+_ABSENT = object()
+
+
+def _tree_value(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _ABSENT
+        node = node[part]
+    return node
+
+
+def _drop(tree: dict[str, Any], key: str) -> None:
+    *sections, last = key.split(".")
+    node: Any = tree
+    for part in sections:
+        node = node[part]
+    del node[last]
 
 
 def eval_settings(cfg: RunConfig) -> dict[str, Any]:
@@ -146,7 +221,9 @@ def settings_lines(source: ModelSource) -> list[str]:
     sampling = ("greedy" if not v.do_sample else
                 f"sampled (temperature {v.temperature}, top_p {v.top_p}, top_k {v.top_k}, seed {v.seed})")
     agent = ", agent loop on (rollout.agent.enable)" if r.agent.enable else ""
-    return [f"settings from {source.settings_from}:",
+    left_out = ([f"  not taken from config.yaml (name them on the command line to use them): "
+                 f"{', '.join(f'{k}={v!r}' for k, v in source.not_taken.items())}"] if source.not_taken else [])
+    return [f"settings from {source.settings_from}:", *left_out,
             f"  prompts up to {prompt.max_prompt_length} tokens (data.prompt.max_prompt_length), chat "
             f"template {_template_word(prompt.apply_chat_template)} (data.prompt.apply_chat_template)",
             f"  responses up to {r.response_length} tokens (rollout.response_length), dtype {dtype} "
@@ -158,15 +235,17 @@ def _template_word(apply: bool | str) -> str:
     return "for chat-message prompts only" if apply == "conversational" else "on" if apply else "off"
 
 
-def _checked(source: ModelSource) -> ModelSource:
+def _checked(source: ModelSource, reward: bool) -> ModelSource:
     """`source` once train's pre-flight checks of what it reads pass (trainer/run/preflight.py):
     the model directory (a truncated safetensors file is one line naming it, not a
-    deserializer error from a worker) and the reward file, before Ray starts."""
+    deserializer error from a worker) and, for a command that scores (`reward`), the reward
+    file, imported in a confined reward worker, before Ray starts."""
     if Path(source.model_path).is_dir():  # a built-in model is written into the run dir on first use
-        check_model_dir(source.model_path, "model.path", tokenizer=True)
-    reward = source.cfg.reward
-    if reward.custom_fn_path is not None:
-        check_reward_file(reward.custom_fn_path, reward.custom_fn_name, "reward.custom_fn_path")
+        check_model_dir(source.model_path, "model.path", tokenizer=True,
+                        trust_remote_code=source.cfg.model.trust_remote_code)
+    section = source.cfg.reward
+    if reward and section.custom_fn_path is not None:
+        check_reward_file(section.custom_fn_path, section.custom_fn_name, "reward.custom_fn_path", section.manager)
     return source
 
 
@@ -200,7 +279,7 @@ def evaluate_source(source: ModelSource, files: Sequence[str] = (), max_samples:
     """Score the source's policy on the prompts (trainer.validation sampling: greedy by
     default); the report keeps every response (evaluate.response_records)."""
     cfg = source.cfg
-    tokenizer = load_tokenizer(source.model_path)
+    tokenizer = load_tokenizer(source.model_path, trust_remote_code=cfg.model.trust_remote_code)
     prompts, data = held_out_or_files(source, files, max_samples, tokenizer)
     if cfg.reward.custom_fn_path is None:  # the built-in scorers must know every data source
         check_scorers(prompts.non_tensor_batch["data_source"], "--data" if files else "data.val_files")

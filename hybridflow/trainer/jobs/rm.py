@@ -43,6 +43,7 @@ from hybridflow.trainer.observe.loggers import RunLoggers, build_loggers
 from hybridflow.trainer.programs.phases import Roles, Step
 from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
 from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, ResumePoint, check_steps_left, write_builtin_model
+from hybridflow.trainer.run.preflight import check_model_dir
 from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.setup import endless, start_display, start_run_ray
 from hybridflow.trainer.task import TASK_PARTS, Task
@@ -61,22 +62,22 @@ class RMResult:
     final_loss: float
 
 
-def init_reward_model_dir(model_path: str | Path, out_dir: Path, seed: int) -> Path:
+def init_reward_model_dir(model_path: str | Path, out_dir: Path, seed: int, trust_remote_code: bool) -> Path:
     """A one-label sequence classifier to train: `model_path` itself if it is one, else the
     causal LM with a new score head (initialised from `seed`) saved with its tokenizer in `out_dir`."""
     import transformers
 
-    config = load_hf_config(model_path)
+    config = load_hf_config(model_path, trust_remote_code=trust_remote_code)
     if any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
         return Path(model_path)  # load_model checks num_labels == 1 when the engine loads it
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
     torch.manual_seed(seed)
     # The score head is missing from a causal-LM checkpoint by design; silence HF's note about it.
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=1, dtype="auto", local_files_only=True
+            model_path, num_labels=1, dtype="auto", local_files_only=True, trust_remote_code=trust_remote_code
         )
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -154,6 +155,9 @@ class RMContext:
         _, dtype_line = resolved_rm_dtype(cfg, threads)  # what "auto" became, said at the start
         omp_auto = cfg.resources.omp_wait_policy == "auto"
         cfg = resolve_rm_config(cfg)
+        if cfg.model.path is not None:  # before the run directory: refused in one line
+            check_model_dir(cfg.model.path, "model.path", tokenizer=True,
+                            trust_remote_code=cfg.model.trust_remote_code)
         run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
         display = start_display(cfg.trainer.display_mode(), run_dir, dtype_line, cfg.resources, omp_auto)
         log = build_loggers(cfg, run_dir, display)
@@ -193,9 +197,10 @@ class RewardModelPart:
         if base is None:
             base = str(write_builtin_model(cfg.model.builtin, run_dir / BUILTIN_MODEL_DIR, cfg.seed))
         init_dir = run_dir / "init_reward_model"
+        trust = cfg.model.trust_remote_code
         self.model_path = init_dir if (init_dir / "config.json").is_file() else init_reward_model_dir(
-            base, init_dir, cfg.seed)
-        tokenizer = load_tokenizer(self.model_path)
+            base, init_dir, cfg.seed, trust)
+        tokenizer = load_tokenizer(self.model_path, trust_remote_code=trust)
         self.train_pairs, self.val = pair_data(cfg, tokenizer)
         if task.resumed_from is None:  # said once, at the run's first start
             ctx.display.message(_stats_line("train pairs", self.train_pairs, cfg))

@@ -46,8 +46,7 @@ import yaml
 from hybridflow.config import config_to_dict, save_config
 from hybridflow.config.loader import user_tree
 from hybridflow.config.schema import RunConfig
-from hybridflow.errors import UserInputError
-from hybridflow.engines.train.dcp_reader import check_dcp_metadata
+from hybridflow.errors import DamagedFileError, UserInputError
 from hybridflow.engines.train.checkpoint import (
     TMP_PREFIX,
     begin_atomic_dir,
@@ -57,6 +56,7 @@ from hybridflow.engines.train.checkpoint import (
     writing_checkpoint,
 )
 from hybridflow.trainer.run.run_dir import metrics_lines, read_metrics
+from hybridflow.trainer.run.verify import verify_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class CheckpointNotFoundError(FileNotFoundError, UserInputError):
     """No complete checkpoint where one was asked for; the message says what was looked at."""
 
 
-class CheckpointDamagedError(UserInputError):
+class CheckpointDamagedError(DamagedFileError):
     """A checkpoint's files are missing, cut short or unreadable; the message names them."""
 
 
@@ -91,6 +91,9 @@ def damaged_files(checkpoint_dir: str | Path) -> list[str]:
     recorded = read_trainer_state(path).get(FILES_KEY)
     if not recorded:
         return []
+    if not isinstance(recorded, dict) or not all(isinstance(size, int) for size in recorded.values()):
+        raise CheckpointDamagedError(f"{str(path / TRAINER_STATE_FILE)!r} records its files in a form hybridflow "
+                                     "does not write: this checkpoint is damaged")
     now = checkpoint_files(path)
     return [f"{name} ({'missing' if name not in now else f'{now[name]} of {size} bytes'})"
             for name, size in recorded.items() if now.get(name) != size]
@@ -127,10 +130,9 @@ def find_checkpoint(path: str | Path) -> Path:
     - a `checkpoints/` root -> its newest complete checkpoint;
     - a checkpoint directory (`.../global_step_<N>`) -> itself, if complete.
 
-    Raises CheckpointNotFoundError (a FileNotFoundError) saying what was found instead. The
-    DCP `.metadata` files of the checkpoint returned were read with DCP's own classes only:
-    a planted payload is refused here, on the controller, before any worker starts (the
-    workers load the same way: engines/train/dcp_reader.py).
+    Raises CheckpointNotFoundError (a FileNotFoundError) saying what was found instead. Every
+    file of the checkpoint returned was read as its loader will (run/verify.py): a planted
+    payload or a damaged file is refused here, on the controller, before any worker starts.
     """
     path = Path(path)
     if not path.exists():
@@ -150,7 +152,7 @@ def find_checkpoint(path: str | Path) -> Path:
             raise CheckpointDamagedError(
                 f"checkpoint {str(path)!r} is damaged: {', '.join(damaged[:3])}. Pass its run directory to "
                 "use the newest intact checkpoint instead")
-        check_dcp_metadata(path)
+        verify_checkpoint(path)
         return path
     root = path / CHECKPOINTS_DIR if (path / CHECKPOINTS_DIR).is_dir() else path
     found = complete_checkpoints(root)
@@ -161,7 +163,7 @@ def find_checkpoint(path: str | Path) -> Path:
     for checkpoint in reversed(found):
         damaged = damaged_files(checkpoint)
         if not damaged:
-            check_dcp_metadata(checkpoint)
+            verify_checkpoint(checkpoint)
             return checkpoint
         logger.warning("checkpoint %s is damaged (%s); using the one before it", checkpoint, ", ".join(damaged[:3]))
     raise CheckpointDamagedError(f"every checkpoint under {str(root)!r} is damaged (files missing or cut short); "
@@ -256,16 +258,16 @@ def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
     path = Path(checkpoint_dir) / TRAINER_STATE_FILE
     try:
         state = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise CheckpointDamagedError(
-            f"{str(path)!r} is not valid JSON ({err}): this checkpoint is damaged. Resume from an older one "
+            f"{str(path)!r} is not valid JSON ({type(err).__name__}: {err}): this checkpoint is damaged. Resume from an older one "
             f"(--resume {Path(checkpoint_dir).parent}/{STEP_PREFIX}<M>), or move this one aside and pass the "
             "run directory") from None
     if not isinstance(state, dict):
         raise CheckpointDamagedError(f"{str(path)!r} holds no JSON object: this checkpoint is damaged")
     if state.get("version") != STATE_VERSION:
-        raise ValueError(f"{str(path)!r} has trainer-state version {state.get('version')!r}; this hybridflow "
-                         f"reads version {STATE_VERSION}. Resume with the hybridflow version that wrote it")
+        raise UserInputError(f"{str(path)!r} has trainer-state version {state.get('version')!r}; this hybridflow "
+                             f"reads version {STATE_VERSION}. Resume with the hybridflow version that wrote it")
     return state
 
 

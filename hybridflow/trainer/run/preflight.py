@@ -10,10 +10,12 @@ of as a traceback from a worker a minute later. Only the standard library, PyYAM
 pyarrow are used: no model is loaded, so the checks take well under a second for the
 model and reward file (the data files are read once, as the run reads them anyway).
 
-A model directory is checked from its files alone: config.json parses; its weights exist
-and every safetensors file is complete (its header's tensors end where the file ends);
-the embedding and the number of decoder layers in the weights agree with config.json; a
-tokenizer file is there (policy only). `model_manifest` (a fingerprint of config.json and
+A model directory is checked from its files alone: config.json parses; it names no code to
+run (an `auto_map` in config.json or tokenizer_config.json: refused unless
+model.trust_remote_code) and a model_type the engines support; a reward or cost model is a
+one-label sequence classifier; its weights exist and every safetensors file is complete
+(its header's tensors end where the file ends); the embedding and the number of decoder
+layers in the weights agree with config.json; a tokenizer file is there (policy only). `model_manifest` (a fingerprint of config.json and
 the weight files) is recorded with each checkpoint so a resume can tell that the model
 changed (run/lifecycle.py).
 """
@@ -35,6 +37,7 @@ from hybridflow.trainer.run.run_dir import refuse_existing_run_dir
 
 if TYPE_CHECKING:
     from hybridflow.config.schema import RunConfig
+    from hybridflow.rewards.config import RewardConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -49,19 +52,23 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
         import torch
 
         check_gpu_count(cfg, torch.cuda.device_count())
+    trust = cfg.model.trust_remote_code
     if cfg.model.path is not None:
-        check_model_dir(cfg.model.path, "model.path", tokenizer=True)
+        check_model_dir(cfg.model.path, "model.path", tokenizer=True, trust_remote_code=trust)
     check_lengths_fit(cfg, 1, "the shortest possible prompt")  # the data's own lengths: once tokenized
     if cfg.critic.model_path is not None and cfg.use_critic:
-        check_model_dir(cfg.critic.model_path, "critic.model_path", tokenizer=False)
+        check_model_dir(cfg.critic.model_path, "critic.model_path", tokenizer=False, trust_remote_code=trust)
     for key in ("reward_model", "cost_model"):
         if getattr(cfg, key).path is not None:
-            check_model_dir(getattr(cfg, key).path, f"{key}.path", tokenizer=False)
+            check_model_dir(getattr(cfg, key).path, f"{key}.path", tokenizer=False, trust_remote_code=trust,
+                            scorer=True)
     reward_fn = None
     if cfg.reward.custom_fn_path is not None:
-        reward_fn = check_reward_file(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, "reward.custom_fn_path")
+        reward_fn = check_reward_file(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, "reward.custom_fn_path",
+                                      cfg.reward.manager)
     if cfg.cost_model.custom_fn_path is not None:
-        check_reward_file(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, "cost_model.custom_fn_path")
+        check_reward_file(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, "cost_model.custom_fn_path",
+                          cfg.reward.manager)
     if cfg.data.train_files:
         records = prompt_records(cfg.data.train_files, "data.train_files", cfg)
         limit = cfg.data.prompt.max_samples
@@ -73,10 +80,12 @@ def preflight(cfg: RunConfig, *, new_run: bool = True) -> None:
                 f"{usable}, or add rows", "data.train_batch_size")
         if reward_fn is None and cfg.reward_model.path is None:
             check_scorers((r.data_source for r in records), "data.train_files")
+        check_prompts_render(records, cfg)
     if cfg.data.val_files:
         records = prompt_records(cfg.data.val_files, "data.val_files", cfg)
         if reward_fn is None:
             check_scorers((r.data_source for r in records), "data.val_files")
+        check_prompts_render(records, cfg)
 
 
 def check_gpu_count(cfg: RunConfig, visible: int) -> None:
@@ -133,19 +142,77 @@ def check_lengths_fit(cfg: RunConfig, longest_prompt: int, what: str) -> None:
 # ----------------------------------------------------------------------------- model directories
 
 
-def check_model_dir(path: str | Path, key: str, *, tokenizer: bool) -> None:
-    """Raise ConfigError(key) unless `path` is a complete local Hugging Face model directory."""
+def check_model_dir(path: str | Path, key: str, *, tokenizer: bool, trust_remote_code: bool,
+                    scorer: bool = False) -> None:
+    """Raise ConfigError(key) unless `path` is a complete local Hugging Face model directory
+    of a supported family (module docstring); `scorer`: a reward or cost model."""
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"{str(path)!r} is not a directory; give a local Hugging Face model directory "
                           "(config.json, *.safetensors, tokenizer files). Nothing is downloaded", key)
     config = read_model_config(path, key)
+    if not trust_remote_code:
+        check_no_remote_code(path, config, key)
+    check_model_type(path, config, key)
+    if scorer:
+        check_scorer_head(path, config, key)
     tensors = weight_shapes(path, key)
     if tensors is not None:
         _check_sizes(path, config, tensors, key)
+        _check_shapes(path, tensors, key, trust_remote_code)
     if tokenizer and not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{str(path)!r} has no tokenizer (none of {list(TOKENIZER_FILES)}); copy the model's "
                           "tokenizer files into it (tokenizer.save_pretrained(path))", key)
+
+
+REMOTE_CODE_KEY = "model.trust_remote_code"
+
+
+def check_no_remote_code(path: Path, config: dict[str, Any], key: str) -> None:
+    """ConfigError(model.trust_remote_code) when the directory names Python code of its own
+    for transformers to run: an `auto_map` in config.json or tokenizer_config.json."""
+    named = {"config.json": config.get("auto_map")}
+    tokenizer_config = path / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        try:
+            tok = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+            raise ConfigError(f"{tokenizer_config} is not valid JSON ({type(err).__name__}: {err}); restore the file "
+                              "from the model's source", key) from None
+        named["tokenizer_config.json"] = tok.get("auto_map") if isinstance(tok, dict) else None
+    found = {name: value for name, value in named.items() if value}
+    if found:
+        name, value = next(iter(found.items()))
+        classes = sorted({str(v) for v in (value.values() if isinstance(value, dict) else [value])
+                          for v in (v if isinstance(v, list) else [v]) if v})[:3]
+        raise ConfigError(f"{str(path / name)!r} ({key}) names Python code of its own to run ({name}: auto_map "
+                          f"{classes}); hybridflow runs a model directory's code only with "
+                          f"{REMOTE_CODE_KEY}=true, which runs it with your permissions in the controller and every "
+                          "worker: set it only for a directory whose code you have read", REMOTE_CODE_KEY)
+
+
+def check_model_type(path: Path, config: dict[str, Any], key: str) -> None:
+    """ConfigError(key) unless config.json's model_type is a family the engines support."""
+    from hybridflow.engines.model_families import SUPPORTED_FAMILIES
+
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_FAMILIES:
+        raise ConfigError(f"{str(path / 'config.json')!r}: model_type {model_type!r} is not supported; supported "
+                          f"families: {sorted(SUPPORTED_FAMILIES)} (docs/models.md)", key)
+
+
+def check_scorer_head(path: Path, config: dict[str, Any], key: str) -> None:
+    """ConfigError(key) unless config.json describes a one-label *ForSequenceClassification."""
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not any(
+            isinstance(a, str) and a.endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(f"{str(path)!r} is not a reward model: its architectures are {architectures!r}; a "
+                          "scoring model must be saved as a *ForSequenceClassification with one label "
+                          "(hybridflow rm trains one)", key)
+    labels = config.get("id2label")
+    count = len(labels) if isinstance(labels, dict) else config.get("num_labels", 2)
+    if count != 1:
+        raise ConfigError(f"{str(path)!r} has {count} labels; a scoring model needs exactly 1", key)
 
 
 def read_model_config(path: Path, key: str) -> dict[str, Any]:
@@ -155,7 +222,7 @@ def read_model_config(path: Path, key: str) -> dict[str, Any]:
         raise ConfigError(f"{str(path)!r} has no config.json; is it a Hugging Face model directory?", key)
     try:
         config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ConfigError(f"{config_file} is not valid JSON ({err}); restore the file from the model's "
                           "source", key) from None
     if not isinstance(config, dict):
@@ -198,14 +265,36 @@ def safetensors_shapes(file: Path, key: str) -> dict[str, list[int]]:
             if length > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(handle.read(length))
-        end = max((int(t["data_offsets"][1]) for n, t in header.items() if n != "__metadata__"), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{file} is not a readable safetensors file ({err}); copy or download it again",
-                          key) from None
+        end = max((_entry_end(name, entry) for name, entry in header.items() if name != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, AttributeError,
+            RecursionError) as err:
+        raise ConfigError(f"{file} is not a readable safetensors file ({type(err).__name__}: {err}); copy or "
+                          "download it again", key) from None
     if 8 + length + end != size:
         raise ConfigError(f"{file} is truncated or damaged: its header describes {8 + length + end} bytes, the "
                           f"file has {size}; copy or download it again", key)
     return {name: list(t["shape"]) for name, t in header.items() if name != "__metadata__"}
+
+
+# Bytes per element of each safetensors dtype (the format's own names).
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _entry_end(name: str, entry: Any) -> int:
+    """Where the header entry `name` ends in the data, once its dtype, shape and offsets agree
+    (what safetensors itself checks when loading); ValueError otherwise."""
+    begin, end = entry["data_offsets"]
+    shape, dtype = entry["shape"], entry["dtype"]
+    if dtype not in _DTYPE_BYTES or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"the entry {name!r} has dtype {dtype!r} and shape {shape!r}")
+    count = 1
+    for n in shape:
+        count *= n
+    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end
+            and end - begin == count * _DTYPE_BYTES[dtype]):
+        raise ValueError(f"the entry {name!r} spans bytes {begin}..{end}, not its {count} {dtype} elements")
+    return end
 
 
 def _check_sizes(path: Path, config: dict[str, Any], shapes: dict[str, list[int]], key: str) -> None:
@@ -223,6 +312,25 @@ def _check_sizes(path: Path, config: dict[str, Any], shapes: dict[str, list[int]
         raise ConfigError(f"{str(path)!r}: the weights hold {len(layers)} decoder layers but config.json says "
                           f"num_hidden_layers={declared}; config.json and the weights come from different models",
                           key)
+
+
+def _check_shapes(path: Path, shapes: dict[str, list[int]], key: str, trust_remote_code: bool) -> None:
+    """Every weight of the backbone against the shape config.json implies (a model built on the
+    meta device: engines/models.py `backbone_shapes`), so a config.json that disagrees with its
+    weights anywhere fails here, not in the workers' load."""
+    from hybridflow.engines.models import backbone_shapes
+
+    try:
+        expected = backbone_shapes(path, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - transformers' errors for values it cannot build a model from
+        raise ConfigError(f"{str(path / 'config.json')!r} describes no model transformers can build "
+                          f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); restore the file "
+                          "from the model's source", key) from None
+    for name, shape in shapes.items():
+        want = expected.get(name.removeprefix("model."))
+        if want is not None and want != shape:
+            raise ConfigError(f"{str(path)!r}: the weight {name} is {shape} but config.json implies {want}; "
+                              "config.json and the weights come from different models", key)
 
 
 def model_manifest(path: str | Path) -> dict[str, Any]:
@@ -277,6 +385,40 @@ def prompt_records(files: list[str], key: str, cfg: RunConfig) -> list[PromptRec
         raise ConfigError(f"{files}: {err}", key) from None
 
 
+def _prompt_shape(prompt: Any) -> tuple:
+    """What a chat template's acceptance depends on: a string, or each message's role and
+    the types of its values."""
+    if isinstance(prompt, str):
+        return ("str",)
+    return tuple((m.get("role"), tuple(sorted((k, type(v).__name__) for k, v in m.items())))
+                 if isinstance(m, dict) else type(m).__name__ for m in prompt)
+
+
+def check_prompts_render(records: list[PromptRecord], cfg: RunConfig) -> None:
+    """One prompt of each shape rendered as the run's prompt data set will render it (its
+    tokenizer's chat template), so a message the template refuses is refused here, not after
+    Ray started (data.prompt.apply_chat_template, the row)."""
+    from hybridflow.data.rl_dataset import render_prompt
+
+    apply = cfg.data.prompt.apply_chat_template
+    if apply and cfg.model.path is None and cfg.model.pretrained is not None:
+        return  # its tokenizer is fetched and converted with the model, after these checks
+    firsts = {_prompt_shape(r.prompt): r for r in reversed(records)}
+    tokenizer = run_tokenizer(cfg) if apply else None
+    for record in sorted(firsts.values(), key=lambda r: r.index):
+        render_prompt(tokenizer, record.prompt, apply, f"row {record.index}")
+
+
+def run_tokenizer(cfg: RunConfig) -> Any:
+    """The tokenizer the run will load: model.path's, or the built-in model's (model.pretrained
+    null)."""
+    from hybridflow.data import build_char_tokenizer, load_tokenizer
+
+    if cfg.model.path is None:
+        return build_char_tokenizer()
+    return load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+
+
 def check_scorers(data_sources: Iterable[str], key: str) -> None:
     """Every one of `data_sources` (one per row) has a built-in or registered scorer (for
     runs and evaluations without a reward file)."""
@@ -294,11 +436,21 @@ def check_scorers(data_sources: Iterable[str], key: str) -> None:
 # ----------------------------------------------------------------------------- reward file
 
 
-def check_reward_file(path: str, name: str | list[str], key: str) -> Any:
-    """Import the reward function `name` from `path` (FileRewardFn); ConfigError naming the file."""
+def check_reward_file(path: str, name: str | list[str], key: str, manager: RewardConfig) -> Any:
+    """The reward function(s) `name` of `path`, each imported and checked in a reward worker
+    confined as the run's will be (rewards/manager.py `check_reward_function`; a module path
+    is installed code, imported here); ConfigError naming the file."""
+    from hybridflow.rewards.manager import check_reward_function
     from hybridflow.rewards.registry import load_reward_fn
 
-    try:
-        return load_reward_fn(path, name)
-    except (OSError, ImportError, AttributeError, TypeError) as err:
-        raise ConfigError(str(err), key) from None
+    fns = []
+    for one in [name] if isinstance(name, str) else name:
+        try:
+            fn = load_reward_fn(path, one, resolve=False)
+        except (OSError, ImportError, AttributeError, TypeError) as err:
+            raise ConfigError(str(err), key) from None
+        problem = check_reward_function(fn, manager)
+        if problem is not None:
+            raise ConfigError(problem, key)
+        fns.append(fn)
+    return fns[0]

@@ -107,7 +107,7 @@ class RunContext:
                 save_plan(run_dir, mapping)
                 display.message(f"placement auto: {mapping.placement()}, predicted step {mapping.step_s:.2f} s (plan.json)")
             model_path = base_model_path(cfg, run_dir, write_builtin=True)
-            tokenizer = load_tokenizer(model_path)
+            tokenizer = load_tokenizer(model_path, trust_remote_code=cfg.model.trust_remote_code)
             train_data = None
             if cfg.trainer.total_epochs is not None:  # the steps are counted from the prompts kept
                 train_data = train_prompts(cfg, tokenizer)
@@ -197,7 +197,8 @@ def rank_cpus(resources: ComputeSection, layout: Layout) -> int:
 def build_reward_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     fn, specs = None, parse_templates(cfg.reward.templates)
     if cfg.reward.custom_fn_path is not None:
-        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, cfg.reward.custom_fn_weights)
+        fn = load_reward_fn(cfg.reward.custom_fn_path, cfg.reward.custom_fn_name, cfg.reward.custom_fn_weights,
+                            resolve=False)
     elif any(s.level == "trajectory" for s in specs):
         fn = ComposedScore(specs)
     return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn, turn_templates=specs)
@@ -208,7 +209,7 @@ def build_cost_manager(cfg: RunConfig, tokenizer: Any) -> Any:
     settings), or None without cost_model.custom_fn_path."""
     if cfg.cost_model.custom_fn_path is None:
         return None
-    fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name)
+    fn = load_reward_fn(cfg.cost_model.custom_fn_path, cfg.cost_model.custom_fn_name, resolve=False)
     return RewardManager(tokenizer, cfg.reward.manager, compute_score=fn)
 
 
@@ -274,8 +275,8 @@ def endless(loader: ResumableLoader) -> Iterator[Any]:
 
 def actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
     return ActorRolloutRefConfig(
-        engine=cfg.actor.engine_config(model_path, cfg.seed), loss=cfg.actor.loss, rollout=cfg.rollout,
-        use_reference=cfg.use_reference, fuse_old_log_probs=cfg.fuses_old_log_probs,
+        engine=cfg.actor.engine_config(model_path, cfg.seed, cfg.model.trust_remote_code), loss=cfg.actor.loss,
+        rollout=cfg.rollout, use_reference=cfg.use_reference, fuse_old_log_probs=cfg.fuses_old_log_probs,
     )
 
 
@@ -283,7 +284,7 @@ def sft_actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
     """The actor for supervised fine-tuning: the "gpg" policy loss -A log pi with A = 1
     on every response token is the token-mean negative log-likelihood (see jobs/sft.py)."""
     engine = dataclasses.replace(
-        cfg.actor.engine_config(model_path, cfg.seed), optim=cfg.sft.optim,
+        cfg.actor.engine_config(model_path, cfg.seed, cfg.model.trust_remote_code), optim=cfg.sft.optim,
         micro_batch=cfg.sft.micro_batch(cfg.actor.micro_batch.forward_micro_batch_size_per_device))
     loss = ActorLossConfig(policy=PolicyLossConfig(loss_mode="gpg", loss_agg_mode="token-mean"))
     return ActorRolloutRefConfig(engine=engine, loss=loss, rollout=cfg.rollout, use_reference=False)
@@ -291,7 +292,8 @@ def sft_actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
 
 def critic_config(cfg: RunConfig, policy_path: str) -> CriticWorkerConfig:
     path = cfg.critic.model_path if cfg.critic.model_path is not None else policy_path
-    return CriticWorkerConfig(engine=cfg.critic.engine_config(path, cfg.seed), loss=cfg.critic.loss)
+    return CriticWorkerConfig(engine=cfg.critic.engine_config(path, cfg.seed, cfg.model.trust_remote_code),
+                              loss=cfg.critic.loss)
 
 
 def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec:
@@ -359,10 +361,12 @@ def score_model_config(cfg: RunConfig, key: str, policy_path: str) -> RewardMode
     """The worker config of `cfg.<key>` (reward_model or cost_model), checked against the
     policy: the scorer reads the policy's token ids, so its vocabulary must cover them."""
     section = getattr(cfg, key)
-    scorer, policy = load_hf_config(section.path), load_hf_config(policy_path)
+    trust = cfg.model.trust_remote_code
+    scorer = load_hf_config(section.path, trust_remote_code=trust)
+    policy = load_hf_config(policy_path, trust_remote_code=trust)
     if scorer.vocab_size < policy.vocab_size:
         raise ConfigError(
             f"{key}.path={section.path!r} has a vocabulary of {scorer.vocab_size} tokens but the policy "
             f"({policy_path}) has {policy.vocab_size}: a scoring model must share the policy's tokenizer"
         )
-    return RewardModelWorkerConfig(engine=section.engine_config(section.path, cfg.seed))
+    return RewardModelWorkerConfig(engine=section.engine_config(section.path, cfg.seed, trust))

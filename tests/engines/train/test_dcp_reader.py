@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata
 
 from hybridflow.engines.train.dcp_reader import CheckpointSecurityError, load_dcp, read_dcp_metadata
+from hybridflow.errors import UserInputError
 from tests.payload import Payload
 
 
@@ -73,3 +74,27 @@ def test_a_payload_in_a_shard_entry_is_refused_not_run(tmp_path):
     with pytest.warns(UserWarning, match="single process"):
         dcp.load(_state(), checkpoint_id=directory, no_dist=True)  # DCP's own planner: the payload runs
     assert marker.exists()
+
+
+def test_a_damaged_shard_is_one_line_in_the_worker_too(tmp_path):
+    # What a worker sees if a shard is damaged after the controller's check: our line naming
+    # the checkpoint, not DCP's `CheckpointException ranks:dict_keys([0])`.
+    directory = _save(_state(), tmp_path / "ck")
+    info = next(v for k, v in read_dcp_metadata(directory).storage_data.items() if k.fqn == "model.weight")
+    with open(directory / info.relative_path, "r+b") as shard:
+        shard.seek(info.offset)
+        shard.write(b"\xff" * 64)
+    with pytest.raises(UserInputError, match=r"a shard could not be read .*the checkpoint cannot be loaded"):
+        load_dcp(_state(), directory)
+
+
+def test_a_refused_shard_entry_does_not_quote_torchs_advice(tmp_path):
+    state = _state()
+    state["optim"]["param_groups"][0]["lr"] = Payload(tmp_path / "payload-ran")
+    directory = _save(state, tmp_path / "ck")
+    with pytest.raises(CheckpointSecurityError) as refused:
+        load_dcp(_state(), directory)
+    text = str(refused.value)
+    assert "\n" not in text and "\x1b" not in text  # one plain line
+    assert not any(advice in text for advice in ("weights_only", "can still be loaded", "trust the source"))
+    assert "Unsupported global" in text  # what was refused
