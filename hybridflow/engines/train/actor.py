@@ -109,6 +109,7 @@ class ActorEngine(TrainEngine):
             loss_scale_factor=self.loss_config.loss_scale_factor,
             mini_step=(None if self.pipeline is None
                        else lambda micro, agg: self._pipeline_mini_step(micro, agg, temperature)),
+            signal_key="advantages" if self.loss_config.skip_no_signal_updates else None,
         )
 
     def _require_single_step(self, sequences: int) -> None:

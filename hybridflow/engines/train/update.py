@@ -57,11 +57,15 @@ def run_update(
     micro_step: MicroStep,
     loss_scale_factor: float | None,
     mini_step: MiniStep | None = None,
+    signal_key: str | None = None,
 ) -> dict[str, float]:
     """Train `engine` on this rank's `batch`; returns metrics averaged over the group.
 
     mini_step: runs the forward and backward passes of one mini-batch's micro-batches
-    (a pipeline schedule); None runs `micro_step` on each micro-batch in turn."""
+    (a pipeline schedule); None runs `micro_step` on each micro-batch in turn.
+    signal_key: a per-token tensor of the batch (the actor's advantages) whose mini-batch,
+    when it is 0 on every response token of every rank, is skipped whole: no passes, no
+    optimizer step (`{prefix}/skipped_no_signal` counts it); None steps on every mini-batch."""
     engine.require_trainable(f"update ({prefix})")
     mb_cfg = engine.config.micro_batch
     per_rank = mb_cfg.mini_batch_size // engine.dp_size
@@ -77,6 +81,11 @@ def run_update(
     for _ in range(mb_cfg.epochs):
         order = torch.randperm(n, generator=engine.shuffle_generator) if mb_cfg.shuffle else torch.arange(n)
         for mini in batching.split_mini_batches(batching.select(batch, order), per_rank):
+            if signal_key is not None:
+                silent = not _has_signal(mini, signal_key)
+                log.add(f"{prefix}/skipped_no_signal", float(silent))
+                if silent:  # the optimizer's moments and step count stay as they are
+                    continue
             micro = [batching.select(mini, idx) for idx in engine.micro_batches(mini, for_update=True)]
             agg = compute_aggregation_scale(
                 [m["response_mask"] for m in micro],
@@ -104,6 +113,14 @@ def run_update(
     metrics[f"{prefix}/lr"] = lr
     metrics.update(_throughput(engine, seq_lens, elapsed))
     return metrics
+
+
+def _has_signal(mini: Mapping[str, Tensor], key: str) -> bool:
+    """Whether `mini[key]` is non-zero on a response token of this mini-batch on any rank
+    (every rank of the engine's group takes the same decision: one all-reduce)."""
+    flag = (mini[key] * mini["response_mask"]).ne(0).any().to(torch.float32).reshape(1)  # on the batch's device
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def _accumulate(micro: list[dict[str, Tensor]], agg: AggregationScale,
