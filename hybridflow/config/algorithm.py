@@ -31,7 +31,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageConfig
-from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
+from hybridflow.config.algorithm_settings import (
+    DAPOSection,
+    ExplorationSection,
+    KLControlSection,
+    SafeRLHFSection,
+    overlong_buffer_len,
+)
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.loader import ConfigError
 from hybridflow.registry import Registry, import_file, suggest
@@ -86,6 +92,9 @@ class AlgorithmSpec:
         section); the asynchronous modes filter the stream of groups as they arrive.
     lagrangian: a Lagrange multiplier in the cross-step state (the `multiplier()` of its
         settings section), checkpointed with the run (Safe-RLHF).
+    exploration: the program samples again the prompts whose group scored all alike, with
+        the algorithm.exploration budget (`sample_groups` in trainer/programs/algorithms.py);
+        served in trainer.mode sync only.
     """
 
     name: str
@@ -102,6 +111,7 @@ class AlgorithmSpec:
     greedy_baseline: bool = False
     dynamic_sampling: bool = False
     lagrangian: bool = False
+    exploration: bool = False
 
     def __post_init__(self) -> None:
         where = f"AlgorithmSpec(name={self.name!r})"
@@ -155,7 +165,7 @@ class AlgorithmSpec:
 # The module names of algorithm.module files (one module per file, whatever its name).
 USER_MODULE_PREFIX = "hybridflow_user_algorithm_"
 # The capability fields of AlgorithmSpec (what a program needs from an execution mode).
-CAPABILITIES = ("greedy_baseline", "dynamic_sampling", "lagrangian")
+CAPABILITIES = ("greedy_baseline", "dynamic_sampling", "lagrangian", "exploration")
 
 
 def _section_default(section: str | None) -> object:
@@ -263,6 +273,8 @@ class AlgorithmSection(AdvantageConfig):
     use_kl_in_reward / kl_penalty / kl_ctrl: r_t = score_t - beta * KL_t (needs the
         reference policy). KL as a loss instead is actor.loss.use_kl_loss.
     dapo / safe_rlhf: settings read only by the algorithms whose spec names the section.
+    exploration: sampling again the prompts whose group scored all alike, within a budget
+        (ExplorationSection; off by default); read by the rows with the exploration capability.
     """
 
     name: str = "grpo"
@@ -273,6 +285,7 @@ class AlgorithmSection(AdvantageConfig):
     kl_ctrl: KLControlSection = field(default_factory=KLControlSection)
     dapo: DAPOSection = field(default_factory=DAPOSection, metadata=_SETTINGS)
     safe_rlhf: SafeRLHFSection = field(default_factory=SafeRLHFSection, metadata=_SETTINGS)
+    exploration: ExplorationSection = field(default_factory=ExplorationSection)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # AdvantageConfig's checks
@@ -350,6 +363,10 @@ def check_algorithm(cfg: RunConfig) -> None:
         if spec.settings != section and getattr(alg, section) != _section_default(section):
             raise ConfigError(f"algorithm.{section}.* is read only by algorithm.name="
                               f"{_readers(lambda s: s.settings == section)} (this run: {alg.name}); remove it")
+    if alg.exploration.enabled and not spec.exploration:
+        raise ConfigError(f"is read only by algorithm.name={_readers(lambda s: s.exploration)}, whose groups of "
+                          f"samples are compared with each other (this run: {alg.name}); set it to 0",
+                          "algorithm.exploration.max_extra_groups")
     if spec.cost and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
         raise ConfigError(f"algorithm.name={alg.name} needs a cost: set cost_model.path (a cost model directory) "
                           "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
@@ -394,17 +411,17 @@ def _check_dapo(cfg: RunConfig) -> None:
 _PROGRAMS = "hybridflow.trainer.programs.algorithms"  # where the built-in programs live (see the module docstring)
 
 for _spec in (
-    AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),
+    AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2, exploration=True),
     AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",)),
     AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax", greedy_baseline=True, dataflow=standard_dataflow(
         (), False, extra_scoring=(FlowPhase("greedy_baseline", "actor", "generate", samples_per_prompt=1),))),
-    AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2),
+    AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2, exploration=True),
     AlgorithmSpec("reinforce_plus_plus", ("reinforce_plus_plus",), f"{_PROGRAMS}:critic_free"),
     AlgorithmSpec("reinforce_plus_plus_baseline", ("reinforce_plus_plus_baseline",), f"{_PROGRAMS}:critic_free",
-                  min_samples=2),
+                  min_samples=2, exploration=True),
     # Dr.GRPO (Liu et al. 2025): group-centred rewards without the std, length-unbiased loss.
     AlgorithmSpec(
-        "drgrpo", ("grpo",), f"{_PROGRAMS}:critic_free", min_samples=2,
+        "drgrpo", ("grpo",), f"{_PROGRAMS}:critic_free", min_samples=2, exploration=True,
         presets=(("algorithm.norm_adv_by_std_in_grpo", False),
                  ("actor.loss.policy.loss_agg_mode", "seq-mean-token-sum-norm")),
         required=("algorithm.norm_adv_by_std_in_grpo", "actor.loss.policy.loss_agg_mode"),
