@@ -47,8 +47,10 @@ class SignalWatch:
         scored = f" (score mean {score:.3f})" if score is not None else ""
         hint = ""
         if self.limit is None and not self.hinted:
-            hint = (f"; a reward that tells responses apart, more samples per prompt (rollout.n) or a higher "
-                    f"temperature gives signal; {LIMIT_KEY}=N stops a run after N such steps in a row")
+            hint = (f"; a reward that tells responses apart, more samples where there were none "
+                    f"(algorithm.exploration), a warm start on a few demonstrations (sft.files) or a higher "
+                    f"temperature gives signal (docs/learning.md, cold start); {LIMIT_KEY}=N stops a run after N such "
+                    "steps in a row")
             self.hinted = True
         self.say(f"step {step}: no learning signal: all {groups} groups scored their responses alike{scored}, "
                  f"so every advantage is 0; {_update_said(metrics)} ({self.in_a_row} in a row){hint}")
