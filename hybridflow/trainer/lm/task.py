@@ -32,7 +32,8 @@ from hybridflow.config import ConfigError
 from hybridflow.config.model_presets import write_model_presets
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
-from hybridflow.data import ResumableLoader
+from hybridflow.config.sections.trainer import ValidationSection
+from hybridflow.protocol import DataProto
 from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
 from hybridflow.trainer.modes.async_trainer import AsyncRunner
 from hybridflow.trainer.run.checkpointing import (
@@ -48,7 +49,8 @@ from hybridflow.trainer.run.checkpointing import (
     set_controller_rng_state,
 )
 from hybridflow.trainer.run.elastic import restart_config
-from hybridflow.trainer.lm.evaluate import evaluate
+from hybridflow.trainer.lm.curriculum import difficulty, train_loader
+from hybridflow.trainer.lm.evaluate import evaluate, evaluate_responses
 from hybridflow.trainer.run.lifecycle import (
     MODEL_KEY,
     ResumePoint,
@@ -186,8 +188,7 @@ class LanguageModelTask:
         self.roles = Roles(actor=g["actor"], critic=g.get("critic"), reward=ctx.reward,
                            reward_model=g.get("reward_model"), cost_critic=g.get("cost_critic"),
                            cost_model=g.get("cost_model"), cost_fn=ctx.cost)
-        self.loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
-                                      collate_fn=data.collate)
+        self.loader = train_loader(cfg, data, difficulty(cfg, data, self.run_dir, self._pass_marks, ctx.display.message))
         self.batches = endless(self.loader)
         self.state = build_algo_state(cfg)
         self.flop_model = flop_model(self.groups)  # each rank measures its own device's peak
@@ -199,6 +200,12 @@ class LanguageModelTask:
             ctx.display.message(note)
         if self.resumed_from is not None:
             self._load_checkpoint(self.resumed_from)
+
+    def _pass_marks(self, prompts: DataProto, sampling: ValidationSection) -> list[bool]:
+        """Whether each response of the policy to `prompts` (sampled per `sampling`) is right."""
+        _, records = evaluate_responses(self.roles.actor, prompts, self.ctx.reward, self.ctx.layout.rollout_groups,
+                                        sampling)
+        return [record["correct"] for record in records]
 
     def _role_groups(self, sft_actor: WorkerGroup | None) -> tuple[dict[str, WorkerGroup], Path]:
         """The RL roles' worker groups and the model the policy starts from. An actor alone
