@@ -34,7 +34,8 @@ def test_demonstrations_pass_rate_curriculum_and_exploration_run_together(ray_lo
                       "sft.micro_batch_size_per_device=4", f"reward.custom_fn_path={reward}",
                       "data.curriculum.by=pass_rate", "data.curriculum.pass_rate_prompts=16",
                       "data.curriculum.pass_rate_samples=2", "algorithm.exploration.max_extra_groups=6",
-                      "algorithm.exploration.max_tries_per_prompt=2", "trainer.total_steps=3")
+                      "algorithm.exploration.max_tries_per_prompt=2", "trainer.total_steps=3",
+                      "actor.loss.skip_no_signal_updates=true")
     with RLTrainer(cfg) as trainer:
         result = trainer.train()
     run = result.run_dir

@@ -59,7 +59,8 @@ def test_a_run_whose_reward_never_differs_stops_after_the_limit_and_still_export
     reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                            "    return 0.0\n")
     cfg = tiny_config("resources.world_size=1", f"reward.custom_fn_path={reward_file}", "trainer.total_steps=5",
-                      "trainer.max_no_signal_steps=2", "trainer.save_final_model=true")
+                      "trainer.max_no_signal_steps=2", "trainer.save_final_model=true",
+                      "actor.loss.skip_no_signal_updates=true")
     with RLTrainer(cfg) as trainer:
         result = trainer.train()
     assert result.steps == 2 and "trainer.max_no_signal_steps=2" in result.stopped
