@@ -153,7 +153,7 @@ def one_run(args: argparse.Namespace, task: str, seed: int, variant: str, files:
            f"trainer.run_dir={run_dir}", *chosen]
     set_aside(run_dir)  # a failed earlier attempt's run: kept beside
     with LoadSampler() as load:
-        code, train_s, load0, load1 = run_logged(cmd, args.out_dir / f"{name}.train.log", _env())
+        code, train_s, load0, load1 = run_logged(cmd, set_aside(args.out_dir / f"{name}.train.log"), _env())
     record: dict[str, Any] = {
         "name": name, "task": task, "seed": seed, "variant": variant, "features": features,
         "overrides": chosen, "config": str(RECIPE.relative_to(ROOT)), "quick": args.quick,

@@ -12,6 +12,7 @@ metrics (clip fractions, KL) are averaged over micro-batches and ranks.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -107,7 +108,11 @@ def run_update(
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    engine.lr_scheduler.step()
+    with warnings.catch_warnings():
+        # The schedule counts trainer steps, also those whose optimizer step was skipped for
+        # no signal; torch warns when the scheduler steps before the optimizer ever has.
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before", category=UserWarning)
+        engine.lr_scheduler.step()
     engine.global_step += 1
     metrics = log.reduce(group=None)
     metrics[f"{prefix}/lr"] = lr

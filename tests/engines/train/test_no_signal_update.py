@@ -8,6 +8,7 @@ rank whose shard is silent still steps when another rank's shard has signal."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -62,6 +63,15 @@ def test_a_silent_mini_batch_leaves_parameters_and_optimizer_state_bit_for_bit(t
     assert engine.global_step == 2  # the trainer step still counts (the lr schedule follows it)
     signal = engine.update_policy(make_rl_batch(N, seed=3))  # a batch with signal steps again
     assert signal["actor/skipped_no_signal"] == 0.0 and signal["actor/grad_norm"] > 0
+
+
+@pytest.mark.usefixtures("single_process_group")
+def test_a_first_update_without_signal_steps_only_the_schedule(tiny_llama_dir):
+    engine = _engine(str(tiny_llama_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "lr_scheduler.step() before optimizer.step()" is not for users
+        assert engine.update_policy(_silent(make_rl_batch(N, seed=2)))["actor/skipped_no_signal"] == 1.0
+    assert engine.optimizer.state == {} and engine.lr_scheduler.last_epoch == 1
 
 
 @pytest.mark.usefixtures("single_process_group")
