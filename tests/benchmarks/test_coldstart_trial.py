@@ -73,6 +73,16 @@ def test_a_user_who_changes_only_data_and_reward_keeps_the_cold_start_features(t
     assert cfg.data.train_batch_size * cfg.rollout.n == cfg.actor.micro_batch.mini_batch_size  # one step per RL step
 
 
+
+@pytest.mark.parametrize("variant", sorted(trial.VARIANTS))
+def test_every_variant_loads_and_turns_off_what_it_says(tmp_path, variant):
+    overrides, features = trial.VARIANTS[variant]
+    files = [f"data.train_files=[{tmp_path / 't.jsonl'}]", f"data.val_files=[{tmp_path / 'h.jsonl'}]",
+             f"sft.files=[{tmp_path / 'd.jsonl'}]", "seed=1", "rollout.seed=1"]
+    cfg = load_run_config(RECIPE, [*files, *overrides])
+    assert {"warm_start": cfg.sft.steps > 0, "exploration": cfg.algorithm.exploration.enabled,
+            "skip_no_signal": cfg.actor.loss.skip_no_signal_updates} == features
+
 def _run_json(out: Path, task: str, seed: int, variant: str, before: float, after: float) -> None:
     steps = [{"step": 1, "adv/silent_groups": 4.0, "adv/groups": 4.0, "explore/extra_groups": 8.0,
               "actor/skipped_no_signal": 1.0},
