@@ -32,7 +32,9 @@ sys.path.insert(0, str(HERE))
 from plain_machine import load_average, machine  # noqa: E402
 
 STEP_KEYS = ("score/mean", "adv/silent_groups", "adv/groups", "adv/no_signal_steps", "response_length/mean",
-             "response_length/clip_ratio", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ref_kl")
+             "response_length/clip_ratio", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ref_kl",
+             "actor/skipped_no_signal", "explore/silent_before", "explore/silent_after", "explore/extra_groups",
+             "explore/extra_response_tokens")
 
 
 def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> tuple[int, float, list[float], list[float]]:

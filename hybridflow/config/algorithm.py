@@ -33,7 +33,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageConfig
-from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
+from hybridflow.config.algorithm_settings import (
+    DAPOSection,
+    ExplorationSection,
+    KLControlSection,
+    SafeRLHFSection,
+    overlong_buffer_len,
+)
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
 from hybridflow.config.env_algorithms import EnvAlgorithm, PolicyDefaults, check_replay_sizes, check_rollout_sizes
 from hybridflow.config.loader import ConfigError
@@ -94,6 +100,9 @@ class AlgorithmSpec:
     environment: what it implies on environment tasks (its program, config section,
         collection, network defaults, checks: config/env_algorithms.py EnvAlgorithm); None:
         the algorithm does not run on them.
+    exploration: the program samples again the prompts whose group scored all alike, with
+        the algorithm.exploration budget (`sample_groups` in trainer/programs/algorithms.py);
+        served in trainer.mode sync only.
     """
 
     name: str
@@ -111,6 +120,7 @@ class AlgorithmSpec:
     dynamic_sampling: bool = False
     lagrangian: bool = False
     environment: EnvAlgorithm | None = None
+    exploration: bool = False
 
     def __post_init__(self) -> None:
         where = f"AlgorithmSpec(name={self.name!r})"
@@ -170,7 +180,7 @@ class AlgorithmSpec:
 # The module names of algorithm.module files (one module per file, whatever its name).
 USER_MODULE_PREFIX = "hybridflow_user_algorithm_"
 # The capability fields of AlgorithmSpec (what a program needs from an execution mode).
-CAPABILITIES = ("greedy_baseline", "dynamic_sampling", "lagrangian")
+CAPABILITIES = ("greedy_baseline", "dynamic_sampling", "lagrangian", "exploration")
 
 
 def _section_default(section: str | None) -> object:
@@ -299,6 +309,8 @@ class AlgorithmSection(AdvantageConfig):
     use_kl_in_reward / kl_penalty / kl_ctrl: r_t = score_t - beta * KL_t (needs the
         reference policy). KL as a loss instead is actor.loss.use_kl_loss.
     dapo / safe_rlhf: settings read only by the algorithms whose spec names the section.
+    exploration: sampling again the prompts whose group scored all alike, within a budget
+        (ExplorationSection; off by default); read by the rows with the exploration capability.
     """
 
     name: str = "grpo"
@@ -309,6 +321,7 @@ class AlgorithmSection(AdvantageConfig):
     kl_ctrl: KLControlSection = field(default_factory=KLControlSection)
     dapo: DAPOSection = field(default_factory=DAPOSection, metadata=_SETTINGS)
     safe_rlhf: SafeRLHFSection = field(default_factory=SafeRLHFSection, metadata=_SETTINGS)
+    exploration: ExplorationSection = field(default_factory=ExplorationSection)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # AdvantageConfig's checks
@@ -390,6 +403,10 @@ def check_algorithm(cfg: RunConfig) -> None:
         if spec.settings != section and getattr(alg, section) != _section_default(section):
             raise ConfigError(f"algorithm.{section}.* is read only by algorithm.name="
                               f"{_readers(lambda s: s.settings == section)} (this run: {alg.name}); remove it")
+    if alg.exploration.enabled and not spec.exploration:
+        raise ConfigError(f"is read only by algorithm.name={_readers(lambda s: s.exploration)}, whose groups of "
+                          f"samples are compared with each other (this run: {alg.name}); set it to 0",
+                          "algorithm.exploration.max_extra_groups")
     if spec.cost and cfg.cost_model.path is None and cfg.cost_model.custom_fn_path is None:
         raise ConfigError(f"algorithm.name={alg.name} needs a cost: set cost_model.path (a cost model directory) "
                           "and/or cost_model.custom_fn_path (a Python file with a rule-based cost function)")
@@ -441,17 +458,17 @@ _ENV_PPO = EnvAlgorithm(section="ppo", collection="rollout", policy=PolicyDefaul
                         program=f"{_PROGRAMS}:PPO", check=check_rollout_sizes)
 
 for _spec in (
-    AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),
+    AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2, exploration=True),
     AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",), environment=_ENV_PPO),
     AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax", greedy_baseline=True, dataflow=standard_dataflow(
         (), False, extra_scoring=(FlowPhase("greedy_baseline", "actor", "generate", samples_per_prompt=1),))),
-    AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2),
+    AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2, exploration=True),
     AlgorithmSpec("reinforce_plus_plus", ("reinforce_plus_plus",), f"{_PROGRAMS}:critic_free"),
     AlgorithmSpec("reinforce_plus_plus_baseline", ("reinforce_plus_plus_baseline",), f"{_PROGRAMS}:critic_free",
-                  min_samples=2),
+                  min_samples=2, exploration=True),
     # Dr.GRPO (Liu et al. 2025): group-centred rewards without the std, length-unbiased loss.
     AlgorithmSpec(
-        "drgrpo", ("grpo",), f"{_PROGRAMS}:critic_free", min_samples=2,
+        "drgrpo", ("grpo",), f"{_PROGRAMS}:critic_free", min_samples=2, exploration=True,
         presets=(("algorithm.norm_adv_by_std_in_grpo", False),
                  ("actor.loss.policy.loss_agg_mode", "seq-mean-token-sum-norm")),
         required=("algorithm.norm_adv_by_std_in_grpo", "actor.loss.policy.loss_agg_mode"),

@@ -49,6 +49,32 @@ class DynamicSamplingSection:
 
 
 @dataclass
+class ExplorationSection:
+    """More samples where the signal may be: the prompts whose group of rollout.n responses
+    all scored alike (every advantage 0) are sampled again, a group at a time, until one of
+    their groups scores differently or the budget is spent; each prompt then trains on its
+    first group that differs (else on its first group), so a step's batch keeps its shape.
+
+    max_extra_groups: groups generated in a step beyond its first round, at most (0: off;
+        each costs what generating and scoring one prompt's rollout.n responses costs).
+    max_tries_per_prompt: groups generated for one prompt beyond its first, at most.
+    Read by the algorithms whose row declares the exploration capability (grpo, rloo,
+    drgrpo, reinforce_plus_plus_baseline), in trainer.mode sync; metrics explore/*.
+    """
+
+    max_extra_groups: int = 0
+    max_tries_per_prompt: int = 4
+
+    def __post_init__(self) -> None:
+        at_least(self, 0, "max_extra_groups")
+        at_least(self, 1, "max_tries_per_prompt")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_extra_groups > 0
+
+
+@dataclass
 class OverlongBufferSection:
     """DAPO overlong reward shaping: responses longer than rollout.response_length - len lose
     up to penalty_factor, linearly over the last `len` tokens. len null: a quarter of

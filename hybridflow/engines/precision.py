@@ -12,8 +12,11 @@ use) and picks the faster; GPUs take bf16 without measuring.
 The figures are cached per machine in $HYBRIDFLOW_CACHE/precision/<machine>.json (like the
 planner's calibration, hybridflow/cache.py), one entry per (hidden, intermediate, threads):
 every later run, and every process of this one, reads the same answer instead of timing
-again on a machine whose load varies. Delete the file to measure again. Tests inject the
-measured numbers (`measure=`) and a cache folder.
+again on a machine whose load varies. An entry measured under load (1-minute load average
+at least QUIET_LOAD_PER_CORE per core) is measured again by the first run that starts on a
+quiet machine; until then the run's dtype line shows that load. Delete the file to measure
+again. Tests inject the measured numbers (`measure=`), the load now (`load_now=`) and a
+cache folder.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 PROBE_ROWS = 256  # tokens per matmul: a micro-batch's worth; fewer for wide layers (PROBE_FLOP)
 PROBE_FLOP = 5.0e8  # at most this many flops per probe matmul, so a wide model's probe stays short
 PROBE_SECONDS = 0.1  # timed per dtype (after one warm-up call), split over alternating rounds
+# Below this 1-minute load average per core the machine counts as quiet: a probe taken at or
+# above it (other processes competing for the cores skew the two rates) is taken again on a quiet start.
+QUIET_LOAD_PER_CORE = 0.5
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -136,6 +142,16 @@ Measure = Callable[[ProbeShape, int], MatmulRates]
 _MEMO: dict[tuple[str, str], MatmulRates] = {}
 
 
+def current_load() -> float:
+    """This machine's 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def is_quiet(load: float) -> bool:
+    """Whether a 1-minute load average leaves the cores free enough to time the probe."""
+    return load < QUIET_LOAD_PER_CORE * (os.cpu_count() or 1)
+
+
 def machine_id() -> str:
     """This machine's cache name: CPU model, flags and core count (a home folder shared by
     machines of other kinds keeps their figures apart)."""
@@ -156,17 +172,18 @@ def probe_cache_file() -> Path:
     return cache_path("precision", f"{machine_id()}.json")
 
 
-def measured_rates(shape: ProbeShape, threads: int, measure: Measure = probe_matmul) -> MatmulRates:
-    """The cached figures of (shape, threads) on this machine, measured (and stored) once."""
+def measured_rates(shape: ProbeShape, threads: int, measure: Measure = probe_matmul,
+                   load_now: Callable[[], float] = current_load) -> MatmulRates:
+    """The cached figures of (shape, threads) on this machine, measured (and stored) once,
+    and again when they were measured under load and the machine is quiet now."""
     path = probe_cache_file()
     key = f"{shape.key}-t{threads}"
     memo = _MEMO.get((str(path), key))
     if memo is not None:
         return memo
     stored = _read(path)
-    if key in stored:
-        rates = MatmulRates(**stored[key])
-    else:
+    rates = MatmulRates(**stored[key]) if key in stored else None
+    if rates is None or (not is_quiet(rates.load) and is_quiet(load_now())):
         rates = measure(shape, threads)
         _write(path, {**_read(path), key: asdict(rates)})  # re-read: another process may have added keys
     _MEMO[(str(path), key)] = rates
@@ -200,7 +217,7 @@ class AutoChoice:
 
 
 def auto_dtype(device_type: str, shape: ProbeShape | None = None, threads: int | None = None,
-               measure: Measure = probe_matmul) -> AutoChoice:
+               measure: Measure = probe_matmul, load_now: Callable[[], float] = current_load) -> AutoChoice:
     """"auto" on `device_type`: bf16 on GPUs; on CPUs the faster of the two at `shape` (the
     model's layer sizes; ProbeShape() when unknown) on `threads` (this process's count when None)."""
     if device_type != "cpu":
@@ -209,10 +226,13 @@ def auto_dtype(device_type: str, shape: ProbeShape | None = None, threads: int |
 
     shape = shape or ProbeShape()
     threads = threads or torch.get_num_threads()
-    rates = measured_rates(shape, threads, measure)
+    rates = measured_rates(shape, threads, measure, load_now)
+    loaded = "" if is_quiet(rates.load) else (f" on {os.cpu_count()} cores: under load, measured again at the first "
+                                              "start on a quiet machine")
     reason = (f"auto: {rates.faster}, measured on this CPU at hidden {shape.hidden} / intermediate "
               f"{shape.intermediate} on {threads} thread(s): fp32 {rates.fp32_gflops:.0f} GFLOP/s, bf16 "
-              f"{rates.bf16_gflops:.0f} GFLOP/s (load {rates.load:.1f}, {rates.measured_at}; {probe_cache_file()})")
+              f"{rates.bf16_gflops:.0f} GFLOP/s (load {rates.load:.1f}{loaded}, {rates.measured_at}; "
+              f"{probe_cache_file()})")
     return AutoChoice(rates.faster, reason, rates)
 
 

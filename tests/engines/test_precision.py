@@ -85,6 +85,24 @@ def test_figures_are_cached_per_machine_shape_and_threads(cache):
                                                                          "h576-i1536-t1"}
 
 
+def test_figures_measured_under_load_are_measured_again_on_a_quiet_machine(cache, monkeypatch):
+    monkeypatch.setattr(precision.os, "cpu_count", lambda: 2)  # quiet: a 1-minute load below 1.0 on 2 cores
+    shape = ProbeShape(576, 1536)
+    loaded = Recorded(100.0, 60.0)
+    loaded.figures = MatmulRates(100.0, 60.0, threads=2, load=5.2, measured_at="2026-11-27T00:00:00")
+    choice = auto_dtype("cpu", shape, 2, loaded, load_now=lambda: 5.2)
+    assert choice.dtype == "fp32" and "load 5.2 on 2 cores: under load, measured again" in choice.reason
+    precision._MEMO.clear()  # a later run, still under load: the stored figures stand, the load is said
+    again = auto_dtype("cpu", shape, 2, Recorded(40.0, 85.0), load_now=lambda: 3.0)
+    assert again.dtype == "fp32" and "under load" in again.reason
+    precision._MEMO.clear()  # a run on a quiet machine measures again and stores the quiet figures
+    quiet = Recorded(40.0, 85.0)
+    assert auto_dtype("cpu", shape, 2, quiet, load_now=lambda: 0.3).dtype == "bf16" and len(quiet.calls) == 1
+    assert json.loads(precision.probe_cache_file().read_text())["h576-i1536-t2"]["load"] == 0.0
+    precision._MEMO.clear()  # quiet figures are kept, whatever the load later
+    assert auto_dtype("cpu", shape, 2, Recorded(100.0, 1.0), load_now=lambda: 9.0).dtype == "bf16"
+
+
 def test_a_damaged_cache_file_is_measured_again(cache):
     path = precision.probe_cache_file()
     path.parent.mkdir(parents=True)

@@ -1,6 +1,6 @@
 """The algorithm registry without workers: every built-in name has a program, a spec row and
-docs; presets and invalid combinations; DAPO's dynamic-sampling loop on real DataProtos; the algorithm
-state (Lagrange multiplier) round trip. No Ray here."""
+docs; presets and invalid combinations; DAPO's dynamic-sampling loop and the exploration of
+silent groups on real DataProtos; the algorithm state (Lagrange multiplier) round trip. No Ray here."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hybridflow.config.schema import load_run_config
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.programs import algorithms
 from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
-from hybridflow.trainer.programs.phases import Step, sample_informative_groups
+from hybridflow.trainer.programs.phases import Step, explore_silent_groups, sample_informative_groups
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "algorithms.md"
 # The rows hybridflow registers itself (tests elsewhere may register more in this session).
@@ -164,6 +164,86 @@ def test_dynamic_sampling_cap_trains_on_whole_mini_batches_or_fails_when_nothing
     uniform = {i: [0.5, 0.5] for i in range(16)}
     with pytest.raises(RuntimeError, match="kept 0 groups .* in 2 rounds .*max_extra_rounds"):
         _run_sampling(uniform, groups=4, max_extra_rounds=1)
+
+
+# ----------------------------------------------------------------------------- exploration
+
+
+def _run_exploration(scores_per_try: dict[int, list[list[float]]], max_extra_groups: int, per_prompt: int,
+                     unit: int = 1) -> tuple[Step, list[list[int]]]:
+    """Explore prompts 0-3 (n=2); prompt i's k-th group (k = 0, 1, ...) scores scores_per_try[i][k]
+    (the last one again once they run out). Returns the step and the prompts of each round."""
+    step = Step(1, _prompts([0, 1, 2, 3], 5))
+    tries: dict[int, int] = {}
+    rounds: list[list[int]] = []
+
+    def sample_round(part: Step, round_: int) -> None:
+        indices = part.batch.non_tensor_batch["index"].tolist()
+        rounds.append(indices)
+        scores = {}
+        for i in indices:  # a prompt drawn twice in one round gets its next two groups
+            k = tries.get(i, 0)
+            tries[i] = k + 1
+            scores.setdefault(i, []).extend(scores_per_try[i][min(k, len(scores_per_try[i]) - 1)])
+        part.batch = _round(part.batch, 2, {i: s for i, s in scores.items()}, round_) if len(set(indices)) == len(
+            indices) else _round_dup(part.batch, scores, round_)
+
+    explore_silent_groups(step, sample_round, max_extra_groups, per_prompt, unit)
+    return step, rounds
+
+
+def _round_dup(prompts: DataProto, scores: dict[int, list[float]], round_: int) -> DataProto:
+    """_round for a round that draws a prompt twice: each draw its own group (uid) and scores."""
+    parts, used = [], {}
+    for row, i in enumerate(prompts.non_tensor_batch["index"].tolist()):
+        k = used.get(i, 0)
+        used[i] = k + 1
+        part = _round(prompts[row:row + 1], 2, {i: scores[i][2 * k:2 * k + 2]}, round_)
+        part.non_tensor_batch["uid"] = np.array([f"{round_}-{row}"] * 2, dtype=object)
+        parts.append(part)
+    return DataProto.concat(parts)
+
+
+SILENT, DIFFERS = [0.0, 0.0], [0.0, 1.0]
+
+
+def test_exploration_samples_silent_prompts_again_until_their_group_differs():
+    # Prompt 0 differs at once; 1 on its 2nd extra try; 2 never; 3 on its 1st extra try.
+    scores = {0: [DIFFERS], 1: [SILENT, SILENT, DIFFERS], 2: [SILENT], 3: [SILENT, DIFFERS]}
+    step, rounds = _run_exploration(scores, max_extra_groups=16, per_prompt=3)
+    assert rounds == [[0, 1, 2, 3], [1, 2, 3], [1, 2], [2]]  # silent ones again, until found or tried 3 times
+    assert step.batch.non_tensor_batch["index"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # one group per prompt, in order
+    sums = step.batch.batch["token_level_scores"].sum(-1).tolist()
+    assert sums == [0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]  # the groups that differ replaced the silent ones
+    m = step.metrics
+    assert (m["explore/silent_before"], m["explore/silent_after"], m["explore/found"], m["explore/rounds"],
+            m["explore/extra_groups"], m["explore/extra_samples"], m["explore/extra_response_tokens"]) == (
+        3, 1, 2, 3, 6, 12, 36)
+    assert "timing_s/explore" in m
+
+
+def test_exploration_stops_at_the_step_budget_and_draws_whole_rollout_units():
+    scores = {0: [SILENT], 1: [SILENT], 2: [SILENT], 3: [DIFFERS]}
+    _, rounds = _run_exploration(scores, max_extra_groups=5, per_prompt=4, unit=2)
+    assert rounds[1:] == [[0, 1], [2, 0]]  # 4 of the budget of 5: whole units of 2, fewest tries first
+    # One silent prompt left: it is drawn twice in a round (a unit of 2), within its own cap.
+    step, rounds = _run_exploration({0: [SILENT], 1: [DIFFERS], 2: [DIFFERS], 3: [DIFFERS]}, 10, 3, unit=2)
+    assert rounds[1:] == [[0, 0]] and step.metrics["explore/extra_groups"] == 2  # 3 left, 2 of them drawn
+    assert step.batch.non_tensor_batch["index"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_exploration_is_off_by_default_and_read_only_by_rows_that_declare_it(tmp_path):
+    assert not load_run_config(None, []).algorithm.exploration.enabled
+    assert load_run_config(None, ["algorithm.exploration.max_extra_groups=8"]).algorithm.exploration.enabled
+    assert [n for n in BUILTIN if algorithm_spec(n).exploration] == ["grpo", "rloo", "reinforce_plus_plus_baseline",
+                                                                     "drgrpo"]
+    with pytest.raises(ConfigError, match=r"^algorithm\.exploration\.max_extra_groups: is read only by "
+                                          r"algorithm\.name=grpo or rloo"):
+        load_run_config(None, ["algorithm.name=ppo", "algorithm.exploration.max_extra_groups=8"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.exploration\.max_extra_groups: samples prompts again"):
+        load_run_config(None, ["trainer.mode=one_step_off", "algorithm.exploration.max_extra_groups=8"])
+    with pytest.raises(ConfigError, match=r"^algorithm\.exploration\.max_tries_per_prompt: must be >= 1"):
+        load_run_config(None, ["algorithm.exploration.max_tries_per_prompt=0"])
 
 
 def test_algorithm_state_saves_the_lagrange_multiplier(tmp_path):

@@ -1,6 +1,7 @@
 """Steps without learning signal (issue 25): every group's advantages 0 is said on the
-console, counted in adv/no_signal_steps, and stops the run after
-trainer.max_no_signal_steps such steps in a row (off by default)."""
+console (with what the optimizer did: skipped by default, actor.loss.skip_no_signal_updates),
+counted in adv/no_signal_steps, and stops the run after trainer.max_no_signal_steps such
+steps in a row (off by default)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def test_the_watch_says_each_silent_step_and_stops_after_the_limit_in_a_row():
     assert "step 1:" in lines[0] and "all 4 groups" in lines[0]
 
 
+def test_the_line_says_whether_the_optimizer_step_was_skipped():
+    lines: list[str] = []
+    watch = SignalWatch(None, lines.append)
+    silent = {"adv/silent_groups": 4.0, "adv/groups": 4.0}
+    watch.stop_reason(1, {**silent, "actor/skipped_no_signal": 1.0})
+    watch.stop_reason(2, dict(silent))  # the setting off: the update reports no skip metric
+    assert "the optimizer step was skipped (weights and optimizer state unchanged)" in lines[0]
+    assert "optimizer still stepped on nothing (actor.loss.skip_no_signal_updates=false)" in lines[1]
+    assert load_run_config(None, []).actor.loss.skip_no_signal_updates is True
+
+
 def test_the_limit_is_off_by_default_and_must_be_positive():
     assert load_run_config(None, []).trainer.max_no_signal_steps is None
     with pytest.raises(ConfigError, match=r"^trainer\.max_no_signal_steps: must be >= 1"):
@@ -47,13 +59,15 @@ def test_a_run_whose_reward_never_differs_stops_after_the_limit_and_still_export
     reward_file.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                            "    return 0.0\n")
     cfg = tiny_config("resources.world_size=1", f"reward.custom_fn_path={reward_file}", "trainer.total_steps=5",
-                      "trainer.max_no_signal_steps=2", "trainer.save_final_model=true")
+                      "trainer.max_no_signal_steps=2", "trainer.save_final_model=true",
+                      "actor.loss.skip_no_signal_updates=true")
     with RLTrainer(cfg) as trainer:
         result = trainer.train()
     assert result.steps == 2 and "trainer.max_no_signal_steps=2" in result.stopped
     records = rl_records(result.run_dir)
     assert [r[NO_SIGNAL_STEPS] for r in records] == [1.0, 2.0]
     assert all(r["adv/silent_groups"] == r["adv/groups"] == 4.0 for r in records)
+    assert all(r["actor/skipped_no_signal"] == 1.0 for r in records)  # no optimizer step on nothing
     assert (result.run_dir / "final_model" / "config.json").is_file()  # nothing the run made is lost
 
 

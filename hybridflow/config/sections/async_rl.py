@@ -120,6 +120,10 @@ def _check_capabilities(cfg: RunConfig) -> None:
     scores there (greedy_baseline: the baseline's score; dynamic_sampling: the filter on
     the stream), so a reward model, which scores on the training pool later, cannot take part."""
     alg, mode = cfg.algorithm, cfg.trainer.mode
+    if alg.exploration.enabled:
+        raise ConfigError(f"samples prompts again within a step, which {mode} does not serve (its rollout pool "
+                          "generates each group once): set it to 0 or use trainer.mode=sync",
+                          "algorithm.exploration.max_extra_groups")
     if cfg.reward_model.path is None:
         return
     if alg.spec.greedy_baseline:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from hybridflow.config.loader import at_least
+from hybridflow.config.loader import at_least, in_unit
 from hybridflow.data.arithmetic import ArithmeticConfig
 from hybridflow.data.configs import PromptDataConfig
 from hybridflow.errors import ConfigError
@@ -23,6 +24,34 @@ class BuiltinTaskSection:
 
 
 @dataclass
+class CurriculumSection:
+    """Easy prompts first (hybridflow/data/curriculum.py): in the first pass over the training
+    prompts, step k draws its prompts from the easiest share start_fraction + (1 -
+    start_fraction) * min(1, k / ramp_steps) of them, each prompt once; later passes are
+    shuffled as without a curriculum.
+
+    by: null (off); "column": each training row's `column` (a number, lower is easier; at
+        the top of the row or in its extra_info), free; "pass_rate": the share of
+        `pass_rate_samples` responses (at rollout.temperature) the policy gets right on each
+        of `pass_rate_prompts` training prompts (a seeded choice) before the first RL step
+        (after an SFT warm start), higher is easier, the other prompts after them: costs
+        generating and scoring pass_rate_prompts x pass_rate_samples responses once, is
+        printed, and is saved in <run>/curriculum_pass_rates.json (a resume reads it).
+    """
+
+    by: Literal["column", "pass_rate"] | None = None
+    column: str = "difficulty"
+    start_fraction: float = 0.25
+    ramp_steps: int = 20
+    pass_rate_prompts: int = 128
+    pass_rate_samples: int = 4
+
+    def __post_init__(self) -> None:
+        in_unit(self, "start_fraction")
+        at_least(self, 1, "ramp_steps", "pass_rate_prompts", "pass_rate_samples")
+
+
+@dataclass
 class DataSection:
     """RL prompts (verl parquet/jsonl columns), or the built-in task when train_files is empty.
 
@@ -30,6 +59,7 @@ class DataSection:
     val_files: held-out prompts scored greedily (empty with the built-in task: its
         held-out split; empty with your own files: no evaluation).
     max_val_samples: cap on held-out prompts evaluated (null: all).
+    curriculum: easy prompts first (CurriculumSection; off by default).
     """
 
     train_files: list[str] = field(default_factory=list)
@@ -39,6 +69,7 @@ class DataSection:
     shuffle: bool = True
     prompt: PromptDataConfig = field(default_factory=PromptDataConfig)
     builtin: BuiltinTaskSection = field(default_factory=BuiltinTaskSection)
+    curriculum: CurriculumSection = field(default_factory=CurriculumSection)
 
     def __post_init__(self) -> None:
         at_least(self, 1, "train_batch_size")

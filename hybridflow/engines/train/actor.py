@@ -106,7 +106,8 @@ class ActorEngine(TrainEngine):
                               "update_policy")
         if fused:
             self._require_single_step(batching.batch_len(batch))
-        update = Update(self, batch, prefix="actor", loss_scale_factor=self.loss_config.loss_scale_factor)
+        update = Update(self, batch, prefix="actor", loss_scale_factor=self.loss_config.loss_scale_factor,
+                        signal_key="advantages" if self.loss_config.skip_no_signal_updates else None)
         for micro, agg in update.mini_batches():
             if self.pipeline is None:  # each micro-batch: forward, the loss (_loss), backward
                 update.record(*accumulate(micro, lambda mb: self._micro_step(mb, agg, temperature, fused)))

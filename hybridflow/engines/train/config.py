@@ -345,6 +345,14 @@ class ActorLossConfig:
     importance weights between the rollout (behaviour) policy and the old (proximal)
     policy, the decoupled PPO objective (algorithms/off_policy.py; the update then reads
     `rollout_log_probs`).
+
+    skip_no_signal_updates: true (default): an optimizer step whose mini-batch has every
+        advantage 0 on every rank (e.g. GRPO when every group scored its responses alike)
+        is not taken: no forward or backward pass, parameters, AdamW moments and step
+        count stay as they were (the KL and entropy terms alone do not make a step; the
+        lr schedule still counts the trainer step). Metric actor/skipped_no_signal: the
+        share of the update's optimizer steps skipped so. false: step anyway (AdamW's
+        momentum and weight decay then move the weights on nothing).
     """
 
     policy: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -354,6 +362,7 @@ class ActorLossConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     loss_scale_factor: float | None = None
+    skip_no_signal_updates: bool = True
 
     def __post_init__(self) -> None:
         for key in ("entropy_coeff", "kl_loss_coef"):

@@ -13,6 +13,7 @@ metrics (clip fractions, KL) are averaged over micro-batches and ranks.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -59,9 +60,13 @@ class Update:
     optimizer steps (gradient clipping, grad_norm) before the next mini-batch comes."""
 
     def __init__(self, engine: TrainEngine, batch: Mapping[str, Tensor], *, prefix: str,
-                 loss_scale_factor: float | None) -> None:
+                 loss_scale_factor: float | None, signal_key: str | None = None) -> None:
+        # signal_key: a per-token tensor of the batch (the actor's advantages) whose mini-batch,
+        # when it is 0 on every response token of every rank, is skipped whole: no passes, no
+        # optimizer step (`{prefix}/skipped_no_signal` counts it); None steps on every one.
         engine.require_trainable(f"update ({prefix})")
         self.engine, self.prefix, self.loss_scale_factor = engine, prefix, loss_scale_factor
+        self.signal_key = signal_key
         self.batch = engine.to_device(batch)
         self.n = batching.batch_len(self.batch)
         # Mini-batch counts must match on all ranks, or the optimizer steps would not line up.
@@ -82,6 +87,11 @@ class Update:
             order = (torch.randperm(self.n, generator=engine.shuffle_generator) if mb_cfg.shuffle
                      else torch.arange(self.n))
             for mini in batching.split_mini_batches(batching.select(self.batch, order), per_rank):
+                if self.signal_key is not None:
+                    silent = not _has_signal(mini, self.signal_key)
+                    self.log.add(f"{self.prefix}/skipped_no_signal", float(silent))
+                    if silent:  # the optimizer's moments and step count stay as they are
+                        continue
                 micro = [batching.select(mini, idx) for idx in engine.micro_batches(mini, for_update=True)]
                 agg = compute_aggregation_scale(
                     [m["response_mask"] for m in micro],
@@ -111,12 +121,25 @@ class Update:
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - self.start
-        engine.lr_scheduler.step()
+        with warnings.catch_warnings():
+            # The schedule counts trainer steps, also those whose optimizer step was skipped for
+            # no signal; torch warns when the scheduler steps before the optimizer ever has.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before",
+                                    category=UserWarning)
+            engine.lr_scheduler.step()
         engine.global_step += 1
         metrics = self.log.reduce(group=None)
         metrics[f"{self.prefix}/lr"] = self.lr
         metrics.update(_throughput(engine, self.seq_lens, elapsed))
         return metrics
+
+
+def _has_signal(mini: Mapping[str, Tensor], key: str) -> bool:
+    """Whether `mini[key]` is non-zero on a response token of this mini-batch on any rank
+    (every rank of the engine's group takes the same decision: one all-reduce)."""
+    flag = (mini[key] * mini["response_mask"]).ne(0).any().to(torch.float32).reshape(1)  # on the batch's device
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def accumulate(micro: list[dict[str, Tensor]], micro_loss: MicroLoss) -> tuple[dict[str, float], dict[str, float]]:

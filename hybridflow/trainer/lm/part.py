@@ -14,16 +14,19 @@ role, the data position, the algorithm state and the model it trained.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hybridflow.config.model_presets import write_model_presets
+from hybridflow.config.sections.trainer import ValidationSection
 from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
-from hybridflow.data import ResumableLoader
+from hybridflow.protocol import DataProto
 from hybridflow.trainer.jobs.sft import run_sft
-from hybridflow.trainer.lm.evaluate import evaluate
+from hybridflow.trainer.lm.curriculum import difficulty, train_loader
+from hybridflow.trainer.lm.evaluate import evaluate, evaluate_responses
 from hybridflow.trainer.modes.async_trainer import AsyncRunner
 from hybridflow.trainer.observe.metrics import BatchSummary, flop_model, mfu_note, throughput_metrics
 from hybridflow.trainer.observe.plots import plot_run
@@ -107,8 +110,8 @@ class LanguageModelPart:
         task.roles = Roles(actor=g["actor"], critic=g.get("critic"), reward=ctx.reward,
                            reward_model=g.get("reward_model"), cost_critic=g.get("cost_critic"),
                            cost_model=g.get("cost_model"), cost_fn=ctx.cost)
-        self.loader = ResumableLoader(data, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
-                                      collate_fn=data.collate)
+        self.loader = train_loader(cfg, data, difficulty(cfg, data, task.run_dir,
+                                                         functools.partial(_pass_marks, task), ctx.display.message))
         self.batches = endless(self.loader)
         task.state = build_algo_state(cfg)
         self.flop_model = flop_model(task.groups)  # each rank measures its own device's peak
@@ -291,3 +294,10 @@ class LanguageModelPart:
 
 
 TASK_PARTS.add("language_model", LanguageModelPart)
+
+
+def _pass_marks(task: Task, prompts: DataProto, sampling: ValidationSection) -> list[bool]:
+    """Whether each response of the task's policy to `prompts` (sampled per `sampling`) is right."""
+    _, records = evaluate_responses(task.roles.actor, prompts, task.ctx.reward, task.ctx.layout.rollout_groups,
+                                    sampling)
+    return [record["correct"] for record in records]

@@ -2,9 +2,10 @@
 
 A step has no learning signal when every group's advantages are 0 (phases.record_signal:
 adv/silent_groups == adv/groups), e.g. GRPO when every response to every prompt scored the
-same. Its update trains on nothing but the KL and entropy terms. `SignalWatch` prints one
-line for each such step, counts the run of them in the metric adv/no_signal_steps, and
-stops the run cleanly (evaluation and export still happen) after
+same. The actor then skips its optimizer step (actor.loss.skip_no_signal_updates, metric
+actor/skipped_no_signal), or, with that off, steps on nothing. `SignalWatch` prints one
+line for each such step saying which happened, counts the run of them in the metric
+adv/no_signal_steps, and stops the run cleanly (evaluation and export still happen) after
 trainer.max_no_signal_steps of them in a row.
 
     watch = SignalWatch(cfg.trainer.max_no_signal_steps, display.message)
@@ -20,6 +21,8 @@ from hybridflow.trainer.programs.phases import GROUPS, SILENT_GROUPS
 
 NO_SIGNAL_STEPS = "adv/no_signal_steps"  # steps in a row without learning signal, this one included
 LIMIT_KEY = "trainer.max_no_signal_steps"
+SKIPPED = "actor/skipped_no_signal"  # engines/train/update.py: share of optimizer steps skipped for no signal
+SKIP_KEY = "actor.loss.skip_no_signal_updates"
 
 
 class SignalWatch:
@@ -51,12 +54,24 @@ class SignalWatch:
         scored = f" (score mean {score:.3f})" if score is not None else ""
         hint = ""
         if self.limit is None and not self.hinted:
-            hint = (f"; a reward that tells responses apart, more samples per prompt (rollout.n) or a higher "
-                    f"temperature gives signal; {LIMIT_KEY}=N stops a run after N such steps in a row")
+            hint = (f"; a reward that tells responses apart, more samples where there were none "
+                    f"(algorithm.exploration), a warm start on a few demonstrations (sft.files) or a higher "
+                    f"temperature gives signal (docs/learning.md, cold start); {LIMIT_KEY}=N stops a run after N such "
+                    "steps in a row")
             self.hinted = True
         self.say(f"step {step}: no learning signal: all {groups} groups scored their responses alike{scored}, "
-                 f"so every advantage is 0 and the update trained on nothing ({self.in_a_row} in a row){hint}")
+                 f"so every advantage is 0; {_update_said(metrics)} ({self.in_a_row} in a row){hint}")
         if self.limit is not None and self.in_a_row >= self.limit:
             return (f"stopped after {self.in_a_row} steps in a row without learning signal ({LIMIT_KEY}="
                     f"{self.limit}; null never stops)")
         return None
+
+
+def _update_said(metrics: dict[str, float]) -> str:
+    """What the actor's update did on a step without signal (its skipped_no_signal metric)."""
+    if metrics.get(SKIPPED) == 1.0:
+        return "the optimizer step was skipped (weights and optimizer state unchanged)"
+    if SKIPPED in metrics:  # a share: several mini-batches, not all of them silent (epochs > 1 reshuffle)
+        return f"{metrics[SKIPPED]:.0%} of its optimizer steps were skipped"
+    return (f"the optimizer still stepped on nothing ({SKIP_KEY}=false): AdamW's momentum and weight decay moved "
+            "the weights")

@@ -21,9 +21,9 @@ Environment tasks run programs of the same shape (`env_ppo`, `env_sac`: runners 
 the controller computes GAE, the learner updates, weights sync; programs/env_phases.py).
 
 Any of them can take its reward from a reward model (`reward_model.path`) instead of, or
-in addition to, the rule-based function. `generate_and_score`, `log_probs`,
-`shaped_rewards`, `update_actor` and `train_critic_free` are the building blocks the programs share; a
-program of your own (docs/extending.md) may use them too.
+in addition to, the rule-based function. `generate_and_score`, `sample_groups` (with
+algorithm.exploration), `log_probs`, `shaped_rewards` and `train_critic_free` are the
+building blocks the programs share; a program of your own (docs/extending.md) may use them too.
 """
 
 from __future__ import annotations
@@ -119,6 +119,18 @@ def generate_and_score(step: Step, roles: Roles, cfg: RunConfig, round: int = 0)
     P.compute_reward(step, *reward_sources(roles, cfg))
 
 
+def sample_groups(step: Step, roles: Roles, cfg: RunConfig) -> None:
+    """generate_and_score, sampling again the prompts whose group scored all alike within the
+    algorithm.exploration budget when it is on (P.explore_silent_groups)."""
+    explore = cfg.algorithm.exploration
+    if not explore.enabled:
+        generate_and_score(step, roles, cfg)
+        return
+    P.explore_silent_groups(step, lambda part, r: generate_and_score(part, roles, cfg, round=r),
+                            explore.max_extra_groups, explore.max_tries_per_prompt,
+                            roles.actor.dp_parts("generate_sequences"))
+
+
 def log_probs(step: Step, roles: Roles, cfg: RunConfig) -> None:
     """old_log_probs (unless the update computes them itself: RunConfig.fuses_old_log_probs),
     and ref_log_probs where the run uses the reference policy (KL): submitted together (one
@@ -169,8 +181,9 @@ def group_unit(cfg: RunConfig) -> int:
 def critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     """GRPO (Shao et al. 2024), RLOO (Ahmadian et al. 2024), REINFORCE++ and its group-baseline
     variant (Hu 2025), Dr.GRPO (Liu et al. 2025): no critic; the advantage comes from the
-    estimator of `algorithm.name` (group baselines, or batch-whitened returns)."""
-    generate_and_score(step, roles, cfg)
+    estimator of `algorithm.name` (group baselines, or batch-whitened returns); the rows with
+    the exploration capability sample silent groups again (sample_groups)."""
+    sample_groups(step, roles, cfg)
     train_critic_free(step, roles, cfg, state)
 
 

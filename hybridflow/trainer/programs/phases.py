@@ -7,8 +7,9 @@ adds its own keys, and records its metrics and wall time (`timing_s/<phase>`) in
 Besides the common phases (generate, reward, log-probs, values, advantages, updates):
 ReMax's greedy baseline, Safe-RLHF's cost / cost values / cost advantages / cost critic,
 DAPO's overlong shaping and dynamic sampling (`sample_informative_groups`, which runs
-generate + reward once per round). Keys they add: baseline_rewards, token_level_costs,
-cost_values, cost_advantages, cost_returns.
+generate + reward once per round), exploration (`explore_silent_groups`: the prompts whose
+group scored all alike sampled again, with DAPO's filter). Keys they add:
+baseline_rewards, token_level_costs, cost_values, cost_advantages, cost_returns.
 
 Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
 goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
@@ -462,6 +463,82 @@ def sample_informative_groups(step: Step, sample_round: Callable[[Step, int], No
     step.metrics.update({"dapo/rounds": float(rounds), "dapo/generated_groups": float(generated),
                          "dapo/kept_groups": float(found), "dapo/trained_groups": float(target),
                          "dapo/cap_hit": float(found < groups)})
+
+
+# ----------------------------------------------------------------------------- exploration
+
+
+@phase("explore")
+def explore_silent_groups(step: Step, sample_round: Callable[[Step, int], None], max_extra_groups: int,
+                          max_tries_per_prompt: int, unit: int) -> None:
+    """Generate and score the step's prompts (`sample_round(step, round)`), then sample again
+    the prompts whose group scored all alike (DAPO's filter finds them), each once a round,
+    fewest tries first, in whole `unit`s (the rollout's data-parallel parts; fewer prompts
+    than a unit are drawn twice), until each has a group that scored differently or the budget is
+    spent: `max_extra_groups` more groups in the step, `max_tries_per_prompt` more of one
+    prompt. Each prompt keeps its first group that differs, else its first group: the batch
+    has one group per prompt, in prompt order, as without exploration.
+
+    Metrics: explore/silent_before and explore/silent_after (groups of all-alike scores in
+    the first round and in the batch trained on), explore/found (prompts that got a group
+    that differs), explore/rounds, explore/extra_groups, explore/extra_samples and
+    explore/extra_response_tokens (what the extra generation cost)."""
+    prompts = step.batch
+    chosen, differs = _sampled_groups(step, sample_round, prompts, np.arange(len(prompts)), 0)
+    silent_before = int((~differs).sum())
+    tries = np.zeros(len(prompts), dtype=np.int64)
+    extra_groups = extra_samples = extra_tokens = rounds = 0
+    while True:
+        picks = _exploration_picks(differs, tries, max_tries_per_prompt, max_extra_groups - extra_groups, unit)
+        if not len(picks):
+            break
+        rounds += 1
+        got, got_differs = _sampled_groups(step, sample_round, prompts, picks, rounds)
+        np.add.at(tries, picks, 1)
+        extra_groups += len(picks)
+        for k, i in enumerate(picks):
+            extra_samples += len(got[k])
+            extra_tokens += int(got[k].batch["response_mask"].sum())
+            if got_differs[k] and not differs[i]:
+                chosen[i], differs[i] = got[k], True
+    step.batch = concat_generated(chosen)
+    step.metrics.update({"explore/silent_before": float(silent_before), "explore/silent_after": float((~differs).sum()),
+                         "explore/found": float(silent_before - (~differs).sum()), "explore/rounds": float(rounds),
+                         "explore/extra_groups": float(extra_groups), "explore/extra_samples": float(extra_samples),
+                         "explore/extra_response_tokens": float(extra_tokens)})
+
+
+def _sampled_groups(step: Step, sample_round: Callable[[Step, int], None], prompts: DataProto, picks: np.ndarray,
+                    round: int) -> tuple[list[DataProto], np.ndarray]:
+    """One group per picked prompt (generated and scored in one round, as a part of `step`)
+    and whether its scores differ."""
+    part = Step(step.index, prompts[picks], step.metrics, balance_dp=step.balance_dp, on_phase=step.on_phase,
+                concurrent=step.concurrent)
+    sample_round(part, round)
+    uids = part.batch.non_tensor_batch["uid"]
+    keep, _ = dynamic_sampling_filter(uids, part.batch.batch["token_level_scores"].sum(-1))
+    order = list(dict.fromkeys(uids.tolist()))  # one uid per picked prompt, groups in prompt order (generate)
+    if len(order) != len(picks):
+        raise RuntimeError(f"exploration round {round} generated {len(order)} groups for {len(picks)} prompts")
+    rows = [np.flatnonzero(uids == uid) for uid in order]
+    return [part.batch[r] for r in rows], np.array([bool(keep[r].any()) for r in rows])
+
+
+def _exploration_picks(differs: np.ndarray, tries: np.ndarray, per_prompt: int, budget: int, unit: int) -> np.ndarray:
+    """The prompts of the next exploration round: those without a group that differs and
+    with tries left, each once, fewest tries first, cut to a whole number of `unit`s within
+    `budget`; fewer such prompts than a unit are drawn again to fill one, within their own
+    tries (empty: the exploration is over)."""
+    left = np.where(differs, 0, per_prompt - tries)
+    count = min(budget, int(left.sum()), max(int((left > 0).sum()), unit)) // unit * unit
+    picks: list[int] = []
+    taken = np.zeros_like(tries)
+    while len(picks) < count:
+        for i in sorted(np.flatnonzero(left - taken > 0), key=lambda i: (tries[i] + taken[i], i)):
+            if len(picks) < count:
+                picks.append(int(i))
+                taken[i] += 1
+    return np.array(picks, dtype=np.int64)
 
 
 def groups_to_train(kept: int, wanted: int, unit: int, seen: str) -> int:
