@@ -31,7 +31,7 @@ from pathlib import Path
 from hybridflow.config import ConfigError
 from hybridflow.config.model_presets import write_model_presets
 from hybridflow.config.schema import RunConfig
-from hybridflow.controller import FETCHED, WorkerError, WorkerGroup
+from hybridflow.controller import FETCHED, WorkerError, WorkerGroup, network
 from hybridflow.data import ResumableLoader
 from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
 from hybridflow.trainer.modes.async_trainer import AsyncRunner
@@ -179,7 +179,6 @@ class LanguageModelTask:
             sft_actor, self.sft_result.actor = self.sft_result.actor, None
             ctx.display.message(f"SFT warm start: {cfg.sft.steps} steps, loss {self.sft_result.final_loss:.3f}")
         self.groups, policy_path = self._role_groups(sft_actor)
-        self.status.workers(self.groups)
         if ctx.cost is None:
             ctx.cost = build_cost_manager(cfg, ctx.tokenizer)  # closed with the context
         g = self.groups
@@ -194,6 +193,9 @@ class LanguageModelTask:
         if cfg.trainer.mode != "sync":  # a generation-only pool beside the actor (modes/async_trainer.py)
             self.async_runner, self.groups["rollout"] = AsyncRunner.start(
                 cfg, self.roles, policy_path, self.batches, self.state, rank_cpus(cfg.resources, ctx.layout))
+        self.status.workers(self.groups)  # the rollout pool's processes too
+        for line in network.unreported([i for group in self.groups.values() for i in group.worker_info]):
+            ctx.display.message(line)  # where the collectives of a multi-node run bind (controller/network.py)
         note = mfu_note(self.flop_model.peak_flops, cfg.resources.use_gpu, cfg.actor.peak_flops_per_device is not None)
         if note is not None:
             ctx.display.message(note)
