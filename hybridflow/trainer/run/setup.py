@@ -271,7 +271,7 @@ def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec
         return PlacementSpec(
             pools={"actor_pool": actor_nodes, "critic_pool": critic_nodes},
             mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
-            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout),
+            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout), parts_of=nodes,
         )
     return PlacementSpec.colocated(nodes, use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout))
 
