@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from hybridflow.config.model_presets import write_model_presets
-from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.controller import CallTimeoutError, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader, SFTDataset
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.jobs.builtin import teacher_sft_records
@@ -90,8 +90,12 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
         after = _held_out_accuracy(ctx, actor, cfg.sft.steps)
         model_dir = Path(actor.export_hf(str(ctx.run_dir / SFT_MODEL_DIR))[0])
         write_model_presets(model_dir, cfg, f"run {ctx.run_dir} after {cfg.sft.steps} SFT steps")
-    except BaseException:
+    except BaseException as err:
         shutdown_role_groups(groups)
+        if isinstance(err, WorkerError) and (err.died or isinstance(err, CallTimeoutError)):
+            what = "the SFT warm start" if keep_actor else "SFT"
+            err.add_note(f"hybridflow: {what} saves nothing before its last step, so it is not restarted: run the "
+                         f"same command again once node {err.node} is back, or on fewer nodes (resources.nodes)")
         raise
     if not keep_actor:
         shutdown_role_groups(groups)
