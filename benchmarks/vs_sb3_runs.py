@@ -21,7 +21,7 @@ gradient_steps -1 keeps one update per environment step). `--steps N` runs exact
 environment steps without the threshold stop (profiling at a fixed budget).
 
 Where the time goes (hybridflow): `phases_s`, the controller's wall seconds per phase of the
-iterations (collect, adv, store, update, sync; trainer/env/programs.py), and `cpu_by_role`, CPU
+iterations (collect, adv, store, update, sync; trainer/programs/env_phases.py), and `cpu_by_role`, CPU
 seconds of the training split by process: controller (this process), runners and learner
 (the Ray workers' pids), ray (Ray's daemons). `autogroups` lists the scheduler autogroups
 (Linux sched_autogroup, one per session) of those processes: all in one means the Ray

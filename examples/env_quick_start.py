@@ -18,7 +18,7 @@ import numpy as np
 
 from hybridflow import RLTrainer
 from hybridflow.envs import register_env
-from hybridflow.trainer.env.task import EnvTrainResult
+from hybridflow.trainer.env.part import EnvTrainResult
 
 
 @register_env

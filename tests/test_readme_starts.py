@@ -50,7 +50,7 @@ def test_the_agent_start_registers_a_tool_the_tools_environment_answers_with():
 def test_the_environment_start_is_a_valid_config_of_the_api_it_calls():
     from hybridflow.config.env_schema import env_config_from_dict
     from hybridflow import RLTrainer
-    from hybridflow.trainer.env.task import EnvTrainResult
+    from hybridflow.trainer.env.part import EnvTrainResult
 
     _, env = _blocks("python")
     (literal,) = re.findall(r"RLTrainer\((\{.*\})\)", env)

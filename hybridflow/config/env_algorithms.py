@@ -11,8 +11,8 @@ A row declares what the rest of the code would otherwise infer from the name (it
 `EnvAlgorithmSpec`); no code compares algorithm names.
 
 Layering as for language-model rows: config sits below the trainer, so `program` is the
-"module:attr" import path of the `EnvProgram` (hybridflow/trainer/env/programs.py: how
-collections are requested, one iteration, the acting network, the learner) or the object
+"module:attr" import path of the `EnvProgram` (hybridflow/trainer/programs/algorithms.py: the
+step program, the acting network, the learner) or the object
 itself when a user's module registers one (`@register_env_algorithm(spec)` on it).
 """
 
@@ -158,8 +158,8 @@ def check_replay_sizes(cfg: EnvRunConfig) -> None:
 
 
 add_env_algorithm(EnvAlgorithmSpec(
-    name="ppo", program="hybridflow.trainer.env.programs:PPO", section="ppo", collection="rollout",
+    name="ppo", program="hybridflow.trainer.programs.algorithms:PPO", section="ppo", collection="rollout",
     policy=PolicyDefaults((64, 64), "tanh", True), check=check_rollout_sizes))
 add_env_algorithm(EnvAlgorithmSpec(
-    name="sac", program="hybridflow.trainer.env.programs:SAC", section="sac", collection="replay",
+    name="sac", program="hybridflow.trainer.programs.algorithms:SAC", section="sac", collection="replay",
     continuous_actions=True, policy=PolicyDefaults((256, 256), "relu", False), check=check_replay_sizes))

@@ -244,14 +244,7 @@ def normalize_tree(tree: dict[str, Any]) -> dict[str, Any]:
 
 
 # Settings of language-model runs that environment tasks do not have, and what to use.
-# Recovery (trainer/run/recovery.py) restarts a language-model run's worker groups from its
-# checkpoint; environment tasks have no such supervisor: a worker failure stops the run
-# and `hybridflow train --resume RUN_DIR` continues it (docs/resilience.md).
 LM_ONLY_KEYS = {
-    "trainer.max_restarts": "environment tasks do not restart their workers by themselves: a worker failure "
-                            "stops the run; continue it with `hybridflow train --resume RUN_DIR`",
-    "trainer.call_timeout_s": "environment tasks have no call time limit; a hung worker is stopped with Ctrl-C "
-                              "and the run continued with `hybridflow train --resume RUN_DIR`",
     "resources": "environment tasks place their workers with distributed.num_workers, "
                  "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
                  "distributed.ray_address (the cluster)",

@@ -24,9 +24,9 @@ from hybridflow.registry import Registry, import_object, suggest
 class TaskKind:
     """name: the kind ("language_model", "environment"). marker: the top-level key only its
     tree has (None: the kind of a tree that has no other kind's marker). root, build_path,
-    resolve_path, trainer: "module:attr" paths of the config class, of `build(tree) ->
-    config`, of `resolve(config) -> config as a run saves it`, and of the trainer class
-    (`cls(config, resume=...)`). checkpoint_kind: trainer_state.json's "kind" of its
+    resolve_path: "module:attr" paths of the config class, of `build(tree) ->
+    config` and of `resolve(config) -> config as a run saves it` (the trainer runs every kind
+    with its part: trainer/task.py). checkpoint_kind: trainer_state.json's "kind" of its
     checkpoints (None: checkpoints without one)."""
 
     name: str
@@ -34,7 +34,6 @@ class TaskKind:
     root: str
     build_path: str
     resolve_path: str
-    trainer: str
     checkpoint_kind: str | None = None
 
     def root_class(self) -> type:
@@ -48,18 +47,15 @@ class TaskKind:
         """The config as a run saves it (the values that null stands for filled in)."""
         return import_object(self.resolve_path, None, "config resolver")(config)
 
-    def trainer_class(self) -> type:
-        return import_object(self.trainer, None, "trainer")
 
-
-TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.trainer)
+TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.build_path)
 TASK_KINDS.add("language_model", TaskKind(
     "language_model", None, "hybridflow.config.schema:RunConfig", "hybridflow.config.schema:run_config_from_tree",
-    "hybridflow.config.schema:resolve_run_config", "hybridflow.trainer.lm.task:LanguageModelTask"))
+    "hybridflow.config.schema:resolve_run_config"))
 TASK_KINDS.add("environment", TaskKind(
     "environment", "env", "hybridflow.config.env_schema:EnvRunConfig",
     "hybridflow.config.env_schema:env_config_from_dict", "hybridflow.config.env_schema:resolve_env_config",
-    "hybridflow.trainer.env.task:EnvironmentTask", checkpoint_kind="env"))
+    checkpoint_kind="env"))
 
 
 def task_kind_of(tree: dict[str, Any]) -> TaskKind:

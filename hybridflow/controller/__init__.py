@@ -16,7 +16,7 @@
 See `decorator` for the dispatch modes, `colocate` for several roles in one set of
 processes, `futures` for non-blocking calls (and `FETCHED`, the count of what the controller
 fetched from workers), `errors` for what failures look like, and `local_group` for the
-one-rank in-process group with the same API (`InProcessWorkerGroup`, runs without Ray).
+in-process placement (`WorkerGroup(IN_PROCESS, cls)`: one rank in this process, no Ray).
 """
 
 from hybridflow.controller.colocate import create_colocated_worker_groups
@@ -34,7 +34,7 @@ from hybridflow.controller.errors import CallTimeoutError, DispatchError, Worker
 from hybridflow.controller.futures import LEDGER as FETCHED
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, FetchLedger, value_future
 from hybridflow.controller.host import RoleSpec
-from hybridflow.controller.local_group import InProcessWorkerGroup, ReadyFuture
+from hybridflow.controller.local_group import IN_PROCESS, InProcess, ReadyFuture
 from hybridflow.controller.ray_runtime import RayHold, RayRuntime, describe_ray, init_ray
 from hybridflow.controller.resource_pool import ResourcePool, Slot
 from hybridflow.controller.selfcheck import run_selfcheck
@@ -46,7 +46,8 @@ __all__ = [
     "DataProtoFuture",
     "FETCHED",
     "FetchLedger",
-    "InProcessWorkerGroup",
+    "IN_PROCESS",
+    "InProcess",
     "ReadyFuture",
     "Dispatch",
     "DispatchContext",

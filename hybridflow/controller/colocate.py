@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hybridflow.controller.host import RoleSpec
+from hybridflow.controller.local_group import InProcess
 from hybridflow.controller.resource_pool import ResourcePool
 from hybridflow.controller.worker_group import HostSet, WorkerGroup
 
 
-def create_colocated_worker_groups(resource_pool: ResourcePool,
+def create_colocated_worker_groups(resource_pool: ResourcePool | InProcess,
                                    roles: Mapping[str, RoleSpec]) -> dict[str, WorkerGroup]:
     """One `WorkerGroup` per role, all backed by the same processes."""
     for name, spec in roles.items():

@@ -1,30 +1,42 @@
-"""`InProcessWorkerGroup`: one rank of a worker class in the controller's own process,
-with the `WorkerGroup` API.
+"""In-process placement: a `WorkerGroup` whose one rank runs in the controller's own process.
 
-    group = InProcessWorkerGroup(LearnerWorker, spec)       # no Ray, no placement group
-    group.init_model(); weights = group.get_weights().get()  # the same calls as on a WorkerGroup
-    group.shutdown()
+    group = WorkerGroup(IN_PROCESS, LearnerWorker, spec)    # no Ray, no placement group
+    group.init_model(); weights = group.get_weights().get()  # the calls of every WorkerGroup
 
-For runs small enough that a Ray actor costs more than it saves (an environment task with
+For roles small enough that a Ray actor costs more than it saves (an environment task with
 `distributed.num_workers: 0`). The worker gets the context of rank 0 of 1 before its
-`__init__` (as the Ray host gives it), and each registered method is bound the way a
-one-rank WorkerGroup calls it: arguments of per-rank modes (ALL_TO_ALL, DP_COMPUTE) are
-one-element lists, DataProtos and plain values go whole (no split: a split may put values
-in Ray's object store), the output goes through the mode's collect, and a method
-registered non-blocking returns an already resolved future. So a program does not know
-which kind of group it drives.
+`__init__` (as a Ray host gives it); a call runs the method here, arguments of per-rank modes
+(ALL_TO_ALL, DP_COMPUTE) are one-element lists, DataProtos and plain values go whole (no
+split: a split may put values in Ray's object store), the output goes through the mode's
+collect, and a non-blocking call returns an already resolved future.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
-from hybridflow.controller.decorator import MethodSpec, registered_methods
+from hybridflow.controller.decorator import MethodSpec
 from hybridflow.controller.dispatch import DispatchContext, split_per_rank
-from hybridflow.controller.worker import WorkerContext
+from hybridflow.controller.host import RoleSpec
+from hybridflow.controller.worker import MeshCoord, Worker, WorkerContext
+
+
+class InProcess:
+    """The placement of a one-rank group in the controller's process (`IN_PROCESS`)."""
+
+    in_process = True
+    world_size = 1
+
+    def __repr__(self) -> str:
+        return "IN_PROCESS"
+
+    def release(self) -> None:
+        """Nothing reserved, nothing to free (a ResourcePool's release)."""
+
+
+IN_PROCESS = InProcess()
 
 
 class ReadyFuture:
@@ -40,62 +52,39 @@ class ReadyFuture:
         return True
 
 
-class InProcessWorkerGroup:
-    """Rank 0 of 1 of `worker_cls`, built in this process (module docstring)."""
+class InProcessHosts:
+    """The host set of an in-process group: every role's rank 0 of 1, built here."""
 
-    def __init__(self, worker_cls: type, *args: Any, **kwargs: Any) -> None:
-        self.role = worker_cls.__name__
-        self.worker_cls = worker_cls
-        self.call_timeout_s: float | None = None  # the WorkerGroup attribute; a local call cannot hang apart
-        worker = worker_cls.__new__(worker_cls)
-        worker._hf_ctx = WorkerContext(role=self.role, rank=0, world_size=1, local_rank=0, local_world_size=1,
-                                       master_addr="127.0.0.1", master_port=0)
-        worker.__init__(*args, **kwargs)
-        self.worker = worker
-        self._alive = True
-        for name, spec in registered_methods(worker_cls).items():
-            if hasattr(type(self), name):
-                raise ValueError(f"{worker_cls.__qualname__}.{name} is registered but clashes with "
-                                 f"InProcessWorkerGroup.{name}; rename the worker method")
-            setattr(self, name, self._bind(name, spec, getattr(worker, name)))
+    in_process = True
+    pool = IN_PROCESS
 
-    def __repr__(self) -> str:
-        return f"InProcessWorkerGroup({self.role}{'' if self._alive else ', shut down'})"
+    def __init__(self, roles: Mapping[str, RoleSpec]) -> None:
+        self.roles: dict[str, Worker] = {}
+        self.infos = [{"pid": os.getpid(), "node_id": None, "ip": "127.0.0.1"}]
+        self.alive = True
+        for role, spec in roles.items():
+            worker = spec.cls.__new__(spec.cls)
+            worker._hf_ctx = WorkerContext(role=role, rank=0, world_size=1, local_rank=0, local_world_size=1,
+                                           master_addr="127.0.0.1", master_port=0)
+            worker.__init__(*spec.args, **spec.kwargs)
+            self.roles[role] = worker
 
-    @property
-    def world_size(self) -> int:
-        return 1
-
-    @property
-    def worker_info(self) -> list[dict[str, Any]]:
-        """Rank 0: this process."""
-        return [{"pid": os.getpid(), "node_id": None, "ip": "127.0.0.1", "rank": 0}]
-
-    def shutdown(self) -> None:
-        """Drop the worker (its state goes with it). Idempotent."""
-        self._alive = False
-
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> ReadyFuture:
-        """Call registered `method`; its (already computed) future, as WorkerGroup.submit."""
-        value = getattr(self, method)(*args, **kwargs)
-        return value if isinstance(value, ReadyFuture) else ReadyFuture(value)
-
-    def _bind(self, name: str, spec: MethodSpec, method: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
+        """Run ``role.method`` as a one-rank group would (module docstring)."""
         per_rank = spec.dispatch.split is split_per_rank  # arguments are lists, one entry per rank
-        label = f"{self.role}.{name}"
+        args = tuple(_value(a[0] if per_rank else a) for a in args)
+        kwargs = {k: _value(v[0] if per_rank else v) for k, v in kwargs.items()}
+        out = getattr(self.roles[role], method)(*args, **kwargs)
+        ctx = DispatchContext(label=f"{role}.{method}", mode=spec.dispatch.name, world_size=1)
+        result = out if spec.rank_zero else spec.dispatch.collect(ctx, [out])
+        return result if spec.blocking else ReadyFuture(result)
 
-        @functools.wraps(method)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if not self._alive:
-                raise RuntimeError(f"{label}: the worker group was shut down")
-            args = tuple(_value(a[0] if per_rank else a) for a in args)
-            kwargs = {k: _value(v[0] if per_rank else v) for k, v in kwargs.items()}
-            out = method(*args, **kwargs)
-            ctx = DispatchContext(label=label, mode=spec.dispatch.name, world_size=1)
-            result = out if spec.rank_zero else spec.dispatch.collect(ctx, [out])
-            return result if spec.blocking else ReadyFuture(result)
+    def mesh(self, role: str, name: str) -> tuple[MeshCoord | None, ...]:
+        return (self.roles[role].dispatch_mesh(name),)
 
-        return call
+    def kill(self) -> None:
+        """Drop the workers (their state goes with them)."""
+        self.alive = False
 
 
 def _value(arg: Any) -> Any:

@@ -21,6 +21,9 @@ one it died in, and every call it finished has its value.
 
 A fault-injection hook for tests of recovery (controller/faults.py) is read from the
 HYBRIDFLOW_FAULT environment variable of the controller and handed to every worker process.
+
+``WorkerGroup(IN_PROCESS, MyWorker, ...)`` places the group's one rank in the controller's
+own process instead (local_group.py): a placement choice, the same calls.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from hybridflow.controller.omp import worker_env
 from hybridflow.controller.tracing import flush_traces
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, RankInfo, gather
 from hybridflow.controller.host import RoleSpec, WorkerHost
+from hybridflow.controller.local_group import InProcess, InProcessHosts
 from hybridflow.controller.resource_pool import ResourcePool
 from hybridflow.controller.worker import MeshCoord
 
@@ -70,11 +74,16 @@ class HostSet:
         self.alive = True
         self._last: dict[int, ray.ObjectRef] = {}  # per rank: the token of the newest call submitted (`submit`)
 
+    in_process = False
+
     @classmethod
-    def spawn(cls, pool: ResourcePool, roles: Mapping[str, RoleSpec]) -> HostSet:
-        """Start one host per slot, rendezvous, then build every role on every rank."""
+    def spawn(cls, pool: ResourcePool | InProcess, roles: Mapping[str, RoleSpec]) -> HostSet | InProcessHosts:
+        """Start one host per slot, rendezvous, then build every role on every rank (the
+        in-process placement: build them here)."""
         if not roles:
             raise ValueError("a worker group needs at least one role")
+        if isinstance(pool, InProcess):
+            return InProcessHosts(roles)
         slots = pool.claim()
         local = _local_ranks([s.node_id for s in slots])
         options = pool.actor_options()
@@ -161,18 +170,18 @@ def _local_ranks(node_ids: list[str]) -> list[tuple[int, int]]:
 class WorkerGroup:
     """``world_size`` ranks of one role; registered methods are bound as attributes."""
 
-    def __init__(self, resource_pool: ResourcePool, worker_cls: type, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, resource_pool: ResourcePool | InProcess, worker_cls: type, *args: Any, **kwargs: Any) -> None:
         role = worker_cls.__name__
         hosts = HostSet.spawn(resource_pool, {role: RoleSpec(worker_cls, args, kwargs)})
         self._attach(hosts, role, worker_cls)
 
     @classmethod
-    def _from_hosts(cls, hosts: HostSet, role: str, worker_cls: type) -> WorkerGroup:
+    def _from_hosts(cls, hosts: HostSet | InProcessHosts, role: str, worker_cls: type) -> WorkerGroup:
         group = cls.__new__(cls)
         group._attach(hosts, role, worker_cls)
         return group
 
-    def _attach(self, hosts: HostSet, role: str, worker_cls: type) -> None:
+    def _attach(self, hosts: HostSet | InProcessHosts, role: str, worker_cls: type) -> None:
         self._hosts = hosts
         self.role = role
         self.worker_cls = worker_cls
@@ -187,24 +196,29 @@ class WorkerGroup:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (to call the group from a Ray task, trainer/modes/stream_step.py): the same
         processes, without the pool, so that only the owner shuts them down."""
+        if self._hosts.in_process:
+            raise TypeError(f"{self!r} runs in the controller's process and cannot be sent to another one")
         hosts = HostSet(None, self._hosts.actors, self._hosts.infos)
         return _copy_of_group, (hosts, self.role, self.worker_cls, self.call_timeout_s, self._meshes)
 
     def __repr__(self) -> str:
         state = "" if self._hosts.alive else ", shut down"
-        return f"WorkerGroup({self.role}, world_size={self.world_size}{state})"
+        where = ", in process" if self._hosts.in_process else ""
+        return f"WorkerGroup({self.role}, world_size={self.world_size}{where}{state})"
 
     @property
     def world_size(self) -> int:
-        return len(self._hosts.actors)
+        return len(self._hosts.infos)
 
     @property
-    def resource_pool(self) -> ResourcePool:
+    def resource_pool(self) -> ResourcePool | InProcess:
         return self._hosts.pool
 
     @property
     def workers(self) -> list[Any]:
-        """The Ray actor handles, by rank (shared with colocated roles)."""
+        """The Ray actor handles, by rank (shared with colocated roles); in process, the worker itself."""
+        if self._hosts.in_process:
+            return [self._hosts.roles[self.role]]
         return list(self._hosts.actors)
 
     @property
@@ -226,7 +240,8 @@ class WorkerGroup:
     def shutdown(self) -> None:
         """Kill the group's processes (those of colocated roles too). Idempotent."""
         if self._hosts.alive:
-            flush_traces(self._hosts.actors)  # only while `hybridflow monitor --trace` asks (tracing.py)
+            if not self._hosts.in_process:
+                flush_traces(self._hosts.actors)  # only while `hybridflow monitor --trace` asks (tracing.py)
             self._hosts.kill()
 
     # -------------------------------------------------------------------------- calls
@@ -250,6 +265,8 @@ class WorkerGroup:
         label = f"{self.role}.{method}"
         if not self._hosts.alive:
             raise RuntimeError(f"{label}: the worker group was shut down")
+        if self._hosts.in_process:
+            return self._hosts.call(self.role, method, spec, args, kwargs)
         targets = [0] if spec.rank_zero else list(range(self.world_size))
         mode = spec.dispatch
         mesh = self._mesh(mode.mesh, label) if mode.mesh is not None else None
@@ -265,6 +282,8 @@ class WorkerGroup:
 
     def _mesh(self, name: str, label: str) -> tuple[MeshCoord, ...]:
         # Coordinates do not change after the workers registered them: ask once per mesh.
+        if name not in self._meshes and self._hosts.in_process:
+            self._meshes[name] = check_mesh(label, name, list(self._hosts.mesh(self.role, name)))
         if name not in self._meshes:
             coords = gather([actor.mesh.remote(self.role, name) for actor in self._hosts.actors],
                             self._hosts.owners(self.role), f"{label} (mesh {name!r} lookup)", self.call_timeout_s)

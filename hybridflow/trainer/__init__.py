@@ -19,6 +19,6 @@ from hybridflow.lazy import lazy_exports
 
 # Lazy (hybridflow/lazy.py): the CLI reads light modules of this package (checkpointing,
 # preflight) before a config is known to be valid, and RLTrainer imports torch and Ray.
-__getattr__, __dir__ = lazy_exports(__name__, {"RLTrainer": "entry", "TrainResult": "lm.task"})
+__getattr__, __dir__ = lazy_exports(__name__, {"RLTrainer": "entry", "TrainResult": "lm.part"})
 
 __all__ = ["RLTrainer", "TrainResult"]

@@ -14,8 +14,8 @@ environment tasks).
 once), or a typed config (RunConfig, EnvRunConfig). What it is gets decided once, here:
 the top-level keys are checked against every task kind's (a misspelt key is a ConfigError
 with the closest key, before anything else), then the kind's row (config/tasks.py) says
-which config tree it is and which implementation runs it (lm/task.py: LanguageModelTask,
-env/task.py: EnvironmentTask). With only `resume`, the checkpoint's recorded kind decides.
+which config tree it is; the one `Task` (task.py) runs every kind, with the kind's part
+(lm/part.py, env/part.py). With only `resume`, the checkpoint's recorded kind decides.
 
 Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray
 placement groups released (after checkpointing the run where it stands), so another
@@ -50,7 +50,11 @@ class RLTrainer:
         resume = None if resume is False else resume  # resume=False: a fresh run, whichever the kind
         self.kind, typed = read_config(config, resume)
         self._scoped = False  # inside `with`: the workers stay up between train() calls
-        self.task = self.kind.trainer_class()(typed, resume=resume)
+        from hybridflow.trainer.env import part as _env  # noqa: F401  (here: they register their parts
+        from hybridflow.trainer.lm import part as _lm  # noqa: F401   and import torch and Ray)
+        from hybridflow.trainer.task import Task
+
+        self.task = Task(self.kind, typed, resume=resume)
 
     def __enter__(self) -> RLTrainer:
         self._scoped = True

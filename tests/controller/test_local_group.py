@@ -1,4 +1,4 @@
-"""`InProcessWorkerGroup`: one rank in the controller's process behind the WorkerGroup API
+"""`WorkerGroup(IN_PROCESS, ...)`: one rank placed in the controller's process, the same group
 (registered methods, dispatch/collect of one rank, non-blocking futures, shutdown)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from hybridflow.controller import Dispatch, InProcessWorkerGroup, ReadyFuture, Worker, register
+from hybridflow.controller import IN_PROCESS, Dispatch, ReadyFuture, Worker, WorkerGroup, register
 from hybridflow.protocol import DataProto
 
 
@@ -36,8 +36,8 @@ class Counter(Worker):
 
 
 def test_one_rank_called_like_a_worker_group():
-    group = InProcessWorkerGroup(Counter, 5)
-    assert group.world_size == 1 and group.worker.seen_rank == (0, 1)
+    group = WorkerGroup(IN_PROCESS, Counter, 5)
+    assert group.world_size == 1 and group.workers[0].seen_rank == (0, 1)
     assert group.worker_info[0]["pid"] == os.getpid()
     assert group.add(2) == [7]  # ONE_TO_ALL collects a list, one entry per rank
     assert group.per_rank([3]) == [30]  # ALL_TO_ALL takes one argument per rank
@@ -50,3 +50,5 @@ def test_one_rank_called_like_a_worker_group():
     group.shutdown()
     with pytest.raises(RuntimeError, match="Counter.add: the worker group was shut down"):
         group.add(1)
+    with pytest.raises(TypeError, match="runs in the controller's process"):
+        group.__reduce__()

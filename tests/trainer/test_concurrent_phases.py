@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridflow.controller import (Dispatch, InProcessWorkerGroup, ResourcePool, RoleSpec, Worker, WorkerError,
+from hybridflow.controller import (Dispatch, IN_PROCESS, ResourcePool, RoleSpec, Worker, WorkerError,
                                    WorkerGroup, create_colocated_worker_groups, register)
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.programs import phases as P
@@ -90,7 +90,7 @@ def _step(**tensors: torch.Tensor) -> P.Step:
 
 @pytest.fixture(scope="module")
 def group():
-    yield (group := InProcessWorkerGroup(Arith))
+    yield (group := WorkerGroup(IN_PROCESS, Arith))
     group.shutdown()
 
 

@@ -23,7 +23,7 @@ from hybridflow.config.env_algorithms import (
     steps_per_iteration,
 )
 from hybridflow.config.env_schema import env_config_from_dict
-from hybridflow.controller import InProcessWorkerGroup
+from hybridflow.controller import IN_PROCESS
 from hybridflow.trainer.observe.live_status import read_status
 from hybridflow.trainer.run.run_dir import read_metrics
 from trainer_helpers import counted_reads
@@ -41,11 +41,11 @@ def test_two_trainers_in_one_process_on_ray(ray_local, tmp_path):
     ppo = RLTrainer({"algorithm": "PPO", "env": "CartPole-v1", **_quiet(tmp_path, "ppo"),
                      "ppo": {"rollout_steps": 32, "minibatch_size": 32, "epochs": 1}})
     first = ppo.train(steps=64)
-    assert first.env_steps == 64 and ppo.groups is None  # workers and placement groups released
+    assert first.env_steps == 64 and ppo.groups == {}  # workers and placement groups released
     sac = RLTrainer({"algorithm": "SAC", "env": "Pendulum-v1", **_quiet(tmp_path, "sac"), "policy.hidden_size": [16],
                      "sac": {"learning_starts": 8, "batch_size": 8}})
     second = sac.train(steps=24)
-    assert second.env_steps == 24 and sac.groups is None
+    assert second.env_steps == 24 and sac.groups == {}
     again = ppo.train(steps=64)  # the first trainer starts its workers again, from where it stopped
     assert again.env_steps == 128
     steps = [r["env/steps"] for r in read_metrics(again.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
@@ -61,16 +61,16 @@ def test_train_calls_outside_with_continue_exactly_like_one_call(tmp_path):
               "trainer.log_freq": 32}
     with RLTrainer({**config, **_quiet(tmp_path, "kept")}) as kept:
         kept.train(steps=128)
-        want = kept.groups.learner.parameters_digest()[0]
+        want = kept.roles.learner.parameters_digest()[0]
     released = RLTrainer({**config, **_quiet(tmp_path, "released")})
     released.train(steps=64)
     released.train(steps=64)
     with released:
         released.train(steps=32)  # restarts from the second call's checkpoint; stays up in `with`
-        got = released.groups.learner.parameters_digest()[0]
+        got = released.roles.learner.parameters_digest()[0]
     with RLTrainer({**config, **_quiet(tmp_path, "longer")}) as longer:
         longer.train(steps=160)
-        want_longer = longer.groups.learner.parameters_digest()[0]
+        want_longer = longer.roles.learner.parameters_digest()[0]
     assert all(np.array_equal(want_longer[k], got[k]) for k in want_longer)
     assert not all(np.array_equal(want[k], got[k]) for k in want)  # it did train on after 128 steps
 
@@ -88,7 +88,7 @@ def test_environment_algorithms_are_rows_with_declared_capabilities():
     cfg = env_config_from_dict({"algorithm": "sac", "env": "Pendulum-v1", "env.num_envs": 3, "sac.train_freq": 4,
                                 "distributed.num_workers": 2})
     assert steps_per_iteration(cfg) == 2 * 3 * 4
-    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.env.programs:PPO"):
+    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.programs.algorithms:PPO"):
         add_env_algorithm(EnvAlgorithmSpec("ppo", "my_pkg.algo:PROGRAM", "ppo", "rollout",
                                            PolicyDefaults((8,), "tanh", True)))
     with pytest.raises(ConfigError, match="algorithm: unknown environment algorithm 'ppo2'; did you mean 'ppo'"):
@@ -97,7 +97,7 @@ def test_environment_algorithms_are_rows_with_declared_capabilities():
 
 def test_a_registered_environment_algorithm_runs_with_its_declared_section(tmp_path):
     # A user's row: PPO's program under another name, with other network defaults.
-    spec = EnvAlgorithmSpec("probe_ppo", "hybridflow.trainer.env.programs:PPO", "ppo", "rollout",
+    spec = EnvAlgorithmSpec("probe_ppo", "hybridflow.trainer.programs.algorithms:PPO", "ppo", "rollout",
                             PolicyDefaults((8,), "relu", False))
     add_env_algorithm(spec)
     try:
@@ -106,7 +106,7 @@ def test_a_registered_environment_algorithm_runs_with_its_declared_section(tmp_p
                         **_quiet(tmp_path, "probe")}) as trainer:
             assert trainer.config.policy.hidden_size == [8] and trainer.config.policy.activation == "relu"
             assert trainer.train(steps=32).env_steps == 32
-            assert isinstance(trainer.groups.learner, InProcessWorkerGroup)
+            assert trainer.roles.learner.resource_pool is IN_PROCESS
     finally:
         ENV_ALGORITHMS.pop("probe_ppo")
 
@@ -196,7 +196,7 @@ def test_a_finished_run_is_told_so_before_its_workers_start(tmp_path):
         with pytest.raises(ConfigError, match="nothing to train: the run is at environment step 32 and "
                                               "trainer.total_env_steps=32"):
             again.train()
-        assert again.groups is None
+        assert again.groups == {}
 
 
 BIGGER_AFTER = """

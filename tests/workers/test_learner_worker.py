@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hybridflow.algorithms.ppo_env import PPOLossConfig
-from hybridflow.controller import InProcessWorkerGroup
+from hybridflow.controller import IN_PROCESS, WorkerGroup
 from hybridflow.engines.policy.actor_critic import NetworkSpec
 from hybridflow.engines.policy.ppo_learner import PPOUpdateConfig, build_ppo_learner
 from hybridflow.engines.policy.spaces import ActionSpec
@@ -35,7 +35,7 @@ def test_ppo_update_returns_the_weights_after_the_update():
                        network=NetworkSpec(obs_dim=4, action=ActionSpec("discrete", (2,)), hidden_size=(8,)),
                        update=PPOUpdateConfig(lr=1e-2, epochs=2, minibatch_size=16, max_grad_norm=0.5, target_kl=None,
                                               loss=PPOLossConfig()))
-    learner = InProcessWorkerGroup(LearnerWorker, spec)
+    learner = WorkerGroup(IN_PROCESS, LearnerWorker, spec)
     learner.init_model()
     before = learner.get_weights().get()
     metrics, weights = learner.ppo_update(_batch(32))[0]

@@ -56,6 +56,13 @@ class LoopSection(RunOutputSection):
         (<run>/tensorboard), "wandb" (needs `pip install wandb`; honours WANDB_MODE=offline).
         Plots go to <run>/plots.
     wandb_project: the W&B project of the run (the run is named after its directory).
+    max_restarts: when a worker process or node dies, a call raises in a worker, or a call
+        outlives call_timeout_s, tear every worker group down, start them again, load the
+        newest complete checkpoint (save_freq; a failure before the first one stops the
+        run) and go on; at most this many times per step (0: stop at the first failure).
+        Each restart is a "restart" record in metrics.jsonl. See docs/resilience.md.
+    call_timeout_s: longest a worker-group call may run (seconds; null: no limit). A rank
+        stuck in a collective its peers never reach is reported (and restarted) after it.
     """
 
     save_freq: int = 0
@@ -63,10 +70,14 @@ class LoopSection(RunOutputSection):
     save_on_signal: bool = True
     loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     wandb_project: str = "hybridflow"
+    max_restarts: int = 2
+    call_timeout_s: float | None = 1800.0
 
     def __post_init__(self) -> None:
         at_least(self, 0, "save_freq", note="0 = no checkpoints")
         at_least(self, 1, "keep_last_checkpoints", null="keep all")
+        at_least(self, 0, "max_restarts", note="0 = stop at the first worker failure")
+        positive(self, "call_timeout_s", null="no limit")
         unknown = [name for name in self.loggers if name not in LOGGER_NAMES]
         if unknown or len(set(self.loggers)) != len(self.loggers):
             raise ConfigError(f"must be distinct names from {list(LOGGER_NAMES)}, got {self.loggers}", "loggers")
@@ -128,13 +139,6 @@ class TrainerSection(LoopSection):
     mode: "sync" (every phase waits for the previous one), "one_step_off" or "async"
         (generation on a separate rollout pool, overlapped with training; settings in
         async_rl, docs/async.md).
-    max_restarts: when a worker process or node dies, a call raises in a worker, or a call
-        outlives call_timeout_s, tear every worker group down, start them again, load the
-        newest complete checkpoint (trainer.save_freq; a failure before the first one stops
-        the run) and go on; at most this many times per run (0: stop at the first failure).
-        Each restart is a "restart" record in metrics.jsonl. See docs/resilience.md.
-    call_timeout_s: longest a worker-group call may run (seconds; null: no limit). A rank
-        stuck in a collective its peers never reach is reported (and restarted) after it.
     max_no_signal_steps: stop the run (cleanly: it is still evaluated and exported) after
         this many steps in a row without learning signal, i.e. every group's advantages 0
         (all responses to each prompt scored alike); null: never stop. Each such step is
@@ -148,15 +152,11 @@ class TrainerSection(LoopSection):
     validation: ValidationSection = field(default_factory=ValidationSection)
     balance_batch: bool = True
     concurrent_phases: bool = True
-    max_restarts: int = 2
-    call_timeout_s: float | None = 1800.0
     mode: Literal["sync", "one_step_off", "async"] = "sync"
     max_no_signal_steps: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         at_least(self, 1, "max_no_signal_steps", null="never stop")
-        at_least(self, 0, "max_restarts", note="0 = stop at the first worker failure")
-        positive(self, "call_timeout_s", null="no limit")
         at_least(self, 1, "total_steps")
         at_least(self, 0, "test_freq", note="0 = only before and after")

@@ -1,19 +1,20 @@
-"""The worker groups of an environment task: env runners and learners, on Ray or in-process.
+"""The worker groups of an environment task: the env runners and the learner.
 
     groups = build_env_groups(cfg, collector_spec, learner_spec)
-    groups.runners.rollout(128).get(); groups.learner.ppo_update(batch)
-    groups.shutdown()          # stops the workers and releases their placement groups
+    groups["runners"].rollout(128).get(); groups["learner"].ppo_update(batch)
 
-With distributed.num_workers >= 1 both roles are Ray `WorkerGroup`s: num_workers env
-runners placed by distributed.placement_strategy, and num_learners learner ranks. With
-num_workers 0 each role is the controller's `InProcessWorkerGroup` (controller/local_group.py):
-the same worker class, built in this process and called through the same registered
-methods, so the programs in programs.py do not know which they drive.
+With distributed.num_workers >= 1 both roles are Ray `WorkerGroup`s: num_workers env runners
+placed by distributed.placement_strategy, and num_learners learner ranks. With num_workers 0
+each role is placed in the controller's process (`IN_PROCESS`, controller/local_group.py):
+the same worker class and group, so the programs do not know where their ranks run. The
+roles are named "runners" and "learner" (what a failure report, the live status and
+HYBRIDFLOW_FAULT call them).
 
 Placement strategies map onto `ResourcePool` entries (one placement group per node):
 pack = all runners in one entry (one node); spread = the runners dealt round-robin over
 the alive nodes (on one node: one entry, since spreading is a preference); strict_spread
-= one runner per node, refused when the cluster has fewer nodes than runners.
+= one runner per node, refused when the cluster has fewer nodes than runners. A restart
+places them again on the nodes alive then.
 """
 
 from __future__ import annotations
@@ -22,82 +23,80 @@ import contextlib
 import sys
 import sysconfig
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 import ray.cloudpickle
 
-from hybridflow.config.env_schema import EnvRunConfig
-from hybridflow.controller import InProcessWorkerGroup, ResourcePool, WorkerGroup
+from hybridflow.controller import IN_PROCESS, ResourcePool, RoleSpec, WorkerGroup, create_colocated_worker_groups
 from hybridflow.errors import ConfigError
+from hybridflow.workers import shutdown_role_groups
 from hybridflow.workers.env_runner import EnvRunnerWorker
 from hybridflow.workers.learner import LearnerSpec, LearnerWorker
 
 CLOSE_ENVS_TIMEOUT_S = 30.0
 
 
-@dataclass
-class EnvGroups:
-    runners: Any  # WorkerGroup | InProcessWorkerGroup of EnvRunnerWorker
-    learner: Any  # WorkerGroup | InProcessWorkerGroup of LearnerWorker
-    pools: list[Any]
-
-    def shutdown(self) -> None:
-        """Close the environments, stop the groups (those started: a failed start has None for
-        the others), release the pools."""
-        try:
-            # Bounded: a runner that died or hangs in a step must not keep the shutdown waiting
-            # (its environments go with its process); an env's own close() failing neither.
-            with contextlib.suppress(Exception):
-                if self.runners is not None:
-                    self.runners.submit("close_envs").get(timeout_s=CLOSE_ENVS_TIMEOUT_S)
-        finally:
-            for group in (self.runners, self.learner):
-                if group is not None:
-                    group.shutdown()
-            for pool in self.pools:
-                pool.release()
+def close_envs(runners: WorkerGroup) -> None:
+    """Close the environments before their processes go. Bounded: a runner that died or
+    hangs in a step must not keep the shutdown waiting (its environments go with its
+    process); an env's own close() failing neither."""
+    with contextlib.suppress(Exception):
+        runners.submit("close_envs").get(timeout_s=CLOSE_ENVS_TIMEOUT_S)
 
 
-def build_env_groups(cfg: EnvRunConfig, collector_spec: Any, learner_spec: LearnerSpec) -> EnvGroups:
+def build_env_groups(cfg: Any, collector_spec: Any, learner_spec: LearnerSpec) -> dict[str, WorkerGroup]:
     """Start the env runners and the learner (on the Ray the caller started, or in-process
     when num_workers is 0)."""
     dist = cfg.distributed
+    runners_role = {"runners": RoleSpec(EnvRunnerWorker, (collector_spec,))}
+    learner_role = {"learner": RoleSpec(LearnerWorker, (learner_spec,))}
     if dist.num_workers == 0:
-        learner = InProcessWorkerGroup(LearnerWorker, learner_spec)
-        learner.init_model()
-        return EnvGroups(runners=InProcessWorkerGroup(EnvRunnerWorker, collector_spec), learner=learner, pools=[])
+        groups = create_colocated_worker_groups(IN_PROCESS, learner_role)
+        groups["learner"].init_model()
+        return {**create_colocated_worker_groups(IN_PROCESS, runners_role), **groups}
     ship_by_value(collector_spec.source.factory)
     alive_nodes = sum(1 for node in ray.nodes() if node["Alive"])
     counts = runner_node_counts(dist.num_workers, dist.placement_strategy, alive_nodes)
     runner_cpus = dist.cpus_per_worker or _shared_cpus(ray.cluster_resources().get("CPU", 1.0), dist)
     runner_pool = ResourcePool(counts, cpus_per_slot=runner_cpus)
     learner_pool = ResourcePool([dist.num_learners], cpus_per_slot=dist.learner_cpus)
-    pools = [runner_pool, learner_pool]
-    runners = learner = None
+    groups: dict[str, WorkerGroup] = {}
     # The runners' processes start while the learner's do: each imports torch (seconds), and
     # one after the other the start-up was their sum (bench_vs_sb3.py's set-up column).
     with ThreadPoolExecutor(1, thread_name_prefix="hybridflow-env-runners") as starter:
-        starting = starter.submit(WorkerGroup, runner_pool, EnvRunnerWorker, collector_spec)
+        starting = starter.submit(_colocated, runner_pool, runners_role)
         try:
-            learner = WorkerGroup(learner_pool, LearnerWorker, learner_spec)
-            learner.init_model()
-            runners = starting.result()
+            groups.update(_colocated(learner_pool, learner_role))
+            groups["learner"].init_model()
+            groups.update(starting.result())
         except BaseException:
-            EnvGroups(_started_or_none(starting), learner, pools).shutdown()
+            groups.update(_started_or_none(starting))
+            if "runners" in groups:
+                close_envs(groups["runners"])
+            shutdown_role_groups(groups)
+            for pool in (runner_pool, learner_pool):
+                pool.release()
             raise
-    return EnvGroups(runners=runners, learner=learner, pools=pools)
+    return {"runners": groups["runners"], "learner": groups["learner"]}
 
 
-def _started_or_none(starting: Future) -> Any:
-    """The group `starting` made once it is done, or None where it failed (its error is the
+def _colocated(pool: ResourcePool, roles: dict[str, RoleSpec]) -> dict[str, WorkerGroup]:
+    try:
+        return create_colocated_worker_groups(pool, roles)
+    except BaseException:
+        pool.release()
+        raise
+
+
+def _started_or_none(starting: Future) -> dict[str, WorkerGroup]:
+    """The groups `starting` made once it is done, or none where it failed (its error is the
     second one; the first is being raised)."""
     try:
         return starting.result()
     except BaseException:
-        return None
+        return {}
 
 
 def ship_by_value(factory: Any) -> None:

@@ -8,8 +8,8 @@
 Per-rank sizes are the config's totals divided by distributed.num_learners (the row's
 check made sure that they divide): each learner rank trains on its slice of every
 minibatch and keeps its share of the replay buffer. What depends on the algorithm comes
-from its row (config/env_algorithms.py) and its program (programs.py), never from
-comparing its name.
+from its row (config/env_algorithms.py) and its program (trainer/programs/algorithms.py:
+EnvProgram), never from comparing its name.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from hybridflow.envs.registry import EnvSource, resolve_env
 from hybridflow.envs.spaces import action_spec, obs_dim
 from hybridflow.errors import ConfigError
 from hybridflow.registry import import_object
-from hybridflow.trainer.env.programs import EnvProgram
+from hybridflow.trainer.programs.algorithms import EnvProgram
 from hybridflow.workers.learner import LearnerSpec
 
 
@@ -33,7 +33,7 @@ def env_program(cfg: EnvRunConfig) -> EnvProgram:
         program = import_object(program, "algorithm", "environment algorithm program")
     if not isinstance(program, EnvProgram):
         raise ConfigError(f"the program of environment algorithm {cfg.algorithm!r} is {program!r}, not an "
-                          "EnvProgram (hybridflow/trainer/env/programs.py)", "algorithm")
+                          "EnvProgram (hybridflow/trainer/programs/algorithms.py)", "algorithm")
     return program
 
 

@@ -1,8 +1,8 @@
 """What an environment run's checkpoint holds besides the learner, written so that reading
 it back cannot run code planted in it.
 
-    save_env_state(checkpoint_dir, runner_states, pending)       # EnvironmentTask.save_checkpoint
-    runner_states, pending, note = load_env_state(checkpoint_dir)  # EnvironmentTask._load_checkpoint
+    save_env_state(checkpoint_dir, runner_states, pending)       # EnvironmentPart.save
+    runner_states, pending, note = load_env_state(checkpoint_dir)  # EnvironmentPart.load
 
 - `runners.json` + `runners.safetensors`: every env runner's state (observations, RNG,
   reward-scaling statistics, episode counters) as JSON and tensors

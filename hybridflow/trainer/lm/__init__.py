@@ -1,3 +1,3 @@
-"""The language-model task: `LanguageModelTask` (task.py: the RL loop that runs an algorithm's
-program each step) and held-out evaluation of the policy (evaluate.py).
+"""The language-model task kind: its part of the one lifecycle (part.py: prompts, reward and
+the algorithm's roles; one RL step a step) and held-out evaluation of the policy (evaluate.py).
 """

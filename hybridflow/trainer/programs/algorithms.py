@@ -17,6 +17,9 @@ docs/algorithms.md lists the rows.
 - ppo: GAE with a learned critic.
 - safe_rlhf: PPO on reward and cost (two critics) under a Lagrange multiplier.
 
+Environment tasks run programs of the same shape (`env_ppo`, `env_sac`: runners collect,
+the controller computes GAE, the learner updates, weights sync; programs/env_phases.py).
+
 Any of them can take its reward from a reward model (`reward_model.path`) instead of, or
 in addition to, the rule-based function. `generate_and_score`, `log_probs`,
 `shaped_rewards` and `train_critic_free` are the building blocks the programs share; a
@@ -30,11 +33,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hybridflow.algorithms import LagrangeMultiplier, build_kl_controller
+from hybridflow.algorithms.ppo_env import PPOLossConfig
 from hybridflow.config.algorithm import AlgorithmSpec
 from hybridflow.config.algorithm_settings import overlong_buffer_len
 from hybridflow.config.schema import RunConfig
+from hybridflow.engines.policy.actor_critic import ActorCritic
+from hybridflow.engines.policy.ppo_learner import PPOUpdateConfig, build_ppo_learner
+from hybridflow.engines.policy.sac_learner import TRANSITION_KEYS, SACUpdateConfig, build_sac_learner
+from hybridflow.engines.policy.sac_model import SACModel
 from hybridflow.registry import import_object
 from hybridflow.rewards.templates import model_weight
+from hybridflow.trainer.programs import env_phases as E
 from hybridflow.trainer.programs import phases as P
 from hybridflow.trainer.programs.phases import Roles, Step
 
@@ -214,3 +223,56 @@ def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> Non
         P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
                        with_behaviour=cfg.actor.loss.off_policy.enabled)
 
+
+
+# ----------------------------------------------------------------------------- environment tasks
+
+
+def env_ppo(step: Step, roles: Roles, cfg: Any, run: E.EnvRun) -> None:
+    """PPO on environments: the runners collect, the controller computes GAE, the learner updates."""
+    lr = E.ppo_lr(cfg, run)  # scheduled by the steps trained on before this batch
+    E.collect(step, run, lambda: roles.runners.rollout(cfg.ppo.rollout_steps, *run.take_weights()))
+    E.compute_env_gae(step, cfg.ppo, lr)
+    E.update_learner(step, roles.learner, "ppo_update", run)
+
+
+def env_sac(step: Step, roles: Roles, cfg: Any, run: E.EnvRun) -> None:
+    """SAC: the runners collect transitions (uniform actions until sac.learning_starts steps were
+    asked for), the learner stores them and takes its gradient steps."""
+    s = cfg.sac
+    E.collect(step, run, lambda: roles.runners.transitions(s.train_freq, run.submitted_steps < s.learning_starts,
+                                                            *run.take_weights()), keep=TRANSITION_KEYS)
+    if run.env_steps > s.learning_starts:
+        steps = E.sac_gradient_steps(s.gradient_steps, s.train_freq, int(step.batch.meta_info["env_steps"]))
+        E.update_learner(step, roles.learner, "sac_train", run, steps)
+    else:
+        E.store_transitions(step, roles.learner)  # warm-up: only fill the replay buffer
+
+
+@dataclass(frozen=True)
+class EnvProgram:
+    """What an environment algorithm's row names: its step program, the network the runners
+    act with, how each learner rank builds its learner, and that learner's per-rank settings
+    from the algorithm's config section (`update_config(section, ranks)`)."""
+
+    program: Callable[[Step, Roles, Any, E.EnvRun], None]
+    acting_model: type
+    build_learner: Callable[..., Any]
+    update_config: Callable[[Any, int], Any]
+
+
+def ppo_update_config(p: Any, ranks: int) -> PPOUpdateConfig:
+    return PPOUpdateConfig(lr=p.lr, epochs=p.epochs, minibatch_size=p.minibatch_size // ranks,
+                           max_grad_norm=p.max_grad_norm, target_kl=p.target_kl,
+                           loss=PPOLossConfig(clip_ratio=p.clip_ratio, clip_value=p.clip_value, vf_coef=p.vf_coef,
+                                              ent_coef=p.ent_coef, normalize_advantages=p.normalize_advantages))
+
+
+def sac_update_config(s: Any, ranks: int) -> SACUpdateConfig:
+    return SACUpdateConfig(lr=s.lr, batch_size=s.batch_size // ranks, gamma=s.gamma, tau=s.tau, autotune=s.autotune,
+                           alpha=s.init_alpha, target_entropy=s.target_entropy,
+                           buffer_capacity=max(1, s.buffer_size // ranks))
+
+
+PPO = EnvProgram(env_ppo, ActorCritic, build_ppo_learner, ppo_update_config)
+SAC = EnvProgram(env_sac, SACModel, build_sac_learner, sac_update_config)

@@ -256,7 +256,7 @@ class Block:
             raise ConcurrencyError(f"{getattr(group, 'role', group)}.{method} was called inside a concurrently block "
                                    "outside any phase; call it from a phase (@phase)")
         self._flush_metrics(phase)  # what the phase recorded before the call comes first
-        future = group.submit(method, data)  # a WorkerGroup's CallFuture, an InProcessWorkerGroup's ReadyFuture
+        future = group.submit(method, data)  # a CallFuture (Ray), a ReadyFuture (in process)
         call = _Call(future, then, frozenset(getattr(group, "workers", ())), time.monotonic(), phase)
         if not self.step.concurrent or not isinstance(future, CallFuture):
             # Waited for here (or computed already, an in-process group): the phase's own

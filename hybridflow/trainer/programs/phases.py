@@ -71,15 +71,17 @@ SILENT_GROUPS, GROUPS = "adv/silent_groups", "adv/groups"  # record_signal
 
 @dataclass
 class Roles:
-    """What the step program talks to."""
+    """What the step program talks to (the roles of its task kind; the others are None)."""
 
-    actor: WorkerGroup  # ActorRolloutRefWorker: generation, log-probs, reference policy, update
-    critic: WorkerGroup | None  # CriticWorker (algorithms with a critic: ppo, safe_rlhf)
-    reward: Any  # hybridflow.rewards.RewardManager: scores responses in worker processes
+    actor: WorkerGroup | None = None  # ActorRolloutRefWorker: generation, log-probs, reference policy, update
+    critic: WorkerGroup | None = None  # CriticWorker (algorithms with a critic: ppo, safe_rlhf)
+    reward: Any = None  # hybridflow.rewards.RewardManager: scores responses in worker processes
     reward_model: WorkerGroup | None = None  # RewardModelWorker (reward_model.path)
     cost_critic: WorkerGroup | None = None  # CriticWorker of the costs (safe_rlhf)
     cost_model: WorkerGroup | None = None  # RewardModelWorker scoring costs (cost_model.path)
     cost_fn: Any = None  # RewardManager of the rule-based cost function (cost_model.custom_fn_path)
+    runners: WorkerGroup | None = None  # EnvRunnerWorker: environments and the acting policy (environment tasks)
+    learner: WorkerGroup | None = None  # LearnerWorker: the policy's updates (environment tasks)
 
 
 @dataclass

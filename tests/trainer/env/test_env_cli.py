@@ -61,8 +61,7 @@ def test_the_commands_given_an_environment_run_read_it_as_one(tmp_path, capsys):
                  "trainer.console=none", "trainer.total_env_steps=256", "trainer.save_freq=256"]) == 0
     run_dir = _run_dir(tmp_path / "runs")
     # A language-model config cannot continue it: its saved config was read as a language-model
-    # one ("algorithm: expected a section (mapping), got 'ppo'"; the reverse: "trainer.max_restarts:
-    # is a setting of language-model runs").
+    # one ("algorithm: expected a section (mapping), got 'ppo'").
     assert main(["train", "--config", str(EXAMPLES / "grpo_arithmetic.yaml"), "--resume", str(run_dir)]) == 2
     assert "is a run of task kind 'environment', the config of kind 'language_model'" in capsys.readouterr().err
     # `hybridflow plot` draws its plots (was "has no RL step metrics to plot").

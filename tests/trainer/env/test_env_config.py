@@ -124,14 +124,14 @@ def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
     # hybridflow.RLTrainer).
     import hybridflow
     from hybridflow.config.schema import RunConfig, run_config_from_tree
-    from hybridflow.trainer.env.task import EnvironmentTask
+    from hybridflow.trainer.env.part import EnvironmentPart
 
     lm = {"trainer": {"output_dir": str(tmp_path / "lm"), "total_steps": 1}, "algorithm.name": "rloo"}
     assert task_kind_of(lm).name == "language_model"
     cfg = run_config_from_tree(lm)
     assert isinstance(cfg, RunConfig) and (cfg.trainer.total_steps, cfg.algorithm.name) == (1, "rloo")
     with hybridflow.RLTrainer({"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "env")}) as env:
-        assert env.kind.name == "environment" and isinstance(env.task, EnvironmentTask)
+        assert env.kind.name == "environment" and isinstance(env.task.part, EnvironmentPart)
         assert env.config.env.id == "CartPole-v1"  # the task's attributes read through
     # A misspelt top-level key is refused before any kind is decided (it would otherwise
     # silently make a language-model run out of an environment task).
@@ -145,18 +145,13 @@ def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
     # os.PathLike object, not bool"; a language-model run "resume=False is not a checkpoint to resume").
     fresh = {"env": "CartPole-v1", "trainer.output_dir": str(tmp_path / "fresh")}
     with hybridflow.RLTrainer(fresh, resume=False) as env:
-        assert env.checkpoint is None and env.run_dir.parent == tmp_path / "fresh"
+        assert env.resumed_from is None and env.run_dir.parent == tmp_path / "fresh"
 
 
-@pytest.mark.parametrize("key, value, advice", [
-    ("trainer.max_restarts", 1, "hybridflow train --resume RUN_DIR"),
-    ("trainer.call_timeout_s", 60, "hybridflow train --resume RUN_DIR"),
-    ("resources.nodes", 2, "distributed.placement_strategy"),
-])
-def test_language_model_recovery_and_placement_keys_are_refused_for_environment_tasks(key, value, advice):
-    # Environment tasks have no restart supervisor or resources section (docs/resilience.md):
-    # the keys are refused with what to use instead, not as an unknown key.
-    section, name = key.split(".")
+def test_language_model_placement_keys_are_refused_for_environment_tasks():
+    # Environment tasks have no resources section: the keys are refused with what to use
+    # instead, not as an unknown key. (Restarts are every kind's: trainer.max_restarts.)
     with pytest.raises(ConfigError, match="is a setting of language-model runs") as info:
-        env_config_from_dict({"algorithm": "ppo", "env": "CartPole-v1", section: {name: value}})
-    assert info.value.key == (key if section == "trainer" else "resources") and advice in str(info.value)
+        env_config_from_dict({"algorithm": "ppo", "env": "CartPole-v1", "resources": {"nodes": 2}})
+    assert info.value.key == "resources" and "distributed.placement_strategy" in str(info.value)
+    assert env_config_from_dict({"env": "CartPole-v1", "trainer.max_restarts": 1}).trainer.max_restarts == 1

@@ -55,13 +55,13 @@ def _resume_equals_uninterrupted(tmp_path: Path, example: str, overrides: list[s
                                                *overrides])
     with RLTrainer(cfg) as full:
         full.train()
-        want = full.groups.learner.parameters_digest()[0]
+        want = full.roles.learner.parameters_digest()[0]
     copy = tmp_path / "b" / full.run_dir.name  # resuming rewrites the run dir: work on a copy
     shutil.copytree(full.run_dir, copy)
     with RLTrainer(resume=copy / "checkpoints" / f"global_step_{checkpoint_step}") as resumed:
-        assert resumed.iteration == checkpoint_step
+        assert resumed.global_step == checkpoint_step
         resumed.train()
-        got = resumed.groups.learner.parameters_digest()[0]
+        got = resumed.roles.learner.parameters_digest()[0]
     assert want.keys() == got.keys()
     for name in want:
         assert np.array_equal(want[name], got[name]), name

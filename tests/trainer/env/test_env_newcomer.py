@@ -8,9 +8,9 @@ from pathlib import Path
 
 from hybridflow.config.env_schema import load_env_config
 from hybridflow import RLTrainer
-from hybridflow.trainer.env.programs import sac_gradient_steps
+from hybridflow.trainer.programs.env_phases import sac_gradient_steps
 from hybridflow.trainer.env.records import RecordAccumulator
-from hybridflow.trainer.env.task import warn_oversubscribed
+from hybridflow.trainer.env.part import warn_oversubscribed
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

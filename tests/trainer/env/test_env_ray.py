@@ -13,7 +13,7 @@ from types import ModuleType
 import numpy as np
 
 from hybridflow import RLTrainer
-from hybridflow.trainer.env.task import EnvironmentTask, EnvTrainResult
+from hybridflow.trainer.env.part import EnvironmentPart, EnvTrainResult
 from hybridflow.trainer.run.run_dir import read_metrics
 
 
@@ -54,13 +54,13 @@ def test_quick_start_dict_with_a_custom_env_on_two_spread_actors(ray_local, tmp_
         "trainer": {"output_dir": str(tmp_path), "console": "none", "log_freq": 120},
     }
     trainer = RLTrainer(config)
-    assert isinstance(trainer, RLTrainer) and isinstance(trainer.task, EnvironmentTask)
+    assert isinstance(trainer, RLTrainer) and isinstance(trainer.task.part, EnvironmentPart)
     with trainer:
         result = trainer.train(steps=6e2)
-        runners = trainer.groups.runners
+        runners = trainer.roles.runners
         info = runners.worker_info
         assert runners.world_size == 2 and len({w["pid"] for w in info}) == 2
-        assert trainer.groups.pools[0].process_on_nodes == [2]  # one node: spread is a preference
+        assert trainer.roles.runners.resource_pool.process_on_nodes == [2]  # one node: spread is a preference
     records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert result.env_steps == 600 and sum(r["perf/iterations"] for r in records) == 5
     assert records[0]["policy/lag_max"] == 0 and max(r["policy/lag_max"] for r in records) == 1  # async, lag <= 1
@@ -84,7 +84,7 @@ def test_ppo_on_a_ray_runner_and_two_learner_ranks_equals_the_in_process_run(ray
     for distributed in ({"num_workers": 0}, {"num_workers": 1, "num_learners": 2}):
         with RLTrainer({**_common(tmp_path, "ppo"), "distributed": distributed}) as trainer:
             trainer.train(steps=192)
-            digests.append(trainer.groups.learner.parameters_digest())
+            digests.append(trainer.roles.learner.parameters_digest())
     (local,), (rank0, rank1) = digests
     for name in local:
         assert np.array_equal(rank0[name], rank1[name]), name  # the replicas stay identical
@@ -97,21 +97,21 @@ def test_sac_learner_ranks_stay_identical_replicas(ray_local, tmp_path):
     config = {**_common(tmp_path, "sac"), "distributed": {"num_workers": 1, "num_learners": 2}, "trainer.log_freq": 16}
     with RLTrainer(config) as trainer:
         result = trainer.train(steps=96)
-        rank0, rank1 = trainer.groups.learner.parameters_digest()
+        rank0, rank1 = trainer.roles.learner.parameters_digest()
     assert all(np.array_equal(rank0[name], rank1[name]) for name in rank0)
     records = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["phase"] == "rl"]
     assert records[-1]["sac/buffer_size"] == 96 / 2  # each rank holds half of the transitions
 
 
 def test_sac_on_a_ray_runner_equals_the_in_process_run(ray_local, tmp_path):
-    # New weights travel with the next collection call (env_programs.EnvRun.take_weights):
+    # New weights travel with the next collection call (programs/env_phases.py: EnvRun.take_weights):
     # the runner must act with exactly the weights the in-process collector acts with, at
     # every iteration, or the transitions and so the learnt weights would differ.
     digests = []
     for distributed in ({"num_workers": 0}, {"num_workers": 1}):
         with RLTrainer({**_common(tmp_path, "sac"), "distributed": distributed}) as trainer:
             trainer.train(steps=160)
-            digests.append(trainer.groups.learner.parameters_digest()[0])
+            digests.append(trainer.roles.learner.parameters_digest()[0])
     local, ray_run = digests
     for name in local:
         assert np.allclose(local[name], ray_run[name], rtol=1e-4, atol=1e-6), name

@@ -49,7 +49,7 @@ def test_a_runner_that_fails_to_start_stops_the_learner_and_frees_the_cpus(ray_l
     # >=: an earlier test's actors may still have been returning their CPUs when `before`
     # was read (the session's Ray is shared); what this run held must all be back
     assert ray.available_resources().get("CPU", 0.0) >= before
-    assert trainer.groups is None
+    assert trainer.groups == {}
 
 
 

@@ -24,7 +24,7 @@ def test_the_documented_environment_algorithm_runs(tmp_path, monkeypatch):
         result = scope["result"]
         assert result.env_steps == 256 and (tmp_path / "runs").is_dir()
         program = ENV_ALGORITHMS["ppo_mc"].program
-        assert program.iteration.__name__ == "monte_carlo_iteration"
+        assert program.program.__name__ == "ppo_monte_carlo"
         assert (result.run_dir / "config.yaml").read_text().startswith("name: CartPole-v1-ppo_mc")
     finally:
         ENV_ALGORITHMS.pop("ppo_mc")
