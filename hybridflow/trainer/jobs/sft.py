@@ -93,13 +93,22 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
     except BaseException as err:
         shutdown_role_groups(groups)
         if isinstance(err, WorkerError) and (err.died or isinstance(err, CallTimeoutError)):
-            what = "the SFT warm start" if keep_actor else "SFT"
-            err.add_note(f"hybridflow: {what} saves nothing before its last step, so it is not restarted: run the "
-                         f"same command again once node {err.node} is back, or on fewer nodes (resources.nodes)")
+            raise _not_restarted(err, "the SFT warm start" if keep_actor else "SFT") from err
         raise
     if not keep_actor:
         shutdown_role_groups(groups)
     return SFTResult(model_dir, before, after, record["sft/loss"], actor if keep_actor else None)
+
+
+def _not_restarted(err: WorkerError, what: str) -> WorkerError:
+    """A lost or hung rank of `what` in one line with what to do: SFT saves nothing before its
+    last step, so there is no checkpoint to resume from and it is not restarted."""
+    how = "died (its process or node was lost)" if err.died else "did not finish within trainer.call_timeout_s"
+    return WorkerError(f"{err.role} rank {err.rank} (node {err.node}, pid {err.pid}) {how} in {err.method} during "
+                       f"{what}, which saves nothing before its last step: run the same command again once node "
+                       f"{err.node} is back, or on fewer nodes (resources.nodes)", role=err.role, rank=err.rank,
+                       node=err.node, pid=err.pid, method=err.method, died=err.died,
+                       remote_traceback=err.remote_traceback)
 
 
 def train_steps(phase: str, steps: int, update: Callable[[], dict[str, float]],
