@@ -111,6 +111,7 @@ class NetnsCluster:
         self.address = f"{self.nodes[0].ip}:{port}"
         self._starts = [0] * nodes  # ray starts per node (each gets a fresh temp dir)
         self._links: list[subprocess.Popen] = []
+        self._slowed: set[int] = set()  # nodes whose path to the head goes through a delayed link
         self._closed = False
 
     # ------------------------------------------------------------------ building
@@ -254,8 +255,16 @@ class NetnsCluster:
     # ------------------------------------------------------------------ links
 
     def link(self, index: int, up: bool) -> None:
-        """Unplug (or plug back) node `index`'s cable at the switch."""
-        sh("ip", "-n", self.switch, "link", "set", self.port(index), "up" if up else "down")
+        """Unplug (or plug back) node `index`'s cables: its port at the switch and, while the
+        path to it is slowed, its end of the delayed link (whose host route the kernel drops
+        with the device, so it is put back)."""
+        state = "up" if up else "down"
+        sh("ip", "-n", self.switch, "link", "set", self.port(index), state)
+        if index in self._slowed:
+            node = self.nodes[index]
+            sh("ip", "-n", node.ns, "link", "set", "hfd", state)
+            if up:
+                sh("ip", "-n", node.ns, "route", "replace", f"{self.nodes[0].ip}/32", "dev", "hfd")
 
     @contextlib.contextmanager
     def slowed(self, index: int, delay_ms: float, rate_mbit: float) -> Iterator[None]:
@@ -267,6 +276,7 @@ class NetnsCluster:
         link = subprocess.Popen([sys.executable, str(Path(__file__).with_name("delay_link.py")), head.ns, node.ns,
                                  str(delay_ms)], stdout=subprocess.PIPE, text=True)
         self._links.append(link)
+        self._slowed.add(index)
         try:
             assert link.stdout is not None and link.stdout.readline().strip() == "ready", "delay link did not start"
             for here, there in ((head, node), (node, head)):
@@ -282,6 +292,7 @@ class NetnsCluster:
             link.kill()
             link.wait()
             self._links.remove(link)
+            self._slowed.discard(index)
 
     # ------------------------------------------------------------------ teardown
 
