@@ -65,13 +65,13 @@ class Command:
     argv: list[str]
 
 
-def recipe(head_ip: str) -> dict[str, Command]:
-    """The cluster start of docs/resilience.md ("Starting a cluster"), HEAD_IP filled in:
+def recipe(head_ip: str, page: Path = DOCS, heading: str = "### Starting a cluster") -> dict[str, Command]:
+    """The cluster start of `page` (the first bash block after `heading`), HEAD_IP filled in:
     {"token": make the token, "head": start the head, "join": start every other node}."""
-    section = DOCS.read_text().split("### Starting a cluster", 1)[1]
+    section = page.read_text().split(heading, 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
     found: dict[str, Command] = {}
-    for line in block.replace("\\\n", " ").splitlines():
+    for line in block.replace("\\\n", " ").replace("&&", "\n").splitlines():
         words = shlex.split(line.replace("HEAD_IP", head_ip), comments=True)
         env = {}
         while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
@@ -81,7 +81,7 @@ def recipe(head_ip: str) -> dict[str, Command]:
             found["token"] = Command(env, words)
         elif words[:2] == ["ray", "start"]:
             found["head" if "--head" in words else "join"] = Command(env, words)
-    assert set(found) == {"token", "head", "join"}, f"{DOCS}: the recipe lost a line: {sorted(found)}"
+    assert set(found) == {"token", "head", "join"}, f"{page}: the recipe lost a line: {sorted(found)}"
     return found
 
 
@@ -282,8 +282,7 @@ class NetnsCluster:
             for here, there in ((head, node), (node, head)):
                 n = ("ip", "-n", here.ns)
                 sh(*n, "link", "set", "hfd", "up")
-                sh("ip", "netns", "exec", here.ns, "tc", "qdisc", "add", "dev", "hfd", "root", "tbf", "rate",
-                   f"{rate_mbit}mbit", "burst", "64kb", "latency", "400ms")
+                limit_rate(here.ns, "hfd", rate_mbit)
                 sh(*n, "route", "add", f"{there.ip}/32", "dev", "hfd")
             yield
         finally:
@@ -293,6 +292,19 @@ class NetnsCluster:
             link.wait()
             self._links.remove(link)
             self._slowed.discard(index)
+
+    @contextlib.contextmanager
+    def rate_limited(self, index: int, rate_mbit: float) -> Iterator[None]:
+        """Node `index`'s cable carries at most `rate_mbit` each way (tc tbf on both of its
+        ends, in the kernel; no added delay)."""
+        ends = [(self.switch, self.port(index)), (self.nodes[index].ns, "eth0")]
+        try:
+            for ns, dev in ends:
+                limit_rate(ns, dev, rate_mbit)
+            yield
+        finally:
+            for ns, dev in ends:
+                sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
 
     # ------------------------------------------------------------------ teardown
 
@@ -307,6 +319,12 @@ class NetnsCluster:
         for ns in [n.ns for n in self.nodes] + [self.switch]:
             sh("ip", "netns", "del", ns, check=False)
         shutil.rmtree(self.root, ignore_errors=True)  # the nodes' homes and Ray logs
+
+
+def limit_rate(ns: str, dev: str, rate_mbit: float) -> None:
+    """What leaves `dev` in namespace `ns`: at most `rate_mbit` (tc tbf, 64 KB bursts)."""
+    sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
+       "burst", "64kb", "latency", "400ms")
 
 
 def _kill_all(pids_now, timeout_s: float = 30.0) -> None:
