@@ -293,6 +293,21 @@ class NetnsCluster:
             self._links.remove(link)
             self._slowed.discard(index)
 
+    def round_trip_ms(self, index: int) -> float:
+        """Median time of a TCP connect (one round trip) from node `index` to the head's Ray port."""
+        host, port = self.address.rsplit(":", 1)
+        probe = ("import socket, statistics, time\n"
+                 "seconds = []\n"
+                 "for _ in range(7):\n"
+                 "    start = time.perf_counter()\n"
+                 f"    socket.create_connection(({host!r}, {port}), timeout=10).close()\n"
+                 "    seconds.append(time.perf_counter() - start)\n"
+                 "print(statistics.median(seconds) * 1000)\n")
+        done = self.run(index, [sys.executable, "-c", probe], timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"round trip from node {index} failed:\n{done.stderr[-2000:]}")
+        return float(done.stdout.strip())
+
     @contextlib.contextmanager
     def rate_limited(self, index: int, rate_mbit: float) -> Iterator[None]:
         """Node `index`'s cable carries at most `rate_mbit` each way (tc tbf on both of its
