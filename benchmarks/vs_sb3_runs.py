@@ -172,8 +172,8 @@ def run_hybridflow(task: str, seed: int, workers: int, sampling: str, steps: int
         trainer._start()  # workers up before the clock starts (train() does this itself otherwise)
         setup = time.perf_counter() - start
         roles = {} if workers == 0 else {
-            **{info["pid"]: "runners" for info in trainer.groups.runners.worker_info},
-            **{info["pid"]: "learner" for info in trainer.groups.learner.worker_info}}
+            **{info["pid"]: "runners" for info in trainer.roles.runners.worker_info},
+            **{info["pid"]: "learner" for info in trainer.roles.learner.worker_info}}
         groups = sorted({g for g in (autogroup(pid) for pid in [psutil.Process().pid, *roles]) if g})
         cpu_before = tree_cpu()
         result = trainer.train()

@@ -55,7 +55,7 @@ def test_the_environment_start_is_a_valid_config_of_the_api_it_calls():
     _, env = _blocks("python")
     (literal,) = re.findall(r"RLTrainer\((\{.*\})\)", env)
     cfg = env_config_from_dict(eval(literal))  # the dict as written
-    assert (cfg.algorithm, cfg.env.id, cfg.distributed.num_workers) == ("sac", "Pendulum-v1", 2)
+    assert (cfg.algorithm.name, cfg.env.id, cfg.distributed.num_workers) == ("sac", "Pendulum-v1", 2)
     assert callable(RLTrainer.setup) and callable(RLTrainer.train)
     fields = EnvTrainResult.__dataclass_fields__
     assert "return_mean_window" in fields and "wall_s" in fields

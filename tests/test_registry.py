@@ -72,7 +72,7 @@ def test_one_import_path_resolver():
 def test_every_register_function_takes_override(monkeypatch):
     from hybridflow.config import algorithm as algorithm_registry
     from hybridflow.config.algorithm import AlgorithmSpec, register_algorithm
-    from hybridflow.config.env_algorithms import ENV_ALGORITHMS, EnvAlgorithmSpec, PolicyDefaults, register_env_algorithm
+    from hybridflow.config.env_algorithms import EnvAlgorithm, PolicyDefaults
     from hybridflow.envs import register_env
     from hybridflow.envs.registry import _REGISTRY as ENVS
     from hybridflow.envs.agent.base import _REGISTRY as AGENT_ENVS
@@ -88,15 +88,13 @@ def test_every_register_function_takes_override(monkeypatch):
     register_algorithm(AlgorithmSpec("probe_override", ("grpo",), min_samples=2), override=True)(_two)
     assert algorithm_registry.algorithm_spec("probe_override").program is _two
 
-    env_row = EnvAlgorithmSpec("probe_override", None, "ppo", "rollout", PolicyDefaults((4,), "tanh", True))
-    try:
-        register_env_algorithm(env_row)(_ProgramOne())
-        with pytest.raises(ValueError, match="already registered"):
-            register_env_algorithm(env_row)(_ProgramTwo())
-        register_env_algorithm(env_row, override=True)(_ProgramTwo())
-        assert isinstance(ENV_ALGORITHMS["probe_override"].program, _ProgramTwo)
-    finally:
-        ENV_ALGORITHMS.pop("probe_override")
+    # An environment-only row: the decorated object is the program of its `environment` part.
+    env_row = AlgorithmSpec("probe_env_override", environment=EnvAlgorithm("ppo", "rollout", PolicyDefaults((4,), "tanh", True)))
+    register_algorithm(env_row)(_ProgramOne())
+    with pytest.raises(ValueError, match="already registered"):
+        register_algorithm(env_row)(_ProgramTwo())
+    register_algorithm(env_row, override=True)(_ProgramTwo())
+    assert isinstance(algorithm_registry.algorithm_spec("probe_env_override").environment.program, _ProgramTwo)
 
     for register, registry in ((lambda f, **o: register_env("probe_override", f, **o), ENVS),
                                (lambda f, **o: register_agent_env("probe_override", **o)(f), AGENT_ENVS),

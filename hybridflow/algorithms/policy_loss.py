@@ -16,6 +16,7 @@ the loss, the metrics or the gradient.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol
 
 import torch
@@ -34,7 +35,7 @@ class PolicyLossFn(Protocol):
         old_log_prob: Tensor,
         log_prob: Tensor,
         advantages: Tensor,
-        response_mask: Tensor,
+        response_mask: Tensor | None,
         *,
         config: PolicyLossConfig,
         agg: AggregationScale | None = None,
@@ -119,7 +120,7 @@ def ppo_clip_loss(
     old_log_prob: Tensor,
     log_prob: Tensor,
     advantages: Tensor,
-    response_mask: Tensor,
+    response_mask: Tensor | None,
     *,
     config: PolicyLossConfig,
     agg: AggregationScale | None = None,
@@ -128,10 +129,17 @@ def ppo_clip_loss(
 
     r = exp(log pi - log pi_old). Schulman et al. 2017 (arXiv 1707.06347); separate low and
     high ranges: DAPO clip-higher (Yu et al. 2025, arXiv 2503.14476); dual clip with
-    c = clip_ratio_c: Ye et al. 2020 (arXiv 1912.09729). Metrics: pg_clipfrac (clipped
-    by either bound), pg_clipfrac_low (A < 0, r < 1-eps_lo), pg_clipfrac_high (A > 0,
-    r > 1+eps_hi), pg_clipfrac_dual (A < 0, r > c), ppo_kl.
+    c = clip_ratio_c: Ye et al. 2020 (arXiv 1912.09729; c = inf: none). Metrics: pg_clipfrac
+    (clipped by either bound), pg_clipfrac_low (A < 0, r < 1-eps_lo), pg_clipfrac_high
+    (A > 0, r > 1+eps_hi), pg_clipfrac_dual (A < 0, r > c), ppo_kl.
+
+    response_mask None: every element counts (environment steps, any shape): the same loss
+    averaged over all elements, without the masking and the per-side metrics (pg_clipfrac
+    and ppo_kl only), which cost more than the math on small dense batches
+    (benchmarks/bench_ppo_loss.py).
     """
+    if response_mask is None:
+        return _dense_ppo_clip(old_log_prob, log_prob, advantages, config)
     old, new, adv, mask = _prepare(old_log_prob, log_prob, advantages, response_mask)
     lo, hi, c = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high, config.clip_ratio_c
     log_ratio = (new - old).clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
@@ -149,6 +157,25 @@ def ppo_clip_loss(
         metrics = _clip_metrics(clip_low, clip_high, log_ratio, mask)
         metrics["pg_clipfrac_dual"] = _frac(neg & (ratio > c), mask)
     return loss, metrics
+
+
+def _dense_ppo_clip(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,
+                    config: PolicyLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """ppo_clip_loss where every element counts (its docstring)."""
+    if config.loss_agg_mode != "token-mean":
+        raise ValueError(f"a PPO clip loss without a response mask averages over every element (token-mean); "
+                         f"loss_agg_mode={config.loss_agg_mode!r} needs the mask")
+    lo, hi, c = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high, config.clip_ratio_c
+    log_ratio = (log_prob - old_log_prob.detach()).clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    adv = advantages.detach()
+    loss_mat = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi))
+    if math.isfinite(c):
+        loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, -adv * c), loss_mat)
+    with torch.no_grad():
+        clipped = ((adv < 0) & (ratio < lo)) | ((adv > 0) & (ratio > hi))
+        metrics = {"pg_clipfrac": clipped.float().mean(), "ppo_kl": (-log_ratio).mean()}
+    return loss_mat.mean(), metrics
 
 
 @register_policy_loss("gspo")

@@ -1,24 +1,23 @@
-"""The PPO loss for environment tasks: clipped policy loss + (clipped) value loss - entropy bonus.
+"""The loss of environment PPO: the clipped policy loss + the (clipped) value loss - an entropy bonus.
 
     loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
 
-    pg_loss = mean(max(-A r, -A clip(r, 1 - c, 1 + c))),  r = exp(log pi - log pi_old)
-
-The value term is the LM critic's `value_loss` (value.py) on a [B, 1] view (one "token"
-per sample), with `clip_value` as its clip range. The policy term is PPO's clipped
-objective written out for single steps: the LM `ppo_clip_loss` computes the same number
-but adds masks, a dual clip and per-side clip metrics, which cost more than the math for
-a minibatch of environment steps (measured: 0.5 of the 0.9 ms this function took). Advantages
-are normalised over the minibatch first when `normalize_advantages` (the usual choice for
-environment PPO; the LM trainer whitens over the whole batch in GAE instead).
+The policy term is the one PPO clipped loss (policy_loss.ppo_clip_loss, on its dense path:
+every environment step counts, no dual clip); the value term is the LM critic's `value_loss`
+(value.py) on a [B, 1] view (one "token" per sample), with `clip_value` as its clip range.
+Advantages are normalised over the minibatch first when `normalize_advantages` (the usual
+choice for environment PPO; the LM trainer whitens over the whole batch in GAE instead).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 
+from hybridflow.algorithms.policy_loss import ppo_clip_loss
+from hybridflow.algorithms.settings import PolicyLossConfig
 from hybridflow.algorithms.value import value_loss
 
 Tensor = torch.Tensor
@@ -34,6 +33,12 @@ class PPOLossConfig:
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     normalize_advantages: bool = True
+    policy: PolicyLossConfig = field(init=False, repr=False, compare=False)  # the clipped policy loss's settings
+
+    def __post_init__(self) -> None:
+        # A symmetric clip range and no dual clip; built once, not per minibatch.
+        object.__setattr__(self, "policy", PolicyLossConfig(clip_ratio_low=self.clip_ratio,
+                                                            clip_ratio_high=self.clip_ratio, clip_ratio_c=math.inf))
 
 
 def normalize(x: Tensor, mean_std: tuple[Tensor, Tensor] | None = None, eps: float = 1e-8) -> Tensor:
@@ -45,28 +50,25 @@ def normalize(x: Tensor, mean_std: tuple[Tensor, Tensor] | None = None, eps: flo
     return (x - mean) / (std + eps)
 
 
-def ppo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, new_values: Tensor, old_values: Tensor,
-             returns: Tensor, entropy: Tensor, config: PPOLossConfig,
-             adv_mean_std: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def actor_critic_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, new_values: Tensor,
+                      old_values: Tensor, returns: Tensor, entropy: Tensor, config: PPOLossConfig,
+                      adv_mean_std: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """The scalar loss of one minibatch (all inputs [B]) and detached metrics. `adv_mean_std`:
     the advantage statistics to normalise with (default: this minibatch's own)."""
     if config.normalize_advantages:
         advantages = normalize(advantages, adv_mean_std)
-    log_ratio = log_probs - old_log_probs.detach()
-    ratio = torch.exp(log_ratio)
-    advantages = advantages.detach()
-    clipped = ratio.clamp(1.0 - config.clip_ratio, 1.0 + config.clip_ratio)
-    pg_loss = torch.maximum(-advantages * ratio, -advantages * clipped).mean()
+    pg_loss, _ = ppo_clip_loss(old_log_probs, log_probs, advantages, None, config=config.policy)
     ones = torch.ones(log_probs.shape[0], 1, dtype=torch.bool)
     vf_loss, vf_metrics = value_loss(new_values[:, None], old_values[:, None], returns[:, None], ones,
                                      cliprange_value=config.clip_value)
     ent = entropy.mean()
     loss = pg_loss + config.vf_coef * vf_loss - config.ent_coef * ent
     with torch.no_grad():
+        log_ratio = log_probs - old_log_probs
+        ratio = torch.exp(log_ratio)
         # k3 estimate of KL(old || new): unbiased and never negative (used for target_kl).
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > config.clip_ratio).float().mean()
+        clipfrac = ((ratio - 1.0).abs() > config.clip_ratio).float().mean()  # as Stable-Baselines3 counts it
     metrics = {"pg_loss": pg_loss.detach(), "vf_loss": vf_loss.detach(), "entropy": ent.detach(),
-               "clipfrac": clipfrac, "approx_kl": approx_kl,
-               "vf_clipfrac": vf_metrics["vf_clipfrac"]}
+               "clipfrac": clipfrac, "approx_kl": approx_kl, "vf_clipfrac": vf_metrics["vf_clipfrac"]}
     return loss, metrics

@@ -26,11 +26,11 @@ def load(args: argparse.Namespace) -> RunConfig | None:
 
     try:
         tree = user_tree(args.config, args.overrides)  # the file is read once
-        from hybridflow.config.schema import RunConfig, run_config_from_tree
+        from hybridflow.config.schema import run_config_from_tree
         from hybridflow.config.tasks import task_kind_of
 
         kind = task_kind_of(tree)
-        if kind.root_class() is not RunConfig:  # else "env: unknown config key; valid keys: [...]"
+        if not kind.language_model:  # else "env: is a key of 'environment' configs"
             raise ConfigError(f"the config names {kind.marker!r}: it is a task of kind {kind.name!r}, which "
                               f"`hybridflow train` runs; `hybridflow {args.command}` takes language-model configs")
         return run_config_from_tree(tree)

@@ -1,9 +1,11 @@
-"""What each `algorithm.name` is, in one place: the algorithm registry (one `AlgorithmSpec`
-row per algorithm holds everything its name implies) and the `algorithm` section of the run
-config. Config validation, presets and `RunConfig.use_critic`, the trainer's roles,
-placement, checkpointed roles and the program it runs all ask the row; no code compares
-algorithm names. docs/algorithms.md lists the built-in rows, docs/extending.md says how to
-add one.
+"""What each `algorithm.name` is, in one place: the one algorithm registry (an `AlgorithmSpec`
+row per algorithm holds everything its name implies, for each task kind it runs on) and the
+`algorithm` section of the run config. Config validation, presets and `RunConfig.use_critic`,
+the trainer's roles, placement, checkpointed roles and the program it runs all ask the row;
+no code compares algorithm names. A row declares its task kinds by what it holds: language
+models by its `estimators` and step program, environments by its `environment` part
+(config/env_algorithms.py: PPO has both, SAC the second only). docs/algorithms.md lists
+the built-in rows, docs/extending.md says how to add one.
 
 Layering: config sits below the trainer and never imports it, yet a row names its program:
 the function itself (what `@register_algorithm` stores when a user's module, which may
@@ -28,11 +30,12 @@ from operator import attrgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybridflow.algorithms.settings import ADV_ESTIMATORS, KL_ESTIMATORS, AdvantageConfig
 from hybridflow.config.algorithm_settings import DAPOSection, KLControlSection, SafeRLHFSection, overlong_buffer_len
 from hybridflow.config.dataflow import FlowPhase, standard_dataflow
+from hybridflow.config.env_algorithms import EnvAlgorithm, PolicyDefaults, check_replay_sizes, check_rollout_sizes
 from hybridflow.config.loader import ConfigError
 from hybridflow.registry import Registry, import_file, suggest
 
@@ -55,7 +58,8 @@ class AlgorithmSpec:
     """Everything an `algorithm.name` implies (docs/extending.md explains each field).
 
     name: the value of algorithm.name (lowercase letters, digits, _).
-    estimators: the algorithm.adv_estimator values it accepts; the first is its default (null).
+    estimators: the algorithm.adv_estimator values it accepts on language-model tasks; the
+        first is its default (null). Empty: the algorithm does not run on them.
     program: the step function, `program(step, roles, cfg, state) -> None`, run once per RL
         step, or its "module:function" import path; `@register_algorithm` fills it in.
     critics: the value models it trains, from VALUE_ROLES (ppo: critic; safe_rlhf: critic and
@@ -86,10 +90,14 @@ class AlgorithmSpec:
         section); the asynchronous modes filter the stream of groups as they arrive.
     lagrangian: a Lagrange multiplier in the cross-step state (the `multiplier()` of its
         settings section), checkpointed with the run (Safe-RLHF).
+
+    environment: what it implies on environment tasks (its program, config section,
+        collection, network defaults, checks: config/env_algorithms.py EnvAlgorithm); None:
+        the algorithm does not run on them.
     """
 
     name: str
-    estimators: tuple[str, ...]
+    estimators: tuple[str, ...] = ()
     program: Callable[..., None] | str | None = None
     critics: tuple[str, ...] = ()
     cost: bool = False
@@ -102,13 +110,15 @@ class AlgorithmSpec:
     greedy_baseline: bool = False
     dynamic_sampling: bool = False
     lagrangian: bool = False
+    environment: EnvAlgorithm | None = None
 
     def __post_init__(self) -> None:
         where = f"AlgorithmSpec(name={self.name!r})"
         if not isinstance(self.name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
             raise ValueError(f"{where}: the name must be lowercase letters, digits and _, starting with a letter")
-        if not self.estimators:
-            raise ValueError(f"{where}: estimators is empty; list the adv_estimator names it accepts, default first")
+        if not self.estimators and self.environment is None:
+            raise ValueError(f"{where}: it declares no task kind; list the adv_estimator names it accepts on "
+                             "language-model tasks (default first) and/or its `environment` part")
         for estimator in self.estimators:
             ADV_ESTIMATORS.check(estimator)  # unknown names raise, listing the registered ones
         if any(role not in VALUE_ROLES for role in self.critics) or len(set(self.critics)) != len(self.critics):
@@ -130,6 +140,11 @@ class AlgorithmSpec:
                                  f"settings={self.settings!r} has none (name a section that has it)")
         if self.check is not None and not callable(self.check):
             raise ValueError(f"{where}: check must be a function of the run config or None, got {self.check!r}")
+
+    @property
+    def task_kinds(self) -> tuple[str, ...]:
+        """The task kinds it runs on (config/tasks.py), from what the row declares."""
+        return (*(("language_model",) if self.estimators else ()), *(("environment",) if self.environment else ()))
 
     @property
     def default_estimator(self) -> str:
@@ -166,41 +181,52 @@ def _section_default(section: str | None) -> object:
 
 # ----------------------------------------------------------------------------- registry
 
-def _program_id(program: Callable[..., None] | str | None) -> str:
+def _program_id(program: Any) -> str:
     if isinstance(program, str) or program is None:
         return str(program)
-    return f"{program.__module__}:{program.__qualname__}"
+    return f"{program.__module__}:{getattr(program, '__qualname__', type(program).__name__)}"
+
+
+def _programs(spec: AlgorithmSpec) -> str:
+    """The programs a row names (two rows are the same definition when they name the same ones)."""
+    env = spec.environment.program if spec.environment is not None else None
+    return "program " + " + ".join(_program_id(p) for p in (spec.program, env) if p is not None)
 
 
 # The one Registry mechanism (hybridflow/registry.py), with AlgorithmSpec rows as entries:
 # two rows are the same definition when they name the same program.
-ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "algorithm.name", rows=True,
-                                               identity=lambda spec: f"program {_program_id(spec.program)}")
+ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm", "algorithm.name", rows=True, identity=_programs)
 
 
 def add_algorithm(spec: AlgorithmSpec, *, override: bool = False) -> AlgorithmSpec:
-    """Register `spec`, whose program is set (a function or a 'module:function' path).
+    """Register `spec`, whose programs are set (a function or a 'module:function' path for
+    language-model tasks; an EnvProgram or its path in its `environment` part).
 
-    Registering a name again is allowed only with the same program (a module imported a
+    Registering a name again is allowed only with the same programs (a module imported a
     second time, e.g. reloaded in a notebook), which replaces the row, or override=True.
     """
-    if spec.program is None:
+    if (spec.estimators and spec.program is None) or (spec.environment and spec.environment.program is None):
         raise ValueError(f"algorithm {spec.name!r} has no program; decorate it with @register_algorithm(spec)")
     return ALGORITHMS.add(spec.name, spec, override=override)
 
 
 def register_algorithm(spec: AlgorithmSpec, *, override: bool = False) -> Callable[[ProgramT], ProgramT]:
-    """Decorator: register `spec` with the decorated function as its step program.
+    """Decorator: register `spec` with the decorated function as its step program (of its
+    `environment` part when the row declares only that: an EnvProgram).
 
         @register_algorithm(AlgorithmSpec(name="my_algo", estimators=("grpo",), min_samples=2))
         def my_algo(step, roles, cfg, state): ...
     """
-    if spec.program is not None:
-        raise ValueError(f"AlgorithmSpec(name={spec.name!r}) already names program {_program_id(spec.program)}; "
+    env_only = spec.environment is not None and not spec.estimators
+    named = spec.environment.program if env_only else spec.program
+    if named is not None:
+        raise ValueError(f"AlgorithmSpec(name={spec.name!r}) already names program {_program_id(named)}; "
                          "leave program unset when decorating, or call add_algorithm(spec)")
 
     def decorate(program: ProgramT) -> ProgramT:
-        add_algorithm(dataclasses.replace(spec, program=program), override=override)
+        filled = (dataclasses.replace(spec, environment=dataclasses.replace(spec.environment, program=program))
+                  if env_only else dataclasses.replace(spec, program=program))
+        add_algorithm(filled, override=override)
         return program
 
     return decorate
@@ -211,15 +237,25 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
     if name in ALGORITHMS.entries:
         return ALGORITHMS.entries[name]
     close = suggest(name, list(ALGORITHMS.entries))
-    raise ConfigError(f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else "")
+    raise ConfigError(f"{name!r} is not a registered algorithm" + (f"; did you mean {close[0]!r}?" if close else ".")
                       + f" Registered: {', '.join(ALGORITHMS.entries)}. An algorithm of your own is registered by its "
                       "module (@register_algorithm): name that module in algorithm.module (docs/extending.md)",
                       "algorithm.name")
 
 
-def algorithm_names() -> tuple[str, ...]:
-    """Every registered algorithm.name, built-in ones first, in registration order."""
-    return tuple(ALGORITHMS.entries)
+def algorithm_names(task_kind: str | None = None) -> tuple[str, ...]:
+    """Every registered algorithm.name (of one task kind), built-in ones first, in registration order."""
+    return tuple(name for name, spec in ALGORITHMS.entries.items() if task_kind in (None, *spec.task_kinds))
+
+
+def env_algorithm(cfg: Any) -> EnvAlgorithm:
+    """The `environment` part of the run's algorithm; a ConfigError keyed `algorithm` when it
+    has none (a language-model algorithm named in an environment task)."""
+    spec = cfg.algorithm.spec
+    if spec.environment is None:
+        raise ConfigError(f"{spec.name!r} runs on language-model tasks only; environment tasks run "
+                          f"{', '.join(algorithm_names('environment'))}", "algorithm")
+    return spec.environment
 
 
 def _import_algorithm_module(module: str) -> ModuleType:
@@ -281,15 +317,11 @@ class AlgorithmSection(AdvantageConfig):
             _import_algorithm_module(self.module)
         self.name = ALGORITHMS.folded(self.name)  # "GRPO" names the registered "grpo", as environment tasks' "PPO"
         try:
-            spec = self.spec
+            self.spec
         except ConfigError as err:
             raise ConfigError(err.message, "name") from None
-        estimator = self.estimator
-        ADV_ESTIMATORS.check(estimator)  # unknown names raise, listing the known ones
-        if estimator not in spec.estimators:
-            owners = [s.name for s in ALGORITHMS.entries.values() if s.default_estimator == estimator]  # registration order
-            raise ConfigError(f"{estimator!r}, but {_estimator_hint(spec)}"
-                              + (f"; for {estimator} use algorithm.name={owners[0]}" if owners else ""), "adv_estimator")
+        if self.adv_estimator is not None:
+            ADV_ESTIMATORS.check(self.adv_estimator)  # unknown names raise, listing the known ones
         if self.use_kl_in_reward:
             KL_ESTIMATORS.check(self.kl_penalty)
 
@@ -333,6 +365,14 @@ def _estimator_hint(spec: AlgorithmSpec) -> str:
 def check_algorithm(cfg: RunConfig) -> None:
     """algorithm.name against the settings its row implies and reads (validate_run_config)."""
     alg, spec = cfg.algorithm, cfg.algorithm.spec
+    if not spec.estimators:
+        raise ConfigError(f"{alg.name!r} runs on environment tasks only (name an environment: env.id); "
+                          f"language-model tasks run {', '.join(algorithm_names('language_model'))}", "algorithm.name")
+    if alg.estimator not in spec.estimators:
+        owners = [s.name for s in ALGORITHMS.entries.values() if s.estimators and s.default_estimator == alg.estimator]
+        raise ConfigError(f"{alg.estimator!r}, but {_estimator_hint(spec)}"
+                          + (f"; for {alg.estimator} use algorithm.name={owners[0]}" if owners else ""),
+                          "algorithm.adv_estimator")
     if cfg.rollout.n < spec.min_samples:
         raise ConfigError(
             f"rollout.n={cfg.rollout.n}: algorithm.name={alg.name} compares the samples of one prompt with each "
@@ -392,10 +432,12 @@ def _check_dapo(cfg: RunConfig) -> None:
 # ----------------------------------------------------------------------------- built-in algorithms
 
 _PROGRAMS = "hybridflow.trainer.programs.algorithms"  # where the built-in programs live (see the module docstring)
+_ENV_PPO = EnvAlgorithm(section="ppo", collection="rollout", policy=PolicyDefaults((64, 64), "tanh", True),
+                        program=f"{_PROGRAMS}:PPO", check=check_rollout_sizes)
 
 for _spec in (
     AlgorithmSpec("grpo", GROUP_ESTIMATORS, f"{_PROGRAMS}:critic_free", min_samples=2),
-    AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",)),
+    AlgorithmSpec("ppo", ("gae",), f"{_PROGRAMS}:ppo", critics=("critic",), environment=_ENV_PPO),
     AlgorithmSpec("remax", ("remax",), f"{_PROGRAMS}:remax", greedy_baseline=True, dataflow=standard_dataflow(
         (), False, extra_scoring=(FlowPhase("greedy_baseline", "actor", "generate", samples_per_prompt=1),))),
     AlgorithmSpec("rloo", ("rloo",), f"{_PROGRAMS}:critic_free", min_samples=2),
@@ -418,6 +460,10 @@ for _spec in (
     # Safe-RLHF (Dai et al. 2023): reward and cost critics under a Lagrange multiplier.
     AlgorithmSpec("safe_rlhf", ("gae",), f"{_PROGRAMS}:safe_rlhf", critics=("critic", "cost_critic"), cost=True,
                   settings="safe_rlhf", lagrangian=True),
+    # SAC (Haarnoja et al. 2018), environment tasks only.
+    AlgorithmSpec("sac", environment=EnvAlgorithm(
+        section="sac", collection="replay", policy=PolicyDefaults((256, 256), "relu", False), program=f"{_PROGRAMS}:SAC",
+        continuous_actions=True, check=check_replay_sizes)),
 ):
     add_algorithm(_spec)
 del _spec

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 from hybridflow.engines.precision import AutoChoice, ProbeShape, auto_dtype
 
 if TYPE_CHECKING:
-    from hybridflow.config.rm_schema import RMConfig
     from hybridflow.config.schema import RunConfig
 
 DTYPE_SECTIONS = ("actor", "rollout", "critic", "reward_model", "cost_model")
 
 
-def probe_shape(cfg: RunConfig | RMConfig) -> ProbeShape:
+def probe_shape(cfg: RunConfig) -> ProbeShape:
     """The policy model's (hidden, intermediate) sizes, or ProbeShape()'s when unreadable."""
     if cfg.model.path is not None:
         try:
@@ -34,7 +33,7 @@ def probe_shape(cfg: RunConfig | RMConfig) -> ProbeShape:
             return ProbeShape(int(text["hidden_size"]), int(text.get("intermediate_size", 4 * text["hidden_size"])))
         except (OSError, ValueError, KeyError, TypeError):
             return ProbeShape()  # preflight reports an unreadable model; the probe needs some shape
-    if getattr(cfg.model, "pretrained", None) is not None:  # a reward-model run has none
+    if cfg.model.pretrained is not None:
         from hybridflow.engines.pretrained import PRETRAINED_MODELS
 
         return ProbeShape(*PRETRAINED_MODELS[cfg.model.pretrained].layer_sizes)
@@ -50,7 +49,7 @@ def auto_sections(cfg: RunConfig) -> list[str]:
     return [name for name in DTYPE_SECTIONS if used[name] and getattr(cfg, name).dtype == "auto"]
 
 
-def auto_choice(cfg: RunConfig | RMConfig, threads: int | None = None) -> AutoChoice:
+def auto_choice(cfg: RunConfig, threads: int | None = None) -> AutoChoice:
     """What "auto" becomes on `threads` per rank (None: resources.threads_per_rank), cached per machine and shape."""
     device = "cuda" if cfg.resources.use_gpu else "cpu"
     return auto_dtype(device, probe_shape(cfg), threads or cfg.resources.threads_per_rank)
@@ -66,14 +65,15 @@ def resolved_dtypes(cfg: RunConfig) -> RunConfig:
                                        for name in autos})
 
 
-def resolved_rm_dtype(cfg: RMConfig, threads: int) -> tuple[RMConfig, str]:
-    """A reward-model run (`hybridflow rm`) with engine.dtype "auto" resolved as a training
+def resolved_rm_dtype(cfg: RunConfig, threads: int) -> tuple[RunConfig, str]:
+    """A reward-model run (`hybridflow rm`) with rm.engine.dtype "auto" resolved as a training
     run's roles are (on its `threads` per rank), and the line it prints at its start."""
-    if cfg.engine.dtype != "auto":
-        return cfg, f"dtype: reward model {cfg.engine.dtype}"
+    engine = cfg.rm.engine
+    if engine.dtype != "auto":
+        return cfg, f"dtype: reward model {engine.dtype}"
     choice = auto_choice(cfg, threads)
-    resolved = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, dtype=choice.dtype))
-    return resolved, f"dtype: reward model {choice.dtype} (engine: {choice.reason})"
+    rm = dataclasses.replace(cfg.rm, engine=dataclasses.replace(engine, dtype=choice.dtype))
+    return dataclasses.replace(cfg, rm=rm), f"dtype: reward model {choice.dtype} (engine: {choice.reason})"
 
 
 def keep_dtypes(cfg: RunConfig, saved: RunConfig) -> RunConfig:

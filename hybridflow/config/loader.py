@@ -99,6 +99,9 @@ def _convert(value: Any, annotation: Any, where: str, base: Any = None) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        alternatives = [a for a in args if a is not type(None)]
+        if len(alternatives) == 1 and dataclasses.is_dataclass(alternatives[0]):  # an optional section
+            return _convert(value, alternatives[0], where, base)
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
@@ -234,8 +237,17 @@ def _merge(tree: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def config_to_dict(config: Any) -> dict:
-    """A plain dict of the resolved config (tuples as lists, keys in declaration order), fit for YAML or JSON."""
-    return yaml.safe_load(yaml.safe_dump(to_plain(dataclasses.asdict(config)), sort_keys=False))
+    """A plain dict of the resolved config (tuples as lists, keys in declaration order), fit for
+    YAML or JSON; without the dotted keys its `omitted_keys()` names (those of other task kinds)."""
+    tree = dataclasses.asdict(config)
+    for key in getattr(config, "omitted_keys", tuple)():
+        *parents, last = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return yaml.safe_load(yaml.safe_dump(to_plain(tree), sort_keys=False))
 
 
 def to_plain(value: Any) -> Any:

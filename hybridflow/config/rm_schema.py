@@ -1,154 +1,129 @@
-"""The config tree of a reward-model training run (`hybridflow rm`, trainer/jobs/rm.py).
+"""Reward-model training runs (`hybridflow rm`, a config with an `rm` section): the one RunConfig
+(schema.py) built as the reward-model kind's.
 
-    cfg = load_rm_config("examples/rm_hh_rlhf.yaml", ["engine.optim.lr=2e-5"])
+    cfg = load_rm_config("examples/rm_hh_rlhf.yaml", ["rm.engine.optim.lr=2e-5"])
 
-Sections (each a dataclass; every default lives here, once):
+The kind reads `name`, `seed`, `trainer` (run directory, console, checkpoints, restarts),
+`resources` (ranks, GPUs, Ray address), `model` (a local HF causal LM, to which a one-label
+score head is added, or an existing one-label *ForSequenceClassification; null = the built-in
+tiny model, 512 positions) and its own section `rm` (`RMSection`: the preference pairs, the
+training engine, epochs or steps, evaluation cadence, export). The keys of the earlier
+reward-model tree (`data.*`, `engine.*`, `trainer.epochs` ...) still work: each is moved to
+its `rm.*` path with one line saying so (MOVED_KEYS). The section: config/sections/reward_training.py.
 
-    name, seed      run name (run dir `<trainer.output_dir>/<name>-<timestamp>`); seed of the
-                    score-head init, the held-out split, data order and the engine
-    trainer         epochs or steps, held-out evaluation cadence, output dir, console
-    resources       ranks, GPUs, Ray address
-    model           a local HF causal LM (a one-label score head is added) or an existing
-                    one-label *ForSequenceClassification; null = the built-in tiny model
-    data            preference-pair files (`hybridflow preprocess hh-rlhf` output), held-out
-                    files or fraction, pairs per step, length limit
-    engine          the training engine (optimizer, micro-batches, precision, TP); its
-                    micro_batch sizes count pairs (one pair = two sequences in one forward)
-
-`validate_rm_config(cfg)` checks sizes against each other and the world size before
-anything starts; the engine's and the reward-model role's own rules run where they are
-defined (EngineSettings.check_parallel, RewardModelWorkerConfig).
+`validate_rm_config(cfg)` checks sizes against each other and the world size before anything
+starts; the engine's and the reward-model role's own rules run where they are defined
+(EngineSettings.check_parallel, RewardModelWorkerConfig).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import dataclasses
+import sys
 from pathlib import Path
+from typing import Any
 
-from hybridflow.config.loader import at_least, load_config
-from hybridflow.config.sections.model import BuiltinModelSection
-from hybridflow.config.sections.resources import ComputeSection
-from hybridflow.config.sections.trainer import RunOutputSection, check_run_name
-from hybridflow.data.configs import PairwiseDataConfig
-from hybridflow.engines.train.config import MicroBatchConfig, OptimConfig, TrainEngineSettings
+from hybridflow.config.loader import _build, _set_path, nest_dotted, user_tree
+from hybridflow.config.schema import RunConfig
 from hybridflow.errors import ConfigError
 from hybridflow.workers.config import RewardModelWorkerConfig
 
-
-@dataclass
-class RMTrainerSection(RunOutputSection):
-    """How long, how often to evaluate, where the run goes (RunOutputSection's keys).
-
-    epochs: passes over the training pairs (used when total_steps is null).
-    total_steps: trainer steps of data.batch_size pairs each; null = epochs x (train
-        pairs // data.batch_size).
-    eval_freq: held-out pairwise accuracy every this many steps (0: before and after only).
-    save_model: export the trained reward model to <run>/reward_model (HF format).
-    """
-
-    epochs: int = 1
-    total_steps: int | None = None
-    eval_freq: int = 0
-    save_model: bool = True
-
-    def __post_init__(self) -> None:
-        at_least(self, 1, "epochs")
-        at_least(self, 1, "total_steps", null="from epochs")
-        at_least(self, 0, "eval_freq", note="0 = before and after only")
+RM_NAME = "reward-model"
+# The built-in tiny model's positions for preference pairs (prompt + reply per side).
+RM_PRESETS = (("model.builtin.max_position_embeddings", 512),)
+# Keys of the earlier reward-model tree -> where they are now (a prefix moves what is under it).
+MOVED_KEYS = (("data", "rm.data"), ("engine", "rm.engine"), ("trainer.epochs", "rm.epochs"),
+              ("trainer.total_steps", "rm.total_steps"), ("trainer.eval_freq", "rm.eval_freq"),
+              ("trainer.save_model", "rm.save_model"))
 
 
-@dataclass
-class RMModelSection:
-    """The model to start from: a local HF dir with its tokenizer, or the built-in tiny one.
-
-    A causal LM gets a freshly initialised one-label score head (seeded) and is written to
-    <run>/init_reward_model; a one-label *ForSequenceClassification is trained as it is.
-    """
-
-    path: str | None = None
-    builtin: BuiltinModelSection = field(default_factory=lambda: BuiltinModelSection(max_position_embeddings=512))
-
-
-@dataclass
-class RMDataSection:
-    """Preference pairs (columns prompt, chosen, rejected) and how they are batched.
-
-    val_files: held-out pairs; empty = a seeded val_fraction of the training pairs.
-    max_val_pairs: cap on held-out pairs evaluated (null: all).
-    batch_size: pairs per trainer step (all ranks); split into optimizer steps of
-        engine.micro_batch.mini_batch_size pairs.
-    eval_batch_size: pairs per scoring call during evaluation (bounds padding and memory).
-    pairs: columns, chat template, the length limit and overlong handling.
-    """
-
-    train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
-    val_fraction: float = 0.1
-    max_val_pairs: int | None = None
-    batch_size: int = 32
-    eval_batch_size: int = 256
-    shuffle: bool = True
-    pairs: PairwiseDataConfig = field(default_factory=PairwiseDataConfig)
-
-    def __post_init__(self) -> None:
-        at_least(self, 1, "batch_size", "eval_batch_size")
-        if not self.val_files and not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"must be in (0, 1) when val_files is empty, got {self.val_fraction}", "val_fraction")
-        at_least(self, 1, "max_val_pairs", null="")
+def moved_keys(tree: dict[str, Any]) -> dict[str, Any]:
+    """`tree` (nested) with the keys of the earlier reward-model tree at their `rm.*` paths,
+    each move said in one line on stderr."""
+    tree = copy.deepcopy(tree)
+    for old, new in MOVED_KEYS:
+        *parents, last = old.split(".")
+        holder = tree
+        for part in parents:
+            holder = holder.get(part) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or last not in holder:
+            continue
+        value = holder.pop(last)
+        if isinstance(holder, dict) and not holder and parents:
+            tree.pop(parents[0])
+        _set_path(tree, new.split("."), value)
+        print(f"hybridflow: {old} is now {new} (reward-model runs); the old key still works", file=sys.stderr)
+    return tree
 
 
-@dataclass
-class RMConfig:
-    """A reward-model training run (see the module docstring)."""
+def rm_config_from_tree(tree: dict[str, Any]) -> RunConfig:
+    """Build and validate a reward-model run's config from a user's tree (module docstring)."""
+    from hybridflow.config.tasks import TASK_KINDS, check_own_keys  # tasks.py names this module's builders
 
-    name: str = "reward-model"
-    seed: int = 0
-    trainer: RMTrainerSection = field(default_factory=RMTrainerSection)
-    resources: ComputeSection = field(default_factory=ComputeSection)
-    model: RMModelSection = field(default_factory=RMModelSection)
-    data: RMDataSection = field(default_factory=RMDataSection)
-    # A reward model's own defaults (its micro-batch sizes count pairs); the class is the
-    # engine's, so every engine setting is an `engine.*` key here too.
-    engine: TrainEngineSettings = field(default_factory=lambda: TrainEngineSettings(
-        optim=OptimConfig(lr=1e-5, weight_decay=0.0), micro_batch=MicroBatchConfig(
-            mini_batch_size=32, micro_batch_size_per_device=8, forward_micro_batch_size_per_device=32)))
-
-    def __post_init__(self) -> None:
-        check_run_name(self.name)
-
-
-def load_rm_config(path: str | Path | None = None, overrides: list[str] = ()) -> RMConfig:
-    """Load a reward-model run config (YAML file + dotted overrides) and validate it."""
-    cfg = load_config(RMConfig, path, overrides)
+    kind = TASK_KINDS["reward_model"]
+    nested = moved_keys(nest_dotted(tree))
+    nested.setdefault("rm", {})
+    nested.setdefault("name", RM_NAME)
+    for key, value in RM_PRESETS:
+        node: Any = nested
+        for part in key.split(".")[:-1]:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(key.rsplit(".", 1)[1], value)
+    check_own_keys(kind, nested)
+    cfg = _build(RunConfig, nested)
+    cfg = dataclasses.replace(cfg, **{key: None for key in kind.foreign_keys() if "." not in key})
     validate_rm_config(cfg)
     return cfg
 
 
-def rm_worker_config(cfg: RMConfig, model_path: str) -> RewardModelWorkerConfig:
+def load_rm_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Load a reward-model run config (YAML file + dotted overrides) and validate it."""
+    return rm_config_from_tree(user_tree(path, list(overrides)))
+
+
+def resolve_rm_config(cfg: RunConfig) -> RunConfig:
+    """The config as the run saves it: rm.engine.dtype auto and resources.omp_wait_policy
+    auto resolved (config/dtypes.py, controller/omp.py)."""
+    from hybridflow.config.dtypes import resolved_rm_dtype
+    from hybridflow.controller import omp  # imports Ray and torch: only when a run resolves
+
+    world = cfg.resources.resolved_world_size()
+    cfg, _ = resolved_rm_dtype(cfg, cfg.resources.resolved_threads_per_rank(world))
+    return dataclasses.replace(cfg, resources=dataclasses.replace(
+        cfg.resources, omp_wait_policy=omp.resolve(cfg.resources.omp_wait_policy)))
+
+
+def rm_worker_config(cfg: RunConfig, model_path: str) -> RewardModelWorkerConfig:
     """The worker config of the trained reward model."""
-    return RewardModelWorkerConfig(engine=cfg.engine.engine_config(model_path, cfg.seed))
+    return RewardModelWorkerConfig(engine=cfg.rm.engine.engine_config(model_path, cfg.seed))
 
 
-def validate_rm_config(cfg: RMConfig) -> int:
+def validate_rm_config(cfg: RunConfig) -> int:
     """Cross-section checks (ConfigError naming the keys to change); returns the world size."""
-    if not cfg.data.train_files:
+    rm = cfg.rm
+    if not rm.data.train_files:
         raise ConfigError("is empty; give preference-pair files (prompt, chosen, rejected), e.g. from "
-                          "`hybridflow preprocess hh-rlhf --input FILE --output pairs.parquet`", "data.train_files")
-    if cfg.model.path is None and cfg.data.pairs.max_length > cfg.model.builtin.max_position_embeddings:
+                          "`hybridflow preprocess hh-rlhf --input FILE --output pairs.parquet`", "rm.data.train_files")
+    if cfg.model.uses_builtin and rm.data.pairs.max_length > cfg.model.builtin.max_position_embeddings:
         raise ConfigError(
-            f"{cfg.data.pairs.max_length} exceeds the built-in model's model.builtin.max_position_embeddings="
-            f"{cfg.model.builtin.max_position_embeddings}; lower the one or raise the other", "data.pairs.max_length",
+            f"{rm.data.pairs.max_length} exceeds the built-in model's model.builtin.max_position_embeddings="
+            f"{cfg.model.builtin.max_position_embeddings}; lower the one or raise the other", "rm.data.pairs.max_length",
         )
     world = cfg.resources.resolved_world_size()
-    mb = cfg.engine.micro_batch
-    if cfg.data.batch_size % mb.mini_batch_size != 0:
+    mb = rm.engine.micro_batch
+    if rm.data.batch_size % mb.mini_batch_size != 0:
         raise ConfigError(
-            f"{cfg.data.batch_size} pairs per step is not a multiple of engine.micro_batch.mini_batch_size="
-            f"{mb.mini_batch_size} (pairs per optimizer step)", "data.batch_size",
+            f"{rm.data.batch_size} pairs per step is not a multiple of rm.engine.micro_batch.mini_batch_size="
+            f"{mb.mini_batch_size} (pairs per optimizer step)", "rm.data.batch_size",
         )
-    rm_worker_config(cfg, cfg.model.path or "<built-in>")  # the role's rules; its keys are engine.* here too
     try:
-        cfg.engine.check_parallel(world, cfg.resources.use_gpu, trainable=True)
+        rm_worker_config(cfg, cfg.model.path or "<built-in>")  # the role's rules
     except ConfigError as err:
-        raise err.within("engine") from None
+        raise err.within("rm") from None
+    try:
+        rm.engine.check_parallel(world, cfg.resources.use_gpu, trainable=True)
+    except ConfigError as err:
+        raise err.within("rm.engine") from None
     return world

@@ -1,7 +1,9 @@
-"""The config tree of a training run (`hybridflow train` / `hybridflow sft` / `RLTrainer`).
+"""The one config tree of a training run, for every task kind (`hybridflow train` / `hybridflow
+sft` / `RLTrainer`); which sections a kind reads is its row's (config/tasks.py).
 
     cfg = load_run_config("examples/grpo_arithmetic.yaml", ["actor.optim.lr=1e-4"])
     cfg = load_run_config()               # the built-in demo: arithmetic, tiny model, GRPO
+    cfg = load_env_config("examples/ppo_cartpole.yaml")   # an environment task (env_schema.py)
 
 Sections (each a dataclass, one module per section in config/sections/; this module composes
 them into `RunConfig`). Every setting is declared once, where it is read: the role
@@ -29,6 +31,10 @@ settings live in algorithm.py. The built-in demo's own values are DEMO_PRESETS (
     reward_model, cost_model    learned scorers (HF sequence classifiers, frozen: engine keys without
                                 optim/lora); the cost of safe_rlhf
     sft                         supervised warm start (steps, data, optimizer)
+    env, policy, distributed,   environment tasks (a config that names an `env`; null otherwise):
+    ppo, sac                    the environment, the policy network, where runners and learner run,
+                                the algorithms' hyper-parameters (config/sections/environment.py)
+    rm                          reward-model training (`hybridflow rm`; rm_schema.py): pairs, engine
 
 `validate_run_config(cfg)` (validation.py) checks what single sections cannot, before any
 worker starts (load_run_config calls it).
@@ -47,8 +53,16 @@ from hybridflow.config.loader import _build, _set_path, nest_dotted, user_tree
 from hybridflow.config.model_presets import read_model_presets
 from hybridflow.config.sections.async_rl import AsyncSection
 from hybridflow.config.sections.data import DataSection
+from hybridflow.config.sections.environment import (
+    DistributedSection,
+    EnvSection,
+    PolicySection,
+    PPOSection,
+    SACSection,
+)
 from hybridflow.config.sections.model import ModelSection
 from hybridflow.config.sections.resources import ResourceSection
+from hybridflow.config.sections.reward_training import RMSection
 from hybridflow.config.sections.rewards import CostModelSection, RewardModelSection, RewardSection
 from hybridflow.config.sections.roles import ActorSection, CriticSection
 from hybridflow.config.sections.sft import SFTSection
@@ -61,7 +75,7 @@ from hybridflow.workers.config import RolloutWorkerConfig
 class RunConfig:
     """The whole run (see the module docstring)."""
 
-    name: str = "arithmetic-grpo"
+    name: str | None = "arithmetic-grpo"  # null: an environment task's <env>-<algorithm>
     seed: int = 0
     trainer: TrainerSection = field(default_factory=TrainerSection)
     resources: ResourceSection = field(default_factory=ResourceSection)
@@ -76,9 +90,27 @@ class RunConfig:
     cost_model: CostModelSection = field(default_factory=CostModelSection)
     sft: SFTSection = field(default_factory=SFTSection)
     async_rl: AsyncSection = field(default_factory=AsyncSection)  # trainer.mode one_step_off / async
+    env: EnvSection | None = None
+    policy: PolicySection | None = None
+    distributed: DistributedSection | None = None
+    ppo: PPOSection | None = None
+    sac: SACSection | None = None
+    rm: RMSection | None = None  # reward-model training runs (`hybridflow rm`, rm_schema.py)
 
     def __post_init__(self) -> None:
-        check_run_name(self.name)
+        if self.name is not None:
+            check_run_name(self.name)
+
+    @property
+    def task_kind(self) -> Any:
+        """The TaskKind row of this config (config/tasks.py)."""
+        from hybridflow.config.tasks import task_kind_of_config  # tasks.py builds configs with this module
+
+        return task_kind_of_config(self)
+
+    def omitted_keys(self) -> tuple[str, ...]:
+        """The keys its tree leaves out (config_to_dict): those only other task kinds read."""
+        return tuple(self.task_kind.foreign_keys())
 
     @property
     def use_critic(self) -> bool:
@@ -151,7 +183,10 @@ def run_config_from_tree(tree: dict[str, Any], demo: bool = True) -> RunConfig:
     overrides applied; or a dict, which may use dotted keys and give a reward function as
     the function itself). The presets (`run_presets`; `demo` False: without the built-in
     demo's) fill the keys the tree does not set. The tree is read, never re-read from its file."""
+    from hybridflow.config.tasks import TASK_KINDS, check_own_keys  # tasks.py names this module's builders
+
     tree = nest_dotted(tree)
+    check_own_keys(TASK_KINDS["language_model"], tree)
     if isinstance(tree.get("algorithm"), str):  # the flat form `algorithm: grpo`, as environment tasks write it
         tree["algorithm"] = {"name": tree["algorithm"]}
     cfg = _build(RunConfig, copy.deepcopy(tree))

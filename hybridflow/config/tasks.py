@@ -2,60 +2,83 @@
 
     kind = task_kind_of(tree)            # the "environment" row when the tree names an `env`
     check_top_level_keys(tree)           # a misspelt top-level key: ConfigError with did-you-mean
-    cfg = kind.build(tree)               # its typed, validated config (RunConfig, EnvRunConfig)
+    cfg = kind.build(tree)               # the one RunConfig, built and validated as the kind's
 
-A `TaskKind` row declares how a config is recognised, how it is built, resolved and
-trained, and the kind its checkpoints record, so a resumed run finds its kind without
-reading its config. Its names are import paths: config sits below the trainer
-(ARCHITECTURE.md). Rows live in the project's one `Registry`.
+Every kind's config is a `RunConfig` (schema.py). A `TaskKind` row declares how its config is
+recognised (its marker section), the keys it reads beyond those every kind reads (name, seed,
+most of trainer: a key of other kinds only is a ConfigError saying whose it is, and a config's
+tree leaves those out), how it is built and resolved, and the kind its checkpoints record, so
+a resumed run finds its kind without reading its config. The trainer runs every kind with one
+lifecycle and the kind's part (trainer/task.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.config.algorithm import AlgorithmSection
+from hybridflow.config.env_schema import env_config_from_dict, resolve_env_config
+from hybridflow.config.rm_schema import resolve_rm_config, rm_config_from_tree
+from hybridflow.config.schema import RunConfig, resolve_run_config, run_config_from_tree
 from hybridflow.errors import ConfigError
-from hybridflow.registry import Registry, import_object, suggest
+from hybridflow.registry import Registry, suggest
 
 
 @dataclass(frozen=True)
 class TaskKind:
-    """name: the kind ("language_model", "environment"). marker: the top-level key only its
-    tree has (None: the kind of a tree that has no other kind's marker). root, build_path,
-    resolve_path: "module:attr" paths of the config class, of `build(tree) ->
-    config` and of `resolve(config) -> config as a run saves it` (the trainer runs every kind
-    with its part: trainer/task.py). checkpoint_kind: trainer_state.json's "kind" of its
-    checkpoints (None: checkpoints without one)."""
+    """name: the kind ("language_model", "environment", "reward_model"). marker: the section
+    only its configs set (None: the kind of a config that sets no other kind's marker). keys:
+    the top-level sections and dotted keys it reads beyond every kind's. build(tree) -> its
+    validated RunConfig; resolve(config) -> the config as a run saves it. checkpoint_kind:
+    trainer_state.json's "kind" of its checkpoints (None: checkpoints without one). advice:
+    what to use instead of another kind's key (key -> text). language_model: its runs train a
+    language-model policy (what `hybridflow sft`, `eval` and `export` take)."""
 
     name: str
     marker: str | None
-    root: str
-    build_path: str
-    resolve_path: str
+    keys: tuple[str, ...]
+    build: Callable[[dict[str, Any]], RunConfig]
+    resolve: Callable[[RunConfig], RunConfig]
     checkpoint_kind: str | None = None
+    advice: Mapping[str, str] = field(default_factory=dict)
+    language_model: bool = False
 
-    def root_class(self) -> type:
-        return import_object(self.root, None, "config tree")
+    def foreign_keys(self) -> dict[str, TaskKind]:
+        """The keys other kinds read and this one does not (what its configs leave out and
+        refuse), each with the first kind that reads it."""
+        out: dict[str, TaskKind] = {}
+        for kind in TASK_KINDS.entries.values():
+            for key in kind.keys:
+                if key not in self.keys:
+                    out.setdefault(key, kind)
+        return out
 
-    def build(self, tree: dict[str, Any]) -> Any:
-        """The typed, validated config of a user's tree (its dotted keys allowed)."""
-        return import_object(self.build_path, None, "config builder")(tree)
 
-    def resolve(self, config: Any) -> Any:
-        """The config as a run saves it (the values that null stands for filled in)."""
-        return import_object(self.resolve_path, None, "config resolver")(config)
-
-
-TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.build_path)
+_LM_ALGORITHM_KEYS = tuple(f"algorithm.{f.name}" for f in dataclasses.fields(AlgorithmSection)
+                           if f.name not in ("name", "module"))
+_LM_RESOURCE_KEYS = ("resources.placement", "resources.critic_ranks", "resources.min_world_size",
+                     "resources.max_world_size")
+TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.name)
 TASK_KINDS.add("language_model", TaskKind(
-    "language_model", None, "hybridflow.config.schema:RunConfig", "hybridflow.config.schema:run_config_from_tree",
-    "hybridflow.config.schema:resolve_run_config"))
+    "language_model", None,
+    ("resources", "model", "data", "algorithm", "actor", "rollout", "critic", "reward", "reward_model", "cost_model",
+     "sft", "async_rl", *_LM_RESOURCE_KEYS, "trainer.total_steps", "trainer.test_freq", "trainer.save_final_model", "trainer.val_before_train",
+     "trainer.validation", "trainer.balance_batch", "trainer.concurrent_phases", "trainer.mode",
+     "trainer.max_no_signal_steps", *_LM_ALGORITHM_KEYS),
+    run_config_from_tree, resolve_run_config, language_model=True))
 TASK_KINDS.add("environment", TaskKind(
-    "environment", "env", "hybridflow.config.env_schema:EnvRunConfig",
-    "hybridflow.config.env_schema:env_config_from_dict", "hybridflow.config.env_schema:resolve_env_config",
-    checkpoint_kind="env"))
+    "environment", "env",
+    ("env", "algorithm", "policy", "distributed", "ppo", "sac", "trainer.total_env_steps", "trainer.log_freq",
+     "trainer.return_window", "trainer.target_return"),
+    env_config_from_dict, resolve_env_config, checkpoint_kind="env",
+    advice={"resources": "environment tasks place their workers with distributed.num_workers, "
+                         "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
+                         "distributed.ray_address (the cluster)"}))
+TASK_KINDS.add("reward_model", TaskKind(
+    "reward_model", "rm", ("rm", "model", "resources"), rm_config_from_tree, resolve_rm_config, checkpoint_kind="rm"))
 
 
 def task_kind_of(tree: dict[str, Any]) -> TaskKind:
@@ -72,14 +95,21 @@ def task_kind_of(tree: dict[str, Any]) -> TaskKind:
 
 
 def task_kind_of_config(config: Any) -> TaskKind | None:
-    """The kind whose config class `config` is an instance of (None: not a typed config)."""
-    return next((kind for kind in TASK_KINDS.entries.values() if isinstance(config, kind.root_class())), None)
+    """The kind of a typed config: the kind whose marker section it sets, else the
+    marker-less one (None: not a RunConfig)."""
+    if not isinstance(config, RunConfig):
+        return None
+    return task_kind_of({f.name: 1 for f in dataclasses.fields(config) if getattr(config, f.name) is not None})
 
 
 def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
     """The kind that wrote a checkpoint, from its trainer_state.json."""
     recorded = state.get("kind")
-    return next(kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded)
+    found = next((kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded), None)
+    if found is None:
+        raise ConfigError(f"the checkpoint is one of a {recorded!r} job (`hybridflow {recorded}`), which restarts by "
+                          "itself but is not continued by `hybridflow train`; start it again, or train from its model")
+    return found
 
 
 def check_top_level_keys(tree: dict[str, Any]) -> None:
@@ -88,7 +118,7 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
     misspelt marker would otherwise make a run of the wrong kind."""
     if not isinstance(tree, dict):
         raise ConfigError(f"a config is a mapping of keys to values, got {type(tree).__name__}")
-    known = sorted({key for kind in TASK_KINDS.entries.values() for key in _top_keys(kind)})
+    known = sorted({f.name for f in dataclasses.fields(RunConfig)})
     for key in tree:
         if not isinstance(key, str):
             raise ConfigError(f"config keys are strings, got {key!r}")
@@ -99,31 +129,28 @@ def check_top_level_keys(tree: dict[str, Any]) -> None:
             raise ConfigError(f"unknown key; {hint}", top)
 
 
-def read_task_config(tree: dict[str, Any]) -> tuple[TaskKind, Any]:
+def read_task_config(tree: dict[str, Any]) -> tuple[TaskKind, RunConfig]:
     """Check the top-level keys, decide the kind (once) and build its config."""
     check_top_level_keys(tree)
     kind = task_kind_of(tree)
-    if kind.marker is None:  # the kind of a config without another kind's marker: was the marker forgotten?
-        for key in tree:
-            check_own_key(kind, key.split(".")[0])
-    try:
-        return kind, kind.build(tree)
-    except ConfigError as err:
-        if err.message.startswith("unknown config key"):
-            check_own_key(kind, (err.key or "").split(".")[0])
-        raise
+    return kind, kind.build(tree)
 
 
-def check_own_key(kind: TaskKind, top: str) -> None:
-    """A ConfigError when the top-level key `top` is another kind's only (else "sac: unknown
-    config key; did you mean 'actor'?" for an environment task's key in a config without env)."""
-    other = next((k for k in TASK_KINDS.entries.values() if top in _top_keys(k) - _top_keys(kind)), None)
-    if other is not None:
+def check_own_keys(kind: TaskKind, nested: dict[str, Any]) -> None:
+    """A ConfigError when the nested tree sets a key that only other kinds read (else "sac:
+    unknown config key; did you mean 'actor'?" for an environment task's key in a config
+    without env)."""
+    for key, other in kind.foreign_keys().items():
+        node: Any = nested
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is _ABSENT:
+            continue
         why = f"it names {kind.marker!r}" if kind.marker else f"it names no {other.marker!r}"
-        fix = f"set {other.marker} or drop {top}" if other.marker else f"drop {top}"
+        fix = f"set {other.marker} or drop {key}" if other.marker else f"drop {key}"
+        advice = kind.advice.get(key)
         raise ConfigError(f"is a key of {other.name!r} configs, and this config is of kind {kind.name!r} ({why}): "
-                          f"{fix}", top)
+                          f"{fix}" + (f"; {advice}" if advice else ""), key)
 
 
-def _top_keys(kind: TaskKind) -> set[str]:
-    return {f.name for f in dataclasses.fields(kind.root_class())}
+_ABSENT = object()

@@ -11,7 +11,7 @@ environment tasks).
     RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()           # on to the run's total
 
 `config` is a dict (nested sections and/or dotted keys), the path of a YAML file (read
-once), or a typed config (RunConfig, EnvRunConfig). What it is gets decided once, here:
+once), or a typed config (RunConfig). What it is gets decided once, here:
 the top-level keys are checked against every task kind's (a misspelt key is a ConfigError
 with the closest key, before anything else), then the kind's row (config/tasks.py) says
 which config tree it is; the one `Task` (task.py) runs every kind, with the kind's part
@@ -51,7 +51,8 @@ class RLTrainer:
         self.kind, typed = read_config(config, resume)
         self._scoped = False  # inside `with`: the workers stay up between train() calls
         from hybridflow.trainer.env import part as _env  # noqa: F401  (here: they register their parts
-        from hybridflow.trainer.lm import part as _lm  # noqa: F401   and import torch and Ray)
+        from hybridflow.trainer.jobs import rm as _rm  # noqa: F401   and import torch and Ray)
+        from hybridflow.trainer.lm import part as _lm  # noqa: F401
         from hybridflow.trainer.task import Task
 
         self.task = Task(self.kind, typed, resume=resume)
@@ -114,8 +115,8 @@ def read_config(config: Any, resume: Any = None) -> tuple[TaskKind, Any]:
     elif config is not None:
         kind, typed = task_kind_of_config(config), config
         if kind is None:
-            raise TypeError(f"RLTrainer needs a config: a dict, a YAML path or a typed config (RunConfig, "
-                            f"EnvRunConfig), got {type(config).__name__}")
+            raise TypeError(f"RLTrainer needs a config: a dict, a YAML path or a typed config (RunConfig), "
+                            f"got {type(config).__name__}")
     elif resume is None:
         raise TypeError("RLTrainer needs a config (a dict, a YAML path or a typed config) or resume=<run dir>")
     elif isinstance(resume, (str, Path)):

@@ -2,10 +2,11 @@
 
 Set-up, the step loop, checkpoints, SIGTERM, the live status, automatic restart (the
 supervisor, run/recovery.py) and release are written once, here. What differs per kind is
-its part (`TaskPart`, registered in `TASK_PARTS` under the kind's name): how its run opens
-(data, reward and tokenizer vs environments), the roles and state it builds, what one step
-runs and records, what its checkpoint holds, what `train` returns (lm/part.py: language
-models; env/part.py: environments).
+its part (`TaskPart`, registered in `TASK_PARTS` under the kind's name, or named by a job):
+how its run opens (data, reward and tokenizer vs environments), the roles and state it
+builds, what one step runs and records, what its checkpoint holds, what `train` returns
+(lm/part.py: language models; env/part.py: environments; jobs/sft.py and jobs/rm.py: the
+supervised fine-tuning and reward-model jobs, which restart the same way).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class TaskPart(Protocol):
     """What one task kind declares (module docstring); `task` is the Task running it."""
 
     unit: str  # what a global step is called in messages: "step", "iteration"
+    phase: str  # the metrics.jsonl phase of its step records ("rl", "sft", "rm")
+    # Optional: trainer_state.json's "kind" of a job's checkpoints (default: its TaskKind's).
 
     def resume_point(self, resume: Any, config: Any) -> ResumePoint: ...
     def open(self, cfg: Any, resume_from: Any) -> Any: ...  # the run's context: cfg, run_dir, log, display, ray
@@ -69,9 +72,9 @@ class Task:
     starts the workers on the first `train` call. `release` stops them (after a checkpoint),
     `close` ends the run."""
 
-    def __init__(self, kind: TaskKind, config: Any = None, resume: Any = None) -> None:
+    def __init__(self, kind: TaskKind, config: Any = None, resume: Any = None, part: str | None = None) -> None:
         self.kind = kind
-        self.part: TaskPart = TASK_PARTS[kind.name]()
+        self.part: TaskPart = TASK_PARTS[part or kind.name]()
         self.resumed_from: Path | None = None  # the checkpoint the workers start from next
         self.global_step = 0
         if isinstance(resume, ResumePoint) and config is not None:
@@ -141,16 +144,19 @@ class Task:
             self.ctx.ray.idle()
         self.status.update(state=state, phase=None)
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self, keep_state: bool = False) -> None:
         try:
             self.part.release(self)
         finally:
             shutdown_role_groups(self.groups)
-            self.groups, self.roles, self.state = {}, None, None
+            self.groups, self.roles = {}, None
+            if not keep_state:  # a later start builds it afresh and loads the checkpoint's
+                self.state = None
 
     def close(self) -> None:
-        """Stop the workers and (if this run started it) Ray; close the loggers."""
-        self._stop_workers()
+        """Stop the workers and (if this run started it) Ray; close the loggers. The state the
+        program carried (trainer.state: a Lagrange multiplier, environment steps) stays readable."""
+        self._stop_workers(keep_state=True)
         self.status.close()
         self.ctx.close()
         if self.resumed_from is None and self.global_step == 0:
@@ -189,7 +195,7 @@ class Task:
             step = part.step(self)
             record = part.record(self, step, before, end)
             if record is not None:
-                ctx.log.write("rl", self.global_step, record)
+                ctx.log.write(part.phase, self.global_step, record)
                 last = record
             if part.save_due(self, before):  # after the log: a checkpoint's steps are all logged
                 self.save_checkpoint()
@@ -251,18 +257,22 @@ class Task:
         self.status.phase("save_checkpoint")
         tmp = begin_checkpoint(self.run_dir, self.global_step)
         state = {"global_step": self.global_step, **self.part.save(self, tmp), "rng": controller_rng_state()}
-        if self.kind.checkpoint_kind is not None:
-            state["kind"] = self.kind.checkpoint_kind
+        if self._checkpoint_kind is not None:
+            state["kind"] = self._checkpoint_kind
         return commit_checkpoint(tmp, state, self.config.trainer.keep_last_checkpoints)
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         """Restore what `save_checkpoint` wrote (after the workers and the state exist)."""
         state = read_trainer_state(checkpoint)
-        if state.get("kind") != self.kind.checkpoint_kind:
-            raise ValueError(f"{str(checkpoint)!r} is not a checkpoint of a {self.kind.name} run")
+        if state.get("kind") != self._checkpoint_kind:
+            raise ValueError(f"{str(checkpoint)!r} is not a checkpoint of this kind of run ({type(self.part).__name__})")
         self.part.load(self, checkpoint, state)
         self.global_step = int(state["global_step"])
         set_controller_rng_state(state["rng"])  # last: building the workers drew from it
+
+    @property
+    def _checkpoint_kind(self) -> str | None:
+        return getattr(self.part, "checkpoint_kind", self.kind.checkpoint_kind)
 
     def _checkpoint_on_signal(self) -> Path | None:
         """The checkpoint a run stopped by SIGTERM leaves: this step's (written now with

@@ -201,13 +201,13 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> DataProto:
         """One policy update; returns only ``meta_info["metrics"]`` (averaged over ranks)."""
         require(self.actor, "the actor")
-        keys = update_keys(self.config.loss)
-        if OLD_LOG_PROBS in data.batch:  # absent: the on-policy fused update (ActorEngine.update_policy)
-            keys += (OLD_LOG_PROBS,)
+        fused = self.config.fuse_old_log_probs  # the update computes them itself (ActorEngine.update_policy)
+        keys = update_keys(self.config.loss) + (() if fused else (OLD_LOG_PROBS,))
         batch = batch_tensors(data, keys, "update_actor")
         timings: dict[str, float] = {}
         with engine_on_device(self.actor), timed(timings, "timing_s/update_actor"):
-            metrics = self.actor.update_policy(batch, temperature=self._temperature(data.meta_info))
+            metrics = self.actor.update_policy(batch, temperature=self._temperature(data.meta_info),
+                                               fused_old_log_probs=fused)
         return DataProto(meta_info={"metrics": mean_over_world({**metrics, **timings})})
 
     # ------------------------------------------------------------------ weights to a rollout pool

@@ -150,12 +150,15 @@ class ActorRolloutRefConfig:
         policy (when used) loads the same model_path with the same parallelism, frozen,
         in the compute dtype; with LoRA it is the actor with its adapters switched off.
     use_reference: keep a reference policy (needed by the KL loss and by KL-in-reward).
+    fuse_old_log_probs: the update computes the old log-probs itself (on-policy, one optimizer
+        step: decided once by the run, RunConfig.fuses_old_log_probs); its batches have none.
     """
 
     engine: TrainEngineConfig
     loss: ActorLossConfig = field(default_factory=ActorLossConfig)
     rollout: RolloutWorkerConfig = field(default_factory=RolloutWorkerConfig)
     use_reference: bool = False
+    fuse_old_log_probs: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self, engine=TrainEngineConfig, loss=ActorLossConfig, rollout=RolloutWorkerConfig)

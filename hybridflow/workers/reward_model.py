@@ -22,6 +22,7 @@ import torch
 
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.train import RewardModelEngine
+from hybridflow.engines.train.checkpoint import load_checkpoint, write_checkpoint
 from hybridflow.engines.train.export import export_hf
 from hybridflow.engines.train.flops import FlopFacts, engine_flop_facts
 from hybridflow.engines.train.reward import PAIR_KEYS
@@ -88,6 +89,21 @@ class RewardModelWorker(Worker):
         with engine_on_device(self.rm), timed(timings, "timing_s/update_reward_model"):
             metrics = self.rm.update_reward_model(batch)
         return DataProto(meta_info={"metrics": mean_over_world({**metrics, **timings})})
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def write_checkpoint(self, path: str) -> str:
+        """The trained reward model's checkpoint (model, optimizer, schedule, RNG) into
+        exactly ``path`` (a step checkpoint of `hybridflow rm`, renamed into place whole)."""
+        require(self.rm, "the reward model")
+        with engine_on_device(self.rm):
+            return str(write_checkpoint(self.rm, path))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> str:
+        """Restore what `write_checkpoint` wrote (an automatic restart of `hybridflow rm`)."""
+        require(self.rm, "the reward model")
+        with engine_on_device(self.rm):
+            return str(load_checkpoint(self.rm, path))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def export_hf(self, out_dir: str) -> str:

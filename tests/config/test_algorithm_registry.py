@@ -103,7 +103,7 @@ def test_settings_sections_and_the_cost_are_read_where_the_row_declares_them(tmp
 
 @pytest.mark.parametrize("fields, message", [
     ({"estimators": ("nope",)}, r"nope"),
-    ({"estimators": ()}, r"estimators is empty"),
+    ({"estimators": ()}, r"it declares no task kind"),
     ({"critics": ("value_model",)}, r"critics must be distinct roles from \['critic', 'cost_critic'\]"),
     ({"required": ("algorithm.lam",)}, r"required keys \['algorithm.lam'\] have no preset"),
     ({"settings": "my_section"}, r"settings='my_section' is not a settings section .* \['dapo', 'safe_rlhf'\]"),

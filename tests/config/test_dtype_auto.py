@@ -111,12 +111,14 @@ def test_dtype_summary_lists_the_roles_present():
 @pytest.mark.parametrize(("fp32", "bf16", "picked"), [(226.0, 157.0, "fp32"), (20.0, 45.0, "bf16")])
 def test_a_reward_model_run_resolves_auto_too(model_dir, fp32, bf16, picked):
     from hybridflow.config.dtypes import resolved_rm_dtype
-    from hybridflow.config.rm_schema import RMConfig, RMModelSection
+    from hybridflow.config.rm_schema import rm_config_from_tree
 
     measured(ProbeShape(576, 1536), 1, fp32, bf16)
-    cfg = RMConfig(model=RMModelSection(path=str(model_dir)))
+    cfg = rm_config_from_tree({"model.path": str(model_dir), "rm.data.train_files": ["pairs.jsonl"],
+                               "resources.world_size": 1})
     resolved, line = resolved_rm_dtype(cfg, threads=1)
-    assert resolved.engine.dtype == picked and cfg.engine.dtype == "auto"  # what `hybridflow rm` saves and runs
+    assert resolved.rm.engine.dtype == picked and cfg.rm.engine.dtype == "auto"  # what `hybridflow rm` saves and runs
     assert line.startswith(f"dtype: reward model {picked} (engine: auto: {picked}, measured on this CPU at hidden 576")
-    fixed, line = resolved_rm_dtype(dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, dtype="fp32")), 1)
-    assert fixed.engine.dtype == "fp32" and line == "dtype: reward model fp32"
+    fixed = dataclasses.replace(cfg.rm, engine=dataclasses.replace(cfg.rm.engine, dtype="fp32"))
+    fixed, line = resolved_rm_dtype(dataclasses.replace(cfg, rm=fixed), 1)
+    assert fixed.rm.engine.dtype == "fp32" and line == "dtype: reward model fp32"

@@ -222,19 +222,19 @@ RUN_RULES = [
 
 
 RM_RULES = [
-    (["engine.lora.rank=4"], "engine.lora.rank"),  # the reward-model role's rule
-    (["resources.world_size=2", "engine.tp_size=4"], "engine.tp_size"),
-    (["engine.param_offload=true"], "engine.param_offload"),
-    (["resources.world_size=2", "engine.micro_batch.mini_batch_size=32",
-      "engine.micro_batch.micro_batch_size_per_device=32"], "engine.micro_batch.micro_batch_size_per_device"),
-    (["data.batch_size=24"], "data.batch_size"),
-    (["trainer.epochs=0"], "trainer.epochs"),
+    (["rm.engine.lora.rank=4"], "rm.engine.lora.rank"),  # the reward-model role's rule
+    (["resources.world_size=2", "rm.engine.tp_size=4"], "rm.engine.tp_size"),
+    (["rm.engine.param_offload=true"], "rm.engine.param_offload"),
+    (["resources.world_size=2", "rm.engine.micro_batch.mini_batch_size=32",
+      "rm.engine.micro_batch.micro_batch_size_per_device=32"], "rm.engine.micro_batch.micro_batch_size_per_device"),
+    (["rm.data.batch_size=24"], "rm.data.batch_size"),
+    (["rm.epochs=0"], "rm.epochs"),
     (["name=a/b"], "name"),
 ]
 
 
 # `hybridflow rm` runs: its required data file and one rank, then the case's overrides.
-RM_BASE = ["data.train_files=[pairs.jsonl]", "resources.world_size=1"]
+RM_BASE = ["rm.data.train_files=[pairs.jsonl]", "resources.world_size=1"]
 RULES = [(load_run_config, overrides, key) for overrides, key in RUN_RULES] + [
     (load_rm_config, RM_BASE + overrides, key) for overrides, key in RM_RULES]
 

@@ -111,19 +111,26 @@ def test_agent_batches_report_tool_call_rate_and_turns_in_validation():
     assert "tool-call rate 50.0% (0.75 calls, 1.75 turns each)" in line
 
 
-def test_sft_on_conversations_saves_a_model_that_carries_its_presets(ray_local, tiny_config, tmp_path):
-    """`sft.files` with a messages column trains (finite loss) and its sft_model carries the
-    run's presets: a later run with model.path there computes in fp32 like the built-in model."""
+def test_sft_on_conversations_restarts_and_saves_a_model_that_carries_its_presets(ray_local, tiny_config, tmp_path,
+                                                                                   monkeypatch):
+    """`sft.files` with a messages column trains (finite loss), restarts from its checkpoint
+    when its worker is killed (the one lifecycle, trainer/task.py), and its sft_model carries
+    the run's presets: a later run with model.path there computes in fp32 like the built-in model."""
     from hybridflow.trainer.jobs.sft import run_sft_job
 
     rows = [{"messages": [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": f"@add[{a},{b}]"},
                           {"role": "user", "content": f"{a + b:03d}"}, {"role": "assistant", "content": f"{a + b:03d}"}]}
             for a, b in ((12, 34), (56, 7), (40, 41), (9, 90))]
     data = write_records(rows, tmp_path / "conversations.jsonl")
-    cfg = tiny_config("resources.world_size=1", f"sft.files=[{data}]", "sft.steps=2", "sft.batch_size=4",
-                      "sft.micro_batch_size_per_device=2")
+    cfg = tiny_config("resources.world_size=1", f"sft.files=[{data}]", "sft.steps=3", "sft.batch_size=4",
+                      "sft.micro_batch_size_per_device=2", "trainer.save_freq=2")
+    monkeypatch.setenv("HYBRIDFLOW_FAULT", f"kill:actor.update_actor:0:3:{tmp_path / 'fired'}")  # in step 3
     result = run_sft_job(cfg)
     assert result.final_loss == result.final_loss and result.final_loss > 0  # finite
+    records = read_metrics(result.model_dir.parent / "metrics.jsonl")
+    assert [(r["restart/failed_step"], r["restart/resumed_step"]) for r in records if r["phase"] == "restart"] == [
+        (3, 2)]
+    assert [r["step"] for r in records if r["phase"] == "sft"] == [1, 2, 3]
     assert (result.model_dir / MODEL_PRESETS_FILE).is_file()
     later = load_run_config(None, [f"model.path={result.model_dir}"])
     assert (later.actor.dtype, later.rollout.dtype) == ("fp32", "fp32")

@@ -15,13 +15,8 @@ import pytest
 from hybridflow import RLTrainer
 from hybridflow.cli import main
 from hybridflow.config import ConfigError
-from hybridflow.config.env_algorithms import (
-    ENV_ALGORITHMS,
-    EnvAlgorithmSpec,
-    PolicyDefaults,
-    add_env_algorithm,
-    steps_per_iteration,
-)
+from hybridflow.config.algorithm import ALGORITHMS, AlgorithmSpec, add_algorithm, algorithm_spec
+from hybridflow.config.env_algorithms import EnvAlgorithm, PolicyDefaults, steps_per_iteration
 from hybridflow.config.env_schema import env_config_from_dict
 from hybridflow.controller import IN_PROCESS
 from hybridflow.trainer.observe.live_status import read_status
@@ -82,24 +77,29 @@ def test_train_calls_outside_with_continue_exactly_like_one_call(tmp_path):
 
 
 def test_environment_algorithms_are_rows_with_declared_capabilities():
-    ppo, sac = ENV_ALGORITHMS["ppo"], ENV_ALGORITHMS["sac"]
+    # One registry: PPO's row runs on both task kinds, SAC's on environments only.
+    ppo, sac = algorithm_spec("ppo"), algorithm_spec("sac")
+    assert ppo.task_kinds == ("language_model", "environment") and sac.task_kinds == ("environment",)
+    ppo, sac = ppo.environment, sac.environment
     assert (ppo.collection, ppo.steps_field, ppo.continuous_actions) == ("rollout", "rollout_steps", False)
     assert (sac.collection, sac.steps_field, sac.continuous_actions) == ("replay", "train_freq", True)
     cfg = env_config_from_dict({"algorithm": "sac", "env": "Pendulum-v1", "env.num_envs": 3, "sac.train_freq": 4,
                                 "distributed.num_workers": 2})
     assert steps_per_iteration(cfg) == 2 * 3 * 4
-    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.programs.algorithms:PPO"):
-        add_env_algorithm(EnvAlgorithmSpec("ppo", "my_pkg.algo:PROGRAM", "ppo", "rollout",
-                                           PolicyDefaults((8,), "tanh", True)))
-    with pytest.raises(ConfigError, match="algorithm: unknown environment algorithm 'ppo2'; did you mean 'ppo'"):
+    with pytest.raises(ValueError, match="already registered with program hybridflow.trainer.programs.algorithms:ppo"):
+        add_algorithm(AlgorithmSpec("ppo", environment=EnvAlgorithm("ppo", "rollout", PolicyDefaults((8,), "tanh", True),
+                                                                     "my_pkg.algo:PROGRAM")))
+    with pytest.raises(ConfigError, match="algorithm.name: 'ppo2' is not a registered algorithm; did you mean 'ppo'"):
         env_config_from_dict({"algorithm": "ppo2", "env": "CartPole-v1"})
+    with pytest.raises(ConfigError, match="algorithm: 'grpo' runs on language-model tasks only; environment tasks run "
+                                          "ppo, sac"):
+        env_config_from_dict({"algorithm": "grpo", "env": "CartPole-v1"})
 
 
 def test_a_registered_environment_algorithm_runs_with_its_declared_section(tmp_path):
     # A user's row: PPO's program under another name, with other network defaults.
-    spec = EnvAlgorithmSpec("probe_ppo", "hybridflow.trainer.programs.algorithms:PPO", "ppo", "rollout",
-                            PolicyDefaults((8,), "relu", False))
-    add_env_algorithm(spec)
+    add_algorithm(AlgorithmSpec("probe_ppo", environment=EnvAlgorithm(
+        "ppo", "rollout", PolicyDefaults((8,), "relu", False), "hybridflow.trainer.programs.algorithms:PPO")))
     try:
         with RLTrainer({"algorithm": "probe_ppo", "env": "CartPole-v1", "distributed.num_workers": 0,
                         "ppo": {"rollout_steps": 16, "minibatch_size": 16, "epochs": 1},
@@ -108,7 +108,7 @@ def test_a_registered_environment_algorithm_runs_with_its_declared_section(tmp_p
             assert trainer.train(steps=32).env_steps == 32
             assert trainer.roles.learner.resource_pool is IN_PROCESS
     finally:
-        ENV_ALGORITHMS.pop("probe_ppo")
+        ALGORITHMS.pop("probe_ppo")
 
 
 def test_sac_refuses_discrete_actions_by_its_declared_capability(tmp_path):

@@ -1,7 +1,9 @@
 """`hybridflow rm` end to end (Ray, 2 ranks, the built-in tiny model) on a synthetic
 preference set whose chosen replies end in ":)" and rejected ones in ":(": held-out
-pairwise accuracy must end far above chance, and the exported reward model must load
-with transformers and score the held-out pairs as the workers did (1e-4 abs, fp32)."""
+pairwise accuracy must end far above chance, also when a rank is killed mid-run (the job
+restarts from its newest checkpoint: the one lifecycle of trainer/task.py), and the exported
+reward model must load with transformers and score the held-out pairs as the workers did
+(1e-4 abs, fp32)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ from hybridflow.trainer.jobs.rm import init_reward_model_dir
 from hybridflow.trainer.run.run_dir import read_metrics
 
 TINY = ["resources.world_size=2", "model.builtin.hidden_size=32", "model.builtin.intermediate_size=64",
-        "model.builtin.num_hidden_layers=2", "model.builtin.max_position_embeddings=64", "data.pairs.max_length=64",
-        "data.batch_size=16", "engine.micro_batch.mini_batch_size=16",
-        "engine.micro_batch.micro_batch_size_per_device=4", "engine.optim.lr=1e-3"]
+        "model.builtin.num_hidden_layers=2", "model.builtin.max_position_embeddings=64", "rm.data.pairs.max_length=64",
+        "rm.data.batch_size=16", "rm.engine.micro_batch.mini_batch_size=16",
+        "rm.engine.micro_batch.micro_batch_size_per_device=4", "rm.engine.optim.lr=1e-3"]
 
 
 def _write_pairs(path, n: int, seed: int) -> None:
@@ -45,15 +47,18 @@ def pair_files(tmp_path):
     return train, val
 
 
-@pytest.mark.slow  # ~40 s on 2 cores: 20 steps and 3 evaluations on 2 Ray ranks
-def test_rm_command_learns_the_preference_and_exports_a_hf_reward_model(ray_local, tmp_path, pair_files, capsys):
+@pytest.mark.slow  # ~60 s on 2 cores: 20 steps, 3 evaluations and a restart on 2 Ray ranks
+def test_rm_command_learns_the_preference_and_exports_a_hf_reward_model(ray_local, tmp_path, pair_files, capsys,
+                                                                        monkeypatch):
     train, val = pair_files
     run = tmp_path / "run"
-    argv = ["rm", *TINY, f"data.train_files=[{train}]", f"data.val_files=[{val}]", f"trainer.run_dir={run}",
-            "trainer.epochs=2", "trainer.eval_freq=10", "trainer.console=plain", "seed=0",
+    # Rank 0 is killed in its 12th update; the job goes on from its checkpoint of step 10.
+    monkeypatch.setenv("HYBRIDFLOW_FAULT", f"kill:rm.update_reward_model:0:12:{tmp_path / 'fired'}")
+    argv = ["rm", *TINY, f"rm.data.train_files=[{train}]", f"rm.data.val_files=[{val}]", f"trainer.run_dir={run}",
+            "rm.epochs=2", "rm.eval_freq=10", "trainer.save_freq=5", "trainer.console=plain", "seed=0",
             # fp32 so the worker's saved scores compare with HF's fp32 forward at 1e-4 (dtype auto
             # is bf16 on CPUs with AVX512_BF16, where scores round to 8 bits of mantissa)
-            "engine.dtype=fp32"]
+            "rm.engine.dtype=fp32"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "train pairs: 160 of 160 pairs kept" in out and "held-out pairwise accuracy" in out
@@ -61,7 +66,10 @@ def test_rm_command_learns_the_preference_and_exports_a_hf_reward_model(ray_loca
     records = read_metrics(run / "metrics.jsonl")
     evals = [r for r in records if r["phase"] == "rm_eval"]
     steps = [r for r in records if r["phase"] == "rm"]
-    assert [r["step"] for r in evals] == [0, 10, 20] and len(steps) == 20  # 2 epochs of 160 // 16
+    restarts = [r for r in records if r["phase"] == "restart"]
+    assert [(r["restart/role"], r["restart/failed_step"], r["restart/resumed_step"]) for r in restarts] == [
+        ("rm", 12, 10)]
+    assert [r["step"] for r in evals] == [0, 10, 20] and [r["step"] for r in steps] == list(range(1, 21))
     assert all(r["val/pairs"] == 32 for r in evals)
     assert evals[-1]["val/accuracy"] >= 0.9 > evals[0]["val/accuracy"]
     assert steps[-1]["rm/loss"] < steps[0]["rm/loss"]
@@ -102,12 +110,14 @@ def test_init_from_a_causal_lm_adds_a_score_head_and_keeps_a_reward_model(tmp_pa
 
 
 @pytest.mark.parametrize("extra, message", [
-    ([], "data.train_files: is empty"),
-    (["data.train_files=[x.jsonl]", "data.batch_size=24"], "not a multiple of engine.micro_batch.mini_batch_size"),
-    (["data.train_files=[x.jsonl]", "engine.param_offload=true"], "param_offload"),
-    (["data.train_files=[x.jsonl]", "data.pairs.max_length=100"], "max_position_embeddings=64"),
-    (["data.train_files=[x.jsonl]", "data.val_fraction=0"], "data.val_fraction: must be in (0, 1)"),
-    (["data.train_files=[x.jsonl]", "engine.lora.rank=4"], "lora"),
+    ([], "rm.data.train_files: is empty"),
+    (["rm.data.train_files=[x.jsonl]", "rm.data.batch_size=24"],
+     "not a multiple of rm.engine.micro_batch.mini_batch_size"),
+    (["rm.data.train_files=[x.jsonl]", "rm.engine.param_offload=true"], "param_offload"),
+    (["rm.data.train_files=[x.jsonl]", "rm.data.pairs.max_length=100"], "max_position_embeddings=64"),
+    (["rm.data.train_files=[x.jsonl]", "rm.data.val_fraction=0"], "rm.data.val_fraction: must be in (0, 1)"),
+    (["rm.data.train_files=[x.jsonl]", "rm.engine.lora.rank=4"], "lora"),
+    (["rm.data.train_files=[x.jsonl]", "actor.optim.lr=1"], "actor: is a key of 'language_model' configs"),
 ])
 def test_config_errors_exit_2_before_anything_starts(tmp_path, capsys, extra, message):
     assert main(["rm", *TINY, f"trainer.output_dir={tmp_path}", *extra]) == 2  # later overrides win
@@ -115,10 +125,15 @@ def test_config_errors_exit_2_before_anything_starts(tmp_path, capsys, extra, me
     assert not any(tmp_path.iterdir())
 
 
-def test_print_config_shows_every_key(capsys, tmp_path):
+def test_print_config_shows_every_key_and_the_earlier_keys_still_work(capsys, tmp_path):
     import yaml
 
+    # data.* is the earlier reward-model tree's key: it moves to rm.data.*, said in one line.
     assert main(["rm", "--print-config", "data.train_files=[a.parquet]", f"trainer.output_dir={tmp_path}"]) == 0
-    tree = yaml.safe_load(capsys.readouterr().out)
-    assert tree["data"]["pairs"]["max_length"] == 512 and tree["engine"]["optim"]["lr"] == 1e-5
+    captured = capsys.readouterr()
+    tree = yaml.safe_load(captured.out)
+    assert tree["rm"]["data"]["train_files"] == ["a.parquet"]
+    assert tree["model"]["builtin"]["max_position_embeddings"] == 512 and tree["rm"]["engine"]["optim"]["lr"] == 1e-5
+    assert "actor" not in tree and "algorithm" not in tree  # the keys of other kinds are left out
+    assert "hybridflow: data is now rm.data (reward-model runs); the old key still works" in captured.err
     assert not any(tmp_path.iterdir())

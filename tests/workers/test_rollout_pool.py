@@ -6,6 +6,8 @@ process; weights cross by the WeightBridge (torch.distributed gloo), not the con
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import ray
 import torch
@@ -26,7 +28,9 @@ PLACEMENT = PlacementSpec(pools={"actor_pool": [2], "rollout_pool": [1]},
 
 @pytest.fixture(scope="module")
 def pools(ray_local, tiny_llama_dir):
-    cfg = actor_config(tiny_llama_dir, gen_tp=1, mini_batch_size=4, use_reference=False)
+    # The update computes the old log-probs itself (one optimizer step over the 4 samples).
+    cfg = dataclasses.replace(actor_config(tiny_llama_dir, gen_tp=1, mini_batch_size=4, use_reference=False),
+                              fuse_old_log_probs=True)
     built = build_role_groups({"actor": RoleSpec(ActorRolloutRefWorker, (cfg,)),
                                "rollout": RoleSpec(RolloutWorker, (cfg,))}, PLACEMENT)
     try:

@@ -1,8 +1,7 @@
 """The `trainer` section of the run config: how long, how often to evaluate and save, where the run
-goes, what it logs, the mode and the restart policy. Its run-directory and console settings
-(`RunOutputSection`) and its checkpoint and logger settings (`LoopSection`) are defined here
-once for every job's trainer section: environment tasks (config/env_schema.py) and reward
-models (config/rm_schema.py) have them too.
+goes, what it logs, the mode and the restart policy, for every task kind (the keys only one kind
+reads are its own: config/tasks.py). Its run-directory and console settings (`RunOutputSection`)
+are reward models' too (config/rm_schema.py).
 """
 
 from __future__ import annotations
@@ -143,6 +142,14 @@ class TrainerSection(LoopSection):
         this many steps in a row without learning signal, i.e. every group's advantages 0
         (all responses to each prompt scored alike); null: never stop. Each such step is
         said on the console either way and counted in adv/no_signal_steps.
+
+    Environment tasks count environment steps instead (a step is one iteration):
+    total_env_steps: environment steps of the whole run (train() without steps runs to it;
+        with linear lr decay it is the horizon). log_freq: a metrics record at the end of
+        every iteration that crosses a multiple of this many environment steps (save_freq:
+        the same for checkpoints). return_window: episodes in the rolling mean return
+        (episode/return_mean_window). target_return: stop once that mean reaches it (null:
+        never).
     """
 
     total_steps: int = 30
@@ -154,9 +161,14 @@ class TrainerSection(LoopSection):
     concurrent_phases: bool = True
     mode: Literal["sync", "one_step_off", "async"] = "sync"
     max_no_signal_steps: int | None = None
+    total_env_steps: int = 100_000
+    log_freq: int = 1000
+    return_window: int = 20
+    target_return: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        positive(self, "total_env_steps", "log_freq", "return_window")
         at_least(self, 1, "max_no_signal_steps", null="never stop")
         at_least(self, 1, "total_steps")
         at_least(self, 0, "test_freq", note="0 = only before and after")

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from hybridflow.algorithms.ppo_env import PPOLossConfig, ppo_loss
+from hybridflow.algorithms.ppo_env import PPOLossConfig, actor_critic_loss
 from hybridflow.engines.policy.actor_critic import ActorCritic, NetworkSpec
 from hybridflow.engines.policy.data_parallel import average_gradients, global_mean_std, mean_over_ranks
 
@@ -99,7 +99,7 @@ class PPOLearner:
         adv = batch["advantages"][rows]
         log_probs, entropy, values = self.model.evaluate(batch["observations"][rows], batch["actions"][rows])
         stats = global_mean_std(adv) if cfg.loss.normalize_advantages else None
-        loss, metrics = ppo_loss(log_probs, batch["old_log_probs"][rows], adv, values, batch["values"][rows],
+        loss, metrics = actor_critic_loss(log_probs, batch["old_log_probs"][rows], adv, values, batch["values"][rows],
                                  batch["returns"][rows], entropy, cfg.loss, adv_mean_std=stats)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -19,13 +19,13 @@ from hybridflow.engines.train.config import ActorLossConfig, TrainEngineConfig
 from hybridflow.engines.train.engine import TrainEngine
 from hybridflow.engines.train.forward import causal_lm_log_probs
 from hybridflow.engines.train.lora import adapters_disabled
-from hybridflow.engines.train.update import run_update
+from hybridflow.engines.train.update import Update, accumulate
 
 Tensor = torch.Tensor
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 UPDATE_KEYS = FORWARD_KEYS + ("response_mask", "advantages")
-# Without it the update is "on-policy fused": see ActorEngine.update_policy.
+# Read by the update unless it is "on-policy fused" (ActorEngine.update_policy).
 OLD_LOG_PROBS = "old_log_probs"
 # The behaviour policy's log-probs, read by the update when actor.loss.off_policy is on.
 ROLLOUT_LOG_PROBS = "rollout_log_probs"
@@ -87,42 +87,44 @@ class ActorEngine(TrainEngine):
         )
         return {"log_probs": lp} if ent is None else {"log_probs": lp, "entropys": ent}
 
-    def update_policy(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0) -> dict[str, float]:
+    def update_policy(self, batch: Mapping[str, Tensor], *, temperature: float = 1.0,
+                      fused_old_log_probs: bool = False) -> dict[str, float]:
         """One trainer step of policy optimisation on this rank's batch; metrics under "actor/".
 
-        Without `old_log_probs` in the batch the update is on-policy fused: it must make
+        `fused_old_log_probs` (decided once by the run: RunConfig.fuses_old_log_probs): the
+        update is on-policy fused, the batch has no `old_log_probs`. It must then make
         exactly one optimizer step over the batch (one epoch, one mini-batch), so the
         policy that sampled is the one whose forward pass the step runs, and the ratio's
         denominator is that forward's own detached log-prob (the separate old-log-prob pass
         would compute the same values, up to float summation order). The token-mean
         entropy of the batch is then reported here (actor/entropy), as that pass would have.
         """
-        keys = update_keys(self.loss_config)
-        batching.require_keys(batch, keys, "update_policy")
-        if OLD_LOG_PROBS not in batch:
+        fused = fused_old_log_probs
+        batching.require_keys(batch, update_keys(self.loss_config) + (() if fused else (OLD_LOG_PROBS,)),
+                              "update_policy")
+        if fused:
             self._require_single_step(batching.batch_len(batch))
-        return run_update(
-            self,
-            batch,
-            prefix="actor",
-            micro_step=lambda mb, agg: self._micro_step(mb, agg, temperature),
-            loss_scale_factor=self.loss_config.loss_scale_factor,
-            mini_step=(None if self.pipeline is None
-                       else lambda micro, agg: self._pipeline_mini_step(micro, agg, temperature)),
-        )
+        update = Update(self, batch, prefix="actor", loss_scale_factor=self.loss_config.loss_scale_factor)
+        for micro, agg in update.mini_batches():
+            if self.pipeline is None:  # each micro-batch: forward, the loss (_loss), backward
+                update.record(*accumulate(micro, lambda mb: self._micro_step(mb, agg, temperature, fused)))
+            else:  # the pipeline's schedule runs the same _loss on its last stage
+                update.record(*self._pipeline_mini_step(micro, agg, temperature, fused))
+        return update.finish()
 
     def _require_single_step(self, sequences: int) -> None:
         mb = self.config.micro_batch
         if mb.epochs != 1 or mb.mini_batch_size // self.dp_size < sequences:
             raise ValueError(
-                f"update_policy got no old_log_probs, which is valid only when the update makes one optimizer step "
+                f"update_policy fuses the old log-probs (none in the batch), which is valid only when the update makes "
+                f"one optimizer step "
                 f"over the batch (epochs=1 and mini_batch_size >= the batch); here epochs={mb.epochs}, "
                 f"{sequences} sequences per rank, mini-batch {mb.mini_batch_size // self.dp_size} per rank: "
                 "compute old_log_probs first (compute_log_prob)"
             )
 
     def _micro_step(
-        self, mb: dict[str, Tensor], agg: AggregationScale, temperature: float
+        self, mb: dict[str, Tensor], agg: AggregationScale, temperature: float, fused: bool
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         log_prob, entropy = causal_lm_log_probs(
             self.model,
@@ -130,23 +132,22 @@ class ActorEngine(TrainEngine):
             temperature=temperature,
             chunk_size=self.config.logits_chunk_size,
             pack_sequences=self.config.pack_sequences,
-            with_entropy=self._update_needs_entropy(OLD_LOG_PROBS not in mb),
+            with_entropy=self._update_needs_entropy(fused),
             entropy_grad=self.loss_config.entropy_coeff > 0,  # else only the fused path's metric
         )
-        return self._loss(log_prob, entropy, mb, agg)
+        return self._loss(log_prob, entropy, mb, agg, fused)
 
     def _update_needs_entropy(self, fused: bool) -> bool:
         return self.loss_config.entropy_coeff > 0 or fused
 
     def _loss(
-        self, log_prob: Tensor, entropy: Tensor | None, mb: Mapping[str, Tensor], agg: AggregationScale
+        self, log_prob: Tensor, entropy: Tensor | None, mb: Mapping[str, Tensor], agg: AggregationScale, fused: bool
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """The actor objective of one micro-batch from its log-probs (and entropy): the loss
-        to backpropagate, summed metrics and averaged metrics (see update.run_update)."""
+        to backpropagate, summed metrics and averaged metrics (see update.Update)."""
         cfg = self.loss_config
         mode = cfg.policy.loss_agg_mode
         mask = mb["response_mask"]
-        fused = OLD_LOG_PROBS not in mb
         old_log_prob = log_prob.detach() if fused else mb[OLD_LOG_PROBS]
         advantages, is_metrics = mb["advantages"], {}
         if cfg.off_policy.enabled:  # decoupled PPO: proximal = old, behaviour = rollout
@@ -174,16 +175,15 @@ class ActorEngine(TrainEngine):
         return loss, sums, pg_metrics
 
     def _pipeline_mini_step(
-        self, micro: list[dict[str, Tensor]], agg: AggregationScale, temperature: float
+        self, micro: list[dict[str, Tensor]], agg: AggregationScale, temperature: float, fused: bool
     ) -> tuple[dict[str, float], dict[str, float]]:
         """One mini-batch through the pipeline's 1F1B schedule: the same `_loss` per
         micro-batch, on the last stage, from the log-probs it computes."""
-        fused = OLD_LOG_PROBS not in micro[0]
         targets = [k for k in update_keys(self.loss_config) if k not in FORWARD_KEYS]
         if not fused:
             targets.append(OLD_LOG_PROBS)
         return self.pipeline.train_mini_batch(
-            micro, targets, lambda lp, ent, mb: self._loss(lp, ent, mb, agg),
+            micro, targets, lambda lp, ent, mb: self._loss(lp, ent, mb, agg, fused),
             temperature=temperature, chunk_size=self.config.logits_chunk_size,
             with_entropy=self._update_needs_entropy(fused),
         )

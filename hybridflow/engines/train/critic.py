@@ -11,7 +11,7 @@ from hybridflow.engines.train import batching
 from hybridflow.engines.train.config import CriticLossConfig, TrainEngineConfig
 from hybridflow.engines.train.engine import TrainEngine
 from hybridflow.engines.train.forward import critic_values
-from hybridflow.engines.train.update import run_update
+from hybridflow.engines.train.update import Update, accumulate
 
 Tensor = torch.Tensor
 
@@ -39,11 +39,13 @@ class CriticEngine(TrainEngine):
     def update_critic(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
         """One trainer step of value regression on this rank's batch; metrics under "critic/"."""
         batching.require_keys(batch, UPDATE_KEYS, "update_critic")
-        return run_update(
-            self, batch, prefix="critic", micro_step=self._micro_step,
-            loss_scale_factor=self.loss_config.loss_scale_factor,
-            mini_step=None if self.pipeline is None else self._pipeline_mini_step,
-        )
+        update = Update(self, batch, prefix="critic", loss_scale_factor=self.loss_config.loss_scale_factor)
+        for micro, agg in update.mini_batches():
+            if self.pipeline is None:
+                update.record(*accumulate(micro, lambda mb: self._micro_step(mb, agg)))
+            else:
+                update.record(*self._pipeline_mini_step(micro, agg))
+        return update.finish()
 
     def _micro_step(
         self, mb: dict[str, Tensor], agg: AggregationScale

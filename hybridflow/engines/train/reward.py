@@ -7,7 +7,7 @@ position ids counted over valid tokens; `PairwiseDataset.collate` makes them):
     chosen_input_ids, chosen_attention_mask, chosen_position_ids
     rejected_input_ids, rejected_attention_mask, rejected_position_ids
 
-A pair is one row, so the shared update loop (`run_update`: mini-batches, micro-batches,
+A pair is one row, so the shared update loop (`Update`: mini-batches, micro-batches,
 global loss normalisation, optimizer steps) never separates the two halves of a pair.
 Each micro-batch runs one forward over its 2b sequences. For that loop and for token
 budgets, `with_pair_masks` adds two derived tensors: `attention_mask` = both halves' masks
@@ -26,7 +26,7 @@ from hybridflow.engines.train import batching
 from hybridflow.engines.train.config import TrainEngineConfig
 from hybridflow.engines.train.engine import TrainEngine
 from hybridflow.engines.train.forward import reward_scores
-from hybridflow.engines.train.update import run_update
+from hybridflow.engines.train.update import Update, accumulate
 
 Tensor = torch.Tensor
 
@@ -79,8 +79,10 @@ class RewardModelEngine(TrainEngine):
 
     def update_reward_model(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
         """One trainer step of Bradley-Terry training on this rank's pairs; metrics under "rm/"."""
-        return run_update(self, with_pair_masks(batch), prefix="rm", micro_step=self._micro_step,
-                          loss_scale_factor=None)
+        update = Update(self, with_pair_masks(batch), prefix="rm", loss_scale_factor=None)
+        for micro, agg in update.mini_batches():
+            update.record(*accumulate(micro, lambda mb: self._micro_step(mb, agg)))
+        return update.finish()
 
     def _pair_scores(self, mb: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
         # One forward over both halves: FSDP gathers each layer's weights once per micro-batch.

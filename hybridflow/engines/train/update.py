@@ -1,4 +1,5 @@
-"""The update loop shared by actor and critic: epochs x mini-batches x micro-batches.
+"""The update loop of every trained engine (actor, critic, reward model): epochs x mini-batches
+x micro-batches, driven from the engine's own update method (`Update`).
 
 For each mini-batch (one optimizer step), the global token and sequence counts over
 all micro-batches and dp ranks are gathered first (`AggregationScale`), so every
@@ -12,7 +13,7 @@ metrics (clip fractions, KL) are averaged over micro-batches and ranks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -24,11 +25,8 @@ from hybridflow.engines.train.engine import TrainEngine
 from hybridflow.engines.train.flops import training_flops
 
 Tensor = torch.Tensor
-# (loss to backpropagate, summed metrics, averaged metrics)
-MicroStep = Callable[[dict[str, Tensor], AggregationScale], tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]]
-# Forward and backward of a whole mini-batch's micro-batches -> (summed, averaged) metrics:
-# how a pipeline runs them (a schedule interleaves the micro-batches across stages).
-MiniStep = Callable[[list[dict[str, Tensor]], AggregationScale], tuple[dict[str, float], dict[str, float]]]
+# One micro-batch's (loss to backpropagate, summed metrics, averaged metrics).
+MicroLoss = Callable[[dict[str, Tensor]], tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]]
 
 
 @dataclass
@@ -49,70 +47,84 @@ class _MetricLog:
         return dict(zip(names, local.tolist()))
 
 
-def run_update(
-    engine: TrainEngine,
-    batch: Mapping[str, Tensor],
-    *,
-    prefix: str,
-    micro_step: MicroStep,
-    loss_scale_factor: float | None,
-    mini_step: MiniStep | None = None,
-) -> dict[str, float]:
-    """Train `engine` on this rank's `batch`; returns metrics averaged over the group.
+class Update:
+    """One update call of `engine` on this rank's `batch`, read top down by its caller:
 
-    mini_step: runs the forward and backward passes of one mini-batch's micro-batches
-    (a pipeline schedule); None runs `micro_step` on each micro-batch in turn."""
-    engine.require_trainable(f"update ({prefix})")
-    mb_cfg = engine.config.micro_batch
-    per_rank = mb_cfg.mini_batch_size // engine.dp_size
-    batch = engine.to_device(batch)
-    n = batching.batch_len(batch)
-    # Mini-batch counts must match on all ranks, or the optimizer steps would not line up.
-    batching.check_same_count(n, "sequences in the update batch", group=None)
-    log = _MetricLog()
-    seq_lens: list[int] = []
-    lr = engine.optimizer.param_groups[0]["lr"]
-    engine.model.train()
-    start = time.perf_counter()
-    for _ in range(mb_cfg.epochs):
-        order = torch.randperm(n, generator=engine.shuffle_generator) if mb_cfg.shuffle else torch.arange(n)
-        for mini in batching.split_mini_batches(batching.select(batch, order), per_rank):
-            micro = [batching.select(mini, idx) for idx in engine.micro_batches(mini, for_update=True)]
-            agg = compute_aggregation_scale(
-                [m["response_mask"] for m in micro],
-                dp_size=engine.dp_size,
-                all_reduce_sum=torch_all_reduce_sum(engine.dp_group),
-                loss_scale_factor=loss_scale_factor,
-            )
-            if mini_step is None:
-                summed, averaged = _accumulate(micro, agg, micro_step)
-            else:
-                summed, averaged = mini_step(micro, agg)
-            for m in micro:
-                seq_lens.extend(m["attention_mask"].sum(dim=-1).tolist())
-            norm, stepped = engine.optimizer_step()
-            for k, v in {**summed, **averaged}.items():
-                log.add(f"{prefix}/{k}", v)
-            log.add(f"{prefix}/grad_norm", norm)
-            log.add(f"{prefix}/skipped_steps", 0.0 if stepped else 1.0)
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    engine.lr_scheduler.step()
-    engine.global_step += 1
-    metrics = log.reduce(group=None)
-    metrics[f"{prefix}/lr"] = lr
-    metrics.update(_throughput(engine, seq_lens, elapsed))
-    return metrics
+        update = Update(engine, batch, prefix="actor", loss_scale_factor=None)
+        for micro, agg in update.mini_batches():      # epochs x mini-batches
+            update.record(*accumulate(micro, lambda mb: loss_of(mb, agg)))   # forward + backward
+        return update.finish()                        # metrics averaged over the group
+
+    After the caller's body records a mini-batch's (summed, averaged) loss metrics, the
+    optimizer steps (gradient clipping, grad_norm) before the next mini-batch comes."""
+
+    def __init__(self, engine: TrainEngine, batch: Mapping[str, Tensor], *, prefix: str,
+                 loss_scale_factor: float | None) -> None:
+        engine.require_trainable(f"update ({prefix})")
+        self.engine, self.prefix, self.loss_scale_factor = engine, prefix, loss_scale_factor
+        self.batch = engine.to_device(batch)
+        self.n = batching.batch_len(self.batch)
+        # Mini-batch counts must match on all ranks, or the optimizer steps would not line up.
+        batching.check_same_count(self.n, "sequences in the update batch", group=None)
+        self.log = _MetricLog()
+        self.seq_lens: list[int] = []
+        self.lr = engine.optimizer.param_groups[0]["lr"]
+        self._recorded: tuple[dict[str, float], dict[str, float]] | None = None
+        engine.model.train()
+        self.start = time.perf_counter()
+
+    def mini_batches(self) -> Iterator[tuple[list[dict[str, Tensor]], AggregationScale]]:
+        """Each mini-batch's micro-batches and its `AggregationScale` (module docstring);
+        the optimizer step of each follows its `record`."""
+        engine, mb_cfg = self.engine, self.engine.config.micro_batch
+        per_rank = mb_cfg.mini_batch_size // engine.dp_size
+        for _ in range(mb_cfg.epochs):
+            order = (torch.randperm(self.n, generator=engine.shuffle_generator) if mb_cfg.shuffle
+                     else torch.arange(self.n))
+            for mini in batching.split_mini_batches(batching.select(self.batch, order), per_rank):
+                micro = [batching.select(mini, idx) for idx in engine.micro_batches(mini, for_update=True)]
+                agg = compute_aggregation_scale(
+                    [m["response_mask"] for m in micro],
+                    dp_size=engine.dp_size,
+                    all_reduce_sum=torch_all_reduce_sum(engine.dp_group),
+                    loss_scale_factor=self.loss_scale_factor,
+                )
+                self._recorded = None
+                yield micro, agg
+                if self._recorded is None:
+                    raise RuntimeError("Update.record(summed, averaged) was not called for the mini-batch")
+                for m in micro:
+                    self.seq_lens.extend(m["attention_mask"].sum(dim=-1).tolist())
+                norm, stepped = engine.optimizer_step()
+                for k, v in {**self._recorded[0], **self._recorded[1]}.items():
+                    self.log.add(f"{self.prefix}/{k}", v)
+                self.log.add(f"{self.prefix}/grad_norm", norm)
+                self.log.add(f"{self.prefix}/skipped_steps", 0.0 if stepped else 1.0)
+
+    def record(self, summed: dict[str, float], averaged: dict[str, float]) -> None:
+        """The mini-batch's loss metrics (summed over micro-batches) and ratio metrics (averaged)."""
+        self._recorded = (summed, averaged)
+
+    def finish(self) -> dict[str, float]:
+        """Step the lr schedule; the metrics averaged over the group, with throughput."""
+        engine = self.engine
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - self.start
+        engine.lr_scheduler.step()
+        engine.global_step += 1
+        metrics = self.log.reduce(group=None)
+        metrics[f"{self.prefix}/lr"] = self.lr
+        metrics.update(_throughput(engine, self.seq_lens, elapsed))
+        return metrics
 
 
-def _accumulate(micro: list[dict[str, Tensor]], agg: AggregationScale,
-                micro_step: MicroStep) -> tuple[dict[str, float], dict[str, float]]:
+def accumulate(micro: list[dict[str, Tensor]], micro_loss: MicroLoss) -> tuple[dict[str, float], dict[str, float]]:
     """Forward and backward of each micro-batch in turn (gradients accumulate); returns the
     loss metrics summed over micro-batches and the ratio metrics averaged over them."""
     per_micro = []
     for m in micro:
-        loss, sums, means = micro_step(m, agg)
+        loss, sums, means = micro_loss(m)
         loss.backward()
         per_micro.append((sums, means))
     return batching.merge_micro_metrics(per_micro)

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from hybridflow.config import ConfigError
-from hybridflow.config.env_schema import EnvRunConfig, env_config_from_dict, resolve_env_config
-from hybridflow.controller import RayHold, WorkerGroup
+from hybridflow.config.env_schema import env_config_from_dict, resolve_env_config
+from hybridflow.config.schema import RunConfig
+from hybridflow.controller import RayHold
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.env.groups import build_env_groups, close_envs
 from hybridflow.trainer.env.records import EnvDisplay, RecordAccumulator, crossed
@@ -67,14 +68,14 @@ class EnvContext:
     """An environment run's directory, loggers and console, and its hold on Ray (None until
     a start with env runners needs it)."""
 
-    cfg: EnvRunConfig
+    cfg: RunConfig
     run_dir: Path
     log: RunLoggers
     display: EnvDisplay
     ray: RayHold | None = None
 
     @classmethod
-    def open(cls, cfg: EnvRunConfig, resume_from: Path | SavedRun | None = None,
+    def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None,
              ray: RayHold | None = None) -> EnvContext:
         cfg = resolve_env_config(cfg)
         run_dir = reopen_run_dir(cfg, resume_from) if resume_from is not None else create_run_dir(cfg)
@@ -82,7 +83,7 @@ class EnvContext:
         display.message(f"run directory: [bold]{run_dir}[/bold]")  # as LM runs: before anything can fail
         return cls(cfg, run_dir, build_loggers(cfg, run_dir, display), display, ray)
 
-    def reopen(self, checkpoint: Path, cfg: EnvRunConfig) -> EnvContext:
+    def reopen(self, checkpoint: Path, cfg: RunConfig) -> EnvContext:
         """This run continuing from `checkpoint` (an automatic restart), on the same Ray hold."""
         self.close(keep_ray=True)
         return EnvContext.open(cfg, checkpoint, self.ray)
@@ -111,7 +112,7 @@ def warn_oversubscribed(num_workers: int, say: Any, cores: int | None = None) ->
 class EnvironmentPart:
     """Environments on env runners, a learner; one iteration of the algorithm a step."""
 
-    unit = "iteration"
+    unit, phase = "iteration", "rl"
 
     def __init__(self) -> None:
         self.threads_before: int | None = None  # the process's torch threads before an in-process learner
@@ -119,20 +120,20 @@ class EnvironmentPart:
         self.horizon = 0
         self.reached: int | None = None
 
-    def resume_point(self, resume: Any, config: EnvRunConfig | None) -> ResumePoint:
+    def resume_point(self, resume: Any, config: RunConfig | None) -> ResumePoint:
         if resume is True:  # `--resume` without PATH: the newest checkpoint of the config's runs (as LM runs)
             resume = checkpoint_of_runs(resolve_env_config(config))
         run = saved_run(resume)  # the run's config.yaml, read once
         cfg = resume_config(run, config)
         return ResumePoint(run.checkpoint, int(read_trainer_state(run.checkpoint)["global_step"]), cfg, run)
 
-    def open(self, cfg: EnvRunConfig, resume_from: SavedRun | None) -> EnvContext:
+    def open(self, cfg: RunConfig, resume_from: SavedRun | None) -> EnvContext:
         cfg = resolve_env_config(cfg)
         self.program = env_program(cfg)
         self.network = network_spec(cfg)  # probes one environment: its spaces (before the run dir exists)
         return EnvContext.open(cfg, resume_from)
 
-    def restart_config(self, cfg: EnvRunConfig, lost_node: str | None) -> EnvRunConfig:
+    def restart_config(self, cfg: RunConfig, lost_node: str | None) -> RunConfig:
         """The same config: the runners are placed again on the nodes alive once the fate of
         `lost_node` (a dead rank's node) is settled (groups.py)."""
         if lost_node is not None:
@@ -201,7 +202,7 @@ class EnvironmentPart:
 
     def show(self, task: Task, end: int) -> None:
         cfg = task.config
-        task.ctx.display.start(f"{cfg.algorithm.upper()} {cfg.env.id}", end, task.state.env_steps)
+        task.ctx.display.start(f"{cfg.algorithm.name.upper()} {cfg.env.id}", end, task.state.env_steps)
 
     def step(self, task: Task) -> Step:
         step = Step(task.global_step, DataProto(), on_phase=task.status.phase)
@@ -266,7 +267,7 @@ class EnvironmentPart:
                               self.reached, record)
 
 
-def resume_config(run: SavedRun, config: EnvRunConfig | None) -> EnvRunConfig:
+def resume_config(run: SavedRun, config: RunConfig | None) -> RunConfig:
     """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
     saved = env_config_from_dict(copy.deepcopy(run.tree))
     if config is None:

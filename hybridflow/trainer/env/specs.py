@@ -8,14 +8,15 @@
 Per-rank sizes are the config's totals divided by distributed.num_learners (the row's
 check made sure that they divide): each learner rank trains on its slice of every
 minibatch and keeps its share of the replay buffer. What depends on the algorithm comes
-from its row (config/env_algorithms.py) and its program (trainer/programs/algorithms.py:
-EnvProgram), never from comparing its name.
+from the `environment` part of its row (config/env_algorithms.py) and its program
+(trainer/programs/algorithms.py: EnvProgram), never from comparing its name.
 """
 
 from __future__ import annotations
 
-from hybridflow.config.env_algorithms import ENV_ALGORITHMS, env_algorithm_spec, hyper_parameters
-from hybridflow.config.env_schema import EnvRunConfig
+from hybridflow.config.algorithm import ALGORITHMS, env_algorithm
+from hybridflow.config.env_algorithms import hyper_parameters
+from hybridflow.config.schema import RunConfig
 from hybridflow.engines.policy.actor_critic import NetworkSpec
 from hybridflow.envs.collector import CollectorSpec
 from hybridflow.envs.registry import EnvSource, resolve_env
@@ -26,22 +27,22 @@ from hybridflow.trainer.programs.algorithms import EnvProgram
 from hybridflow.workers.learner import LearnerSpec
 
 
-def env_program(cfg: EnvRunConfig) -> EnvProgram:
+def env_program(cfg: RunConfig) -> EnvProgram:
     """The EnvProgram on the row of cfg.algorithm (imported when the row names its path)."""
-    program = env_algorithm_spec(cfg.algorithm).program
+    program = env_algorithm(cfg).program
     if isinstance(program, str):
         program = import_object(program, "algorithm", "environment algorithm program")
     if not isinstance(program, EnvProgram):
-        raise ConfigError(f"the program of environment algorithm {cfg.algorithm!r} is {program!r}, not an "
+        raise ConfigError(f"the program of environment algorithm {cfg.algorithm.name!r} is {program!r}, not an "
                           "EnvProgram (hybridflow/trainer/programs/algorithms.py)", "algorithm")
     return program
 
 
-def env_source(cfg: EnvRunConfig) -> EnvSource:
+def env_source(cfg: RunConfig) -> EnvSource:
     return resolve_env(cfg.env.id, cfg.env.kwargs, cfg.env.max_episode_steps)
 
 
-def network_spec(cfg: EnvRunConfig) -> NetworkSpec:
+def network_spec(cfg: RunConfig) -> NetworkSpec:
     """The policy network's shape: the environment's spaces and the `policy` section."""
     source = env_source(cfg)
     env = source.make()
@@ -52,9 +53,10 @@ def network_spec(cfg: EnvRunConfig) -> NetworkSpec:
     finally:
         if callable(getattr(env, "close", None)):
             env.close()
-    if env_algorithm_spec(cfg.algorithm).continuous_actions and not action.is_continuous:
-        others = [name for name in ENV_ALGORITHMS.names() if not env_algorithm_spec(name).continuous_actions]
-        raise ConfigError(f"{cfg.algorithm.upper()} needs continuous (Box) actions; {cfg.env.id!r} has {action.kind} "
+    if env_algorithm(cfg).continuous_actions and not action.is_continuous:
+        others = [name for name, spec in ALGORITHMS.entries.items()
+                  if spec.environment is not None and not spec.environment.continuous_actions]
+        raise ConfigError(f"{cfg.algorithm.name.upper()} needs continuous (Box) actions; {cfg.env.id!r} has {action.kind} "
                           f"actions. Use algorithm: {' or '.join(others) or 'one for discrete actions'}", "algorithm")
     policy = cfg.policy
     return NetworkSpec(
@@ -65,13 +67,13 @@ def network_spec(cfg: EnvRunConfig) -> NetworkSpec:
         normalize_obs=cfg.env.normalize_obs, clip_obs=cfg.env.clip_obs)
 
 
-def collector_spec(cfg: EnvRunConfig, network: NetworkSpec, program: EnvProgram) -> CollectorSpec:
+def collector_spec(cfg: RunConfig, network: NetworkSpec, program: EnvProgram) -> CollectorSpec:
     return CollectorSpec(source=env_source(cfg), num_envs=cfg.env.num_envs, seed=cfg.seed, network=network,
                          acting_model=program.acting_model, normalize_reward=cfg.env.normalize_reward,
                          reward_gamma=hyper_parameters(cfg).gamma, clip_reward=cfg.env.clip_reward)
 
 
-def learner_spec(cfg: EnvRunConfig, network: NetworkSpec, program: EnvProgram) -> LearnerSpec:
+def learner_spec(cfg: RunConfig, network: NetworkSpec, program: EnvProgram) -> LearnerSpec:
     ranks = cfg.distributed.num_learners
     return LearnerSpec(build=program.build_learner, network=network, seed=cfg.seed,
                        update=program.update_config(hyper_parameters(cfg), ranks))

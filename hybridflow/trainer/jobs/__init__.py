@@ -7,8 +7,8 @@ training, eval / export of a saved policy, the calibration runs of `hybridflow p
 - profiles.py: The real runs behind `hybridflow plan --calibrate`: each profile of
   hybridflow/planner/calibrate.py (a mapping of the built-in demo on 2 ranks) runs a few steps here;
   the phase times it logs are fitted into this machine's efficiency factors.
-- rm.py: Reward-model training on preference pairs (`hybridflow rm`): the Bradley-Terry loss -log
-  sigmoid(r_chosen - r_rejected) on a `RewardModelWorker` group built trainable.
-- sft.py: Supervised fine-tuning on prompt/response pairs (`hybridflow sft`, and the warm start
-  before RL when sft.steps > 0).
+- rm.py: Reward-model training on preference pairs (`hybridflow rm`): its part of the one
+  lifecycle (trainer/task.py), the Bradley-Terry loss on a trainable `RewardModelWorker` group.
+- sft.py: Supervised fine-tuning on prompt/response pairs (`hybridflow sft`: its part of the one
+  lifecycle; and the warm start before RL when sft.steps > 0).
 """

@@ -121,7 +121,7 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = ()) -> ModelSour
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
     kind = task_kind_of_checkpoint(read_trainer_state(checkpoint))
-    if kind.root_class() is not RunConfig:  # its config.yaml is not a language-model tree ("env: unknown key")
+    if not kind.language_model:  # its config.yaml is not a language-model tree
         raise ConfigError(f"{str(path)!r} is a run of task kind {kind.name!r}; eval and export take language-model "
                           "runs and models (an environment run's return is in its metrics.jsonl: hybridflow plot)")
     cfg = _resolved(load_run_config(run_config_path(checkpoint), list(overrides)))

@@ -1,5 +1,7 @@
 """Reward-model training on preference pairs (`hybridflow rm`): the Bradley-Terry loss
--log sigmoid(r_chosen - r_rejected) on a `RewardModelWorker` group built trainable.
+-log sigmoid(r_chosen - r_rejected) on a `RewardModelWorker` group built trainable, run by the
+one lifecycle (trainer/task.py) with the part below: checkpoints every trainer.save_freq
+steps, and a failed worker restarts from the newest one (trainer.max_restarts).
 
     result = run_rm_job(load_rm_config("examples/rm_hh_rlhf.yaml"))
     result.accuracy_before, result.accuracy_after      # held-out pairwise accuracy
@@ -9,6 +11,7 @@ The run directory (same rules as the RL trainer's: never reused):
 
     <run>/config.yaml             the resolved config
     <run>/metrics.jsonl           {"phase": "rm", ...} per step, {"phase": "rm_eval", ...} per evaluation
+    <run>/checkpoints/            with trainer.save_freq: global_step_<N> (the model, optimizer, data position)
     <run>/model/                  the built-in tiny causal LM (model.path: null)
     <run>/init_reward_model/      the start model with its new score head (from a causal LM)
     <run>/held_out_scores.jsonl   the final model's scores of each held-out pair
@@ -17,8 +20,8 @@ The run directory (same rules as the RL trainer's: never reused):
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,17 +30,23 @@ import torch
 
 from hybridflow.algorithms import bradley_terry_loss, pairwise_accuracy
 from hybridflow.config.dtypes import resolved_rm_dtype
-from hybridflow.config.rm_schema import RMConfig, rm_worker_config, validate_rm_config
-from hybridflow.controller import RoleSpec, WorkerGroup, omp
+from hybridflow.config.rm_schema import resolve_rm_config, rm_worker_config, validate_rm_config
+from hybridflow.config.schema import RunConfig
+from hybridflow.config.tasks import TASK_KINDS
+from hybridflow.controller import RayHold, RoleSpec, WorkerGroup
 from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, split_held_out
 from hybridflow.data.rl_dataset import pad_token_id_of
 from hybridflow.engines.models import load_hf_config
-from hybridflow.trainer.jobs.sft import train_steps
+from hybridflow.errors import ConfigError
 from hybridflow.trainer.observe.display import RunDisplay
-from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, write_builtin_model
-from hybridflow.trainer.run.run_dir import MetricsLog, create_run_dir
+from hybridflow.trainer.observe.loggers import RunLoggers, build_loggers
+from hybridflow.trainer.programs.phases import Roles, Step
+from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
+from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, ResumePoint, check_steps_left, write_builtin_model
+from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.setup import endless, start_display, start_run_ray
-from hybridflow.workers import PlacementSpec, RewardModelWorker, build_role_groups, shutdown_role_groups
+from hybridflow.trainer.task import TASK_PARTS, Task
+from hybridflow.workers import PlacementSpec, RewardModelWorker, build_role_groups
 
 
 @dataclass
@@ -79,9 +88,9 @@ def init_reward_model_dir(model_path: str | Path, out_dir: Path, seed: int) -> P
     return out_dir
 
 
-def pair_data(cfg: RMConfig, tokenizer: Any) -> tuple[PairwiseDataset, PairwiseDataset]:
+def pair_data(cfg: RunConfig, tokenizer: Any) -> tuple[PairwiseDataset, PairwiseDataset]:
     """(training pairs, held-out pairs): val_files, or a seeded val_fraction of the training files."""
-    data = cfg.data
+    data = cfg.rm.data
     train = PairwiseDataset(data.train_files, tokenizer, data.pairs)
     if data.val_files:
         val = PairwiseDataset(data.val_files, tokenizer, data.pairs)
@@ -93,9 +102,9 @@ def pair_data(cfg: RMConfig, tokenizer: Any) -> tuple[PairwiseDataset, PairwiseD
     return train, val
 
 
-def _stats_line(what: str, ds: PairwiseDataset, cfg: RMConfig) -> str:
+def _stats_line(what: str, ds: PairwiseDataset, cfg: RunConfig) -> str:
     s = ds.stats
-    return (f"{what}: {s['kept']} of {s['rows']} pairs kept; longer than max_length={cfg.data.pairs.max_length} "
+    return (f"{what}: {s['kept']} of {s['rows']} pairs kept; longer than max_length={cfg.rm.data.pairs.max_length} "
             f"tokens: {s['filtered_overlong']} filtered, {s['truncated']} truncated")
 
 
@@ -110,14 +119,15 @@ def score_pairs(group: WorkerGroup, ds: PairwiseDataset, batch_size: int) -> tup
     return torch.cat(chosen), torch.cat(rejected)
 
 
-def total_steps(cfg: RMConfig, train_pairs: int) -> int:
-    if cfg.trainer.total_steps is not None:
-        return cfg.trainer.total_steps
-    per_epoch = train_pairs // cfg.data.batch_size
+def total_steps(cfg: RunConfig, train_pairs: int) -> int:
+    rm = cfg.rm
+    if rm.total_steps is not None:
+        return rm.total_steps
+    per_epoch = train_pairs // rm.data.batch_size
     if per_epoch < 1:
-        raise ValueError(f"{train_pairs} training pairs are fewer than data.batch_size={cfg.data.batch_size}; "
-                         "lower data.batch_size or give more pairs")
-    return cfg.trainer.epochs * per_epoch
+        raise ValueError(f"{train_pairs} training pairs are fewer than rm.data.batch_size={rm.data.batch_size}; "
+                         "lower rm.data.batch_size or give more pairs")
+    return rm.epochs * per_epoch
 
 
 def _write_scores(path: Path, ds: PairwiseDataset, chosen: torch.Tensor, rejected: torch.Tensor) -> None:
@@ -127,74 +137,160 @@ def _write_scores(path: Path, ds: PairwiseDataset, chosen: torch.Tensor, rejecte
                                      "rejected_score": float(rejected[i])}) + "\n")
 
 
-def run_rm_job(cfg: RMConfig) -> RMResult:
-    """Validate, set up the run directory, train, evaluate before and after, export."""
-    world = validate_rm_config(cfg)
-    # engine.dtype auto resolved here (as `hybridflow train` does), so config.yaml says what ran
-    cfg, dtype_line = resolved_rm_dtype(cfg, cfg.resources.resolved_threads_per_rank(world))
-    omp_auto = cfg.resources.omp_wait_policy == "auto"
-    cfg = dataclasses.replace(cfg, resources=dataclasses.replace(
-        cfg.resources, omp_wait_policy=omp.resolve(cfg.resources.omp_wait_policy)))
-    run_dir = create_run_dir(cfg)
-    display = start_display(cfg.trainer.console, run_dir, dtype_line, cfg.resources, omp_auto)
-    log = MetricsLog(run_dir / "metrics.jsonl")
-    ray_hold = None
-    groups: dict[str, WorkerGroup] = {}
-    try:
+@dataclass
+class RMContext:
+    """A reward-model run's directory, loggers, console and hold on Ray (the `ctx` of its Task)."""
+
+    cfg: RunConfig
+    run_dir: Path
+    log: RunLoggers
+    display: RunDisplay
+    ray: RayHold
+
+    @classmethod
+    def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None, ray: RayHold | None = None) -> RMContext:
+        world = validate_rm_config(cfg)
+        threads = cfg.resources.resolved_threads_per_rank(world)
+        _, dtype_line = resolved_rm_dtype(cfg, threads)  # what "auto" became, said at the start
+        omp_auto = cfg.resources.omp_wait_policy == "auto"
+        cfg = resolve_rm_config(cfg)
+        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        display = start_display(cfg.trainer.display_mode(), run_dir, dtype_line, cfg.resources, omp_auto)
+        log = build_loggers(cfg, run_dir, display)
+        return cls(cfg, run_dir, log, display, start_run_ray(cfg.resources, world * threads, ray))
+
+    def reopen(self, checkpoint: Path, cfg: RunConfig) -> RMContext:
+        self.close(keep_ray=True)
+        return RMContext.open(cfg, checkpoint, self.ray)
+
+    def close(self, keep_ray: bool = False) -> None:
+        self.display.stop()
+        self.log.close()
+        if not keep_ray:
+            self.ray.close()
+
+
+class RewardModelPart:
+    """One Bradley-Terry update a step; held-out pairwise accuracy before, every
+    rm.eval_freq steps and after; the export to <run>/reward_model."""
+
+    unit, phase, checkpoint_kind = "step", "rm", "rm"
+
+    def resume_point(self, resume: Any, config: Any) -> ResumePoint:
+        raise ConfigError("a reward-model run restarts by itself from its checkpoints (trainer.max_restarts); "
+                          "continuing one by hand is not supported: start it again")
+
+    def open(self, cfg: RunConfig, resume_from: SavedRun | None) -> RMContext:
+        return RMContext.open(cfg, resume_from)
+
+    def restart_config(self, cfg: RunConfig, lost_node: str | None) -> RunConfig:
+        return cfg
+
+    def start(self, task: Task) -> None:
+        cfg, ctx, run_dir = task.config, task.ctx, task.run_dir
+        ctx.ray.use()
         base = cfg.model.path
         if base is None:
             base = str(write_builtin_model(cfg.model.builtin, run_dir / BUILTIN_MODEL_DIR, cfg.seed))
-        model_path = init_reward_model_dir(base, run_dir / "init_reward_model", cfg.seed)
-        tokenizer = load_tokenizer(model_path)
-        train, val = pair_data(cfg, tokenizer)
-        display.message(_stats_line("train pairs", train, cfg))
-        if cfg.data.val_files:
-            display.message(_stats_line("held-out pairs", val, cfg))
-        display.message(f"{len(train)} pairs for training, {len(val)} held out")
-        steps = total_steps(cfg, len(train))
+        init_dir = run_dir / "init_reward_model"
+        self.model_path = init_dir if (init_dir / "config.json").is_file() else init_reward_model_dir(
+            base, init_dir, cfg.seed)
+        tokenizer = load_tokenizer(self.model_path)
+        self.train_pairs, self.val = pair_data(cfg, tokenizer)
+        if task.resumed_from is None:  # said once, at the run's first start
+            ctx.display.message(_stats_line("train pairs", self.train_pairs, cfg))
+            if cfg.rm.data.val_files:
+                ctx.display.message(_stats_line("held-out pairs", self.val, cfg))
+            ctx.display.message(f"{len(self.train_pairs)} pairs for training, {len(self.val)} held out")
+        self.total = total_steps(cfg, len(self.train_pairs))
+        world = cfg.resources.resolved_world_size()
         threads = cfg.resources.resolved_threads_per_rank(world)
-        ray_hold = start_run_ray(cfg.resources, world * threads)
-        ray_hold.use()
-        role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(model_path)),), {"trainable": True})
-        groups = build_role_groups({"rm": role}, PlacementSpec.colocated(cfg.resources.process_on_nodes(),
-                                                                         use_gpu=cfg.resources.use_gpu,
-                                                                         cpus_per_slot=threads))
-        group = groups["rm"]
+        role = RoleSpec(RewardModelWorker, (rm_worker_config(cfg, str(self.model_path)),), {"trainable": True})
+        task.groups = build_role_groups({"rm": role}, PlacementSpec.colocated(
+            cfg.resources.process_on_nodes(), use_gpu=cfg.resources.use_gpu, cpus_per_slot=threads))
+        group = task.groups["rm"]
+        group.call_timeout_s = cfg.trainer.call_timeout_s
         group.init_model()
-        return _train(cfg, group, train, val, steps, run_dir, log, display)
+        task.roles = Roles(reward_model=group)
+        self.loader = ResumableLoader(self.train_pairs, cfg.rm.data.batch_size, shuffle=cfg.rm.data.shuffle,
+                                      seed=cfg.seed, collate_fn=self.train_pairs.collate)
+        self.batches = endless(self.loader)
+
+    def release(self, task: Task) -> None:
+        pass
+
+    def steps_left(self, task: Task) -> int:
+        task.setup()  # the number of steps depends on the pairs
+        return check_steps_left(task.global_step, self.total, "rm.total_steps")
+
+    def begin(self, task: Task, steps: int) -> int:
+        self.before = self._evaluate(task, task.global_step)[0]
+        self.steps = steps
+        return task.global_step + steps
+
+    def progress(self, task: Task) -> int:
+        return task.global_step
+
+    def show(self, task: Task, end: int) -> None:
+        task.ctx.display.start("RM", self.steps)
+
+    def step(self, task: Task) -> Step:
+        step = Step(task.global_step, next(self.batches), on_phase=task.status.phase)
+        start = time.perf_counter()
+        step.metrics.update(task.roles.reward_model.update_reward_model(step.batch).meta_info["metrics"])
+        step.metrics["timing_s/step"] = time.perf_counter() - start
+        return step
+
+    def record(self, task: Task, step: Step, before: int, end: int) -> dict[str, float]:
+        record, freq = dict(step.metrics), task.config.rm.eval_freq
+        if freq and task.global_step % freq == 0 and task.global_step < end:
+            record["val/accuracy"] = self._evaluate(task, task.global_step)[0]["val/accuracy"]
+        task.ctx.display.step(self.steps - (end - task.global_step), self.steps,
+                              {"actor/loss": record["rm/loss"], **record})
+        return record
+
+    def save_due(self, task: Task, before: int) -> bool:
+        freq = task.config.trainer.save_freq
+        return freq > 0 and task.global_step % freq == 0
+
+    def save(self, task: Task, directory: Path) -> dict[str, Any]:
+        task.roles.reward_model.write_checkpoint(str(directory / "rm"))
+        return {"roles": ["rm"], "loader": self.loader.state_dict()}
+
+    def load(self, task: Task, checkpoint: Path, state: dict[str, Any]) -> None:
+        task.roles.reward_model.load_checkpoint(str(checkpoint / "rm"))
+        self.loader.load_state_dict(state["loader"])
+
+    def _evaluate(self, task: Task, step: int) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+        chosen, rejected = score_pairs(task.roles.reward_model, self.val, task.config.rm.data.eval_batch_size)
+        loss, bt = bradley_terry_loss(chosen, rejected)
+        metrics = {"val/accuracy": pairwise_accuracy(chosen, rejected), "val/loss": float(loss),
+                   "val/margin": float(bt["margin"]), "val/pairs": float(len(chosen))}
+        task.ctx.log.write("rm_eval", step, metrics)
+        return metrics, chosen, rejected
+
+    def finish(self, task: Task, record: dict[str, float]) -> RMResult:
+        run_dir, display, steps = task.run_dir, task.ctx.display, task.global_step
+        after, chosen, rejected = self._evaluate(task, steps)
+        _write_scores(run_dir / "held_out_scores.jsonl", self.val, chosen, rejected)
+        display.message(f"[bold]held-out pairwise accuracy: {self.before['val/accuracy']:.1%} before -> "
+                        f"{after['val/accuracy']:.1%} after {steps} steps[/bold] ({len(self.val)} pairs)")
+        model_dir = None
+        if task.config.rm.save_model:
+            model_dir = Path(task.roles.reward_model.export_hf(str(run_dir / "reward_model"))[0])
+            display.message(f"reward model saved to [bold]{model_dir}[/bold]; score PPO rollouts with it: "
+                            f"reward_model.path={model_dir}")
+        return RMResult(run_dir, model_dir, steps, self.before["val/accuracy"], after["val/accuracy"],
+                        record["rm/loss"])
+
+
+TASK_PARTS.add("reward_model", RewardModelPart)
+
+
+def run_rm_job(cfg: RunConfig) -> RMResult:
+    """Train the reward model of `cfg` (a reward-model run's config, rm_schema.py) to the end."""
+    task = Task(TASK_KINDS["reward_model"], cfg)
+    try:
+        return task.train()
     finally:
-        display.stop()
-        shutdown_role_groups(groups)
-        log.close()
-        if ray_hold is not None:
-            ray_hold.close()
-
-
-def _evaluate(cfg: RMConfig, group: WorkerGroup, val: PairwiseDataset, step: int,
-              log: MetricsLog) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
-    chosen, rejected = score_pairs(group, val, cfg.data.eval_batch_size)
-    loss, bt = bradley_terry_loss(chosen, rejected)
-    metrics = {"val/accuracy": pairwise_accuracy(chosen, rejected), "val/loss": float(loss),
-               "val/margin": float(bt["margin"]), "val/pairs": float(len(chosen))}
-    log.write("rm_eval", step, metrics)
-    return metrics, chosen, rejected
-
-
-def _train(cfg: RMConfig, group: WorkerGroup, train: PairwiseDataset, val: PairwiseDataset, steps: int,
-           run_dir: Path, log: MetricsLog, display: RunDisplay) -> RMResult:
-    before, _, _ = _evaluate(cfg, group, val, 0, log)
-    batches = endless(ResumableLoader(train, cfg.data.batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
-                                      collate_fn=train.collate))
-    record = train_steps("rm", steps, lambda: dict(group.update_reward_model(next(batches)).meta_info["metrics"]),
-                         lambda step: _evaluate(cfg, group, val, step, log)[0]["val/accuracy"],
-                         cfg.trainer.eval_freq, log, display)
-    after, chosen, rejected = _evaluate(cfg, group, val, steps, log)
-    _write_scores(run_dir / "held_out_scores.jsonl", val, chosen, rejected)
-    display.message(f"[bold]held-out pairwise accuracy: {before['val/accuracy']:.1%} before -> "
-                    f"{after['val/accuracy']:.1%} after {steps} steps[/bold] ({len(val)} pairs)")
-    model_dir = None
-    if cfg.trainer.save_model:
-        model_dir = Path(group.export_hf(str(run_dir / "reward_model"))[0])
-        display.message(f"reward model saved to [bold]{model_dir}[/bold]; score PPO rollouts with it: "
-                        f"reward_model.path={model_dir}")
-    return RMResult(run_dir, model_dir, steps, before["val/accuracy"], after["val/accuracy"], record["rm/loss"])
+        task.close()

@@ -8,8 +8,9 @@ gradient. So an SFT step is one `update_actor` call on a batch whose advantages 
 response mask (old_log_probs only feed gpg's KL metric; they are set to 0, which makes
 that metric the NLL too). The result is exported as a Hugging Face model directory.
 
-    result = run_sft(ctx)            # ctx: setup.RunContext
-    result.model_dir                 # <run>/sft_model
+    result = run_sft(ctx)            # the warm start before RL (ctx: setup.RunContext)
+    result = run_sft_job(cfg)        # `hybridflow sft`: the one lifecycle with SFTPart (restarts
+    result.model_dir                 #   from its checkpoints, trainer.max_restarts); <run>/sft_model
 """
 
 from __future__ import annotations
@@ -24,14 +25,19 @@ from typing import Any
 import torch
 
 from hybridflow.config.model_presets import write_model_presets
+from hybridflow.config.tasks import TASK_KINDS
 from hybridflow.controller import CallTimeoutError, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader, SFTDataset
+from hybridflow.errors import ConfigError
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.jobs.builtin import teacher_sft_records
 from hybridflow.trainer.lm.evaluate import evaluate
 from hybridflow.trainer.observe.display import RunDisplay
-from hybridflow.trainer.run.lifecycle import SFT_MODEL_DIR
+from hybridflow.trainer.programs.phases import Roles, Step
+from hybridflow.trainer.run.elastic import restart_config
+from hybridflow.trainer.run.lifecycle import SFT_MODEL_DIR, check_steps_left
 from hybridflow.trainer.run.setup import RunContext, build_groups, endless, sft_actor_config
+from hybridflow.trainer.task import TASK_PARTS, Task
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
 
 
@@ -79,9 +85,7 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
     actor = groups["actor"]
 
     def update() -> dict[str, float]:
-        metrics = actor.update_actor(as_sft_update(next(batches))).meta_info["metrics"]
-        return {"sft/loss": metrics["actor/pg_loss"], "sft/grad_norm": metrics["actor/grad_norm"],
-                "sft/lr": metrics["actor/lr"]}
+        return _sft_metrics(actor.update_actor(as_sft_update(next(batches))))
 
     try:
         before = _held_out_accuracy(ctx, actor, 0)
@@ -93,22 +97,29 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
     except BaseException as err:
         shutdown_role_groups(groups)
         if isinstance(err, WorkerError) and (err.died or isinstance(err, CallTimeoutError)):
-            raise _not_restarted(err, "the SFT warm start" if keep_actor else "SFT") from err
+            raise _not_restarted(err) from err
         raise
     if not keep_actor:
         shutdown_role_groups(groups)
     return SFTResult(model_dir, before, after, record["sft/loss"], actor if keep_actor else None)
 
 
-def _not_restarted(err: WorkerError, what: str) -> WorkerError:
-    """A lost or hung rank of `what` in one line with what to do: SFT saves nothing before its
-    last step, so there is no checkpoint to resume from and it is not restarted."""
+def _not_restarted(err: WorkerError) -> WorkerError:
+    """A lost or hung rank of the warm start in one line with what to do: it saves nothing before
+    its last step, so there is no checkpoint to resume from and it is not restarted (`hybridflow
+    sft`, SFTPart, checkpoints and restarts)."""
     how = "died (its process or node was lost)" if err.died else "did not finish within trainer.call_timeout_s"
     return WorkerError(f"{err.role} rank {err.rank} (node {err.node}, pid {err.pid}) {how} in {err.method} during "
-                       f"{what}, which saves nothing before its last step: run the same command again once node "
-                       f"{err.node} is back, or on fewer nodes (resources.nodes)", role=err.role, rank=err.rank,
+                       "the SFT warm start, which saves nothing before its last step: run the same command again "
+                       f"once node {err.node} is back, or on fewer nodes (resources.nodes)", role=err.role, rank=err.rank,
                        node=err.node, pid=err.pid, method=err.method, died=err.died,
                        remote_traceback=err.remote_traceback)
+
+
+def _sft_metrics(out: DataProto) -> dict[str, float]:
+    metrics = out.meta_info["metrics"]
+    return {"sft/loss": metrics["actor/pg_loss"], "sft/grad_norm": metrics["actor/grad_norm"],
+            "sft/lr": metrics["actor/lr"]}
 
 
 def train_steps(phase: str, steps: int, update: Callable[[], dict[str, float]],
@@ -143,18 +154,100 @@ def _held_out_accuracy(ctx: RunContext, actor: WorkerGroup, step: int, log: bool
     return metrics["val/accuracy"]
 
 
-def run_sft_job(cfg) -> SFTResult:
+class SFTPart:
+    """`hybridflow sft` as a part of the one lifecycle (trainer/task.py): one fine-tuning step a
+    step (`update_actor` on an SFT batch), held-out accuracy before, every sft.test_freq steps
+    and after, the export to <run>/sft_model; checkpoints every trainer.save_freq steps, from
+    which a failed worker restarts (trainer.max_restarts)."""
+
+    unit, phase, checkpoint_kind = "step", "sft", "sft"
+
+    def resume_point(self, resume: Any, config: Any) -> Any:
+        raise ConfigError("an SFT run restarts by itself from its checkpoints (trainer.max_restarts); continuing "
+                          "one by hand is not supported: start it again")
+
+    def open(self, cfg: Any, resume_from: Any) -> RunContext:
+        return RunContext.open(cfg, resume_from=resume_from, keep_phases=())  # its own "sft" steps are cut too
+
+    def restart_config(self, cfg: Any, lost_node: str | None) -> Any:
+        return restart_config(cfg, lost_node)
+
+    def start(self, task: Task) -> None:
+        cfg, ctx = task.config, task.ctx
+        ctx.ray.use()
+        data = sft_pairs(ctx)
+        self.loader = ResumableLoader(data, cfg.sft.batch_size, seed=cfg.seed, collate_fn=data.collate)
+        self.batches = endless(self.loader)
+        roles = {"actor": RoleSpec(ActorRolloutRefWorker, (sft_actor_config(cfg, ctx.model_path),))}
+        task.groups = build_groups(cfg, ctx.layout, roles)
+        task.roles = Roles(actor=task.groups["actor"])
+
+    def release(self, task: Task) -> None:
+        pass
+
+    def steps_left(self, task: Task) -> int:
+        return check_steps_left(task.global_step, task.config.sft.steps, "sft.steps")
+
+    def begin(self, task: Task, steps: int) -> int:
+        self.before = _held_out_accuracy(task.ctx, task.roles.actor, task.global_step)
+        self.steps = steps
+        return task.global_step + steps
+
+    def progress(self, task: Task) -> int:
+        return task.global_step
+
+    def show(self, task: Task, end: int) -> None:
+        task.ctx.display.start("SFT", self.steps)
+
+    def step(self, task: Task) -> Step:
+        step = Step(task.global_step, as_sft_update(next(self.batches)), on_phase=task.status.phase)
+        start = time.perf_counter()
+        step.metrics.update(_sft_metrics(task.roles.actor.update_actor(step.batch)))
+        step.metrics["timing_s/step"] = time.perf_counter() - start
+        return step
+
+    def record(self, task: Task, step: Step, before: int, end: int) -> dict[str, float]:
+        record, freq = dict(step.metrics), task.config.sft.test_freq
+        if freq and task.global_step % freq == 0 and task.global_step < end:
+            accuracy = _held_out_accuracy(task.ctx, task.roles.actor, task.global_step, log=False)
+            if accuracy is not None:
+                record["val/accuracy"] = accuracy
+        task.ctx.display.step(self.steps - (end - task.global_step), self.steps,
+                              {"actor/loss": record["sft/loss"], **record})
+        return record
+
+    def save_due(self, task: Task, before: int) -> bool:
+        freq = task.config.trainer.save_freq
+        return freq > 0 and task.global_step % freq == 0
+
+    def save(self, task: Task, directory: Path) -> dict[str, Any]:
+        task.roles.actor.write_checkpoint(str(directory / "actor"))
+        return {"roles": ["actor"], "loader": self.loader.state_dict()}
+
+    def load(self, task: Task, checkpoint: Path, state: dict[str, Any]) -> None:
+        task.roles.actor.load_checkpoint(str(checkpoint / "actor"))
+        self.loader.load_state_dict(state["loader"])
+
+    def finish(self, task: Task, record: dict[str, float]) -> SFTResult:
+        ctx, cfg, actor = task.ctx, task.config, task.roles.actor
+        after = _held_out_accuracy(ctx, actor, task.global_step)
+        model_dir = Path(actor.export_hf(str(task.run_dir / SFT_MODEL_DIR))[0])
+        write_model_presets(model_dir, cfg, f"run {task.run_dir} after {task.global_step} SFT steps")
+        if self.before is not None:
+            ctx.display.message(f"[bold]held-out accuracy (greedy): {self.before:.1%} before SFT -> "
+                                f"{after:.1%} after SFT[/bold]")
+        ctx.display.message(f"fine-tuned model saved to [bold]{model_dir}[/bold]; train from it with "
+                            f"`hybridflow train model.path={model_dir} sft.steps=0`")
+        return SFTResult(model_dir, self.before, after, record["sft/loss"])
+
+
+TASK_PARTS.add("sft", SFTPart)
+
+
+def run_sft_job(cfg: Any) -> SFTResult:
     """`hybridflow sft`: a run that only fine-tunes (run dir, metrics, <run>/sft_model)."""
-    ctx = RunContext.open(cfg)
+    task = Task(TASK_KINDS["language_model"], cfg, part="sft")
     try:
-        result = run_sft(ctx)
-        if result.accuracy_before is not None:
-            ctx.display.message(
-                f"[bold]held-out accuracy (greedy): {result.accuracy_before:.1%} before SFT -> "
-                f"{result.accuracy_after:.1%} after SFT[/bold]"
-            )
-        ctx.display.message(f"fine-tuned model saved to [bold]{result.model_dir}[/bold]; train from it with "
-                            f"`hybridflow train model.path={result.model_dir} sft.steps=0`")
-        return result
+        return task.train()
     finally:
-        ctx.close()
+        task.close()

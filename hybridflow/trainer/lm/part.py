@@ -69,7 +69,7 @@ class TrainResult:
 class LanguageModelPart:
     """Data, reward and tokenizer (RunContext); the algorithm's roles; one RL step a step."""
 
-    unit = "step"
+    unit, phase = "step", "rl"
 
     def __init__(self) -> None:
         self.async_runner: AsyncRunner | None = None  # trainer.mode one_step_off / async

@@ -22,7 +22,7 @@ the controller computes GAE, the learner updates, weights sync; programs/env_pha
 
 Any of them can take its reward from a reward model (`reward_model.path`) instead of, or
 in addition to, the rule-based function. `generate_and_score`, `log_probs`,
-`shaped_rewards` and `train_critic_free` are the building blocks the programs share; a
+`shaped_rewards`, `update_actor` and `train_critic_free` are the building blocks the programs share; a
 program of your own (docs/extending.md) may use them too.
 """
 
@@ -146,8 +146,15 @@ def train_critic_free(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState
     log_probs(step, roles, cfg)
     shaped_rewards(step, cfg, state)
     P.compute_advantages(step, cfg.algorithm.estimator, cfg.algorithm.advantage_config(), extra_keys)
+    update_actor(step, roles, cfg)
+
+
+def update_actor(step: Step, roles: Roles, cfg: RunConfig) -> None:
+    """The actor's update, sent the batch keys the run's loss reads (the reference's log-probs
+    for the KL loss, the behaviour policy's for the off-policy correction, the old ones unless
+    the update computes them itself: RunConfig.fuses_old_log_probs, decided once)."""
     P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
-                   with_behaviour=cfg.actor.loss.off_policy.enabled)
+                   with_behaviour=cfg.actor.loss.off_policy.enabled, with_old=not cfg.fuses_old_log_probs)
 
 
 def group_unit(cfg: RunConfig) -> int:
@@ -200,8 +207,7 @@ def ppo(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
     P.compute_advantages(step, "gae", cfg.algorithm.advantage_config())
     with P.concurrently(step):  # the critic's update beside the actor's
         P.update_critic(step, roles.critic)
-        P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
-                       with_behaviour=cfg.actor.loss.off_policy.enabled)
+        update_actor(step, roles, cfg)
 
 
 def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> None:
@@ -220,8 +226,7 @@ def safe_rlhf(step: Step, roles: Roles, cfg: RunConfig, state: AlgoState) -> Non
     with P.concurrently(step):  # the critics' updates beside the actor's
         P.update_critic(step, roles.critic)
         P.update_cost_critic(step, roles.cost_critic)
-        P.update_actor(step, roles.actor, with_ref=cfg.actor.loss.use_kl_loss,
-                       with_behaviour=cfg.actor.loss.off_policy.enabled)
+        update_actor(step, roles, cfg)
 
 
 

@@ -384,14 +384,15 @@ def update_cost_critic(step: Step, cost_critic: WorkerGroup) -> None:
 
 
 @phase("update_actor")
-def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False) -> None:
+def update_actor(step: Step, actor: WorkerGroup, with_ref: bool, with_behaviour: bool = False,
+                 with_old: bool = True) -> None:
     """One policy update on the step's batch (plus the KL loss when configured; with
-    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy).
+    `with_behaviour`, rollout_log_probs for the off-policy correction, actor.loss.off_policy;
+    `with_old` False: the update computes old_log_probs itself, RunConfig.fuses_old_log_probs).
     Records adv/silent_groups and adv/groups first (`record_signal`)."""
     record_signal(step)
-    keys = ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ()) + (("rollout_log_probs",) if with_behaviour else ())
-    if OLD_LOG_PROBS in step.batch.batch:  # absent: on-policy fused (trainer/programs/algorithms.py log_probs)
-        keys += (OLD_LOG_PROBS,)
+    keys = (ACTOR_UPDATE_KEYS + (("ref_log_probs",) if with_ref else ())
+            + (("rollout_log_probs",) if with_behaviour else ()) + ((OLD_LOG_PROBS,) if with_old else ()))
     dp_call(step, actor, "update_actor", _select(step.batch, keys),
             then=lambda out: step.metrics.update(rename_worker_metrics(_worker_metrics(out), "actor")))
 

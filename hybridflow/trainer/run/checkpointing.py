@@ -296,7 +296,7 @@ def set_controller_rng_state(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- resuming in a run directory
 
 
-def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
+def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun, keep_phases: tuple[str, ...] = ("sft",)) -> Path:
     """The run directory of `checkpoint` (a checkpoint directory, or a SavedRun: one whose
     config.yaml was read already), prepared to continue after the checkpoint's step (call
     before the loggers open metrics.jsonl); nothing in it is deleted:
@@ -305,8 +305,8 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
       the previous one is kept as config.before-resume-step<step>[-k].yaml.
     - metrics.jsonl: records after the checkpoint (steps the crashed or stopped run did past
       `step`, which the resumed run does again) would appear twice; the file keeps the
-      records up to `step` (and every "sft" record: SFT precedes RL), and the full original
-      is kept as metrics.before-resume-step<step>[-k].jsonl.
+      records up to `step` (and every record of `keep_phases`: a warm start's "sft" precedes
+      RL), and the full original is kept as metrics.before-resume-step<step>[-k].jsonl.
     - final_model/: the earlier attempt's export (if it finished) moves to
       final_model.before-resume-step<step>[-k]/; the resumed run exports a new one.
     - checkpoints past `step` (resuming from an older one), which the resumed run would
@@ -328,7 +328,7 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun) -> Path:
         text = metrics_path.read_text(encoding="utf-8")
         lines = text.splitlines(keepends=True)
         kept = [line for line, record in metrics_lines(text, str(metrics_path))
-                if record["phase"] == "sft" or int(record["step"]) <= step]
+                if record["phase"] in keep_phases or int(record["step"]) <= step]
         if len(kept) != len(lines):
             shutil.copy2(metrics_path, _unused(run_dir, f"metrics.before-resume-step{step}", ".jsonl"))
             write_text_atomically(metrics_path, "".join(kept))

@@ -69,13 +69,15 @@ class RunContext:
     reward: Any  # RewardManager
     ray: RayHold
     cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
+    keep_phases: tuple[str, ...] = ("sft",)  # metrics.jsonl phases a resume keeps whole (reopen_run_dir)
 
     @classmethod
     def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None,
-             ray_hold: RayHold | None = None) -> RunContext:
+             ray_hold: RayHold | None = None, keep_phases: tuple[str, ...] = ("sft",)) -> RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
-        directory (or a SavedRun); the run continues in its run directory instead of a new one.
+        directory (or a SavedRun); the run continues in its run directory instead of a new one
+        (keeping the `keep_phases` records of metrics.jsonl whole: an RL run's warm start).
         `ray_hold`: the Ray of the context this one replaces (`reopen`)."""
         # Rebuilding the reward sections records a reward function assigned to
         # custom_fn_path after the config was made by its import path (config/sections/rewards.py: reward_reference).
@@ -92,7 +94,7 @@ class RunContext:
         omp_auto = cfg.resources.omp_wait_policy == "auto"
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
-        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from, keep_phases)
         reward = None
         try:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
@@ -117,14 +119,15 @@ class RunContext:
             if resume_from is None:
                 discard_unused_run_dir(run_dir)
             raise
-        return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_hold)
+        return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_hold,
+                   keep_phases=keep_phases)
 
     def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
         """The context of this run continuing from `checkpoint` with `cfg` (an automatic
         restart, run/recovery.py; cfg differs at most in resources.*): as `--resume` opens it
         (metrics after the checkpoint set aside), on the same Ray hold."""
         self.close(keep_ray=True)
-        return RunContext.open(cfg, resume_from=checkpoint, ray_hold=self.ray)
+        return RunContext.open(cfg, resume_from=checkpoint, ray_hold=self.ray, keep_phases=self.keep_phases)
 
     def close(self, keep_ray: bool = False) -> None:
         self.display.stop()
@@ -241,7 +244,7 @@ def endless(loader: ResumableLoader) -> Iterator[Any]:
 def actor_config(cfg: RunConfig, model_path: str) -> ActorRolloutRefConfig:
     return ActorRolloutRefConfig(
         engine=cfg.actor.engine_config(model_path, cfg.seed), loss=cfg.actor.loss, rollout=cfg.rollout,
-        use_reference=cfg.use_reference,
+        use_reference=cfg.use_reference, fuse_old_log_probs=cfg.fuses_old_log_probs,
     )
 
 

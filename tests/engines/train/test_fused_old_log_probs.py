@@ -1,10 +1,16 @@
-"""The on-policy fused update (no old_log_probs in the batch) equals the update fed the
-old log-probs of a separate pass over the same weights.
+"""The on-policy fused update (fused_old_log_probs: the update computes the old log-probs
+itself, none in the batch) equals the update fed the old log-probs of a separate pass over
+the same weights.
 
 Tolerance: 1e-5 absolute on losses, grad norm and every parameter after the step (fp32;
 the two paths cut the batch into different forward micro-batches, so only the float
-summation order differs). The fused path is refused where it is not exact (two epochs,
-several mini-batches).
+summation order differs: the gradients differ by at most 4e-8, against gradients up to
+1e-2). Adam's first step moves a weight by lr * g / (|g| + eps), whose slope in g is up
+to lr / eps: with the default eps = 1e-8 a weight whose gradient cancels to ~3e-9 turned
+a 1e-10 gradient difference into 2.5e-5 (measured). The engines here use eps = 1e-3, so a
+step moves at most lr / eps * 4e-8 = 4e-7 apart, while weights with |g| >= eps still move
+by about lr. The fused path is refused where it is not exact (two epochs, several
+mini-batches).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ def _engine(path: str, *, mini: int = N, epochs: int = 1, entropy_coeff: float =
     torch.manual_seed(0)
     config = TrainEngineConfig(
         model_path=path, dtype="fp32", seed=0,
-        optim=OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1.0),
+        optim=OptimConfig(lr=1e-2, eps=1e-3, weight_decay=0.0, grad_clip=1.0),  # eps: the module docstring
         micro_batch=MicroBatchConfig(mini_batch_size=mini, micro_batch_size_per_device=3,
                                      forward_micro_batch_size_per_device=5, epochs=epochs),
     )
@@ -51,7 +57,7 @@ def test_fused_update_equals_the_separate_old_log_prob_pass(tiny_llama_dir, entr
     want = separate.update_policy({**batch, "old_log_probs": old})
 
     fused = _engine(str(tiny_llama_dir), entropy_coeff=entropy_coeff)
-    got = fused.update_policy(batch)
+    got = fused.update_policy(batch, fused_old_log_probs=True)
 
     for key in ("actor/pg_loss", "actor/loss", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac"):
         assert got[key] == pytest.approx(want[key], abs=ATOL), key
@@ -69,5 +75,7 @@ def test_fused_update_equals_the_separate_old_log_prob_pass(tiny_llama_dir, entr
 @pytest.mark.parametrize("mini, epochs", [(N, 2), (N // 2, 1)])
 def test_fused_update_is_refused_where_it_is_not_exact(tiny_llama_dir, mini, epochs):
     engine = _engine(str(tiny_llama_dir), mini=mini, epochs=epochs)
-    with pytest.raises(ValueError, match="no old_log_probs"):
+    with pytest.raises(ValueError, match="fuses the old log-probs"):
+        engine.update_policy(_batch(), fused_old_log_probs=True)
+    with pytest.raises(KeyError, match="old_log_probs"):  # not fused: the batch must bring them
         engine.update_policy(_batch())

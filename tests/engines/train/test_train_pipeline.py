@@ -94,8 +94,12 @@ def test_pp2_checkpoint_loads_at_dp2_and_back_and_exports(four_layer_dirs, tmp_p
         assert res["load_diff"] == 0.0 and res["back_load_diff"] == 0.0
         assert res["moved"] > 1e-3  # the steps did move the weights
         assert res["lr"][0] == res["lr"][1]  # the schedule's position came across
-        # Restored AdamW moments: with fresh ones the step would differ by ~lr (1e-2).
-        assert res["step_diff"] < 1e-6 and res["back_step_diff"] < 1e-6, res
+        # Restored AdamW moments: with fresh ones the step would differ by ~lr (1e-2). The two
+        # layouts sum the gradients in different orders (pp: the whole batch on each stage, dp:
+        # an all-reduce of two halves), and AdamW divides that fp32 noise by sqrt(v) + eps, so
+        # weights whose gradients nearly cancel amplify it (1.28e-6 measured on one machine).
+        # 1e-4 leaves that noise 80x room and still sits 100x below a step with fresh moments.
+        assert res["step_diff"] < 1e-4 and res["back_step_diff"] < 1e-4, res
 
 
 def test_stage_layer_ranges():

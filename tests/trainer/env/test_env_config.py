@@ -23,7 +23,7 @@ QUICK_START = {
 
 def test_the_documented_dict_builds_and_fills_the_algorithm_defaults():
     cfg = env_config_from_dict(QUICK_START)
-    assert (cfg.algorithm, cfg.env.id, cfg.name) == ("ppo", "CustomEnv", "CustomEnv-ppo")
+    assert (cfg.algorithm.name, cfg.env.id, cfg.name) == ("ppo", "CustomEnv", "CustomEnv-ppo")
     assert cfg.policy.hidden_size == [1024, 512] and cfg.policy.activation == "gelu" and cfg.policy.ortho_init
     assert cfg.distributed.num_workers == 8 and cfg.distributed.placement_strategy == "spread"
     sac = env_config_from_dict({"algorithm": "Sac", "env": {"id": "Pendulum-v1"}})
@@ -39,7 +39,7 @@ def test_dotted_keys_merge_with_sections_and_choices_fold_case():
 
 
 @pytest.mark.parametrize(("tree", "match"), [
-    ({"algorithm": "dqn", "env": "x"}, r"algorithm: unknown environment algorithm 'dqn' \(known: ppo, sac\)"),
+    ({"algorithm": "dqn", "env": "x"}, r"algorithm.name: 'dqn' is not a registered algorithm\. Registered: .*sac"),
     ({"env": "x", "polcy": {}}, r"polcy: unknown config key; did you mean 'policy'"),
     ({"env": "x", "policy": {"hidden_sizes": [8]}}, r"policy.hidden_size"),
     ({"env": "x", "distributed": {"num_worker": 2}}, r"did you mean 'num_workers'"),
@@ -74,7 +74,7 @@ def test_yaml_files_and_overrides(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("algorithm: SAC\nenv: Pendulum-v1\nsac:\n  batch_size: 64\n")
     cfg = load_env_config(path, ["sac.lr=0.001", "trainer.total_env_steps=5000"])
-    assert (cfg.algorithm, cfg.env.id, cfg.sac.batch_size, cfg.sac.lr) == ("sac", "Pendulum-v1", 64, 1e-3)
+    assert (cfg.algorithm.name, cfg.env.id, cfg.sac.batch_size, cfg.sac.lr) == ("sac", "Pendulum-v1", 64, 1e-3)
     assert task_kind_of(user_tree(path)).name == "environment"
     assert task_kind_of({"trainer": {"total_steps": 3}}).name == "language_model"
 
@@ -151,7 +151,7 @@ def test_rl_trainer_decides_the_task_kind_once_from_the_declared_rows(tmp_path):
 def test_language_model_placement_keys_are_refused_for_environment_tasks():
     # Environment tasks have no resources section: the keys are refused with what to use
     # instead, not as an unknown key. (Restarts are every kind's: trainer.max_restarts.)
-    with pytest.raises(ConfigError, match="is a setting of language-model runs") as info:
+    with pytest.raises(ConfigError, match="is a key of 'language_model' configs") as info:
         env_config_from_dict({"algorithm": "ppo", "env": "CartPole-v1", "resources": {"nodes": 2}})
     assert info.value.key == "resources" and "distributed.placement_strategy" in str(info.value)
     assert env_config_from_dict({"env": "CartPole-v1", "trainer.max_restarts": 1}).trainer.max_restarts == 1

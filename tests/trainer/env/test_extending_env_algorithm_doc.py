@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from hybridflow.config.env_algorithms import ENV_ALGORITHMS
+from hybridflow.config.algorithm import ALGORITHMS
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "extending.md"
 
@@ -23,9 +23,9 @@ def test_the_documented_environment_algorithm_runs(tmp_path, monkeypatch):
         exec(usage, scope)  # noqa: S102 - the documented example, as a user runs it
         result = scope["result"]
         assert result.env_steps == 256 and (tmp_path / "runs").is_dir()
-        program = ENV_ALGORITHMS["ppo_mc"].program
+        program = ALGORITHMS["ppo_mc"].environment.program
         assert program.program.__name__ == "ppo_monte_carlo"
         assert (result.run_dir / "config.yaml").read_text().startswith("name: CartPole-v1-ppo_mc")
     finally:
-        ENV_ALGORITHMS.pop("ppo_mc")
+        ALGORITHMS.pop("ppo_mc")
         sys.modules.pop("my_env_algos", None)
