@@ -1,11 +1,11 @@
 """Faults on a real two-node cluster (conftest.py): the second node is lost (every process of
 it killed at once) while a rank of it generates, updates the actor, writes a checkpoint, while
-the controller scores rewards, and during the SFT warm start; its cable is unplugged for 20 s
-in the middle of a step on a slow link (50 ms each way, 100 Mbit/s). Each run ends in a restart
-from the newest checkpoint (elastic: resources.min_world_size=1) or, where nothing was saved
-yet, in one line that names the node and what to do; never a traceback on the console, never
-a hang past trainer.call_timeout_s (the run's own limit; pytest's timeout is the backstop),
-never a lost checkpoint.
+the controller scores rewards, and during the SFT warm start; a slow link (50 ms each way,
+100 Mbit/s) for a whole run; the cable unplugged for 20 s mid-step on that link. Each run ends
+in a restart from the newest checkpoint (elastic: resources.min_world_size=1) or, where nothing
+was saved yet, in one line that names the node and what to do; never a traceback on the
+console, never a hang past trainer.call_timeout_s (the run's own limit; pytest's timeout is the
+backstop), never a lost checkpoint.
 
 The rank on the lost node is first held in the call (HYBRIDFLOW_FAULT=hang:..., controller/
 faults.py) so that the loss happens in that phase, not before or after it.
@@ -142,6 +142,21 @@ def test_a_node_lost_during_the_sft_warm_start_stops_with_one_line(healthy, tmp_
     (report,) = [line for line in done.stderr.splitlines() if line.startswith("hybridflow train:")]
     assert f"actor rank 1 (node {OTHER}" in report and "during the SFT warm start" in report
     assert "run the same command again" in report and "--resume" not in report  # there is no checkpoint
+
+
+def test_a_slow_link_only_slows_the_run(healthy, tmp_path, grpo_reference):
+    """50 ms each way and 100 Mbit/s between the nodes for the whole run, every connection on it
+    (the round trip shows it): the run computes what the same run on one machine computes."""
+    run_dir = tmp_path / "run"
+    with healthy.slowed(1, delay_ms=50, rate_mbit=100):
+        assert healthy.round_trip_ms(1) >= 100.0  # each packet is held 50 ms each way: a floor, not a timing
+        done = finish(start_train(healthy, run_dir, *grpo(tmp_path), f"trainer.call_timeout_s={CALL_TIMEOUT_S}",
+                                  *TWO_NODES), run_dir)
+    text = console(done)
+    assert done.returncode == 0, text[-6000:]
+    no_traceback(text)
+    assert not restart_records(run_dir)
+    assert [comparable(r) for r in rl_records(run_dir)] == [comparable(r) for r in rl_records(grpo_reference)]
 
 
 def test_a_slow_link_unplugged_for_20_s_mid_step(healthy, tmp_path, grpo_reference):
