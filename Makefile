@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hybridflow-installed
 
-.PHONY: venv demo test bench clean-venv
+.PHONY: venv demo test test-cluster bench clean-venv
 
 # Installs torch==2.13.0 explicitly first (an unpinned torch pulls GBs of CUDA wheels),
 # then the package with its extras. Re-runs only when pyproject.toml or this file changes.
@@ -29,7 +29,11 @@ demo: venv
 # then the 81 slow ones (23 min); a failure in the first stage stops before the second.
 test: venv
 	$(PY) -m pytest -q -m "not slow"
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow and not cluster_extended"
+
+# The cluster runs and faults beyond the representative ones in `make test` (root; ~30 min).
+test-cluster: venv
+	$(PY) -m pytest -q -m cluster_extended
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,9 +1,11 @@
-"""Process-tree helpers of the tests that check nothing outlives a run or a killed controller."""
+"""Process-tree helpers of the tests that check nothing outlives a run or a killed controller, and
+what the processes listen on."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,3 +62,20 @@ def run_cli(args: list[str], tmp: Path, stdin: str = "", env: dict[str, str] | N
         return CliResult(done.returncode, done.stdout, done.stderr, any(ray_tmp.rglob("session_*")))
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def listening_addresses(port: int) -> list[str]:
+    """Local addresses of the sockets listening on `port` (from /proc/net/tcp and tcp6)."""
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)
+                    # /proc prints each 32-bit word in host (little-endian) order.
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                    family = socket.AF_INET if width == 8 else socket.AF_INET6
+                    found.append(socket.inet_ntop(family, words))
+    return found

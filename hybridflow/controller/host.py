@@ -19,6 +19,7 @@ import ray
 
 from hybridflow.controller.faults import FaultInjector
 from hybridflow.controller.malloc import keep_freed_memory
+from hybridflow.controller.network import bind_collectives
 from hybridflow.controller.tracing import TraceRecorder
 from hybridflow.controller.worker import MeshCoord, Worker, WorkerContext
 
@@ -63,6 +64,10 @@ class WorkerHost:
         """Export the rank's environment before any role is built; return where it runs."""
         self._master = (master_addr, master_port)
         os.environ.update(self._context("").env())
+        ip = ray.util.get_node_ip_address()
+        # Before any process group: gloo / nccl bind the interface of the node's Ray IP, not
+        # the hostname's address (network.py).
+        network = bind_collectives(ip)
         threads = max(1, int(self._cpus))
         # Ray sets OMP_NUM_THREADS from the actor's CPU share; torch would otherwise start
         # one thread per core in every rank and oversubscribe the node.
@@ -72,8 +77,8 @@ class WorkerHost:
         torch.set_num_threads(threads)
         if not ray.get_gpu_ids():  # CPU ranks: reuse freed pages, not fresh zeroed ones every step (malloc.py)
             keep_freed_memory()
-        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-                "ip": ray.util.get_node_ip_address()}
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "ip": ip,
+                "interface": network.interface, "network": network.describe()}
 
     def build_role(self, role: str, spec: RoleSpec) -> None:
         """Instantiate ``spec.cls`` for ``role`` with its context set before ``__init__``."""

@@ -61,6 +61,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> RayRunt
             ray.init(address=address, _node_ip_address=LOOPBACK)
         return describe_ray()
     if address:
+        _token_auth_if_token_present()
         ray.init(address=address)
         return describe_ray()
     # Ray starts its workers at niceness 15, which on a shared machine hands their CPU to
@@ -191,6 +192,20 @@ def _drop_token_auth_notice() -> None:
     logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _NoticeFilter) for f in logger.filters):
         logger.addFilter(_NoticeFilter())
+
+
+def _token_auth_if_token_present() -> None:
+    """Send Ray's token when this machine has one (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+    ~/.ray/auth_token) and RAY_AUTH_MODE is unset, as `ray start --head` and a plain
+    `ray.init()` do; Ray 2.60 does not when given an explicit address, so joining a cluster
+    that checks tokens failed with InvalidAuthToken (docs/resilience.md, "Multi-node"). A
+    cluster without token authentication ignores the token. A Ray without this function
+    (another version) is left to its own rule."""
+    try:
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+    except ImportError:
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def describe_ray(embedded: bool | None = None) -> RayRuntime:

@@ -7,7 +7,7 @@ subclass's ``__init__`` runs, and exports it as the usual torch.distributed envi
 variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so
 ``self.init_process_group()`` or a plain ``torch.distributed.init_process_group()`` works.
 ``self.init_process_group()`` also keeps the rendezvous store on MASTER_ADDR only
-(`rendezvous_store`): loopback for a local run, never every interface.
+(network.py: `rendezvous_store`): loopback for a local run, never every interface.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
+
+from hybridflow.controller.network import rendezvous_store
 
 
 @dataclass(frozen=True)
@@ -167,27 +169,3 @@ class Worker:
             **kwargs,
         )
 
-
-def rendezvous_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> Any:
-    """The group's torch.distributed TCPStore. Rank 0 serves it on `addr` only (loopback
-    for a run on one machine, the node's address in a cluster): torch's own server listens
-    on every interface, and the store is unauthenticated, so anyone who can reach the port
-    could join or disturb the group while the run lasts. The other ranks connect to it."""
-    import socket
-
-    import torch.distributed as dist
-
-    if rank != 0:
-        return dist.TCPStore(addr, port, world_size, False, timeout=timeout)
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((addr, port))
-        sock.listen(max(128, world_size))
-    except OSError:
-        sock.close()
-        raise
-    # The store owns the listening socket from here on (detach: Python must not close it).
-    return dist.TCPStore(addr, port, world_size, True, timeout=timeout, wait_for_workers=False,
-                         master_listen_fd=sock.detach())

@@ -41,6 +41,7 @@ from hybridflow.controller.decorator import MethodSpec, registered_methods
 from hybridflow.controller.dispatch import DispatchContext, Split, check_mesh
 from hybridflow.controller.errors import DispatchError
 from hybridflow.controller.faults import fault_runtime_env
+from hybridflow.controller import network
 from hybridflow.controller.omp import worker_env
 from hybridflow.controller.tracing import flush_traces
 from hybridflow.controller.futures import CallFuture, DataProtoFuture, RankInfo, gather
@@ -57,9 +58,9 @@ START_TIMEOUT_S = 600.0
 
 def _runtime_env() -> dict[str, Any]:
     """Actor options with the environment a worker process needs from the controller: the
-    fault and trace hooks (faults.py) and the OpenMP wait policy (omp.py), which a worker's
-    torch reads when it loads."""
-    env = {**fault_runtime_env().get("runtime_env", {}).get("env_vars", {}), **worker_env()}
+    fault and trace hooks (faults.py), the OpenMP wait policy (omp.py), which a worker's
+    torch reads when it loads, and a network interface the run chose (network.py)."""
+    env = {**fault_runtime_env().get("runtime_env", {}).get("env_vars", {}), **worker_env(), **network.worker_env()}
     return {"runtime_env": {"env_vars": env}} if env else {}
 
 

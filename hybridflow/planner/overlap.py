@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, replace
 
 from hybridflow.planner.cost import Parallel, link_bw, phase_cost
-from hybridflow.planner.problem import Problem
+from hybridflow.planner.problem import Cluster, Problem
 from hybridflow.planner.simulate import USABLE_MEMORY
 
 TRAINED_BYTES_PER_PARAM = 16  # fp32 master weights, gradients and two Adam moments (memory.py)
@@ -117,8 +117,13 @@ def train_s(problem: Problem, devices: int, response_len: int, tp: int) -> float
 def weight_sync_s(problem: Problem, train_devices: int, total: int) -> float:
     """The actor's parameters (training dtype) from the training pool to the rollout pool."""
     actor = problem.roles["actor"]
-    nbytes = actor.shape.params * actor.dtype_bytes
-    return nbytes / link_bw(2, total if total > train_devices else 1, problem.cluster) + problem.cluster.efficiency.call_s
+    return bytes_between_pools_s(actor.shape.params * actor.dtype_bytes, total if total > train_devices else 1,
+                                 problem.cluster)
+
+
+def bytes_between_pools_s(nbytes: float, span: int, cluster: Cluster) -> float:
+    """`nbytes` from one pool to the other over pools spanning `span` devices, with its call."""
+    return nbytes / link_bw(2, span, cluster) + cluster.efficiency.call_s
 
 
 def mode_step(problem: Problem, mode: str, lengths: Lengths, gen_devices: int, tp: int = 1, gen_tp: int = 1) -> ModeStep:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from hybridflow.config import ConfigError
 from hybridflow.config.tasks import TaskKind
-from hybridflow.controller import WorkerError, WorkerGroup
+from hybridflow.controller import WorkerError, WorkerGroup, network
 from hybridflow.registry import Registry
 from hybridflow.trainer.observe.live_status import LiveStatus
 from hybridflow.trainer.programs.phases import Roles, Step
@@ -121,6 +121,8 @@ class Task:
             self.global_step = 0  # a start from scratch (also after a failure before the first checkpoint)
         self.part.start(self)
         self.status.workers(self.groups)
+        for line in network.unreported([i for group in self.groups.values() for i in group.worker_info]):
+            self.ctx.display.message(line)  # where the collectives of a multi-node run bind (controller/network.py)
         if self.resumed_from is not None:
             self._load_checkpoint(self.resumed_from)
 

@@ -31,12 +31,17 @@ class PlacementSpec:
     mapping: role -> pool name. May be empty when there is exactly one pool: every role
         then runs on it. Otherwise every role must be mapped, and every pool used.
     use_gpu / cpus_per_slot: what one slot is (a GPU, or a share of CPUs).
+    parts_of: None, or the slots per node of one reservation that the pools cut into
+        consecutive parts, in pool order (`ResourcePool.split`): split placement's actor
+        ranks fill the first nodes and the critic's the next ones. Separate pools would each
+        take the first node with room, and on a cluster put both roles on the head node.
     """
 
     pools: Mapping[str, Sequence[int]]
     mapping: Mapping[str, str] = field(default_factory=dict)
     use_gpu: bool = False
     cpus_per_slot: float = 1.0
+    parts_of: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -51,6 +56,9 @@ class PlacementSpec:
             raise ValueError(f"PlacementSpec.mapping names pools {unknown} that are not in pools {sorted(self.pools)}")
         if not self.cpus_per_slot > 0:
             raise ValueError(f"PlacementSpec.cpus_per_slot must be > 0, got {self.cpus_per_slot}")
+        if self.parts_of is not None and sum(self.parts_of) != sum(sum(c) for c in self.pools.values()):
+            raise ValueError(f"PlacementSpec.parts_of {list(self.parts_of)} must hold exactly the pools' slots "
+                             f"{dict(self.pools)}")
 
     @classmethod
     def colocated(cls, process_on_nodes: Sequence[int], *, use_gpu: bool = False,
@@ -85,11 +93,11 @@ def build_role_groups(roles: Mapping[str, RoleSpec], placement: PlacementSpec) -
     The workers are constructed but not initialised: call ``init_model()`` on each group.
     """
     by_pool = placement.assign(list(roles))
+    pools = _pools(placement)
     groups: dict[str, WorkerGroup] = {}
     try:
         for pool_name, names in by_pool.items():
-            pool = ResourcePool(list(placement.pools[pool_name]), use_gpu=placement.use_gpu,
-                                max_colocate_count=1, cpus_per_slot=placement.cpus_per_slot)
+            pool = pools[pool_name]
             try:
                 groups.update(create_colocated_worker_groups(pool, {name: roles[name] for name in names}))
             except BaseException:
@@ -99,6 +107,18 @@ def build_role_groups(roles: Mapping[str, RoleSpec], placement: PlacementSpec) -
         shutdown_role_groups(groups)
         raise
     return {name: groups[name] for name in roles}
+
+
+def _pools(placement: PlacementSpec) -> dict[str, ResourcePool]:
+    """The resource pool of each pool name (parts of one reservation with `parts_of`)."""
+    def pool(counts: Sequence[int]) -> ResourcePool:
+        return ResourcePool(list(counts), use_gpu=placement.use_gpu, max_colocate_count=1,
+                            cpus_per_slot=placement.cpus_per_slot)
+
+    if placement.parts_of is None:
+        return {name: pool(counts) for name, counts in placement.pools.items()}
+    parts = pool(placement.parts_of).split([sum(counts) for counts in placement.pools.values()])
+    return dict(zip(placement.pools, parts))
 
 
 def shutdown_role_groups(groups: Mapping[str, WorkerGroup]) -> None:

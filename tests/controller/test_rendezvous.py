@@ -3,11 +3,10 @@ address (loopback for a local run), not on every interface as torch's default do
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from hybridflow.controller import Dispatch, ResourcePool, Worker, WorkerGroup, register
+from tests.processes import listening_addresses
 
 
 class Joiner(Worker):
@@ -20,23 +19,6 @@ class Joiner(Worker):
         value = torch.ones(1)
         dist.all_reduce(value)
         return self.master_addr, self.master_port, int(value.item())
-
-
-def listening_addresses(port: int) -> list[str]:
-    """Local addresses of the sockets listening on `port` (from /proc/net/tcp and tcp6)."""
-    found = []
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                local, state = line.split()[1], line.split()[3]
-                address, hex_port = local.split(":")
-                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                    raw = bytes.fromhex(address)
-                    # /proc prints each 32-bit word in host (little-endian) order.
-                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                    family = socket.AF_INET if width == 8 else socket.AF_INET6
-                    found.append(socket.inet_ntop(family, words))
-    return found
 
 
 @pytest.mark.timeout(300)

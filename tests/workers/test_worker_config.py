@@ -93,6 +93,13 @@ def test_placement_spec_is_validated(pools, mapping, message):
         PlacementSpec(pools=pools, mapping=mapping)
 
 
+def test_split_parts_must_hold_exactly_the_pools_slots():
+    # Split placement cuts one reservation into the pools (a real cluster: tests/cluster/test_cluster_runs.py).
+    PlacementSpec(pools={"a": [1], "b": [1]}, mapping={"actor": "a", "critic": "b"}, parts_of=[1, 1])
+    with pytest.raises(ValueError, match="parts_of"):
+        PlacementSpec(pools={"a": [1], "b": [1]}, mapping={"actor": "a", "critic": "b"}, parts_of=[1])
+
+
 def test_scores_land_on_the_last_valid_response_token():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     placed = scores_at_last_response_token(torch.tensor([0.5, -1.0, 3.0, 2.0]), mask)

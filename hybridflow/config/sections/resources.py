@@ -44,6 +44,10 @@ class ComputeSection:
     ranks_per_node: ranks on each node; null = world_size / nodes (world_size null: one
         per local core or GPU on each node). world_size, when set too, must equal
         nodes * ranks_per_node.
+    network_interface: the network interface (e.g. eth1) every rank's collectives (gloo,
+        nccl) use on every node; null = on each node the interface that carries its Ray node
+        IP, unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set there or here
+        (controller/network.py).
     """
 
     world_size: int | None = None
@@ -53,6 +57,7 @@ class ComputeSection:
     ray_address: str | None = None
     nodes: int = 1
     ranks_per_node: int | None = None
+    network_interface: str | None = None
 
     def __post_init__(self) -> None:
         at_least(self, 1, "world_size", null="picked for the machine")

@@ -4,8 +4,9 @@ With `trainer.mode` one_step_off or async (docs/async.md) the actor trains in on
 processes and a rollout worker group generates in another, so the 3D-HybridEngine's
 in-place reshard does not apply. A `WeightBridge` is a process group that spans both
 pools: bridge rank 0 is the actor's training rank 0, bridge ranks 1..R are the rollout
-ranks. It is a gloo group created from its own TCPStore (hosted by the sender), so it
-lives beside each pool's default process group without touching either.
+ranks. It is a gloo group created from its own TCPStore (hosted by the sender on its node's
+address only, controller/network.py), so it lives beside each pool's default process group
+without touching either.
 
 One sync, `send` on the training side and `receive` on the rollout side:
 
@@ -46,6 +47,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+
+from hybridflow.controller.network import rendezvous_store
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 
@@ -134,7 +137,7 @@ class WeightBridge:
         self.backend = backend or bridge_backend(torch.cuda.is_available())
         if self.backend not in ("nccl", "gloo"):
             raise ValueError(f"weight bridge backend must be 'nccl' or 'gloo', got {self.backend!r}")
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        self.store = rendezvous_store(host, port, rank, world_size, timeout)
         self._check_backends_agree(rank, world_size)
         if self.backend == "nccl":
             # GPU pools: the buckets live on this process's GPU and move GPU to GPU.

@@ -26,7 +26,7 @@ import torch
 
 from hybridflow.config.model_presets import write_model_presets
 from hybridflow.config.tasks import TASK_KINDS
-from hybridflow.controller import RoleSpec, WorkerGroup
+from hybridflow.controller import CallTimeoutError, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader, SFTDataset
 from hybridflow.errors import ConfigError
 from hybridflow.protocol import DataProto
@@ -94,12 +94,26 @@ def run_sft(ctx: RunContext, keep_actor: bool = False) -> SFTResult:
         after = _held_out_accuracy(ctx, actor, cfg.sft.steps)
         model_dir = Path(actor.export_hf(str(ctx.run_dir / SFT_MODEL_DIR))[0])
         write_model_presets(model_dir, cfg, f"run {ctx.run_dir} after {cfg.sft.steps} SFT steps")
-    except BaseException:
+    except BaseException as err:
         shutdown_role_groups(groups)
+        if isinstance(err, WorkerError) and (err.died or isinstance(err, CallTimeoutError)):
+            raise _not_restarted(err) from err
         raise
     if not keep_actor:
         shutdown_role_groups(groups)
     return SFTResult(model_dir, before, after, record["sft/loss"], actor if keep_actor else None)
+
+
+def _not_restarted(err: WorkerError) -> WorkerError:
+    """A lost or hung rank of the warm start in one line with what to do: it saves nothing before
+    its last step, so there is no checkpoint to resume from and it is not restarted (`hybridflow
+    sft`, SFTPart, checkpoints and restarts)."""
+    how = "died (its process or node was lost)" if err.died else "did not finish within trainer.call_timeout_s"
+    return WorkerError(f"{err.role} rank {err.rank} (node {err.node}, pid {err.pid}) {how} in {err.method} during "
+                       "the SFT warm start, which saves nothing before its last step: run the same command again "
+                       f"once node {err.node} is back, or on fewer nodes (resources.nodes)", role=err.role, rank=err.rank,
+                       node=err.node, pid=err.pid, method=err.method, died=err.died,
+                       remote_traceback=err.remote_traceback)
 
 
 def _sft_metrics(out: DataProto) -> dict[str, float]:

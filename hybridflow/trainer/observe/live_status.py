@@ -61,9 +61,9 @@ class LiveStatus:
         return self.data["phase"]
 
     def workers(self, groups: dict[str, WorkerGroup]) -> None:
-        """Record every role's processes (pid and node per rank)."""
+        """Record every role's processes (pid, node and network interface per rank)."""
         self.data["workers"] = [{"role": role, "rank": info["rank"], "pid": info["pid"], "node": info["ip"],
-                                 "node_id": info["node_id"]}
+                                 "node_id": info["node_id"], "interface": info.get("interface")}
                                 for role, group in groups.items() for info in group.worker_info]
         self._write(force=True)
 

@@ -23,7 +23,7 @@ from hybridflow.config.dtypes import auto_note, auto_sections
 from hybridflow.config.schema import RunConfig, resolve_run_config
 from hybridflow.config.sections.resources import ComputeSection
 from hybridflow.config.validation import Layout, validate_run_config
-from hybridflow.controller import RayHold, RoleSpec, WorkerGroup, omp
+from hybridflow.controller import RayHold, RoleSpec, WorkerGroup, network, omp
 from hybridflow.data import (
     RLPromptDataset,
     ResumableLoader,
@@ -179,8 +179,9 @@ def start_run_ray(resources: ComputeSection, cpus: int, hold: RayHold | None = N
     """A job's hold on Ray (controller/ray_runtime.py: RayHold) for ranks reserving `cpus`
     (`hold`: an existing one, sized again), with the job's resolved
     resources.omp_wait_policy put in the environment first: Ray's processes load OpenMP
-    with it (controller/omp.py)."""
+    with it (controller/omp.py); so is resources.network_interface (controller/network.py)."""
     omp.export_policy(resources.omp_wait_policy)
+    network.export_interface(resources.network_interface)
     if hold is None:
         return RayHold(resources.ray_address, cpus, resources.nodes)
     hold.cpus = cpus
@@ -307,7 +308,7 @@ def placement(cfg: RunConfig, layout: Layout, roles: list[str]) -> PlacementSpec
         return PlacementSpec(
             pools={"actor_pool": actor_nodes, "critic_pool": critic_nodes},
             mapping={role: "critic_pool" if role in critics else "actor_pool" for role in roles},
-            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout),
+            use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout), parts_of=nodes,
         )
     return PlacementSpec.colocated(nodes, use_gpu=use_gpu, cpus_per_slot=rank_cpus(cfg.resources, layout))
 

@@ -64,3 +64,13 @@ def test_syncs_carry_their_version_and_the_exact_tensors():
 def test_bad_backend_name():
     with pytest.raises(ValueError, match="nccl' or 'gloo"):
         WeightBridge("127.0.0.1", free_port("127.0.0.1"), 0, 2, [], backend="mpi", timeout_s=5)
+
+
+def test_the_sender_hosts_the_store_on_the_bridge_address_only():
+    from tests.processes import listening_addresses
+
+    port = free_port("127.0.0.1")
+    bridges, errors = _in_threads(lambda: WeightBridge("127.0.0.1", port, 0, 2, [], timeout_s=30),
+                                  lambda: WeightBridge("127.0.0.1", port, 1, 2, [], timeout_s=30))
+    assert not errors
+    assert listening_addresses(port) == ["127.0.0.1"]  # torch's own store server would listen on 0.0.0.0 / ::
