@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py runs here as `--device cpu --tiny`, so the GPU check cannot rot
+"""benchmarks/gpu/gpu_check.py runs here as `--device cpu --tiny`, so the GPU check cannot rot
 between the sessions that have a GPU: every case must run and give sane numbers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gpu_check.py"
 
 
 def test_gpu_check_runs_on_cpu_tiny(tmp_path):
