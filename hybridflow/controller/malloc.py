@@ -6,7 +6,7 @@ freed) with their own mmap, unmapped on free, and gives the top of its heap back
 kernel once more than its trim threshold is free. A training step frees and re-allocates
 activations of tens of MB in sizes that change with every batch, so the heuristics keep
 missing and the kernel zeroes new pages for most of them: on the SmolLM2 GRPO step
-(benchmarks/bench_vs_trl.py smollm2_32, 1 rank x 2 threads) the worker spent 19.8 CPU s
+(benchmarks/rl/bench_vs_trl.py smollm2_32, 1 rank x 2 threads) the worker spent 19.8 CPU s
 in the kernel over 5 steps. With the threshold fixed at its 64-bit maximum (32 MiB) and
 trimming at 2 GiB it spent 11.6 s, and the steps ran ~8 % faster; RSS stays near the
 step's peak (4.3 GB instead of 3.5 GB there; TRL's process peaks at 10 GB on the same

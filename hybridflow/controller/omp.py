@@ -5,7 +5,7 @@ a thread that finishes first spins (~300000 turns by default) before it sleeps. 
 idle machine that saves a wake-up; when another job shares the cores, the thread a
 spinner waits for is often descheduled, and the spinner burns its own process's share
 of the CPU doing nothing until its time slice ends. Measured with one competing 2-thread
-matmul job on 2 cores (benchmarks/bench_contention.py; README "Shared machine"): a
+matmul job on 2 cores (benchmarks/controller/bench_contention.py; README "Shared machine"): a
 training step 3.7-4.2x slower with the default wait and 1.5-2.0x with passive waiting
 (threads sleep at once), where a fair share of the cores is 2x; quiet, the two were
 within the noise of each other (2 of 16 idle cores, benchmarks/results/contention_probe_h100_host.json).

@@ -10,7 +10,7 @@ the `Efficiency` factors (in log space, coordinate descent: no SciPy here) that 
 the squared log error of the simulated phase and step times over all profiles;
 `calibrate` stores the result with the measured device (devices.py: calibration_path)
 and reports leave-one-out errors (each profile predicted from factors fitted without it).
-benchmarks/bench_planner.py shows the same comparison as a table.
+benchmarks/planner/bench_planner.py shows the same comparison as a table.
 
 Two factors are not fitted, because these profiles cannot tell them apart from others:
 micro_batch_s (the micro-batches a rank runs grow with its sequences, as its compute

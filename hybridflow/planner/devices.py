@@ -230,5 +230,5 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
 CPU_DEFAULT = Efficiency(train=0.40, forward=0.44, prefill=0.71, decode_bw=0.3, comm=0.5, share_scale=0.78,
                          collective_s=7e-4, sync_collective_s=1.45e-3, dtensor_collective_s=2.14e-3, call_s=4.8e-3,
                          micro_batch_s=2e-3, decode_step_s=6e-4, controller_per_seq_s=5e-5, per_step_s=0.0,
-                         source="fitted on 7 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_"
+                         source="fitted on 7 profiles of a 2-vCPU machine (benchmarks/planner/profiles/planner_measured_"
                                 "124{0,2}_quiet.json); run `hybridflow plan --calibrate` for this one")

@@ -4,7 +4,7 @@ Pickling a torch tensor goes through torch's storage serializer, which copies th
 into the pickle stream. Ray pickles with protocol 5 and moves numpy arrays out-of-band
 (zero-copy into the object store), so we ship every tensor as a numpy array plus its
 torch dtype name and rebuild the tensor with ``torch.from_numpy`` on the other side.
-``benchmarks/bench_protocol_serialization.py`` measures the difference.
+``benchmarks/controller/bench_protocol_serialization.py`` measures the difference.
 
 dtypes numpy lacks (bfloat16, float8) travel as a same-width integer view and are viewed
 back on receipt, so the bits are exact. Tensors arrive on the CPU and detached from any

@@ -14,7 +14,7 @@ weights and rank 0 speaks for them. A SAC rank keeps its own replay shard.
 The update calls return rank 0's new acting weights with the metrics (other ranks: None),
 and the controller sends them on with the next collection call: a separate get_weights
 call after every update was a third Ray call per iteration, ~1 ms of CPU on each side
-(benchmarks/bench_vs_sb3.py --steps, README "CPU per environment step"), where the
+(benchmarks/envs/bench_vs_sb3.py --steps, README "CPU per environment step"), where the
 weights of these small networks (tens of kB) cost less to carry in the update's reply.
 """
 

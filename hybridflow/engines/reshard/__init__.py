@@ -7,7 +7,7 @@ parallelism. With the HybridFlow grouping (`method="hybrid"`, paper section 5) e
 rank's training shard lies inside its generation shard, so the only all-gather runs in
 micro-DP groups of N / t_g ranks, all at once. The baselines `"plain"` (HybridFlow-V)
 and `"gather_all"` (DeepSpeed-Chat-like) gather the whole model instead. The math and the
-measurements are in docs/reshard.md; benchmarks/bench_reshard.py measures them.
+measurements are in docs/reshard.md; benchmarks/engines/bench_reshard.py measures them.
 
 - placement.py: FSDP shard dims aligned with the generation TP split (`aligned_shard_dim`).
 - layout.py: which chunk of every parameter each training rank holds (`TrainingLayout`).

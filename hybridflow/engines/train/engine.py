@@ -127,7 +127,7 @@ class TrainEngine:
                        shard_placement_fn=self._shard_placement_fn(model))
         else:
             # FSDP2 puts its shards on the mesh's device; the plain module must be moved
-            # (found by benchmarks/gpu_check.py: a lone bf16 reference stayed on the host).
+            # (found by benchmarks/gpu/gpu_check.py: a lone bf16 reference stayed on the host).
             model.to(self.device)
         return model
 
@@ -135,7 +135,7 @@ class TrainEngine:
         """FSDP2 only where it does something: sharding over dp > 1, tensor parallelism,
         casting to a lower compute dtype, or offloading. A lone full-precision replica runs
         as the plain module: FSDP2's hooks and DTensor parameters cost it 15-25% of a small
-        model's update on CPU (benchmarks/bench_vs_trl.py) and buy nothing. Everything
+        model's update on CPU (benchmarks/rl/bench_vs_trl.py) and buy nothing. Everything
         downstream (optimizer, gradient norm, checkpoints, resharding, export) takes plain
         parameters as well as DTensors."""
         return self.dp_size > 1 or self.config.tp_size > 1 or mixed or self.config.param_offload

@@ -14,7 +14,7 @@ Two files in the run directory:
        "workers": [{"role": "actor", "rank": 0, "pid": 1234, "node": "10.0.0.1", "node_id": "..."}, ...]}
   Written at once when the state or the workers change, otherwise at most every
   STATUS_EVERY_S (a rename costs milliseconds on a busy filesystem; measured in
-  benchmarks/bench_monitor.py). `read_status` completes it with the newest timeline line.
+  benchmarks/controller/bench_monitor.py). `read_status` completes it with the newest timeline line.
 
 A third, <run>/trace_request.json, is written by `hybridflow monitor --trace` and read by
 the worker processes (controller/tracing.py).
