@@ -1,17 +1,4 @@
-"""TrainEngine: one model loaded, sharded over a (dp, tp) or (pp, dp, tp) mesh, and optionally trained.
-
-Build order (each step needs the previous one):
-  1. load the Hugging Face model on every rank (same seed, so newly initialised heads
-     are identical), fp32 if trained, else in the compute dtype; with pp_size > 1 keep
-     only this rank's pipeline stage (engines/train/pipeline.py);
-  2. LoRA adapters (actor only), activation checkpointing;
-  3. tensor parallel over "tp", then FSDP2 over "dp" with the mixed-precision policy;
-  4. optimizer and lr schedule, right after sharding (DEVELOPERS.md: FSDP2 trap).
-
-Role engines (`ActorEngine`, `CriticEngine`, `RewardModelEngine`) add the operations
-workers call; this class owns what they share: micro-batching, checkpoints, export,
-CPU offload, and access to the sharded parameters for resharding to the rollout engine.
-"""
+"""TrainEngine: one model loaded, sharded over a (dp, tp) or (pp, dp, tp) mesh, and optionally trained."""
 
 from __future__ import annotations
 
