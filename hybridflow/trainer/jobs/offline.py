@@ -5,16 +5,6 @@
     report = evaluate_source(source, ["test.parquet"])           # None: the run's held-out prompts
     report.metrics["val/accuracy"], report.metrics["val/gsm8k/accuracy"]
     export_source(resolve_source("runs/.../checkpoints/global_step_20"), "exported/")
-
-A source is a run directory (its newest complete checkpoint; its final_model/ when it saved
-no checkpoint), a checkpoint directory
-(`<run>/checkpoints/global_step_<N>`), or a Hugging Face model directory. A checkpoint is
-scored with its run's config.yaml (world size, generation and prompt settings, reward
-function, trainer.validation), so `hybridflow eval` on the checkpoint of step N repeats
-the run's own evaluation at step N; dotted overrides change any of it. A model directory
-takes the settings saved next to its weights (hybridflow_presets.json, written with every
-model a run exports: config/model_presets.py), else the config classes' defaults, never
-the built-in demo's; `settings_lines` says which values were used and where they came from.
 """
 
 from __future__ import annotations

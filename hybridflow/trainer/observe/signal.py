@@ -6,10 +6,6 @@ same. Its update trains on nothing but the KL and entropy terms. `SignalWatch` p
 line for each such step, counts the run of them in the metric adv/no_signal_steps, and
 stops the run cleanly (evaluation and export still happen) after
 trainer.max_no_signal_steps of them in a row.
-
-    watch = SignalWatch(cfg.trainer.max_no_signal_steps, display.message)
-    if watch.stop_reason(step, metrics):   # after each step's metrics
-        break
 """
 
 from __future__ import annotations
