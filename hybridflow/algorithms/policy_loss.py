@@ -4,14 +4,6 @@ Uniform signature:
 
     fn(old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T], *,
        config: PolicyLossConfig, agg: AggregationScale | None = None) -> (loss, metrics)
-
-`loss` is the scalar to backpropagate, reduced with `config.loss_agg_mode` (see
-`aggregation.py`; pass `agg` for split-invariant micro-batching). `metrics` maps names
-to detached 0-dim tensors (no host sync per micro-batch); every fraction and KL is a mean
-over the unmasked tokens of the given tensors. Log-ratios are clamped to
-+-`config.log_ratio_clamp` before exp so one stale token cannot overflow the ratio.
-Inputs at masked positions are replaced by 0 first, so padding (even NaN) never reaches
-the loss, the metrics or the gradient.
 """
 
 from __future__ import annotations

@@ -3,14 +3,6 @@
     loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
 
     pg_loss = mean(max(-A r, -A clip(r, 1 - c, 1 + c))),  r = exp(log pi - log pi_old)
-
-The value term is the LM critic's `value_loss` (value.py) on a [B, 1] view (one "token"
-per sample), with `clip_value` as its clip range. The policy term is PPO's clipped
-objective written out for single steps: the LM `ppo_clip_loss` computes the same number
-but adds masks, a dual clip and per-side clip metrics, which cost more than the math for
-a minibatch of environment steps (measured: 0.5 of the 0.9 ms this function took). Advantages
-are normalised over the minibatch first when `normalize_advantages` (the usual choice for
-environment PPO; the LM trainer whitens over the whole batch in GAE instead).
 """
 
 from __future__ import annotations
