@@ -6,16 +6,6 @@ and the reward workers (rewards/_worker.py).
     net = new_namespaces(libc, pid=False)          # before any thread starts
     abi = landlock(libc, readable=[sys.prefix, ...], writable=[])
     deny_sockets(libc)                             # no socket of any kind, every thread
-
-Standard library only and no hybridflow import: the sandbox child runs under `python -I`
-and loads this file by path. `landlock` handles "execute" and allows it nowhere (no
-program can be run), allows reading only beneath `readable`, writing only beneath
-`writable`, and, from Landlock ABI 4, no TCP bind or connect; from ABI 6, no abstract unix
-sockets and no signals to processes outside. `deny_sockets` installs a seccomp filter
-under which socket() and socketpair() fail with EACCES in every thread: no network (TCP,
-UDP, raw) and no unix socket (a docker or database socket on the disk), without needing a
-namespace, which a process with threads (numpy's BLAS pool) cannot unshare. Every step is
-irreversible.
 """
 
 from __future__ import annotations

@@ -4,17 +4,6 @@ config. Config validation, presets and `RunConfig.use_critic`, the trainer's rol
 placement, checkpointed roles and the program it runs all ask the row; no code compares
 algorithm names. docs/algorithms.md lists the built-in rows, docs/extending.md says how to
 add one.
-
-Layering: config sits below the trainer and never imports it, yet a row names its program:
-the function itself (what `@register_algorithm` stores when a user's module, which may
-import the trainer's phases, decorates its program) or a "module:function" import path (the
-built-in rows below; their programs are in trainer/programs/algorithms.py, whose
-`step_program` imports them when the run starts). The registry lives here, so the config
-can check a name without the trainer.
-
-A user's algorithm is found by `algorithm.module` (a dotted import path, or a .py file),
-which `AlgorithmSection` imports before it looks up `algorithm.name`, or by importing the
-module yourself before the RunConfig is built.
 """
 
 from __future__ import annotations

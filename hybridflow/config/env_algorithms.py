@@ -6,14 +6,6 @@ rows are in config/algorithm.py.
     spec.collection        # "replay": transitions every sac.train_freq steps into a replay buffer
     spec.continuous_actions  # True: refused on an environment with discrete actions
     steps_per_iteration(cfg)  # environment steps of one iteration (workers x env.num_envs x ...)
-
-A row declares what the rest of the code would otherwise infer from the name (its fields:
-`EnvAlgorithmSpec`); no code compares algorithm names.
-
-Layering as for language-model rows: config sits below the trainer, so `program` is the
-"module:attr" import path of the `EnvProgram` (hybridflow/trainer/programs/algorithms.py: the
-step program, the acting network, the learner) or the object
-itself when a user's module registers one (`@register_env_algorithm(spec)` on it).
 """
 
 from __future__ import annotations

@@ -4,21 +4,6 @@
     cfg = env_config_from_dict({"algorithm": "PPO", "env": "CartPole-v1",
                                 "policy": {"hidden_size": [64, 64], "activation": "tanh"},
                                 "distributed": {"num_workers": 2, "placement_strategy": "spread"}})
-
-A user dict may use nested sections, the flat forms `env: <name>` (= `env: {id: <name>}`)
-and dotted keys (`"ppo.lr": 1e-3`); choices are case-insensitive ("PPO", "Spread"). Unknown
-keys raise a ConfigError naming the closest valid key. `resolve_env_config` fills what
-depends on the algorithm (its row in config/env_algorithms.py: network sizes and init, PPO
-[64, 64] tanh orthogonal, SAC [256, 256] relu default init, as in Stable-Baselines3) and
-the run name, and runs the row's size checks. Sections:
-
-    name, seed        run name (run dir <trainer.output_dir>/<name>-<timestamp>; null: <env>-<algorithm>)
-    algorithm         a registered environment algorithm: ppo | sac (config/env_algorithms.py)
-    env               which environment, copies per worker, normalisation options
-    policy            MLP sizes and activation, shared or separate value network, init
-    distributed       env-runner workers (0: in-process), placement, learner ranks, sync/async sampling
-    ppo, sac          the algorithm's hyper-parameters (the other section is ignored)
-    trainer           length (environment steps), logging, checkpoints, run directory, console
 """
 
 from __future__ import annotations

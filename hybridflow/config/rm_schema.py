@@ -1,23 +1,6 @@
 """The config tree of a reward-model training run (`hybridflow rm`, trainer/jobs/rm.py).
 
     cfg = load_rm_config("examples/rm_hh_rlhf.yaml", ["engine.optim.lr=2e-5"])
-
-Sections (each a dataclass; every default lives here, once):
-
-    name, seed      run name (run dir `<trainer.output_dir>/<name>-<timestamp>`); seed of the
-                    score-head init, the held-out split, data order and the engine
-    trainer         epochs or steps, held-out evaluation cadence, output dir, console
-    resources       ranks, GPUs, Ray address
-    model           a local HF causal LM (a one-label score head is added) or an existing
-                    one-label *ForSequenceClassification; null = the built-in tiny model
-    data            preference-pair files (`hybridflow preprocess hh-rlhf` output), held-out
-                    files or fraction, pairs per step, length limit
-    engine          the training engine (optimizer, micro-batches, precision, TP); its
-                    micro_batch sizes count pairs (one pair = two sequences in one forward)
-
-`validate_rm_config(cfg)` checks sizes against each other and the world size before
-anything starts; the engine's and the reward-model role's own rules run where they are
-defined (EngineSettings.check_parallel, RewardModelWorkerConfig).
 """
 
 from __future__ import annotations

@@ -3,11 +3,6 @@
     kind = task_kind_of(tree)            # the "environment" row when the tree names an `env`
     check_top_level_keys(tree)           # a misspelt top-level key: ConfigError with did-you-mean
     cfg = kind.build(tree)               # its typed, validated config (RunConfig, EnvRunConfig)
-
-A `TaskKind` row declares how a config is recognised, how it is built, resolved and
-trained, and the kind its checkpoints record, so a resumed run finds its kind without
-reading its config. Its names are import paths: config sits below the trainer
-(ARCHITECTURE.md). Rows live in the project's one `Registry`.
 """
 
 from __future__ import annotations

@@ -2,20 +2,6 @@
 
 Only the standard library is imported here: each worker process imports this module at
 start-up, and importing torch there would cost seconds per worker.
-
-A call is guarded by a SIGALRM timer (main thread only), which interrupts Python code
-that runs too long and keeps the worker alive. Code that blocks the signal or swallows
-the exception is caught by the parent instead, which kills the worker (see pool.py).
-In a worker, a CPU-time limit per sample (RLIMIT_CPU's soft limit moved to "now + the
-limit" before each call; SIGXCPU interrupts the function the way the alarm does) and a
-file-size limit (RLIMIT_FSIZE; writes past it fail with EFBIG) apply too.
-
-Confinement (`WorkerLimits.sandbox`, on by default): before the function is first called,
-the worker restricts itself with Landlock and a seccomp filter (hybridflow/confine.py): it
-may read only the Python installation, the hybridflow package, the reward function's own
-directory and the configured extra paths; it may write nowhere, run no program and open
-no socket (no network, no unix socket). If the kernel cannot do this, every sample fails
-with a message naming the opt-out, `reward.manager.sandbox=false`.
 """
 
 from __future__ import annotations

@@ -6,11 +6,6 @@
     reward_fn_reference(compute_score)                            # -> ("my_pkg.rewards", "compute_score")
 
 A reward function has verl's signature
-
-    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
-
-and is called with keyword arguments; a dict return must hold "score" (the reward) and
-may hold extra per-sample values that are logged.
 """
 
 from __future__ import annotations
