@@ -107,7 +107,7 @@ def resolve_for_load(asked: Any, resolved: Any) -> Any:
     `asked` left threads_per_rank to the run on an embedded CPU Ray, the threads are cut to
     the cores other work leaves free: beside one competing 2-thread job, the demo's SFT
     step took 0.19-0.21 s on 1 thread and 0.30-0.34 s on 2 passive ones (0.09 s alone;
-    benchmarks/results/contention_sft_threads.json). Both choices are in `last_auto()`."""
+    bench_contention.py, in git history at 01a3bd7). Both choices are in `last_auto()`."""
     global _last_auto
     policy = resolve(asked.omp_wait_policy)
     threads = resolved.threads_per_rank
