@@ -22,13 +22,13 @@ HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
 NOT_RECORDED = "not recorded"
 SUBJECTS = {  # folder: what its benchmarks measure; a folder not listed here is reported after these
-    "rl": "whole RL runs against other frameworks (TRL), async modes, learning proofs",
-    "engines": "rollout and training engines: generation, training steps, resharding, pipelines",
-    "controller": "the single controller and Ray: call overhead, serialization, start-up, CPU contention",
-    "envs": "environment RL (PPO, SAC) against Stable-Baselines3",
-    "planner": "the placement planner: search time, predicted against measured step times",
-    "gpu": "checks run on a GPU machine",
-    "code": "the source itself: line counts and docstrings",
+    "rl": "Whole RL runs against other frameworks (TRL), async modes, learning proofs.",
+    "engines": "Rollout and training engines: generation, training steps, resharding, pipelines.",
+    "controller": "The single controller and Ray: call overhead, serialization, start-up, CPU contention.",
+    "envs": "Environment RL (PPO, SAC) against Stable-Baselines3.",
+    "planner": "The placement planner: search time, predicted against measured step times.",
+    "gpu": "Checks run on a GPU machine.",
+    "code": "The source itself: line counts and docstrings.",
 }
 INTRO = """# Benchmarks
 
