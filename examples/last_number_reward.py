@@ -5,7 +5,7 @@ The exact-answer reward only: no partial credit for writing a number (an earlier
 with 0.3 for any bare integer taught the format and collapsed the answers onto a few
 numbers). The answer is read by the built-in GSM8K checker in its "flexible" mode
 (hybridflow/rewards/gsm8k.py: thousands separators, "$", "18.0" == "18");
-benchmarks/eval_plain.py --answer last-number reads it independently.
+benchmarks/rl/eval_plain.py --answer last-number reads it independently.
 
     hybridflow train --config examples/grpo_words_smollm2.yaml        # sets reward.custom_fn_path
     hybridflow eval MODEL --data F reward.custom_fn_path=examples/last_number_reward.py

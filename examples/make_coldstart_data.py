@@ -6,7 +6,7 @@ in a sentence), so it starts at or under 2 % exact accuracy.
     # -> numwords_heldout.jsonl (200), numwords_demos.jsonl (32), numwords_train.jsonl (the rest)
 
 Tasks (`--task`), each answered by the whole response, exactly (examples/exact_match_reward.py;
-benchmarks/eval_plain.py --answer exact):
+benchmarks/rl/eval_plain.py --answer exact):
 - numwords: "Write the number 347 in words." -> "three hundred forty-seven" (1-999; lowercase,
   a hyphen between tens and units, no "and").
 - arith: "What is 47 + 38?" -> "85" (two-digit +, -, and one- by two-digit x).

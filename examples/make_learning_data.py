@@ -22,7 +22,7 @@ Selection and split rules (stated so a result can be checked):
 Prompt formats (`--format`): `direct` asks for the number alone; `steps` for short
 reasoning ending in "The answer is N."; `gsm8k` the instruction `hybridflow preprocess
 gsm8k` writes. Every answer is read as the last number of the response
-(examples/last_number_reward.py; benchmarks/eval_plain.py --answer last-number).
+(examples/last_number_reward.py; benchmarks/rl/eval_plain.py --answer last-number).
 """
 
 from __future__ import annotations

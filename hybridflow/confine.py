@@ -6,22 +6,6 @@ and the reward workers (rewards/_worker.py).
     net = new_namespaces(libc, pid=False)          # before any thread starts
     abi = landlock(libc, readable=[sys.prefix, ...], writable=[])
     deny_sockets(libc)                             # no socket of any kind, every thread
-    deny_new_processes(libc)                       # no fork / vfork / clone but of threads
-    child = new_pid_namespace(libc)                # 0 here: PID 1 of a namespace that dies with the parent
-
-Standard library only and no hybridflow import: the sandbox child runs under `python -I`
-and loads this file by path. `landlock` handles "execute" and allows it nowhere (no
-program can be run), allows reading only beneath `readable`, writing only beneath
-`writable`, and, from Landlock ABI 4, no TCP bind or connect; from ABI 6, no abstract unix
-sockets and no signals to processes outside. `deny_sockets` installs a seccomp filter
-under which socket() and socketpair() fail with EACCES in every thread: no network (TCP,
-UDP, raw) and no unix socket (a docker or database socket on the disk), without needing a
-namespace, which a process with threads (numpy's BLAS pool) cannot unshare.
-`deny_new_processes` is a seccomp filter under which fork, vfork and clone (but of a thread)
-fail with EPERM in every thread, root included (RLIMIT_NPROC does not bind root).
-`new_pid_namespace` forks the first process of a new PID namespace, which dies with its
-parent (PR_SET_PDEATHSIG): the kernel then kills every process left in the namespace, a
-`setsid` grandchild included. Every step is irreversible.
 """
 
 from __future__ import annotations

@@ -6,13 +6,6 @@ config, trainer, cli) may raise it without breaking the layer order of ARCHITECT
     raise ConfigError("must be >= 1, got 0", key="epochs")
     # a section that holds the raising config names the full key:
     raise err.within("actor.micro_batch")      # actor.micro_batch.epochs: must be >= 1, got 0
-
-`UserInputError` is the base of every error in what the user gave (ConfigError and
-DamagedFileError included); the CLI turns it into a short message and exit status 2.
-
-`key` is the dotted key relative to the config object that raised the error (None: the
-message names its keys itself); whoever knows where that object sits in a bigger tree
-(the YAML loader, cross-section validation) prefixes it with `within`.
 """
 
 from __future__ import annotations

@@ -3,36 +3,6 @@ and environment), advantage estimators, policy losses, KL estimators and loss ag
 (algorithms/settings.py), rollout backends, environments, agent environments, tools,
 reward templates and scorers. One place for register / look-up / capabilities / "did you
 mean" / import paths.
-
-    ENVS = Registry("environment")
-    ENVS.add("my-env", MyEnv)                 # or @ENVS.register("my-env")
-    ENVS["my-env"], "my-env" in ENVS, ENVS.names()
-    ENVS.resolve("pkg.mod:MyEnv", "env.id", how)   # a registered name or an import path
-    raise ENVS.unknown("myenv", "env.id", "give a registered name or 'package.module:Class'")
-
-    LOSSES = Registry("policy loss", "actor.loss.policy.loss_mode", {"vanilla": "pkg.losses"})
-    LOSSES.check("vanilla")                   # imports nothing: config validation runs before torch
-    LOSSES.get("vanilla")                     # imports pkg.losses (its decorator registers the name)
-
-    BACKENDS.add("mine", MyEngine, tensor_parallel=False)   # capability metadata of an entry
-    BACKENDS.capabilities("mine")             # {"tensor_parallel": False}
-    BACKENDS.having(tensor_parallel=True)     # the names whose capabilities say so
-
-Entries may be rows rather than functions (`Registry(..., rows=True)`: an algorithm's
-spec, whose fields are its capabilities); `identity` says when two entries are "the same
-definition" (default: the module and qualified name of a class or function).
-
-Built-in entries may be *declared* by name with the module that registers them
-(`builtins`), so `check`/`names` answer without importing it and `get` imports it on first
-use. Like errors.py, this module imports nothing from hybridflow but `errors`, so any layer
-may use it without breaking ARCHITECTURE.md's layer order. Registering another object
-under a taken name needs `override=True`; the same definition again (a re-run script, a
-re-imported module makes a new class object for the same code) replaces it.
-
-`import_object("package.module:attr")` is the one import-path resolver of the project
-(registries, algorithm programs, environment classes, task kinds); `import_path_module` is
-its first half, for a "module:name" whose module registers `name` (rollout backends);
-`import_file` imports a user's .py file (algorithm.module, reward files).
 """
 
 from __future__ import annotations

@@ -5,13 +5,6 @@ run directory hands back (DCP's `.metadata`, a saved DataProto) could run anythi
 `RestrictedUnpickler` resolves only the globals of an explicit allow-list; any other
 global ends the load with `UnsafePickleError`, before it is called, naming the file and
 the global it asked for.
-
-    obj = restricted_loads(data, DCP_METADATA_GLOBALS, what="checkpoint/actor/.metadata")
-
-The allow-lists hold only classes and functions that build data (dataclasses of DCP's
-metadata, numpy's array reconstruction, torch.Size and dtypes); none of them runs code
-given as data. This module imports nothing from hybridflow and nothing heavy, so every
-layer may use it.
 """
 
 from __future__ import annotations

@@ -4,13 +4,6 @@ Uniform signature of every estimator (config key `algorithm.adv_estimator`):
 
     fn(token_level_rewards [B, T], response_mask [B, T], *, values=None, uid=None,
        config: AdvantageConfig, **extra) -> (advantages [B, T], returns [B, T])
-
-Masked positions of both outputs are 0, and nothing stored at a masked position (reward,
-value) influences any other position: a masked token in the middle of a response (e.g.
-a tool output in a multi-turn rollout) is skipped, as if it were not there. All
-estimators run under `torch.no_grad()`; their outputs are training targets.
-
-Group-baseline estimators (grpo, rloo, ...) live in `group_advantages.py`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,4 @@
-"""Loss aggregation: from a [B, T] per-token loss matrix to the scalar that is backpropagated.
-
-Modes (config key `actor.loss.policy.loss_agg_mode`), with m the response mask, l the token loss,
-N the number of non-empty sequences and L a constant length normaliser:
-
-- `token-mean`:              sum_{i,t} m l / sum_{i,t} m  (DAPO, Yu et al. 2025, arXiv 2503.14476)
-- `seq-mean-token-sum`:      (1/N) sum_i sum_t m l
-- `seq-mean-token-mean`:     (1/N) sum_i (sum_t m l / sum_t m)  (GRPO, Shao et al. 2024)
-- `seq-mean-token-sum-norm`: (1/(N L)) sum_{i,t} m l  (Dr.GRPO, Liu et al. 2025, arXiv 2503.20783)
-
-Split invariance. A worker sees one micro-batch at a time, and its gradient is averaged
-over data-parallel ranks by the FSDP reduce. For the gradient of the mini-batch to not
-depend on that split, each micro-batch's loss must be normalised by the *global* counts
-(tokens or sequences of the whole mini-batch over all micro-batches and all dp ranks),
-and multiplied by `dp_size` to cancel the rank average. `AggregationScale` carries those
-counts; `compute_aggregation_scale` builds it from the micro-batch masks of one rank and
-an all-reduce. Then: sum over micro-batches, mean over ranks == full-batch gradient.
-With `agg=None` every mode normalises over the tensor it is given (one micro-batch).
-"""
+"""Loss aggregation: from a [B, T] per-token loss matrix to the scalar that is backpropagated."""
 
 from __future__ import annotations
 

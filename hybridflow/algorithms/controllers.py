@@ -5,11 +5,6 @@
   "Fine-Tuning Language Models from Human Preferences" (arXiv 1909.08593):
   e = clip(KL / KL_target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon),
   kept >= a floor of init_kl_coef / 1000 so that beta can always grow again.
-
-- `LagrangeMultiplier(init, lr, cost_limit, max)`: Safe-RLHF's lambda (safe_rlhf.py).
-
-All expose `.value`, `.update(current_kl, n_steps)` and `state_dict()` /
-`load_state_dict()` so a resumed run continues with the same beta.
 """
 
 from __future__ import annotations

@@ -1,23 +1,4 @@
-"""GAE over environment rollouts: rows are environments, columns are time steps.
-
-An LM response is one episode per row that ends after its last token (`compute_gae` in
-advantages.py: V = 0 past the end). An environment row of T steps holds several episodes
-back to back, and an episode can end two ways:
-
-- terminated (a terminal state): nothing follows, the next value is 0;
-- truncated (a time limit, or the end of the rollout segment): the episode would go on,
-  so the return bootstraps from V(s_{t+1}) of the state the environment stopped in.
-
-With next_values[t] = V(s_{t+1}) (the final observation's value at a truncation):
-
-    delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - V(s_t)
-    A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}      (done = terminated or truncated)
-    R_t     = A_t + V(s_t)
-
-The last column continues into the next segment, so A_{T} = 0 there and the bootstrap
-comes through next_values. For a row that is one episode terminating at its last step this
-is exactly `compute_gae` (tests/algorithms/test_env_advantages.py checks that).
-"""
+"""GAE over environment rollouts: rows are environments, columns are time steps."""
 
 from __future__ import annotations
 

@@ -4,11 +4,6 @@ A group is the set of samples that share a `uid` (responses to the same prompt).
 statistics are computed in float64 on [B] vectors, because a group mean of float32
 rewards that are offset by a large constant would otherwise lose the differences that
 the advantage is made of.
-
-Convention for groups of one sample (shared by grpo, grpo_passk, rloo, opo, gpg and
-reinforce_plus_plus_baseline): there is no other sample to form a baseline, so the
-baseline is 0 and the std is 1, i.e. the sample keeps its raw reward as advantage (the
-behaviour verl users know). Such a group never yields NaN.
 """
 
 from __future__ import annotations

@@ -1,23 +1,4 @@
-"""KL estimators between the policy and the reference, KL in the reward and KL as a loss.
-
-Per-token estimators of KL(pi || pi_ref) on tokens sampled from pi, with
-delta = log pi - log pi_ref (Schulman 2020, "Approximating KL Divergence",
-http://joschu.net/blog/kl-approx.html):
-
-- `k1` (alias `kl`):          delta                       (unbiased, can be negative)
-- `abs`:                      |delta|
-- `k2` (alias `mse`):         delta^2 / 2                 (biased, low variance)
-- `k3` (alias `low_var_kl`):  exp(-delta) + delta - 1     (unbiased, >= 0), clamped to [0, 10]
-
-Straight-through variants `<name>+` (e.g. `k3+`, `low_var_kl+`): the *value* of <name>
-with the *gradient* of k2, i.e. grad = delta * grad log pi. In a loss, k2's gradient is
-the on-policy gradient of reverse KL, while k1's has zero expectation and k3's is biased
-(Tang & Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL",
-arXiv 2506.09477); the `+` form logs the preferred estimate and optimises the right thing.
-
-Config keys: `algorithm.kl_penalty` (KL in the reward: r_t = score_t - beta * kl_t) and
-`actor.loss.kl_loss_type` (KL as a loss term, with `actor.loss.kl_loss_coef`).
-"""
+"""KL estimators between the policy and the reference, KL in the reward and KL as a loss."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
 """Log-prob of chosen tokens and entropy from logits, chunked for large vocabularies.
 
 log pi(y_t) = z_{y_t}/tau - logsumexp(z/tau);   H_t = logsumexp(z) - sum_v softmax(z)_v z_v.
-
-The tokens are flattened to [N, V] and processed `chunk_size` rows at a time, each chunk
-upcast to fp32 on its own, so a bf16 [B, T, V] logits tensor is never copied to fp32 as a
-whole (with V = 150k, one fp32 copy of a 32k-token batch would be ~19 GB). Plain autograd
-would still keep every chunk's fp32 softmax alive for backward, so both functions are
-custom autograd Functions: forward saves only the original logits (and labels), backward
-recomputes the softmax chunk by chunk. Gradients, with p = softmax(z/tau):
-
-    d log pi(y) / dz = (onehot(y) - p) / tau;   dH / dz = -p (log p + H) / tau.
-
-Outputs are fp32 (or fp64 for fp64 logits); the logits gradient has the logits' dtype.
-Double backward is not supported.
 """
 
 from __future__ import annotations

@@ -1,37 +1,4 @@
-"""Off-policy correction for rollouts sampled by a policy other than the one being trained.
-
-Three policies meet in an asynchronous (or merely numerically mismatched) update:
-
-- the *behaviour* policy mu, which sampled the tokens: its per-token log-probs are the
-  rollout engine's `rollout_log_probs` (possibly from several weight versions when a
-  partial rollout spanned a weight sync);
-- the *proximal* policy pi_prox: the training engine's log-probs of the same tokens at the
-  start of the update (`old_log_probs`); PPO's trust region is drawn around it;
-- the policy pi_theta being optimised.
-
-Decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization",
-arXiv 2110.00641; used for asynchronous RL by AReaL, Fu et al. 2025, arXiv 2505.24298)
-separates the behaviour and proximal policies:
-
-    L = E_{a ~ mu} [ w * max(-A r, -A clip(r, 1 - eps, 1 + eps)) ],
-    r = pi_theta / pi_prox,   w = pi_prox / mu  (detached).
-
-Truncated importance sampling (TIS) caps w at C to bound its variance (the rho-bar of
-V-trace, Espeholt et al. 2018, arXiv 1802.01561; applied to rollout/training mismatch by
-Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"):
-
-    token level:    w_t = min(pi_prox(y_t) / mu(y_t), C)
-    sequence level: w_i = min(prod_t pi_prox(y_t) / mu(y_t), C)   (same weight on every token of i)
-
-Every registered policy loss is positively homogeneous of degree one in the advantage
-(l(wA) = w l(A) for w >= 0: PPO clip and its dual clip, GSPO, CISPO, REINFORCE, GPG), so
-the decoupled objective is any of them evaluated with advantages `w * A`:
-`apply_behaviour_weights` does exactly that, and the losses stay unchanged.
-
-`truncated_is_weights` computes w in log space (min(log w, log C), then exp), so a
-sequence-level product of hundreds of ratios cannot overflow. `staleness_metrics` is the
-histogram of how many policy versions the trained tokens lag behind.
-"""
+"""Off-policy correction for rollouts sampled by a policy other than the one being trained."""
 
 from __future__ import annotations
 

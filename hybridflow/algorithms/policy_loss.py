@@ -4,14 +4,6 @@ Uniform signature:
 
     fn(old_log_prob [B, T], log_prob [B, T], advantages [B, T], response_mask [B, T], *,
        config: PolicyLossConfig, agg: AggregationScale | None = None) -> (loss, metrics)
-
-`loss` is the scalar to backpropagate, reduced with `config.loss_agg_mode` (see
-`aggregation.py`; pass `agg` for split-invariant micro-batching). `metrics` maps names
-to detached 0-dim tensors (no host sync per micro-batch); every fraction and KL is a mean
-over the unmasked tokens of the given tensors. Log-ratios are clamped to
-+-`config.log_ratio_clamp` before exp so one stale token cannot overflow the ratio.
-Inputs at masked positions are replaced by 0 first, so padding (even NaN) never reaches
-the loss, the metrics or the gradient.
 """
 
 from __future__ import annotations
@@ -136,7 +128,7 @@ def ppo_clip_loss(
     response_mask None: every element counts (environment steps, any shape): the same loss
     averaged over all elements, without the masking and the per-side metrics (pg_clipfrac
     and ppo_kl only), which cost more than the math on small dense batches
-    (benchmarks/bench_ppo_loss.py).
+    (benchmarks/rl/bench_ppo_loss.py).
     """
     if response_mask is None:
         return _dense_ppo_clip(old_log_prob, log_prob, advantages, config)

@@ -1,12 +1,8 @@
-"""The loss of environment PPO: the clipped policy loss + the (clipped) value loss - an entropy bonus.
+"""The PPO loss for environment tasks: clipped policy loss + (clipped) value loss - entropy bonus.
 
     loss = pg_loss + vf_coef * vf_loss - ent_coef * entropy
 
-The policy term is the one PPO clipped loss (policy_loss.ppo_clip_loss, on its dense path:
-every environment step counts, no dual clip); the value term is the LM critic's `value_loss`
-(value.py) on a [B, 1] view (one "token" per sample), with `clip_value` as its clip range.
-Advantages are normalised over the minibatch first when `normalize_advantages` (the usual
-choice for environment PPO; the LM trainer whitens over the whole batch in GAE instead).
+    pg_loss = mean(max(-A r, -A clip(r, 1 - c, 1 + c))),  r = exp(log pi - log pi_old)
 """
 
 from __future__ import annotations

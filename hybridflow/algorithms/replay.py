@@ -3,11 +3,6 @@
     buffer = ReplayBuffer(capacity=100_000, fields={"observations": (3,), "actions": (1,), ...})
     buffer.add({"observations": obs [n, 3], "actions": act [n, 1], ...})
     batch = buffer.sample(256, generator)          # uniform, with replacement
-
-Storage is preallocated once (fresh pages cost in a hot loop); when full, the oldest
-transitions are overwritten first. Sampling draws indices uniformly from the stored ones
-with the caller's torch.Generator, so a seeded learner samples the same batches again
-after a resume (`state_dict` holds the stored rows, position and size).
 """
 
 from __future__ import annotations

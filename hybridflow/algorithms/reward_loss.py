@@ -5,13 +5,6 @@ For a pair scored r_c (chosen) and r_r (rejected), P(chosen preferred) = sigmoid
 the loss is its negative log-likelihood, averaged over pairs:
 
     l = -log sigmoid(r_c - r_r)
-
-computed with `logsigmoid` so a large negative margin gives a finite loss and gradient.
-
-Split invariance: with an `AggregationScale` whose counts are *pairs* (a [B, 1] mask of
-ones per micro-batch), the loss and every metric are normalised by the pairs of the whole
-mini-batch over all dp ranks, like the actor and critic losses (aggregation.py): summing
-the micro-batch values and averaging over ranks gives the mini-batch mean exactly.
 """
 
 from __future__ import annotations

@@ -1,18 +1,4 @@
-"""Soft Actor-Critic losses (Haarnoja et al. 2018, arXiv 1801.01290 and 1812.05905).
-
-Actions live in the normalised box [-1, 1]^A (a tanh-squashed Gaussian); the environment's
-bounds are applied outside. With the twin critics Q1, Q2, their Polyak-averaged targets
-Q1', Q2', the temperature alpha = exp(log_alpha) and a' ~ pi(.|s'):
-
-    y            = r + gamma * (1 - terminated) * (min(Q1'(s', a'), Q2'(s', a')) - alpha * log pi(a'|s'))
-    critic loss  = 1/2 * mean((Q1(s, a) - y)^2) + 1/2 * mean((Q2(s, a) - y)^2)
-    actor loss   = mean(alpha * log pi(a~|s) - min(Q1(s, a~), Q2(s, a~)))      a~ ~ pi(.|s), reparameterised
-    alpha loss   = -mean(log_alpha * (log pi(a~|s) + target_entropy))          (log pi detached)
-    target       <- tau * online + (1 - tau) * target                           (polyak_update)
-
-The 1/2 on each critic term is the same convention as the PPO value loss (value.py);
-Stable-Baselines3 writes the critic loss without it (0.5 * sum of MSEs, the same thing).
-"""
+"""Soft Actor-Critic losses (Haarnoja et al. 2018, arXiv 1801.01290 and 1812.05905)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""Safe-RLHF: cost advantages, the Lagrange multiplier, and the combined advantage.
-
-Dai et al. 2023, "Safe RLHF: Safe Reinforcement Learning from Human Feedback"
-(arXiv 2310.12773). The policy maximises reward subject to E[cost] <= cost_limit via the
-Lagrangian  min_theta max_{lambda >= 0}  -J_R(theta) + lambda (J_C(theta) - cost_limit):
-
-- cost advantages A^C: GAE on the token-level costs with a separate cost critic;
-- multiplier (`LagrangeMultiplier`, controllers.py; gradient ascent on log lambda, which keeps lambda > 0):
-  ln lambda <- ln lambda + lr * lambda * (mean_episode_cost - cost_limit);
-- combined advantage for the policy loss: A = (A^R - lambda A^C) / (1 + lambda).
-Config keys: `algorithm.safe_rlhf.{lambda_init,lambda_lr,cost_limit,lambda_max}`.
-"""
+"""Safe-RLHF: cost advantages, the Lagrange multiplier, and the combined advantage."""
 
 from __future__ import annotations
 

@@ -1,19 +1,4 @@
-"""The torch-free part of the math layer: its config classes and its registries.
-
-Config validation (`hybridflow train key=value`) reads only this module, so a wrong
-setting is reported before torch is imported:
-
-- `AdvantageConfig`, `PolicyLossConfig`, `OffPolicyConfig`: the hyper-parameters the
-  run config embeds (algorithm.*, actor.loss.policy.*, actor.loss.off_policy.*);
-- the registries of advantage estimators, policy losses, loss aggregation modes and KL
-  estimators, each declaring its built-in names with the module that registers them
-  (registry.py): `ADV_ESTIMATORS.check("grpo")` imports nothing, `get` imports the module.
-
-The functions themselves live in advantages.py, group_advantages.py, policy_loss.py,
-aggregation.py and kl.py (torch); those modules re-export these names.
-tests/algorithms/test_registry.py checks the declared built-ins against what the modules
-register.
-"""
+"""The torch-free part of the math layer: its config classes and its registries."""
 
 from __future__ import annotations
 

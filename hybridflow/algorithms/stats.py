@@ -6,9 +6,6 @@ equally. For token-level tensors this means every response token counts once, so
 response contributes more than a short one. Masked positions never influence a result:
 they are selected away with `torch.where` (not multiplied by 0), so even NaN or inf
 padding cannot leak into a sum or a gradient.
-
-Degenerate inputs are defined rather than NaN: the mean of an empty selection is 0, the
-variance of fewer than two elements (unbiased) or of none (biased) is 0.
 """
 
 from __future__ import annotations

@@ -1,31 +1,4 @@
-"""The `hybridflow` command.
-
-    hybridflow train [--config FILE] [key=value ...]   RL training (no arguments: the built-in demo)
-    hybridflow train --resume [RUN] [key=value ...]    continue a run from its newest checkpoint
-    hybridflow sft [--config FILE] [key=value ...]     supervised fine-tuning (warm start)
-    hybridflow selfcheck [--world-size 4]              start Ray, spawn a gloo group, all-reduce, report
-    hybridflow preprocess gsm8k|hh-rlhf --input F --output OUT.parquet   public data -> training files
-    hybridflow rm [--config FILE] [key=value ...]      reward-model training on preference pairs
-    hybridflow eval PATH [--data FILE] [--output J]    score a run / checkpoint / model dir per data source
-    hybridflow export PATH --out DIR                   checkpoint -> Hugging Face model directory
-    hybridflow plot RUN_DIR                            PNG plots of reward, KL, entropy, length
-    hybridflow plan [--config FILE] [--nodes N ...]    auto-mapping: best placement and parallel sizes
-    hybridflow monitor RUN_DIR [--profile cpu|gpu]     live per-worker CPU / memory / phase; profile report
-
-`train` and `sft` read the config tree of hybridflow/config/schema.py: a YAML file plus
-dotted overrides such as `actor.optim.lr=1e-5 rollout.n=4`. The config is validated before
-any worker starts; the resolved config, metrics.jsonl and models go to the run directory.
-
-Each subcommand lives in its own module here (`add_parser(s)` + a handler) and imports its
-heavy dependencies lazily so `hybridflow --help` stays fast.
-
-Errors: a mistake in what the user gave (config, data, model, reward file, checkpoint: a
-`hybridflow.errors.UserInputError`) ends the command with one or two lines that name the
-problem and the fix, and exit status 2; any other failure with one line and status 1.
-`--debug` (anywhere on the command line) shows the full traceback instead. Standard input is
-not read (at end of file for every command but a --debug one): nothing can be answered
-from it.
-"""
+"""The `hybridflow` command."""
 
 from __future__ import annotations
 

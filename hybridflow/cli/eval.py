@@ -1,20 +1,6 @@
 """`hybridflow eval PATH [key=value ...] [--data FILE ...] [--show N] [--output OUT.json]`:
 score a saved policy on prompts and print accuracy, score, response length (and, for agent
 tasks, tool-call rate and turns) overall and per data source.
-
-PATH is a run directory (its newest checkpoint), a checkpoint directory
-(<run>/checkpoints/global_step_<N>) or a Hugging Face model directory. --data takes
-parquet/jsonl files in verl columns; without it a run's held-out prompts are used.
-Settings: a run or checkpoint is scored with its run's config.yaml, so the numbers repeat
-the run's evaluation at that step; a model directory with the settings saved next to its
-weights (hybridflow_presets.json, written with every model a run exports), else the
-defaults; never the built-in demo's. Dotted overrides change any of them, e.g.
-`rollout.response_length=256 trainer.validation.do_sample=true trainer.validation.n=4`.
-The settings used are printed first. A run's reward file (and its reward.manager settings
-that loosen the workers' confinement) is used only when named on the command line, or with
---use-run-reward. --show N prints N responses with their prompt, ground truth and score;
---output writes the report with every response as JSON to a new file.
-docs/eval.md explains every number.
 """
 
 from __future__ import annotations

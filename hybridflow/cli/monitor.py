@@ -1,15 +1,5 @@
 """`hybridflow monitor RUN_DIR | --address ADDR [--profile cpu|gpu] [--duration S]`
 (also installed as `hybridflow-monitor`).
-
-Without --profile: a live table, refreshed every --interval seconds until --duration, the
-end of the run, or Ctrl-C: per worker its role, rank, node, pid, CPU % (of one core), memory; the run's
-state, step, current phase and its elapsed time, and the step rate. With --profile:
-samples for --duration seconds (at most until the run ends) and writes a report into --out (default RUN_DIR/profile):
-report.md / report.json (time per phase and each role's CPU use in it, busy and idle time
-per worker and GPU) and timeline.png (phases per worker, grey where it sat idle); with
---trace also a torch profiler trace per worker process (controller/tracing.py).
-The watched job pays nothing but the status file it always writes; the monitor's own CPU
-use is in the report (docs/resilience.md, "Monitoring").
 """
 
 from __future__ import annotations

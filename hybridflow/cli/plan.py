@@ -4,11 +4,6 @@
     hybridflow plan --config run.yaml --nodes 16 --devices-per-node 8 --device a100-80gb \\
         --model llama-70b --runtime paper --top 5 --json plan.json     # a simulated cluster
     hybridflow plan --calibrate                                        # fit this machine's factors
-
-Prints, per mapping: placement, devices per pool, parallel sizes per role, predicted step
-time with its phase breakdown and peak memory per device; then why the others were
-rejected. `--json` writes the same. `--calibrate` runs short real profiles here and
-stores the fitted CPU factors (hybridflow/planner/devices.py: calibration_path).
 """
 
 from __future__ import annotations

@@ -3,11 +3,6 @@
     hybridflow preprocess gsm8k --input gsm8k/train.jsonl --output data/gsm8k_train.parquet
     hybridflow preprocess gsm8k --input gsm8k/test.jsonl --output data/gsm8k_test.parquet --split test
     hybridflow preprocess hh-rlhf --input hh-rlhf-harmless/test.jsonl.gz --output data/hh_pairs.parquet
-
-gsm8k writes RL prompts (verl columns: data_source, prompt, ability, reward_model,
-extra_info) for `data.train_files`; hh-rlhf writes preference pairs (prompt, chosen,
-rejected) for `hybridflow rm`. An existing output is refused unless --force; the counts
-of rows read, written and skipped are printed. Exit status 1 on bad input, with the reason.
 """
 
 from __future__ import annotations

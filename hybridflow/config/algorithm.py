@@ -1,22 +1,9 @@
-"""What each `algorithm.name` is, in one place: the one algorithm registry (an `AlgorithmSpec`
-row per algorithm holds everything its name implies, for each task kind it runs on) and the
-`algorithm` section of the run config. Config validation, presets and `RunConfig.use_critic`,
-the trainer's roles, placement, checkpointed roles and the program it runs all ask the row;
-no code compares algorithm names. A row declares its task kinds by what it holds: language
-models by its `estimators` and step program, environments by its `environment` part
-(config/env_algorithms.py: PPO has both, SAC the second only). docs/algorithms.md lists
-the built-in rows, docs/extending.md says how to add one.
-
-Layering: config sits below the trainer and never imports it, yet a row names its program:
-the function itself (what `@register_algorithm` stores when a user's module, which may
-import the trainer's phases, decorates its program) or a "module:function" import path (the
-built-in rows below; their programs are in trainer/programs/algorithms.py, whose
-`step_program` imports them when the run starts). The registry lives here, so the config
-can check a name without the trainer.
-
-A user's algorithm is found by `algorithm.module` (a dotted import path, or a .py file),
-which `AlgorithmSection` imports before it looks up `algorithm.name`, or by importing the
-module yourself before the RunConfig is built.
+"""What each `algorithm.name` is, in one place: the algorithm registry (one `AlgorithmSpec`
+row per algorithm holds everything its name implies) and the `algorithm` section of the run
+config. Config validation, presets and `RunConfig.use_critic`, the trainer's roles,
+placement, checkpointed roles and the program it runs all ask the row; no code compares
+algorithm names. docs/algorithms.md lists the built-in rows, docs/extending.md says how to
+add one.
 """
 
 from __future__ import annotations

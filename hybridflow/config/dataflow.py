@@ -4,28 +4,6 @@ One description per algorithm lives on its registry row (`AlgorithmSpec.dataflow
 auto-mapping planner (hybridflow/planner) reads it to cost a step, and
 tests/planner/test_dataflow.py runs every built-in program with recording phases to check
 that the description (phases and blocks) and the program say the same thing.
-
-A `FlowPhase` is named after the phase function's timing key (`timing_s/<name>` in
-hybridflow/trainer/programs/phases.py), so predicted and measured phase times line up by name.
-
-    kind   "generate" (autoregressive sampling on the actor's generation engine),
-           "forward" (a scoring pass: log-probs, values, reward-model scores),
-           "train" (forward + backward + optimizer steps), "controller" (no model: rule-based
-           scores run on the controller's reward processes).
-    role   the model that runs it: actor, reference, critic, cost_critic, reward_model,
-           cost_model, or "controller".
-    when   the run setting it depends on: "always", "reward_model" (reward_model.path set),
-           "cost_model" (cost_model.path set), "reference" (KL needs the reference policy),
-           "old_log_probs" (the update does not compute them itself), "rule_reward" (the
-           rule-based function scores), "rule_cost" (cost_model.custom_fn_path set).
-    samples_per_prompt  responses a generate phase samples per prompt (None: rollout.n).
-    block  the `P.concurrently` block the program calls the phase in (None: on its own).
-           A block's calls are submitted together; with trainer.concurrent_phases those on
-           different processes run at the same time (hybridflow/trainer/programs/concurrent.py),
-           which the planner counts (hybridflow/planner/simulate.py).
-    stage  0 generation, 1 scoring passes, 2 updates: a phase reads only what earlier stages
-           wrote, so phases of one stage on different resource pools may run at once (paper
-           section 6: the dataflow's parallelism between models).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""What an algorithm declares to run on environment tasks: the `environment` part of its row in
-the one algorithm registry (config/algorithm.py), and what the environment kind reads off it.
+"""What each environment-task `algorithm` is: one `EnvAlgorithmSpec` row per algorithm, in
+the project's one `Registry` (hybridflow/registry.py), as the language-model algorithms'
+rows are in config/algorithm.py.
 
-    spec = cfg.algorithm.spec.environment   # EnvAlgorithm of the run's algorithm
-    spec.collection                         # "replay": transitions every sac.train_freq steps into a replay buffer
-    steps_per_iteration(cfg)                # environment steps of one iteration (workers x env.num_envs x ...)
-
-The part declares what the rest of the code would otherwise infer from the name (its fields:
-`EnvAlgorithm`); no code compares algorithm names.
+    spec = env_algorithm_spec("sac")
+    spec.collection        # "replay": transitions every sac.train_freq steps into a replay buffer
+    spec.continuous_actions  # True: refused on an environment with discrete actions
+    steps_per_iteration(cfg)  # environment steps of one iteration (workers x env.num_envs x ...)
 """
 
 from __future__ import annotations

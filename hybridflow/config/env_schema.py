@@ -1,19 +1,9 @@
-"""Environment tasks' configs (PPO or SAC on Gymnasium-style environments): the one RunConfig
-(schema.py) built and resolved as the environment kind's.
+"""The config tree of an environment task (PPO or SAC on Gymnasium-style environments).
 
     cfg = load_env_config("examples/ppo_cartpole.yaml", ["ppo.lr=1e-3"])
     cfg = env_config_from_dict({"algorithm": "PPO", "env": "CartPole-v1",
                                 "policy": {"hidden_size": [64, 64], "activation": "tanh"},
                                 "distributed": {"num_workers": 2, "placement_strategy": "spread"}})
-
-A user dict may use nested sections, the flat forms `env: <name>` (= `env: {id: <name>}`) and
-`algorithm: <name>` (= `algorithm: {name: <name>}`), and dotted keys (`"ppo.lr": 1e-3`);
-choices are case-insensitive ("PPO", "Spread"). Unknown keys raise a ConfigError naming the
-closest valid key, a key of language-model runs one saying so. `resolve_env_config` fills
-what depends on the algorithm (the `environment` part of its row, config/env_algorithms.py:
-network sizes and init, PPO [64, 64] tanh orthogonal, SAC [256, 256] relu default init, as in
-Stable-Baselines3) and the run name (<env>-<algorithm> unless `name` is set), and runs the
-row's size checks. Sections: config/sections/environment.py, and `trainer` (schema.py).
 """
 
 from __future__ import annotations

@@ -3,12 +3,6 @@ and evaluated with, written next to its weights and read back through `model.pat
 
     write_model_presets("runs/r/sft_model", cfg)   # <dir>/hybridflow_presets.json
     read_model_presets("runs/r/sft_model")         # (("actor.dtype", "fp32"), ...); () if absent
-
-A run's sft_model/ or final_model/ (and `hybridflow export`) get the file, so a later
-`model.path=runs/r/sft_model` run or `hybridflow eval runs/r/final_model` treats the model
-as its own run did: the built-in model's fp32, its prompt and response lengths (the tiny
-model has 64 positions), its chat-template setting. They fill only the keys the user does
-not set (config/schema.py run_presets); `hybridflow eval` prints each value it used.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Reward-model training runs (`hybridflow rm`, a config with an `rm` section): the one RunConfig
-(schema.py) built as the reward-model kind's.
+"""The config tree of a reward-model training run (`hybridflow rm`, trainer/jobs/rm.py).
 
-    cfg = load_rm_config("examples/rm_hh_rlhf.yaml", ["rm.engine.optim.lr=2e-5"])
-
-The kind reads `name`, `seed`, `trainer` (run directory, console, checkpoints, restarts),
-`resources` (ranks, GPUs, Ray address), `model` (a local HF causal LM, to which a one-label
-score head is added, or an existing one-label *ForSequenceClassification; null = the built-in
-tiny model, 512 positions) and its own section `rm` (`RMSection`: the preference pairs, the
-training engine, epochs or steps, evaluation cadence, export). The keys of the earlier
-reward-model tree (`data.*`, `engine.*`, `trainer.epochs` ...) still work: each is moved to
-its `rm.*` path with one line saying so (MOVED_KEYS). The section: config/sections/reward_training.py.
-
-`validate_rm_config(cfg)` checks sizes against each other and the world size before anything
-starts; the engine's and the reward-model role's own rules run where they are defined
-(EngineSettings.check_parallel, RewardModelWorkerConfig).
+    cfg = load_rm_config("examples/rm_hh_rlhf.yaml", ["engine.optim.lr=2e-5"])
 """
 
 from __future__ import annotations

@@ -1,43 +1,7 @@
-"""The one config tree of a training run, for every task kind (`hybridflow train` / `hybridflow
-sft` / `RLTrainer`); which sections a kind reads is its row's (config/tasks.py).
+"""The config tree of a training run (`hybridflow train` / `hybridflow sft` / `RLTrainer`).
 
     cfg = load_run_config("examples/grpo_arithmetic.yaml", ["actor.optim.lr=1e-4"])
     cfg = load_run_config()               # the built-in demo: arithmetic, tiny model, GRPO
-    cfg = load_env_config("examples/ppo_cartpole.yaml")   # an environment task (env_schema.py)
-
-Sections (each a dataclass, one module per section in config/sections/; this module composes
-them into `RunConfig`). Every setting is declared once, where it is read: the role
-sections are the engine's and the workers' own config classes (actor and critic subclass
-TrainEngineSettings, reward_model and cost_model EngineSettings, rollout is a
-RolloutWorkerConfig), so their defaults are those classes' defaults; the algorithm's
-settings live in algorithm.py. The built-in demo's own values are DEMO_PRESETS (below);
-`RunConfig()` is the bare tree without them.
-
-    name, seed                  run name (run dir `<trainer.output_dir>/<name>-<timestamp>`); seed of
-                                model init, data order, warm-start data and engines (sampling
-                                has its own, rollout.seed)
-    trainer                     steps, evaluation / checkpoint cadence, output dir, console
-    resources                   ranks, colocated or split placement, Ray address
-    model                       HF model dir, a pretrained model (model.pretrained), or the built-in
-                                tiny model (both null)
-    data                        RL prompt files, or the built-in arithmetic task; batch sizes
-    algorithm                   step program (grpo, ppo, remax, rloo, reinforce_plus_plus[_baseline],
-                                drgrpo, dapo, safe_rlhf, or your own: the registry in algorithm.py),
-                                advantage estimator, KL in reward, DAPO and Safe-RLHF settings
-    actor                       training engine of the policy (optimizer, micro-batches, LoRA, loss)
-    rollout                     generation (n samples, temperature, response length, TP)
-    critic                      value model (PPO)
-    reward                      rule-based reward manager (process pool, timeouts) or your function
-    reward_model, cost_model    learned scorers (HF sequence classifiers, frozen: engine keys without
-                                optim/lora); the cost of safe_rlhf
-    sft                         supervised warm start (steps, data, optimizer)
-    env, policy, distributed,   environment tasks (a config that names an `env`; null otherwise):
-    ppo, sac                    the environment, the policy network, where runners and learner run,
-                                the algorithms' hyper-parameters (config/sections/environment.py)
-    rm                          reward-model training (`hybridflow rm`; rm_schema.py): pairs, engine
-
-`validate_run_config(cfg)` (validation.py) checks what single sections cannot, before any
-worker starts (load_run_config calls it).
 """
 
 from __future__ import annotations

@@ -2,14 +2,7 @@
 
     kind = task_kind_of(tree)            # the "environment" row when the tree names an `env`
     check_top_level_keys(tree)           # a misspelt top-level key: ConfigError with did-you-mean
-    cfg = kind.build(tree)               # the one RunConfig, built and validated as the kind's
-
-Every kind's config is a `RunConfig` (schema.py). A `TaskKind` row declares how its config is
-recognised (its marker section), the keys it reads beyond those every kind reads (name, seed,
-most of trainer: a key of other kinds only is a ConfigError saying whose it is, and a config's
-tree leaves those out), how it is built and resolved, and the kind its checkpoints record, so
-a resumed run finds its kind without reading its config. The trainer runs every kind with one
-lifecycle and the kind's part (trainer/task.py).
+    cfg = kind.build(tree)               # its typed, validated config (RunConfig, EnvRunConfig)
 """
 
 from __future__ import annotations

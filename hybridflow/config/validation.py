@@ -4,12 +4,6 @@ Single sections check their own fields; this checks what they cannot: sizes agai
 other and against the world size (sequences per step vs mini-batches, prompts vs generation
 groups, placement) and the algorithm against the settings it implies. It runs before any
 worker starts; every error is a ConfigError naming the key to change.
-
-One check per rule: a rule owned by a lower layer runs there and is only called from here,
-with the role's section put in front of its key (`ConfigError.within`): the engine's rules
-that need the world size (`EngineSettings.check_parallel`: tensor-parallel size, offload
-without GPU, mini-batch vs dp x micro-batch) and the roles' rules on their engines
-(`check_role_engine`: LoRA only on the actor).
 """
 
 from __future__ import annotations

@@ -2,21 +2,6 @@
 
     from hybridflow.controller import (Dispatch, ResourcePool, Worker, WorkerGroup,
                                        init_ray, register)
-
-    class Doubler(Worker):
-        @register(dispatch=Dispatch.DP_COMPUTE_PROTO)
-        def double(self, batch):
-            batch.batch["x"] = batch.batch["x"] * 2
-            return batch
-
-    init_ray()                                    # embedded local Ray on 127.0.0.1
-    group = WorkerGroup(ResourcePool([4]), Doubler)
-    out = group.double(batch)                     # split by rank, run, concatenated back
-
-See `decorator` for the dispatch modes, `colocate` for several roles in one set of
-processes, `futures` for non-blocking calls (and `FETCHED`, the count of what the controller
-fetched from workers), `errors` for what failures look like, and `local_group` for the
-in-process placement (`WorkerGroup(IN_PROCESS, cls)`: one rank in this process, no Ray).
 """
 
 from hybridflow.controller.colocate import create_colocated_worker_groups

@@ -1,21 +1,4 @@
-"""`@register`, the dispatch modes (`Dispatch`) and execution modes (`Execute`).
-
-``@register(dispatch=Dispatch.DP_COMPUTE_PROTO)`` on a `Worker` method says how a
-controller call is split across ranks and how the results come back; a `WorkerGroup`
-reads it when it binds the method. Built-in modes:
-
-- ONE_TO_ALL: the same arguments to every rank; a list of all outputs back.
-- ALL_TO_ALL: every argument is a list with one value per rank; a list of outputs back.
-- RANK_ZERO: only rank 0 runs, with the arguments as given; its output back.
-- DP_COMPUTE: like ALL_TO_ALL, for data-parallel methods fed per-rank lists.
-- DP_COMPUTE_PROTO: DataProto arguments are cut into one part per rank (padded when the
-  batch does not divide, padding removed after collect); the parts come back concatenated.
-  ``Dispatch.dp_compute_proto(pad=False)`` refuses batches that do not divide instead.
-- ``Dispatch.MESH(name)``: like DP_COMPUTE_PROTO over the data-parallel ranks that the
-  workers registered with ``register_dispatch_mesh(name, ...)``; only collecting ranks'
-  outputs come back, in dp order (e.g. tp rank 0 of each dp group).
-- custom modes: ``register_dispatch_mode(name, split, collect)``, then ``dispatch=name``.
-"""
+"""`@register`, the dispatch modes (`Dispatch`) and execution modes (`Execute`)."""
 
 from __future__ import annotations
 

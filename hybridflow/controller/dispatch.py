@@ -4,10 +4,6 @@ A dispatch mode turns one controller call ``wg.method(*args, **kwargs)`` into on
 ``(args, kwargs)`` per target rank (``split``), chooses whose outputs come back
 (``select``) and combines them (``collect``). Everything here runs on the controller;
 input that cannot be split raises `DispatchError` before any worker is called.
-
-Futures from other calls (`CallFuture`) may appear wherever a value may: data-parallel
-modes hand each rank its part's ref; the other modes hand every rank one ref to the whole
-value. The controller never waits for them here.
 """
 
 from __future__ import annotations

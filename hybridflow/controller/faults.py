@@ -4,22 +4,6 @@ Set on the controller before the worker groups start (it is handed to every work
 process through Ray's runtime environment; nothing else reads it):
 
     HYBRIDFLOW_FAULT="ACTION:ROLE.METHOD:RANK:CALL[:ONCE_FILE]"
-
-    ACTION     kill   the rank's process SIGKILLs itself (as `kill -9` would)
-               hang   the rank sleeps instead of running the call, so its peers wait in
-                      the call's collectives: a hang that trainer.call_timeout_s catches
-               raise  the call raises RuntimeError("injected fault ...")
-    ROLE       the role name (actor, critic, ...); METHOD a registered method (update_actor)
-    RANK       the rank that fails
-    CALL       fire on the process's CALL-th call of ROLE.METHOD (1 = the first)
-    ONCE_FILE  optional: fire only if this file does not exist, and create it; the fault
-               then happens once per run even though restarted processes count again
-
-    HYBRIDFLOW_FAULT="kill:actor.update_actor:1:2:/tmp/fired"   # rank 1 dies in step 2, once
-
-This is a real code path (the check runs before every call of a worker process) so that
-tests exercise the same detection, teardown and restart a real fault goes through. It is
-off, and costs one dictionary lookup per call, when the variable is unset.
 """
 
 from __future__ import annotations

@@ -3,24 +3,6 @@
 A call submits one Ray task per rank and gets one ObjectRef per rank. `gather` waits for
 all of them but fails as soon as any one fails, so a dead or raising rank never leaves the
 controller waiting on ranks that are stuck in a collective with it.
-
-A non-blocking call returns a `CallFuture` (or a `DataProtoFuture` for modes whose ranks
-each return one data-parallel part). Passed to another group's call, the future's refs go
-to the workers as they are: Ray resolves them inside the worker processes, and the
-controller neither waits for nor copies the data. When the receiving call needs a
-different split, a small Ray task (no CPU reserved, so it always schedules) regroups the
-parts next to the data. `value_future` wraps any object ref (a Ray task's output) the same
-way, so data made outside a worker group can be passed into one.
-Several calls in flight together are waited for as one (`gather_calls`: the first failure
-among them raises at once, and each value comes with the time it arrived), which is how a
-step program's `concurrently` block collects its calls (trainer/programs/concurrent.py).
-Where several of them ran on a process that died, the error names the one it died in: a
-call starts on a process only once the controller holds the result of the call before it
-there (worker_group.HostSet.submit), so the finished ones have their values.
-
-**What the controller fetches is counted** (`LEDGER`, a `FetchLedger`): every value that
-`gather` brings to the controller adds its tensor and array bytes, so a program can show
-(and a test assert) that a data path keeps batches off the controller.
 """
 
 from __future__ import annotations

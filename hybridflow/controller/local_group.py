@@ -2,13 +2,6 @@
 
     group = WorkerGroup(IN_PROCESS, LearnerWorker, spec)    # no Ray, no placement group
     group.init_model(); weights = group.get_weights().get()  # the calls of every WorkerGroup
-
-For roles small enough that a Ray actor costs more than it saves (an environment task with
-`distributed.num_workers: 0`). The worker gets the context of rank 0 of 1 before its
-`__init__` (as a Ray host gives it); a call runs the method here, arguments of per-rank modes
-(ALL_TO_ALL, DP_COMPUTE) are one-element lists, DataProtos and plain values go whole (no
-split: a split may put values in Ray's object store), the output goes through the mode's
-collect, and a non-blocking call returns an already resolved future.
 """
 
 from __future__ import annotations

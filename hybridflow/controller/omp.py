@@ -1,45 +1,4 @@
-"""How the OpenMP threads of a run's processes wait at a barrier (resources.omp_wait_policy).
-
-torch's intra-op threads on Linux are GNU libgomp's. At the end of every parallel region
-a thread that finishes first spins (~300000 turns by default) before it sleeps. On an
-idle machine that saves a wake-up; when another job shares the cores, the thread a
-spinner waits for is often descheduled, and the spinner burns its own process's share
-of the CPU doing nothing until its time slice ends. Measured with one competing 2-thread
-matmul job on 2 cores (benchmarks/bench_contention.py; README "Shared machine"): a
-training step 3.7-4.2x slower with the default wait and 1.5-2.0x with passive waiting
-(threads sleep at once), where a fair share of the cores is 2x; quiet, the two were
-within the noise of each other (2 of 16 idle cores, benchmarks/results/contention_probe_h100_host.json).
-On the tiny GRPO workload (many small parallel regions) passive was slower alone (0.255-0.317 s vs
-0.174-0.233 s per step); a short spin of 1000 turns (short_spin) was 0.212 s alone
-and 0.387 s beside the job, passive 0.391 s (results/contention_grpo_spin1000.json); a later
-quiet A/B of two rounds found no quiet cost for either and passive better beside the job (2.17x
-vs 2.67x, results/contention_grpo_quiet_stop30.json): which default is right is still open.
-
-So neither fixed policy is right everywhere: the spin is what a quiet machine wants (the
-SmolLM2 GRPO step was 8% slower with the short spin than with the runtime's own, median of
-3 interleaved rounds: results/issue23_before_after_r3.json), sleeping is what a shared one wants. The
-default, "auto", looks before the run starts: `busy_cores` samples /proc/stat for
-AUTO_SAMPLE_S while this process sleeps; if other work kept at least AUTO_BUSY_CORES of the
-cores this process may run on busy (steal time included: a VM's vCPU taken by the
-hypervisor deschedules threads the same way), the run waits passively, else it inherits
-the runtime's spin. On a shared machine a run that leaves its thread count to the machine
-(resources.threads_per_rank null) also gets only the cores the other work leaves free
-(`resolve_for_load`): a passive thread whose partner is descheduled still waits for it at
-every barrier, and one thread that never waits did better. The choices are made once per
-run (printed, saved in config.yaml, kept on --resume; a process that starts several runs
-measures at its first and keeps that choice); a job that starts beside the run later is
-not seen.
-Runs of the tiny models computed identical metrics on 1 and 2 threads; a bigger model may
-differ in the last bits (reductions split over threads), so set threads_per_rank for
-bit-identical reruns on a machine whose load varies.
-
-libgomp reads OMP_WAIT_POLICY / GOMP_SPINCOUNT once, when a process loads it (torch's
-import), so the policy travels as environment: `export_policy` puts it in the
-controller's environment before Ray and the reward pool start (their processes inherit
-it), and `worker_env` is what every worker actor gets in its runtime environment (for a
-joined cluster or a Ray started earlier, whose processes did not inherit it). The
-controller's own torch is loaded by then; it computes little while its workers run.
-"""
+"""How the OpenMP threads of a run's processes wait at a barrier (resources.omp_wait_policy)."""
 
 from __future__ import annotations
 
@@ -148,7 +107,7 @@ def resolve_for_load(asked: Any, resolved: Any) -> Any:
     `asked` left threads_per_rank to the run on an embedded CPU Ray, the threads are cut to
     the cores other work leaves free: beside one competing 2-thread job, the demo's SFT
     step took 0.19-0.21 s on 1 thread and 0.30-0.34 s on 2 passive ones (0.09 s alone;
-    benchmarks/results/contention_sft_threads.json). Both choices are in `last_auto()`."""
+    bench_contention.py, in git history at 01a3bd7). Both choices are in `last_auto()`."""
     global _last_auto
     policy = resolve(asked.omp_wait_policy)
     threads = resolved.threads_per_rank

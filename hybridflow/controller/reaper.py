@@ -1,23 +1,6 @@
 """Kill what a dead controller leaves behind: run as its own small process.
 
     start_reaper()      # in the controller, right after it started an embedded Ray
-
-A controller killed with SIGKILL runs no cleanup. Ray's raylet and GCS follow it, but
-Ray's agents (dashboard agent, runtime-env agent) first try to report the raylet's death
-to the dead GCS and linger for about a minute; anything else the run started (reward
-workers, their forkserver) may linger too. The reaper is a separate process (its own
-session, so Ctrl-C of the controller's terminal does not stop it first) that keeps a
-snapshot of the controller's descendants, refreshed every second (merged: a process stays
-until it exits), and when the
-controller is gone SIGKILLs the ones still running. It notices at once: it holds the
-read end of a pipe whose write end only the controller has, and reads EOF when the
-controller dies. Pids are checked against their start time, so a reused pid is never hit.
-When done it appends one line naming the pids it killed to `LOG_NAME` in the Ray
-session's log folder (`reaper_log()`), beside Ray's own logs.
-
-This file imports only the standard library and runs by path (`python reaper.py PID`),
-so starting it costs no import of hybridflow, torch or Ray. Linux only (/proc); elsewhere
-`start_reaper` does nothing.
 """
 
 from __future__ import annotations

@@ -6,11 +6,6 @@ GPU (with ``cpus_per_slot`` CPUs) when ``use_gpu``, else a share of ``cpus_per_s
 CPUs; ``max_colocate_count`` processes (separately spawned groups) may share a slot, each
 taking that fraction of it. The CPU amount is Ray's logical count, so a test can run a
 4-rank group on a 2-core machine by starting Ray with more logical CPUs.
-
-Ranks follow the slots: entry by entry, bundle by bundle. Nodes are taken in a fixed order
-(by IP address, head node first, then node id), so on a cluster that restarts with the same
-machines every rank lands on the same machine again. ``split`` cuts a pool into consecutive
-sub-pools that share its reservation.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Torch profiler traces of the worker processes, on request of `hybridflow monitor --trace`.
 
     request_trace(request_file, until=time.time() + 60, out_dir=run / "profile" / "traces")
-
-The run's controller names a request file to its worker processes (`HYBRIDFLOW_TRACE_REQUEST`,
-handed over through Ray's runtime environment like the fault hook; the trainer points it at
-`<run>/trace_request.json`). Before each call a worker process looks for that file (one
-`stat` of a missing file, a few microseconds); when it appears with an end time still
-ahead, the process starts `torch.profiler` (CPU activity, plus CUDA where CUDA is
-available) and records each call as a `ROLE.METHOD` range; at its first call after the end
-time it stops and writes `<out_dir>/rank<R>-pid<P>.pt.trace.json` (Chrome trace format:
-chrome://tracing, Perfetto, TensorBoard's profiler plugin).
-
-A process writes its trace at the end of the call during which the window ends (or at its
-next call), or, when its worker group is shut down first (the run finished inside the
-window), when the group asks it to (`flush_traces`, called by WorkerGroup.shutdown while a
-request file exists). Recording costs the profiled process
-what torch.profiler costs (an event per operator); it is off, and costs one `stat` per
-call, unless requested.
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""`Worker`: the base class of one SPMD rank of a worker group.
-
-A subclass holds one role's state in one process (a model shard, an optimizer). Its
-methods decorated with `@register` become callable on the controller through a
-`WorkerGroup`. The runtime gives every instance its place in the group before the
-subclass's ``__init__`` runs, and exports it as the usual torch.distributed environment
-variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so
-``self.init_process_group()`` or a plain ``torch.distributed.init_process_group()`` works.
-``self.init_process_group()`` also keeps the rendezvous store on MASTER_ADDR only
-(network.py: `rendezvous_store`): loopback for a local run, never every interface.
-"""
+"""`Worker`: the base class of one SPMD rank of a worker group."""
 
 from __future__ import annotations
 

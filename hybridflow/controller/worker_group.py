@@ -6,24 +6,6 @@ binds every ``@register`` method: ``wg.method(batch)`` splits ``batch`` as the m
 dispatch mode says, runs the method on the ranks and collects the results. A
 non-blocking method returns a `CallFuture` at once; it can be passed straight into another
 group's call.
-
-Actors get ``max_restarts=0``: a worker whose process dies stays dead, and the pending
-call fails with a `WorkerError` naming it instead of waiting for a restart that would
-have lost the rank's state anyway.
-
-``wg.call_timeout_s`` (None: no limit) bounds every call: ranks still running after it
-raise `CallTimeoutError`, which catches a hang in a collective instead of waiting forever.
-
-Calls on one process run in the order they were submitted, and one submitted behind a call
-still in flight there starts only once the controller holds that call's result
-(`HostSet.submit`): so when a process dies, the earliest of its calls that failed is the
-one it died in, and every call it finished has its value.
-
-A fault-injection hook for tests of recovery (controller/faults.py) is read from the
-HYBRIDFLOW_FAULT environment variable of the controller and handed to every worker process.
-
-``WorkerGroup(IN_PROCESS, MyWorker, ...)`` places the group's one rank in the controller's
-own process instead (local_group.py): a placement choice, the same calls.
 """
 
 from __future__ import annotations

@@ -4,12 +4,6 @@ A problem is `a OP b=` with answer `a OP b`, written zero-padded to a fixed widt
 default ("12+05=" -> "017") or as plain numbers ("12+5=" -> "17", `zero_pad=False`).
 Difficulty is set by `ArithmeticConfig.max_digits` (operand size) and `operations`
 ("+", "-", "*").
-
-Train and held-out problems never overlap: each possible problem is assigned to one
-split by a keyed hash of (a, op, b), so the held-out set is fixed by the seed alone,
-whatever the number of problems drawn. Sampling within a split is deterministic in the
-seed. The task provides SFT pairs (prompt, response) for a warm start and RL prompts in
-verl's column format (`data_source="arithmetic"`), and can write both to jsonl/parquet.
 """
 
 from __future__ import annotations

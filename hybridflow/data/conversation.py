@@ -1,27 +1,4 @@
-"""Multi-turn SFT rows from chat messages, rendered with the model's own chat template.
-
-    from hybridflow.data import conversation_row
-    row = conversation_row(tokenizer, [
-        {"role": "user", "content": "What is 'cat' in French?"},
-        {"role": "assistant", "content": "@lookup[cat]"},
-        {"role": "user", "content": "chat"},            # the tool's answer (role "tool" where the template has it)
-        {"role": "assistant", "content": "chat"},
-    ])
-    row["prompt_ids"], row["response_ids"], row["response_loss_mask"]   # 1 on the model's own tokens
-
-`SFTDataset` takes such conversations directly: a data row with a `messages` column
-(sft.data.messages_key) instead of prompt/response. Everything before the first assistant
-message (with the template's generation prompt) is the prompt; from there on, each
-assistant message's tokens up to and including the template's end-of-turn token (eos) are
-trained on (loss mask 1), and everything else, the other messages and whatever the template
-writes between turns, is context (loss mask 0). That is the layout the agent loop samples in
-RL (envs/agent/render.py: observation tokens 0 in response_mask), so an SFT warm start
-teaches exactly the tokens RL later generates: no special tokens typed into strings.
-
-Each piece is rendered by `apply_chat_template` on the conversation up to it and tokenized
-on its own (a template that rewrites earlier turns when a later one is added, e.g. one that
-drops past reasoning, cannot be split this way: that is an error naming the message).
-"""
+"""Multi-turn SFT rows from chat messages, rendered with the model's own chat template."""
 
 from __future__ import annotations
 

@@ -5,12 +5,6 @@
         for batch in loader:          # the rest of the current epoch
             ...
             ckpt["loader"] = loader.state_dict()
-
-Epoch e visits the samples in the order `permutation(seed + e)` (or in order when
-shuffle is off), so a position is fully described by (epoch, batches consumed). The
-state is advanced *before* a batch is handed out: a state saved after the last batch of
-an epoch already points at the first batch of the next epoch, so a resumed run never
-sees an empty epoch and never repeats or skips a batch.
 """
 
 from __future__ import annotations

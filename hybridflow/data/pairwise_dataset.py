@@ -5,19 +5,6 @@ Rows are what `preprocess_hh_rlhf` writes (or any parquet/jsonl with the same co
     prompt    list[{role, content}] (or a string)   the conversation up to the reply
     chosen    str                                   the preferred reply
     rejected  str                                   the other reply
-
-Each side is tokenized the way the actor's sequences look when a reward model scores
-them in RL: the prompt rendered with the tokenizer's chat template and a generation
-prompt (`render_prompt`, as in the RL data set), then the reply's tokens and eos.
-
-    ds = PairwiseDataset(["hh.parquet"], tokenizer, PairwiseDataConfig(max_length=512))
-    batch = ds.collate([ds[i] for i in range(8)])
-    batch.batch["chosen_input_ids"], batch.batch["rejected_input_ids"]      # [8, S] left-padded
-
-Length limit: a side longer than `max_length` tokens is handled by `overlong`: "filter"
-drops the pair, "truncate" keeps the side's last `max_length` tokens (the reply's end,
-where the score is read, stays; the start of the conversation goes), "error" raises.
-`ds.stats` counts rows, filtered and truncated pairs.
 """
 
 from __future__ import annotations

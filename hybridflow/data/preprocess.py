@@ -2,12 +2,6 @@
 
     preprocess_gsm8k("gsm8k/train.jsonl", "gsm8k_train.parquet", split="train")
     preprocess_hh_rlhf("hh-rlhf-harmless/test.jsonl.gz", "hh_test.parquet")
-
-The CLI exposes them as `hybridflow preprocess gsm8k|hh-rlhf --input IN --output OUT`.
-Each returns a small report (rows read / written / skipped, output path) for the CLI to
-print. An existing output is never replaced unless `overwrite=True` (`--force`), and the
-output is written to a temporary file renamed into place, so a failed run leaves any
-earlier file as it was.
 """
 
 from __future__ import annotations

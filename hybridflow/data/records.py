@@ -1,16 +1,6 @@
 """Reading and writing row files (parquet, jsonl, jsonl.gz) and verl's prompt columns.
 
 verl's RL data sets are parquet files with the columns
-
-    data_source  str                        which scorer checks the answer
-    prompt       list[{role, content}]      the chat messages
-    ability      str
-    reward_model {"style": "rule", "ground_truth": ...}
-    extra_info   dict                       anything (split, index, ...)
-
-`from_row` reads such a row unchanged, and also a plain row whose `prompt`
-is a string (with an optional top-level `ground_truth`), so a verl user's files and
-simple hand-written jsonl both work.
 """
 
 from __future__ import annotations

@@ -4,11 +4,6 @@
     batch = ds.collate([ds[i] for i in range(8)])
     batch.batch["input_ids"]           # [8, P] left-padded prompts
     batch.non_tensor_batch["ground_truth"]
-
-Each prompt is rendered with the tokenizer's chat template (`apply_chat_template=False`
-uses a string prompt as is) and tokenized once, up front, so prompts longer than
-`max_prompt_length` can be filtered or truncated before training starts; `ds.stats`
-reports how many.
 """
 
 from __future__ import annotations

@@ -6,18 +6,6 @@ a supervised warm start therefore trains the same token layout RL later samples 
 
 A batch uses the RL layout (ARCHITECTURE.md): `input_ids` = left-padded prompt +
 right-padded response, so the actor's response log-prob code computes the SFT loss too.
-
-    input_ids, attention_mask, position_ids      [B, P + R]
-    loss_mask                                    [B, P + R] 1 on response tokens (incl. eos)
-    prompts [B, P], responses [B, R], response_mask [B, R]
-
-`loss_mask[b, t] = 1` means token t is a target (predicted by the logits at t - 1).
-
-A row with a `messages` column (config.messages_key) is a multi-turn conversation
-(conversation.py): its response holds every turn after the first model turn, and
-`response_mask` (= the loss mask) is 0 on the tokens the model does not write (other
-messages, the template between turns) while `attention_mask` covers them all, the layout
-of a multi-turn RL rollout.
 """
 
 from __future__ import annotations

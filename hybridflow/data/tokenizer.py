@@ -5,14 +5,6 @@ builds one with the `tokenizers` library: one token per printable ASCII characte
 (digits, letters, space, punctuation, tab, newline) plus special tokens, wrapped in
 `transformers.PreTrainedTokenizerFast` and saved with `save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` loads it offline like any Hugging Face tokenizer.
-
-Its chat template is deliberately compact (role tokens instead of role words) because a
-character-level model pays one position per character:
-
-    <s><|user|>12+34=<|assistant|>46</s>
-
-`make_builtin_model_dir` writes this tokenizer and a tiny randomly initialised model of a
-supported family into one directory, ready for the training and rollout engines.
 """
 
 from __future__ import annotations

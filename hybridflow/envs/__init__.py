@@ -4,13 +4,6 @@
 
     @register_env
     class CustomEnv(gymnasium.Env): ...          # then config `env: CustomEnv`
-
-- registry.py: `register_env`, `resolve_env` (registered names, import paths, Gymnasium ids);
-- spaces.py: Gymnasium spaces -> `ActionSpec` and flat observations;
-- vector.py: `VecEnv` (N copies, same-step reset, episode statistics), `RewardScaler`;
-- collector.py: `Collector` (steps a VecEnv with a policy; PPO segments, SAC transitions).
-
-Heavy modules (torch, gymnasium) load on first use, so registering an environment is cheap.
 """
 
 from __future__ import annotations

@@ -4,20 +4,6 @@
     collector.set_weights(weights, version=3)          # export_acting(learner model)
     segment = collector.rollout(128)                   # PPO: rows = env copies, 128 steps each
     transitions = collector.transitions(1, random=False)   # SAC: one row per transition
-
-PPO segments (rows = env copies, columns = time; the LM convention of rows = sequences):
-observations [N, T, D] (raw), actions, old_log_probs, values, next_values, rewards,
-terminated, dones, policy_version. next_values[t] is V(s_{t+1}): the next column's value,
-V(final observation) where an episode was truncated, V of the state the segment stopped
-in for the last column (the next segment continues from it).
-
-SAC transitions (one row each): observations, actions (normalised to [-1, 1]), rewards,
-next_observations (the final observation where an episode ended), terminated,
-policy_version; `random=True` draws uniform actions (the warm-up before learning starts).
-
-meta_info of both: episode_returns, episode_lengths (episodes finished during the call,
-raw rewards), env_steps. Actions and noise come from the collector's own seeded
-torch.Generator, so the same weights and seed give the same data.
 """
 
 from __future__ import annotations

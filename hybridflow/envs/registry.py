@@ -4,18 +4,6 @@
 
     @register_env                       # registered as "CustomEnv" (or @register_env("my-env"))
     class CustomEnv(gymnasium.Env): ...
-
-`resolve_env(name)` looks a name up, in this order:
-
-1. a name registered with `register_env` (a class or a factory function returning an env);
-2. an import path, "package.module:ClassName" or "package.module.ClassName";
-3. a Gymnasium id ("CartPole-v1", "Pendulum-v1", "HalfCheetah-v5" with `mujoco` installed).
-
-The result is an `EnvSource`: what an env-runner process needs to build the environment.
-It carries the class or factory itself, so an environment defined in the user's script
-(and registered there) reaches the Ray workers by value, without being importable there.
-An environment follows the Gymnasium API: reset(seed=...) -> (obs, info) and
-step(action) -> (obs, reward, terminated, truncated, info).
 """
 
 from __future__ import annotations

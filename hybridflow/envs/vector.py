@@ -3,17 +3,6 @@
     venv = VecEnv(resolve_env("CartPole-v1"), num_envs=8, seed=0)
     obs = venv.reset()                                    # [8, obs_dim] float32
     step = venv.step(actions)                             # one action per copy
-
-Copy i is seeded with seed + i at its first reset (its action space too), and then keeps
-its own random stream, so a run is reproducible. A copy whose episode ends is reset in the
-same step: `step.obs` is the new episode's first observation and `step.final_obs` holds
-the observation the episode ended in (a truncated episode bootstraps from it). Returns and
-lengths of finished episodes are counted here from the raw rewards, whatever scaling the
-learner sees.
-
-`RewardScaler` is the reward scaling option (env.normalize_reward): rewards divided by
-the running standard deviation of the discounted return, as in Engstrom et al. 2020
-("Implementation Matters in Deep Policy Gradients", arXiv 2005.12729).
 """
 
 from __future__ import annotations

@@ -3,12 +3,6 @@ which parallel sizes, chosen by a calibrated cost simulator.
 
     from hybridflow.planner import Cluster, plan
     mappings = plan(run_config, Cluster.of(nodes=16, devices_per_node=8, device="a100-80gb"))
-
-Pieces: the dataflow (the algorithm's registry row, hybridflow/config/dataflow.py), the
-cost model (cost.py: roofline x devices.py's efficiency factors), the memory model
-(memory.py), the simulator (simulate.py), the search (search.py), calibration on this
-machine (calibrate.py) and the bridge to a run config (apply.py: `resources.placement:
-auto`). docs/planner.md explains the model and shows predicted against measured times.
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""`resources.placement: auto`: the planner's best mapping as concrete run settings.
-
-`resolve_auto_placement(cfg)` plans on the run's own devices (resources.world_size ranks,
-CPU or the local GPU type) with what this trainer can run (`Capabilities.for_run(cfg)`:
-colocated or split critics, dp x tp per role, the actor's t_g, the program's concurrent
-blocks overlapped across pools as the run's trainer.concurrent_phases says), and returns
-the config with the chosen mapping written into it (placement, critic_ranks, tp sizes, t_g) plus the
-mapping. The first mapping that also passes `validate_run_config` wins, so the run never
-gets a mapping the engine refuses. The trainer saves that config as the run's config.yaml
-and the prediction as plan.json.
-"""
+"""`resources.placement: auto`: the planner's best mapping as concrete run settings."""
 
 from __future__ import annotations
 

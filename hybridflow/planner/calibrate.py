@@ -1,32 +1,4 @@
-"""Fit this machine's efficiency factors from short real runs (`hybridflow plan --calibrate`).
-
-The runs themselves are the trainer's business (hybridflow/trainer/jobs/profiles.py runs them;
-this layer sits below the trainer). Each profile is a real RL run of the built-in tiny model on this machine's ranks with one
-mapping forced (placement, tp sizes, t_g), a few steps long; the phase times it logs
-(`timing_s/<phase>` in metrics.jsonl, the first step dropped as warm-up) are the
-measurements, besides the parts the workers time inside a phase (the reshard and the
-sampling inside gen, an update without its call: simulate.worker_parts). `fit` searches
-the `Efficiency` factors (in log space, coordinate descent: no SciPy here) that minimise
-the squared log error of the simulated phase and step times over all profiles;
-`calibrate` stores the result with the measured device (devices.py: calibration_path)
-and reports leave-one-out errors (each profile predicted from factors fitted without it).
-benchmarks/bench_planner.py shows the same comparison as a table.
-
-Two factors are not fitted, because these profiles cannot tell them apart from others:
-micro_batch_s (the micro-batches a rank runs grow with its sequences, as its compute
-does, so it trades against the training efficiency; it stays at FIT_START's 2 ms, and
-the leave-one-out errors barely move for any value from 0.5 to 8 ms) and decode_bw (six
-decode steps of a 0.26 M-parameter model are bound by overheads, never by bandwidth).
-The device's `shared_flops` / `shared_bw` (what a core keeps while the other computes) are
-measured (devices.measure_cpu) and, for the ranks of one group (dp2, tp2), corrected by
-the fitted `share_scale`, which costs in the loss what one phase that far off costs: the
-measurement is noisy here (the host moves the vCPUs between shared and separate cores
-within minutes), and ranks in lockstep, with gloo collectives on the cores they compute
-on, lose more than the benchmark's independent matmuls. The concurrent split profile's
-updates, two 1-rank pools side by side, take the measured share (cost.shared). Only
-profiles whose phases run alone on a core (split 1|1, grpo 1 rank) tell the share apart
-from the efficiencies; with both in PROFILES, leaving one out keeps the other.
-"""
+"""Fit this machine's efficiency factors from short real runs (`hybridflow plan --calibrate`)."""
 
 from __future__ import annotations
 

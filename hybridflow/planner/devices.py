@@ -1,30 +1,5 @@
 """Devices the planner costs phases on, and the efficiency factors that turn a roofline
 into a predicted time.
-
-`DeviceSpec` is what a data sheet says (peak FLOP/s in the compute dtype, memory
-bandwidth and size, link bandwidths); `Efficiency` is what runs achieve of it, per phase
-kind, plus fixed overheads a roofline cannot see (a worker-group call, a micro-batch, a
-decode step). Shipped defaults:
-
-- a100-80gb: NVIDIA A100 SXM4 80GB data sheet: 312 TFLOP/s dense bf16, 2.039 TB/s HBM2e,
-  80 GB, NVLink 3 600 GB/s bidirectional (300 GB/s per direction); inter-node 200 Gb/s per
-  node pair as we recall the HybridFlow paper's testbed (unsure; 25 GB/s here).
-- h100: NVIDIA H100 SXM5 data sheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB,
-  NVLink 4 900 GB/s bidirectional (450 per direction); inter-node 400 Gb/s (ConnectX-7, 50 GB/s).
-- cpu: this machine, measured (`measure_cpu`): one core per rank (the workers run one
-  thread each), fp32 matmul rate and copy bandwidth; memory = RAM / cores; and the share
-  of both a core keeps while every core works (this machine's 2 vCPUs: about half of the
-  matmul rate each, so 2 ranks compute no faster than one).
-
-GPU efficiencies are not fitted here (no GPU): training 0.45 and scoring 0.5 of peak
-(Megatron-LM and verl report 40-55 % MFU for dense 7-70B training), decode at 0.6 of HBM
-bandwidth, NCCL at 0.7 of link bandwidth; overheads 5 ms per call, 2 ms per micro-batch,
-20 ms per decode step (a Python-driven decode loop); collective latencies 10 us back to
-back, 20 us inside a pass, 30 us for a DTensor collective in training (our estimates of
-NCCL's small-message latency within a node, not measured here). CPU factors before any
-calibration (CPU_DEFAULT): the fit on the development machine's quiet measurements
-(docs/planner.md). `hybridflow plan --calibrate` fits them from short runs on this machine
-and stores them (calibration_path()).
 """
 
 from __future__ import annotations
@@ -230,5 +205,5 @@ def save_calibration(device: DeviceSpec, efficiency: Efficiency, extra: dict[str
 CPU_DEFAULT = Efficiency(train=0.40, forward=0.44, prefill=0.71, decode_bw=0.3, comm=0.5, share_scale=0.78,
                          collective_s=7e-4, sync_collective_s=1.45e-3, dtensor_collective_s=2.14e-3, call_s=4.8e-3,
                          micro_batch_s=2e-3, decode_step_s=6e-4, controller_per_seq_s=5e-5, per_step_s=0.0,
-                         source="fitted on 7 profiles of a 2-vCPU machine (benchmarks/results/planner_measured_"
+                         source="fitted on 7 profiles of a 2-vCPU machine (benchmarks/planner/profiles/planner_measured_"
                                 "124{0,2}_quiet.json); run `hybridflow plan --calibrate` for this one")

@@ -1,25 +1,4 @@
-"""Peak memory per device of a role: what stays resident and what one phase adds.
-
-Per device, for a role on n = dp x tp x pp devices (P parameters, e bytes per element):
-
-    resident  trainable: 16 P / n (fp32 master weights, fp32 gradients, two fp32 Adam
-              moments, all sharded by FSDP over dp and split over tp x pp); frozen: e P / n
-    train     + one gathered layer, e (layer params) / tp, FSDP's working unit
-              + activations saved for backward at the micro-batch b, per token per layer
-                (6d + 2 d_kv + 4 f) elements (norm inputs, q/k/v, attention output, gate/up
-                and their product), e bytes each, L / pp layers, / tp; with gradient
-                checkpointing only each layer's input (d) plus one layer's full set
-              + output head: b s V (e + 12) / tp (logits, fp32 upcast and log-softmax, and
-                their fp32 gradient; a scoring pass keeps e + 8)
-    forward   + one gathered layer + one layer's activations + the output head, at the
-              scoring micro-batch
-    generate  + generation weights and gather buffer (engines/reshard/formulas.py, generation
-              + buffers; the training shards are the resident part) + KV cache of one wave,
-              b (p + r) 2 L d_kv e / t_g + prefill logits (prefill_token_budget V 4)
-
-Roles on one pool share each device: its peak is the sum of the residents plus the largest
-phase addition (phases of one pool run one after another).
-"""
+"""Peak memory per device of a role: what stays resident and what one phase adds."""
 
 from __future__ import annotations
 

@@ -3,29 +3,6 @@
 The placement simulator (simulate.py) plays one synchronous step. This module adds the
 overlap of the asynchronous modes (docs/async.md): generation of step k+1 runs on its own
 rollout pool while step k trains on the training pool, so
-
-    sync:          step = generate(all devices, batch_length) + train(all devices)
-    one_step_off:  step = max(generate(G devices, batch_length), train(T devices)) + weight sync
-    async:         step = max(generate(G devices, mean length),  train(T devices)) + weight sync
-
-(`overlapped_step` is the rule; G + T = the cluster's devices.) Lengths are long-tailed.
-Each generation replica decodes at most max_num_seqs sequences at once and refills a
-finished sequence's slot from its queue (continuous batching), so a synchronous or
-one-step-off batch of w waves per replica takes about (w - 1) mean lengths plus one
-longest length of decode steps (`batch_length`): the last wave waits for the longest
-sample, and decoding is memory-bound, so a step costs about the same with few
-sequences left. The async rollout pool never waits for a batch to end (the next
-prompts fill the slots, partial rollouts carry sequences across weight versions), so its
-decode steps follow the mean length. Training and scoring cost the
-mean length (the trained tokens). The weight sync moves the actor's parameters in the
-training dtype from the training pool to the rollout pool over the link between them
-(not overlapped: the trainer sends after its update); the in-place reshard of the
-colocated sync mode is replaced by it. Not modelled: samples dropped for staleness (a
-tail longer than max_staleness training steps), the controller's scoring overlapping
-anything, KV recomputation after a sync.
-
-    from hybridflow.planner.overlap import Lengths, compare_modes
-    rows = compare_modes(problem, Lengths(mean=3000, longest=16384))   # one row per mode, best split
 """
 
 from __future__ import annotations

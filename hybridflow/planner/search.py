@@ -1,24 +1,4 @@
-"""The placement search (HybridFlow paper, Algorithm 1 in spirit): `search(problem)`.
-
-1. Placements: every partition of the model roles into pools (colocated, split into sets,
-   each standalone) that the runtime allows (`Capabilities.together`).
-2. Device splits: each pool a size from {1, 2, 4, ... < devices_per_node} or whole nodes,
-   the sizes summing to the cluster.
-3. Per role and pool size: every parallel configuration (dp, tp <= devices per node and
-   dividing the heads, pp dividing the layers where the engine pipelines; the actor's
-   generation t_g), costed once and cached; a configuration that does not fit alone is
-   rejected with its reason, and one no better in every stage time and in memory than
-   another is dropped (it cannot be in an optimum).
-4. Per pool (role set, size): the combinations of its roles' configurations that fit
-   together, reduced to the Pareto front of their stage times (cached).
-5. Per placement and split: the product of its pools' fronts, combined by the simulator's
-   rules (`simulate.combine`); the best `top` mappings are kept and re-simulated.
-
-Step 3's dominance and step 4's Pareto front are exact for the best mapping: the step time
-never decreases when a pool's stage time grows, and the pools' memory is independent
-(tests/planner checks it against brute force). The runners-up of a top-K list also draw on
-each pool's K fastest combinations.
-"""
+"""The placement search (HybridFlow paper, Algorithm 1 in spirit): `search(problem)`."""
 
 from __future__ import annotations
 

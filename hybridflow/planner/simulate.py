@@ -1,31 +1,4 @@
-"""Play one RL step of a mapping: predicted step time, its phase breakdown, peak memory.
-
-Timing rules (hybridflow/config/dataflow.py gives each phase a stage: generation, scoring,
-updates; a stage reads only what earlier stages wrote):
-- phases on one pool run one after another (they share the devices and processes);
-- with `Capabilities.overlap` (the paper's runtime), the pools of one stage run at the
-  same time, so a stage lasts as long as its busiest pool, and the step is the sum of its
-  stages;
-- with `Capabilities.blocks` (this trainer with trainer.concurrent_phases=true), the
-  phases of one `concurrently` block of the program (FlowPhase.block) run at once where
-  they sit in different pools: the block lasts as long as its busiest pool's phases, each
-  with its call (Efficiency.call_s): the controller dispatches and collects the other
-  pools' calls while the busiest pool works (measured here: the block's wall time is about
-  its slowest phase's, docs/planner.md); phases outside the blocks run one after another;
-- with neither (trainer.concurrent_phases=false: the controller waits for each call) the
-  step is the sum of all phases.
-So each pool has a time vector: one entry per stage (what runs one after another, or
-stage by stage with overlap) and one per overlapped block (`add_phase`); `combine` sums
-the stages over the pools (with overlap: takes their busiest) and takes each block's
-busiest pool. Colocated, a block's phases share one pool and add up as before. The step
-time never decreases when an entry grows, which keeps the search's Pareto fronts exact.
-Rule-based scoring runs on the controller, a pool of its own; Efficiency.per_step_s adds
-the controller's own work per step.
-
-Memory: a pool's devices hold every resident role state of the pool plus the largest
-addition of one phase (memory.py); a mapping whose peak exceeds USABLE_MEMORY of a device
-is infeasible, with the reason.
-"""
+"""Play one RL step of a mapping: predicted step time, its phase breakdown, peak memory."""
 
 from __future__ import annotations
 

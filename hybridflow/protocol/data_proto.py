@@ -6,14 +6,6 @@ A DataProto holds three things:
 - ``non_tensor_batch``: numpy arrays (often ``dtype=object``: strings, dicts) with one
   entry per sample along dimension 0;
 - ``meta_info``: step-wide values (temperature, micro-batch size, metrics).
-
-Every operation that selects samples (indexing, chunk, split, repeat, partitions) applies
-the same rows to ``batch`` and ``non_tensor_batch`` and copies ``meta_info`` (a shallow
-copy: the dict is new, its values are shared). Slices and contiguous chunks are views
-that share memory with the source, like torch slicing; integer/mask indexing copies.
-
-Pickling (Ray's object store, deepcopy) and ``save``/``load`` go through
-``serialization.py``: tensors travel as numpy arrays so Ray moves them zero-copy.
 """
 
 from __future__ import annotations

@@ -2,28 +2,6 @@
 
 Used to balance work across data-parallel ranks: each sample costs roughly its sequence
 length, so we want every rank's total length close to the others'.
-
-Algorithm: the Karmarkar-Karp *largest differencing method* (LDM) generalised to k parts.
-A "partial partition" is k subsets with their sums. We start from many small partial
-partitions and repeatedly merge the two whose spread (largest minus smallest subset sum)
-is largest, pairing the heaviest subset of one with the lightest subset of the other.
-Merging the most unbalanced pair first lets the big differences cancel while there is
-still freedom to do so; small differences are fixed at the end.
-
-- ``equal_size=False``: one partial partition per item, ``[item, 0, ..., 0]``.
-- ``equal_size=True``: items sorted by length are cut into groups of k consecutive
-  items; each group is a partial partition with exactly one item per subset. Merges pair
-  subsets one to one, so every final part has exactly n/k items (the "balanced LDM").
-
-Guarantees (both follow from the merge rule: pairing descending with ascending sums
-never makes the spread larger than the larger of the two inputs' spreads):
-- the final spread is at most ``max(seqlens)``;
-- for ``equal_size=False`` the largest part is at most (4/3 - 1/(3k)) of the optimum
-  (the known worst-case ratio of the differencing method).
-
-LDM is a heuristic, so on small or specially ordered inputs the naive contiguous split
-can happen to be better; we also evaluate that split (O(n)) and return the better of
-the two, so the result is never worse than the naive one.
 """
 
 from __future__ import annotations

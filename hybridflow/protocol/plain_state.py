@@ -3,14 +3,6 @@ everything else in JSON.
 
     save_plain_state(directory / "runners", [{"obs": array, "generator": tensor, "version": 3}, ...])
     states = load_plain_state(directory / "runners")    # the same tree back, bit for bit
-
-writes `runners.safetensors` and `runners.json`. A tree is dicts (string keys), lists,
-tuples, None, bool, int, float, str, torch tensors, numpy arrays and numpy scalars; bytes
-and any other object are refused when saving (a TypeError naming where it sits), since
-storing them would take pickle. Loading reads JSON and safetensors only: whatever the
-files hold, nothing in them is called. Both files are written next to each other under
-temporary names and renamed into place (the caller's checkpoint directory is itself
-published atomically).
 """
 
 from __future__ import annotations

@@ -4,21 +4,7 @@ Pickling a torch tensor goes through torch's storage serializer, which copies th
 into the pickle stream. Ray pickles with protocol 5 and moves numpy arrays out-of-band
 (zero-copy into the object store), so we ship every tensor as a numpy array plus its
 torch dtype name and rebuild the tensor with ``torch.from_numpy`` on the other side.
-``benchmarks/bench_protocol_serialization.py`` measures the difference.
-
-dtypes numpy lacks (bfloat16, float8) travel as a same-width integer view and are viewed
-back on receipt, so the bits are exact. Tensors arrive on the CPU and detached from any
-autograd graph (the receiver moves them with ``DataProto.to(device)``).
-
-Read-only buffers: arrays that come out of Ray's object store are read-only views of
-shared memory. torch has no read-only tensors, so a zero-copy tensor over that memory
-would let an in-place op (``mask[:, 0] = 0``, ``adv.mul_()``) write into the shared
-object (corrupting it for every other reader) or fault. We therefore copy read-only
-arrays once, on receipt; writable arrays (plain pickle, files, deepcopy) are adopted
-without a copy. The copy is a single memcpy per tensor; the benchmark reports it next to
-the zero-copy floor. Copying lazily would need a proxy around ``batch`` and would still
-copy every tensor a worker reads, so it would save little and cost a mapping type that
-every caller must know about.
+``benchmarks/controller/bench_protocol_serialization.py`` measures the difference.
 """
 
 from __future__ import annotations

@@ -2,31 +2,6 @@
 
 Only the standard library is imported here: each worker process imports this module at
 start-up, and importing torch there would cost seconds per worker.
-
-A call is guarded by a SIGALRM timer (main thread only), which interrupts Python code
-that runs too long and keeps the worker alive. Code that blocks the signal or swallows
-the exception is caught by the parent instead, which kills the worker (see pool.py).
-In a worker, a CPU-time limit per sample (RLIMIT_CPU's soft limit moved to "now + the
-limit" before each call; SIGXCPU interrupts the function the way the alarm does) and a
-file-size limit (RLIMIT_FSIZE; writes past it fail with EFBIG) apply too.
-
-Confinement (`WorkerLimits.sandbox`, on by default): before the function is first called,
-the worker restricts itself with Landlock and a seccomp filter (hybridflow/confine.py): it
-may read only the Python installation, the hybridflow package, the reward function's own
-directory and the configured extra paths; it may write nowhere, run no program and open
-no socket (no network, no unix socket). If the kernel cannot do this, every sample fails
-with a message naming the opt-out, `reward.manager.sandbox=false`.
-
-Processes (`WorkerLimits.allow_subprocess`, off by default, sandbox or not): a seccomp
-filter makes fork, vfork and clone (but of threads) fail, root included. Allowed, the
-worker forks into a new PID namespace and the process the pool started stays outside as
-its supervisor: it watches the controller, exits with the worker, and when it dies (killed
-for a hung sample, or the controller gone) the worker dies with it, and with the worker
-every process the reward started: a `setsid` grandchild outlives neither the worker nor the
-run. Environment
-(`WorkerLimits.environment`): the worker's variables are replaced by the given ones (an
-allow-list, limits.py), and the environment block the process started with is zeroed, so
-neither os.environ nor /proc/self/environ shows the controller's secrets.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """The limits and confinement of reward worker processes, from `reward.manager.*`.
 
     limits = worker_limits(config, compute_score)     # -> ScoringPool(..., limits=limits)
-
-Memory "auto": a quarter of the machine's memory (or the container's, where its cgroup
-sets a lower limit), shared by the workers, each between 1
-and 8 GiB (two workers on a 24 GiB machine: 3 GiB each, not 8; the training engines need
-the rest). CPU "auto": the per-sample time limit rounded up. Readable when confined: the
-Python installation (prefixes and site-packages), system libraries, the hybridflow
-package, the directory of every file the reward function comes from, and
-`readable_paths`; nothing else (not the home directory, not the run directory, not /tmp).
-Environment: the variables of ENV_ALLOWED (locale, paths, thread counts) and those named
-in `env_passthrough`; no other variable of the controller (API keys, tokens) reaches a worker.
 """
 
 from __future__ import annotations

@@ -4,15 +4,6 @@
     out = manager(batch)                # batch: responses, response_mask, data_source, ground_truth
     batch.batch["token_level_scores"] = out.token_level_scores
     metrics.update(out.metrics)         # reward/mean, reward/errors, reward/timeouts, ...
-
-Scoring runs in a pool of worker processes (see pool.py), or in this process when
-`num_workers=0` (for debugging: errors and alarms still handled, but a function that
-blocks the alarm hangs the caller). A sample whose function raises, returns something
-that is not a finite number (or a dict with one under "score"), or times out gets
-`error_score` and is counted; the run never stops for it. A batched function (TRL's shape,
-shapes.py) is called once per chunk of the batch (one chunk per worker, as TRL calls it once
-per device), with the prompts, completions, completion ids and the data set's columns;
-reward.manager.timeout_s bounds each call.
 """
 
 from __future__ import annotations

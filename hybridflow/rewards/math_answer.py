@@ -4,10 +4,6 @@ With the `math-verify` package installed (the `rewards` extra), answers are pars
 SymPy and compared symbolically: "\\frac{1}{2}" equals "0.5", "(x+1)^2" equals
 "x^2+2x+1". Without it, a small fallback compares normalised strings and plain numbers
 (integers, decimals, fractions "a/b" and "\\frac{a}{b}"); it knows no algebra.
-
-The answer is taken from the last \\boxed{...} of the response when there is one (both
-backends), else math-verify searches the whole response and the fallback takes the
-last number.
 """
 
 from __future__ import annotations

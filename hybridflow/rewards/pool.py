@@ -1,35 +1,4 @@
-"""A process pool that scores samples with a per-sample timeout and survives bad functions.
-
-Built on `concurrent.futures.ProcessPoolExecutor` with a forkserver (or spawn) context,
-created once and reused across batches. Per sample:
-
-- an exception in the reward function -> ("error", message);
-- running past `timeout_s` -> the in-worker alarm interrupts it -> ("timeout", message);
-- still running at `timeout_s + kill_grace_s` (the function blocks or swallows the
-  alarm) -> the parent kills that worker process, records ("timeout", ...), and replaces
-  the pool; the other unfinished samples are re-run on the new pool;
-- a worker that dies on its own (segfault, os._exit) breaks the pool too: the samples that
-  were running are re-run one at a time on a new pool, and the one that kills its worker
-  while alone gets ("error", ...); the others are scored normally;
-- after MAX_RESTARTS_PER_RUN pool replacements in one batch, the samples not yet scored
-  get ("error", ...): a function that hangs or crashes on every sample costs a bounded
-  time per step, and the manager's failure limit then stops the run;
-- with `give_up_after=N`, the first N samples are scored first; when every one of them
-  failed, the function is called on no other sample, and those get ("error", NOT_SCORED
-  ...): a function that fails on every sample costs N samples, not a whole batch (the
-  manager asks for it until the function has succeeded once).
-
-Each worker runs under the limits of a `WorkerLimits` (address space, CPU seconds per
-sample, file size; confined to read-only files and no network by default: _worker.py;
-limits.py builds them from `reward.manager.*`) and exits within a second of its parent
-(the forkserver, which exits with the controller), so a killed controller leaves no
-scoring process behind.
-
-The parent learns which process runs which sample from a start message each worker
-sends (task id, pid) before it calls the function. Samples travel in chunks (a few per worker and round: one inter-process round
-trip per chunk, not per sample, which was most of the scoring time of a cheap rule); a
-worker's latest announced sample is the one it is running, so timeouts stay per sample.
-"""
+"""A process pool that scores samples with a per-sample timeout and survives bad functions."""
 
 from __future__ import annotations
 

@@ -5,15 +5,7 @@
     fn = load_reward_fn("my_pkg.rewards", "compute_score")        # or an importable module
     reward_fn_reference(compute_score)                            # -> ("my_pkg.rewards", "compute_score")
 
-A reward function has one of the shapes of shapes.py: verl's
-
-    compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
-
-(or a scorer's compute_score(solution_str, ground_truth, ...)), called with the keyword
-arguments it names; a dict return must hold "score" (the reward) and may hold extra
-per-sample values that are logged. Or TRL's, batched: reward(completions, **kwargs) -> list.
-A reward file's own folder is importable (`import helpers` of a file beside it; a
-`from . import helpers` too), in the controller and in the reward worker processes.
+A reward function has verl's signature
 """
 
 from __future__ import annotations

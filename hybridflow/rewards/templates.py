@@ -6,28 +6,6 @@
         - {name: regex, weight: 0.1, args: {pattern: '^\\d+$'}}
         - {name: tool_penalty, weight: 1.0, args: {per_call: 0.05}}
         - {name: regex, level: turn, weight: 0.1, args: {pattern: '@calculator\\['}}   # per model turn
-
-A template is `fn(sample: Sample, **args) -> float`, registered with
-`@register_reward_template("name")`. `ComposedScore` (trajectory level) has the reward
-function signature, so the RewardManager runs it in its worker pool like any scorer and
-places the weighted sum on the last model token; each component is logged as
-`template/<name>` (its batch mean). Turn-level templates score every model turn of a
-multi-turn response and place their weighted sum on that turn's last token (`score_turns`).
-
-Built-ins: `rule` (the data source's built-in scorer: arithmetic, gsm8k, math; these are
-also templates by their own names), `exact_match`, `numeric_match` (last number, absolute /
-relative tolerance), `regex` (1 if the pattern is found), `length_penalty`, `turn_penalty`,
-`tool_penalty`, `user` (a function in a Python file: args path, name), `reward_model`
-(a learned reward model's score, below).
-
-`reward_model` is the one template not scored on text in the worker pool: the reward-model
-worker group (`reward_model.path`) scores the whole sequence and the trainer adds
-weight x score on the last response token, beside the other templates' weighted sum
-(trainer/programs/phases.py `score_sequences`). Naming it makes the templates list the whole
-composition, so `reward_model.path` must be set and `reward_model.add_rule_reward` left
-false (validated at start-up); without it, `reward_model.path` keeps its old meaning (the
-model's score replaces the rule reward, or adds to it with add_rule_reward). Trajectory
-level only; a trajectory whose environment failed keeps its error_score without it.
 """
 
 from __future__ import annotations

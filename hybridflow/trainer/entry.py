@@ -5,26 +5,6 @@ environment tasks).
 
     RLTrainer({"algorithm": "PPO", "env": "CartPole-v1"}).train(steps=20000)   # environment steps
     RLTrainer({"algorithm": "SAC", "env": "Pendulum-v1"}).train(steps=2000)    # a second one, same process
-
-    with RLTrainer("examples/grpo_arithmetic.yaml") as trainer:                 # language-model RL steps
-        trainer.train(steps=5)
-    RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()           # on to the run's total
-
-`config` is a dict (nested sections and/or dotted keys), the path of a YAML file (read
-once), or a typed config (RunConfig). What it is gets decided once, here:
-the top-level keys are checked against every task kind's (a misspelt key is a ConfigError
-with the closest key, before anything else), then the kind's row (config/tasks.py) says
-which config tree it is; the one `Task` (task.py) runs every kind, with the kind's part
-(lm/part.py, env/part.py). With only `resume`, the checkpoint's recorded kind decides.
-
-Lifetime: outside a `with` block, `train()` returns with its workers stopped and their Ray
-placement groups released (after checkpointing the run where it stands), so another
-trainer can start in the same process; calling `train()` again restarts them from that
-checkpoint (trainers share the embedded Ray one of them started, which a later trainer
-needing more CPUs starts again, bigger: controller/ray_runtime.py RayHold). Inside
-`with RLTrainer(...) as trainer:` the workers stay up between `train()` calls (and can be
-inspected) until the block ends. Attributes of the running task
-(`config`, `run_dir`, `groups`, ...) read through.
 """
 
 from __future__ import annotations

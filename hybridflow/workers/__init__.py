@@ -3,18 +3,6 @@
     from hybridflow.workers import (ActorRolloutRefConfig, ActorRolloutRefWorker, CriticWorker,
                                     CriticWorkerConfig, PlacementSpec, RewardModelWorker,
                                     RewardModelWorkerConfig, build_role_groups)
-
-    groups = build_role_groups({"actor": RoleSpec(ActorRolloutRefWorker, (actor_cfg,)),
-                                "critic": RoleSpec(CriticWorker, (critic_cfg,))},
-                               PlacementSpec.colocated([2]))
-    for group in groups.values():
-        group.init_model()
-    gen = groups["actor"].generate_sequences(prompts)
-
-- actor_rollout_ref.py: the hybrid engine role (generation, log-probs, reference, update).
-- critic.py / reward_model.py: value model and reward model roles.
-- config.py: the roles' typed configs; placement.py: roles onto resource pools.
-- generation_weights.py: the actor's weights under HF names (LoRA merged) for resharding.
 """
 
 from __future__ import annotations

@@ -1,20 +1,4 @@
-"""`ActorRolloutRefWorker`: the hybrid-engine role (actor training, generation, reference).
-
-One process per rank holds the actor (`ActorEngine`, FSDP shards aligned with the
-generation split), the 3D-HybridEngine that reshards it into the rollout engine for each
-generation call (the backend `rollout.name` selects, engines/rollout/registry.py), and the
-reference policy when the algorithm needs one (a frozen `ActorEngine`, or with LoRA the
-actor with its adapters off). Every data method takes and returns a DataProto:
-
-    wg.init_model()
-    gen = wg.generate_sequences(prompts)         # mesh "rollout": one part per micro-DP group
-    gen.union(wg.compute_log_prob(gen))          # old_log_probs, entropys
-    gen.union(wg.compute_ref_log_prob(gen))      # ref_log_probs
-    metrics = wg.update_actor(batch).meta_info["metrics"]
-
-Two dispatch meshes: "actor" (training dp rank, collected from tp rank 0) and "rollout"
-(generation micro-DP rank, collected from generation tp rank 0).
-"""
+"""`ActorRolloutRefWorker`: the hybrid-engine role (actor training, generation, reference)."""
 
 from __future__ import annotations
 

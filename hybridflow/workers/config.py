@@ -1,22 +1,4 @@
-"""Typed configs of the worker roles, validated when built.
-
-The trainer builds these from the top-level config tree; names follow verl's
-(`actor_rollout_ref.rollout.tensor_model_parallel_size`, `rollout.response_length`, ...)
-so users moving from verl find them where they expect:
-
-    ActorRolloutRefConfig(engine=TrainEngineConfig(model_path=...),   # actor_rollout_ref.actor/model
-                          loss=ActorLossConfig(...),                   # actor_rollout_ref.actor (loss part)
-                          rollout=RolloutWorkerConfig(...),            # actor_rollout_ref.rollout
-                          use_reference=True)                          # KL loss or KL in reward
-    CriticWorkerConfig(engine=TrainEngineConfig(...), loss=CriticLossConfig(...))
-    RewardModelWorkerConfig(engine=TrainEngineConfig(...))
-
-Every default of a worker setting lives here, once; the run config embeds these classes
-(its `rollout` section is a RolloutWorkerConfig), and the built-in demo's own values are
-presets in config/schema.py. Workers read fields, never guess. Every check raises
-ConfigError keyed relative to the class (e.g. "tensor_model_parallel_size"); role rules on
-engine settings are `check_role_engine`, shared with the run config's validation.
-"""
+"""Typed configs of the worker roles, validated when built."""
 
 from __future__ import annotations
 

@@ -3,16 +3,6 @@
     runners = WorkerGroup(pool, EnvRunnerWorker, collector_spec)     # distributed.num_workers ranks
     segment = runners.rollout(128, learner.get_weights(), version).get()   # PPO: every rank's rows
     transitions = runners.transitions(1, False, None, None).get()       # SAC, with the weights it has
-
-Rank r seeds its environments and its sampling with seed + 1000 * r, so every worker sees
-different episodes and a run is reproducible. `rollout` and `transitions` are non-blocking:
-the controller keeps them in flight while the learner updates (async sampling). New
-weights travel with the collection call that is to use them (a future from the learner's
-get_weights: Ray hands it over without the controller waiting), one call per runner per
-iteration instead of a separate set_weights before each: SAC iterates once per
-environment step, and every Ray call is a round trip. Their results come back through the ENV_SEGMENTS
-dispatch mode: every rank runs, the rows are concatenated in rank order and the episode
-statistics in meta_info are merged (DataProto.concat alone refuses differing meta_info).
 """
 
 from __future__ import annotations

@@ -1,16 +1,4 @@
-"""The actor's parameters as generation sees them: plain HF names, LoRA merged in.
-
-The resharder reads `(HF name, sharded tensor)` pairs and hands them to the rollout
-engine, which knows only Hugging Face parameter names. A full fine-tuned actor gives them
-as they are. A LoRA actor also holds adapter tensors (`<module>.lora_A.<adapter>.weight`,
-`...lora_B...`) that the rollout engine has no slot for, so each adapted base weight W is
-replaced by W + (alpha / r) B A, computed per parameter while the resharder streams:
-
-- A and B are small (rank r), so each is gathered whole on every rank;
-- the product is cut to W's own shard locally (`distribute_tensor(..., src_data_rank=None)`
-  slices without communication, since every rank holds the same full product), so the
-  merged tensor has exactly W's placement and the resharder's layout is unchanged.
-"""
+"""The actor's parameters as generation sees them: plain HF names, LoRA merged in."""
 
 from __future__ import annotations
 

@@ -5,17 +5,6 @@
     metrics, weights = learner.ppo_update(batch)[0]               # PPO: batch split over the ranks
     metrics, weights = learner.sac_train(batch, 64)[0]            # SAC: store, then 64 gradient steps
     weights = learner.get_weights()                               # a future for the env runners (start, resume)
-
-Every rank builds the same initial network (seeded), takes its slice of each batch
-(DP_COMPUTE_PROTO without padding: a padded row would be trained twice) and averages its
-gradients with the others (engines/policy/data_parallel.py), so all ranks hold the same
-weights and rank 0 speaks for them. A SAC rank keeps its own replay shard.
-
-The update calls return rank 0's new acting weights with the metrics (other ranks: None),
-and the controller sends them on with the next collection call: a separate get_weights
-call after every update was a third Ray call per iteration, ~1 ms of CPU on each side
-(benchmarks/bench_vs_sb3.py --steps, README "CPU per environment step"), where the
-weights of these small networks (tens of kB) cost less to carry in the update's reply.
 """
 
 from __future__ import annotations

@@ -6,11 +6,6 @@
     groups = build_role_groups(roles, PlacementSpec(
         pools={"actor_pool": [4], "critic_pool": [4]},
         mapping={"actor": "actor_pool", "critic": "critic_pool"}))       # split placement
-
-Roles mapped to the same pool are colocated: one process per slot hosts all of them, they
-share the devices and the torch.distributed group, and their calls run one after another
-(`create_colocated_worker_groups`). Roles on different pools run in different processes
-at the same time. `shutdown_role_groups` stops the processes and frees the pools.
 """
 
 from __future__ import annotations

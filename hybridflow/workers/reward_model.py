@@ -3,17 +3,6 @@
     wg.init_model()
     scores = wg.compute_rm_score(batch).batch["rm_scores"]          # [B]
     token_level = scores_at_last_response_token(scores, batch.batch["response_mask"])
-
-The reward model reads the actor's `input_ids` as they are (same tokenizer) and scores
-each sequence at its last valid token. `scores_at_last_response_token` puts a sequence
-score where token-level rewards expect it: on the last valid response token, 0 elsewhere.
-
-Built with `trainable=True` (the `hybridflow rm` job), the same worker trains the model on
-preference pairs (Bradley-Terry loss; pair layout in engines/train/reward.py):
-
-    metrics = wg.update_reward_model(pairs).meta_info["metrics"]     # rm/loss, rm/accuracy, ...
-    out = wg.compute_pair_scores(pairs)                              # chosen_scores, rejected_scores [B]
-    wg.export_hf("out/reward_model")                                 # *ForSequenceClassification dir
 """
 
 from __future__ import annotations

@@ -1,40 +1,5 @@
 """`RolloutWorker`: a generation-only role on its own pool (trainer.mode one_step_off / async;
 the controller's side is trainer/modes/async_trainer.py).
-
-Each rank holds a rollout engine (tensor parallel over consecutive ranks when
-rollout.tensor_model_parallel_size > 1). With the native engine and single-turn prompts a
-`StreamingRollout` runs over it, so generation can stop between scheduler iterations,
-take new weights and continue the same sequences (partial rollouts,
-engines/rollout/partial.py); another backend (rollout.name) or multi-turn agent rollouts
-(rollout.agent.enable) generate whole calls under the version they loaded. An
-algorithm with the greedy_baseline capability (ReMax) gets one greedy response per prompt,
-scored here and released with its group (meta_info[GREEDY_KEY]; the program's
-greedy-baseline phase turns its score into `baseline_rewards`). Weights arrive from the actor's training
-rank 0 over a `WeightBridge` (engines/reshard/cross_pool.py), never through the controller:
-
-    rollout.init_model()
-    rollout.join_weight_bridge(host, port, world, manifest, bucket_bytes)   # with the actor's
-    actor.send_weights(version)                  # returns once the rollout ranks have the bytes
-    group_refs, steering = rollout.generate_stream(prompts_per_rank, max_steps, versions).get()[rank]
-
-**Weights are received in the background**: joining the bridge starts a receiver thread on
-every rollout rank that stages each sync (the full tensors, by version) as soon as the
-actor sends it, while the main thread keeps generating; the actor's `send_weights` never
-waits for queued generation calls. A generation call names the policy version it must
-generate with (so a run's schedule is a function of its config and seed, not of timing);
-it waits until that version is staged, loads it (in-flight sequences continue under it,
-their KV cache recomputed), drops the older staged versions and runs. Staged versions cost
-one copy of the weights each (in the training dtype).
-
-`generate_stream`'s sampling seeds follow the hybrid actor's rule (workers/generation.py),
-so a pool never ahead of training generates exactly what the synchronous run's actor
-generates.
-
-**Rule-based rewards are scored here**, right after generation (`reward_fn` builds the
-run's RewardManager in this process): every group leaves the rank with its
-`token_level_scores` and per-sample reward outcomes (rewards/manager.py: `sample_outcomes`),
-scored while the training pool trains, and the steering record can say whether it is
-informative without the controller ever holding its tensors (trainer/modes/stream_step.py).
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ def _module(path: Path, name: str):
 
 
 data = _module(ROOT / "examples" / "make_coldstart_data.py", "make_coldstart_data")
-sys.path.insert(0, str(ROOT / "benchmarks"))
-trial = _module(ROOT / "benchmarks" / "coldstart_trial.py", "coldstart_trial")
-eval_plain = _module(ROOT / "benchmarks" / "eval_plain.py", "eval_plain_for_coldstart")
+sys.path.insert(0, str(ROOT))  # the scripts import benchmarks.*
+trial = _module(ROOT / "benchmarks" / "rl" / "coldstart_trial.py", "coldstart_trial")
+eval_plain = _module(ROOT / "benchmarks" / "rl" / "eval_plain.py", "eval_plain_for_coldstart")
 
 
 @pytest.mark.parametrize("task", sorted(data.TASKS))

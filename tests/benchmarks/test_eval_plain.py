@@ -1,4 +1,4 @@
-"""benchmarks/eval_plain.py, the independent evaluator (issue 25): it reads answers as
+"""benchmarks/rl/eval_plain.py, the independent evaluator (issue 25): it reads answers as
 hybridflow's scorers do without sharing their code, and on a tiny model its greedy
 responses and right/wrong verdicts equal `hybridflow eval`'s row by row."""
 
@@ -22,7 +22,7 @@ from hybridflow.rewards import gsm8k
 from hybridflow.trainer.run.lifecycle import write_builtin_model
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-SCRIPT = BENCHMARKS / "eval_plain.py"
+SCRIPT = BENCHMARKS / "rl" / "eval_plain.py"
 EXACT_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
@@ -31,7 +31,6 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 def _plain_module():
     if "eval_plain" not in sys.modules:  # registered before it runs: its dataclass looks itself up there
-        sys.path.insert(0, str(BENCHMARKS))
         spec = importlib.util.spec_from_file_location("eval_plain", SCRIPT)
         sys.modules["eval_plain"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules["eval_plain"])
@@ -39,7 +38,7 @@ def _plain_module():
 
 
 def test_the_script_imports_nothing_from_hybridflow():
-    for path in (SCRIPT, BENCHMARKS / "plain_machine.py"):
+    for path in (SCRIPT, BENCHMARKS / "common" / "plain_machine.py"):
         lines = path.read_text().splitlines()
         assert not [line for line in lines if line.lstrip().startswith(("import hybridflow", "from hybridflow"))]
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py runs here as `--device cpu --tiny`, so the GPU check cannot rot
+"""benchmarks/gpu/gpu_check.py runs here as `--device cpu --tiny`, so the GPU check cannot rot
 between the sessions that have a GPU: every case must run and give sane numbers, and the
 goals of issue 40 must come out evaluated."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gpu_check.py"
 GOALS = {"smollm2_decode_tok_s_at_batch_256", "llama_1b_decode_fraction_of_hbm_roofline",
          "decode_over_best_hf_generate", "train_mfu_llama_1b", "train_mfu_smollm2", "grpo_step_over_trl"}
 

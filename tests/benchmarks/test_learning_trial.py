@@ -1,4 +1,4 @@
-"""benchmarks/learning_trial.py and learning_curves.py, the tools of the learning proof
+"""benchmarks/rl/learning_trial.py and learning_curves.py, the tools of the learning proof
 (issue 25, docs/learning.md), end to end on the built-in tiny model: a trial trains,
 evaluates mid-run and after, runs `hybridflow eval --output` and the independent
 evaluator on the final model (token for token equal in fp32), and the summary and the
@@ -28,7 +28,7 @@ actor: {{micro_batch: {{mini_batch_size: 16, micro_batch_size_per_device: 8, for
 
 
 def _script(name: str, *args: str) -> str:
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "rl" / name), *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -61,7 +61,7 @@ def test_a_trial_is_measured_both_ways_and_summarised(tmp_path):
 
     png, summary = tmp_path / "curves.png", tmp_path / "summary.json"
     table = _script("learning_curves.py", str(tmp_path / "t.json"), "--out", str(png), "--summary", str(summary))
-    row = json.loads(summary.read_text())[0]
+    row = json.loads(summary.read_text())["rows"][0]
     assert png.stat().st_size > 0 and "| t |" in table
     assert [p[0] for p in row["held_out"]] == [0, 1, 2] and row["steps"] == 2
     wall = row["wall_s"]

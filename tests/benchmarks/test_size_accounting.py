@@ -1,11 +1,11 @@
-"""benchmarks/size_accounting.py, issue 23's size measurement: what counts as a code line."""
+"""benchmarks/code/size_accounting.py, issue 23's size measurement: what counts as a code line."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "size_accounting.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "code" / "size_accounting.py"
 
 
 def _script():

@@ -236,7 +236,7 @@ def test_eval_of_a_run_without_checkpoints_uses_its_final_model(good, tmp_path):
 
 @pytest.mark.parametrize("mode", ["async", "one_step_off"])
 def test_an_async_run_needing_more_gpus_than_the_machine_has_is_refused(mode):
-    # On one H100 such a run waited for a second GPU (benchmarks/results/gpu_check_h100.json).
+    # On one H100 such a run waited for a second GPU (benchmarks/gpu/results/gpu_check.json).
     from hybridflow.config.schema import load_run_config
     from hybridflow.errors import ConfigError
     from hybridflow.trainer.run.preflight import check_gpu_count

@@ -1,24 +1,4 @@
-"""Settings of the asynchronous trainer modes (`trainer.mode` one_step_off / async, docs/async.md).
-
-The YAML section is `async_rl` (`async` is a Python keyword, so it cannot be a field name):
-
-    trainer: {mode: async}
-    async_rl:
-      rollout_ranks: 1        # the generation-only pool, beside resources.world_size training ranks
-      max_staleness: 1        # a sample may lag this many policy versions; staler ones are dropped
-      buffer_size: 32         # prompt groups (rollout.n samples each) the buffer holds at most
-      chunk_prompts: null     # prompts per generation call (null: data.train_batch_size)
-      steps_per_call: 16      # scheduler iterations per call: weights are taken between calls
-      bucket_mb: 64           # weight-sync bucket size
-
-one_step_off is async with max_staleness 1, whole batches per generation call and no
-partial rollouts (max_staleness, chunk_prompts and steps_per_call set otherwise are
-refused). Partial rollouts need the native engine's scheduler: other rollout backends
-(rollout.name) and multi-turn agent rollouts generate whole calls, and refuse a
-steps_per_call set. Sync mode reads none of the section (set or not: one config runs in
-every mode with trainer.mode on the command line). `check_async_settings` holds the
-cross-section rules.
-"""
+"""Settings of the asynchronous trainer modes (`trainer.mode` one_step_off / async, docs/async.md)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,6 @@
 - actor_critic.py: `ActorCritic` (PPO); sac_model.py: `SACModel` (actor, twin Q, targets, alpha);
 - ppo_learner.py / sac_learner.py: the update of one learner rank; data_parallel.py:
   gradient averaging over learner ranks.
-
-The learners hold no processes: `hybridflow.workers.learner.LearnerWorker` runs them on
-Ray ranks, the env trainer runs them in-process with `distributed.num_workers: 0`.
 """
 
 from __future__ import annotations

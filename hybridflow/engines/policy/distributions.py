@@ -4,19 +4,6 @@ A head turns features into distribution parameters and knows three things about 
 actions: how to sample one (with the caller's torch.Generator, so runs are reproducible),
 the log-probability and entropy of a stored action, and how a stored action becomes what
 the environment takes (`to_env`).
-
-Stored actions: the category index (discrete), one index per dimension (multi-discrete),
-or the Gaussian sample u *before* the squash (box). Storing u keeps log-probabilities exact:
-recovering u = atanh(a) from a squashed action loses precision near the bounds.
-
-Tanh-squashed Gaussian: u ~ N(mean, std), a = tanh(u) in [-1, 1], env action
-x = low + (a + 1) / 2 * (high - low). Change of variables:
-
-    log p(x) = log N(u; mean, std) - sum_i log(1 - tanh(u_i)^2) - sum_i log((high_i - low_i) / 2)
-
-with log(1 - tanh(u)^2) = 2 * (log 2 - u - softplus(-2u)), which stays finite for large |u|.
-The entropy bonus of a squashed Gaussian has no closed form; the heads report the
-Gaussian's entropy of u, as common PPO implementations do.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """`PPOLearner`: minibatch epochs of PPO on one learner rank (no processes; the learner worker wraps it).
 
     learner = PPOLearner(ActorCritic(spec), ppo_update_config, seed=0)
-    metrics = learner.update(batch, lr=3e-4)       # batch: flat per-step tensors (below)
-
-`batch` holds, per environment step: observations [n, D] (raw), actions (stored form),
-old_log_probs [n], values [n] (rollout-time V), advantages [n], returns [n]. Every epoch
-visits the rank's rows once in a fresh random order (the learner's own seeded generator),
-cut into minibatches of `minibatch_size` rows; each minibatch is one optimizer step with
-gradients averaged over the learner ranks (data_parallel.py). After the update the
-observation normaliser absorbs this batch, so the next rollout and the next update agree.
+    metrics = learner.update(batch, lr=3e-4)       # batch: per step obs, actions, old_log_probs, values, advantages, returns
 """
 
 from __future__ import annotations

@@ -3,13 +3,6 @@
     learner = SACLearner(SACModel(spec), sac_update_config, seed=0, capacity=100_000)
     learner.add(transitions)            # observations, actions ([-1, 1]), rewards, next_observations, terminated
     metrics = learner.update(num_steps)
-
-One gradient step, in the order Stable-Baselines3 uses (losses: hybridflow/algorithms/sac.py):
-sample a minibatch; temperature step (autotune); critic step against the soft target of
-the Polyak-averaged critics; actor step through the updated critics (their parameters
-frozen for it, so no critic gradient is computed); Polyak update of the targets.
-With several learner ranks each holds its own shard of the replay data, samples
-batch_size rows from it, and the gradients are averaged over ranks (data_parallel.py).
 """
 
 from __future__ import annotations

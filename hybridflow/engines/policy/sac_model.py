@@ -4,11 +4,6 @@
                                  hidden_size=(256, 256), activation="relu", ortho_init=False))
     a, log_prob = model.actor.sample(model.obs_norm(obs), generator)   # a in [-1, 1]^A
     q1, q2 = model.critic(model.obs_norm(obs), a)
-
-- actor: MLP -> mean and a state-dependent log std (clamped to [-20, 2]), tanh squash;
-- critic: two Q networks, and their Polyak-averaged copy `critic_target` (no gradient);
-- log_alpha: the entropy temperature, learned when `autotune`.
-Actions are normalised to [-1, 1]; `to_env` maps them onto the box bounds.
 """
 
 from __future__ import annotations

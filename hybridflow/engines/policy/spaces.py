@@ -1,14 +1,4 @@
-"""What a policy network needs to know about an action space, without Gymnasium.
-
-`ActionSpec` is built from a Gymnasium space by `hybridflow.envs.spaces.action_spec` (the
-envs layer knows Gymnasium; this layer does not). Kinds:
-
-- "discrete": one choice among n (Gymnasium Discrete, `start` added back for the env);
-- "multi_discrete": one choice per dimension, nvec[i] options each (MultiDiscrete,
-  MultiBinary as nvec of 2s);
-- "box": a bounded continuous vector, sampled from a tanh-squashed Gaussian and mapped
-  from [-1, 1] onto [low, high].
-"""
+"""What a policy network needs to know about an action space, without Gymnasium."""
 
 from __future__ import annotations
 

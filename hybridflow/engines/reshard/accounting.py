@@ -5,13 +5,6 @@ ranks whose output holds O bytes costs each rank (g - 1) / g * O bytes, the byte
 receives (a ring sends as many as it receives); a broadcast of O bytes costs each receiving
 rank O and the sender nothing (pipeline stages, grouping.py). Only the collectives the resharder
 issues are counted; there are no others in a transition.
-
-Memory convention: parameter bytes alive on the rank, counted by the code that
-allocates them, in three parts: the training shard (what FSDP keeps, in the training
-dtype), the generation copy (the rollout engine's weight storage, read from its
-storages) and the transient gather buffers of the method. The peak is the largest sum
-seen during the transition. Allocator caching, activations and the optimizer state are
-outside this count.
 """
 
 from __future__ import annotations

@@ -4,35 +4,8 @@ With `trainer.mode` one_step_off or async (docs/async.md) the actor trains in on
 processes and a rollout worker group generates in another, so the 3D-HybridEngine's
 in-place reshard does not apply. A `WeightBridge` is a process group that spans both
 pools: bridge rank 0 is the actor's training rank 0, bridge ranks 1..R are the rollout
-ranks. It is a gloo group created from its own TCPStore (hosted by the sender on its node's
-address only, controller/network.py), so it lives beside each pool's default process group
-without touching either.
-
-One sync, `send` on the training side and `receive` on the rollout side:
-
-1. Every actor rank walks the parameters in their HF names (LoRA merged,
-   workers/generation_weights.py) and materialises each full tensor from its FSDP / TP
-   shards (`full_tensor`, a collective inside the training pool). Only training rank 0
-   keeps it.
-2. Rank 0 packs consecutive tensors of one dtype into a flat bucket of at most
-   `bucket_bytes` and broadcasts it over the bridge; the receivers unpack the same bucket
-   into views by the manifest (names, shapes, dtypes, agreed once when the bridge is
-   built) and hand each full tensor to their rollout engine's `load_weights`, which cuts
-   its own tensor-parallel piece (the generation layout) and converts the dtype on copy.
-
-Every sync starts with a one-element header, the policy version the weights are, so a
-receiver that takes syncs in the background (workers/rollout.py) knows which is which.
-
-The weights travel in the training dtype, so what generation loads is the trained
-tensor bit for bit (before the engine's own dtype cast). The controller never sees them:
-it only starts the calls. `TransferStats` reports bytes, buckets and seconds.
-
-Backend (`bridge_backend`): **nccl** when every member has a CUDA device (the pools run on
-GPUs): the buckets are CUDA tensors and the broadcast goes GPU to GPU; **gloo** otherwise
-(CPU tensors). The choice is made once, from `torch.cuda.is_available()` on each member,
-and every member must agree (a mixed bridge is an error at build time, see
-`WeightBridge.__init__`). The nccl path cannot run on the CPU-only machine this was
-written on: it is exercised only by the backend choice's unit test, not end to end.
+ranks. It is a gloo group created from its own TCPStore (hosted by the sender), so it
+lives beside each pool's default process group without touching either.
 """
 
 from __future__ import annotations

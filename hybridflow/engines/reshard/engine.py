@@ -6,29 +6,6 @@
     stats = hybrid.to_generation()        # gather into the rollout engine's TP layout
     out = hybrid.rollout.generate(prompts, sampling)
     hybrid.to_training()                  # release the generation copy
-
-Weights reach the rollout engine one parameter per `load_weights` call, or, with
-`bucket_bytes` (by default the engine's `sync_bucket_bytes`: the external engines, where a
-call is an RPC), in buckets of up to that many bytes, already converted to the rollout
-dtype: a few calls per transition instead of one per parameter, for at most `bucket_bytes`
-more of staged buffers (counted in `buffer_bytes`; the formulas of formulas.py are those of
-the unbucketed stream).
-
-`to_generation` reads the training parameters afresh every time, so the weights an
-optimizer step just changed are the ones generation uses. The training shards are left
-untouched (on GPU the caller may offload them with `TrainEngine.offload` while
-generating). Building is collective over the training world: it shares the layout and
-creates the process groups (generation TP groups and gather groups) on every rank.
-
-Pipeline-parallel training (p > 1, each rank holding one stage's parameters) generates at
-p_g = 1: every rank's rollout engine holds its TP shard of every layer. Parameters are
-gathered inside their stage as without pipelining and broadcast over the pipeline group
-to the other stages' ranks that need the same shard (grouping.py).
-
-The rollout engine is whichever backend `backend` names (engines/rollout/registry.py); the
-HybridEngine uses only the `RolloutEngine` interface: its TP layout (`tp_size`, `tp_rank`,
-`shard_dim`), `load_weights(sharded=...)`, `release_memory` / `resume_memory` and
-`weight_storage_bytes` for the memory accounting.
 """
 
 from __future__ import annotations

@@ -1,25 +1,4 @@
-"""The paper's Table 2 adapted to FSDP training: closed-form per-rank costs of a transition.
-
-Symbols (derivation in docs/reshard.md): N training ranks (p x d x t: pipeline stages,
-FSDP over d, TP over t), N_s = N / p the ranks of one stage, t_g generation TP size
-(generation p_g = 1), K_r = d the number of distinct training shards of a replicated
-parameter (norms: FSDP shards them over d only). P_s / P_r: parameters (elements) the
-generation engine splits / replicates, of the whole model; P_s^(s) / P_r^(s) those of the
-rank's pipeline stage s (the whole model when p = 1); e_g, e_t: bytes per element in the
-generation (transfer) and training dtypes; M_s = e_g P_s, M_r = e_g P_r, M = M_s + M_r.
-
-    train shard   T = e_t (P_s^(s) / N_s + P_r^(s) / K_r)
-    same in e_g   S = e_g (P_s^(s) / N_s + P_r^(s) / K_r)
-    generation    G = M_s / t_g + M_r
-    comm   hybrid          G - S  ("receive what you need minus what you hold";
-                                   p = 1: (N - t_g) / (N t_g) M_s + (K_r - 1) / K_r M_r)
-           plain, gather   M - S  (p = 1: (N - 1) / N M_s + (K_r - 1) / K_r M_r)
-    buffers hybrid: one parameter's generation shard, the largest one that is staged:
-                    p = 1, split ones when N / t_g > 1, replicated ones when K_r > 1;
-                    p > 1, every one (each is broadcast to the other stages)
-            plain, gather_all: the whole gathered model, M (p = 1: terms whose group is 1 drop)
-    peak = T + G + buffers
-"""
+"""The paper's Table 2 adapted to FSDP training: closed-form per-rank costs of a transition."""
 
 from __future__ import annotations
 

@@ -6,27 +6,6 @@ plan for every other rank and the process groups can be created collectively.
 Notation (docs/reshard.md): N training ranks, each holding chunk c(r) of every
 TP-split parameter (c(r) = r for FSDP alone, tp_rank * dp + dp_rank for FSDP x TP);
 generation tensor parallelism t_g; B = N / t_g.
-
-- `hybrid` (HybridFlow grouping, paper section 5.3): generation rank g(r) = c(r) // B,
-  so rank r's chunk lies inside its generation shard; generation TP groups are the ranks
-  with equal c(r) mod B (stride B = N / t_g when c(r) = r) and the micro-DP group of r,
-  the ranks with equal c(r) // B, gathers exactly that shard. All groups run at once.
-- `plain` (HybridFlow-V, plain grouping): generation TP groups are consecutive ranks,
-  g(r) = r mod t_g, so a rank's chunk is in general not part of its generation shard and
-  the whole model is gathered over the training ranks, then cut.
-- `gather_all` (DeepSpeed-Chat-like): every rank gathers every parameter whole, then the
-  generation engine cuts its piece; generation groups as in `plain`.
-Pipeline stages (p > 1 -> p_g = 1): the grouping above runs inside each stage over its
-N / p ranks, so every generation group lies in one stage. A rank also needs the other
-stages' parameters: its counterpart at the same position in each other stage has the same
-generation rank, gathers the same shard (or full tensor) inside its stage, and broadcasts
-it over the pipeline group (the ranks at that position, one per stage). The micro-DP group
-of generation rank g is thus every rank with g(r) = g, B from each stage; a rank's
-training chunk is still part of its generation shard.
-Parameters the generation engine replicates (norms) are gathered whole by every method,
-and so are ragged ones (a dim the training ranks do not divide, layout.py): their
-training pieces do not nest in the generation engine's ceil-sized TP pieces in general,
-so every rank gathers the whole tensor from all ranks and the engine cuts its piece.
 """
 
 from __future__ import annotations

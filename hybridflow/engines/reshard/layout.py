@@ -1,29 +1,4 @@
-"""Where each training rank's shard of every parameter sits in the full tensor.
-
-The resharder only needs one fact per (parameter, rank): which contiguous chunk along
-which dim the rank holds. FSDP2 (optionally on top of tensor parallelism) gives exactly
-that when every shard placement of a parameter is on the same dim: each rank then holds
-chunk `i` of `K` equal chunks along that dim (FSDP x TP nests the chunks, a
-`_StridedShard`, and the chunk index comes out as tp_rank * dp + dp_rank). A parameter
-sharded on two dims (FSDP's default dim 0 over a TP-split dim 1) cannot be gathered into a
-generation shard without extra copies; `TrainingLayout` refuses it with a pointer to
-`aligned_placement_fn`.
-
-A dim the ranks do not divide (an odd vocabulary over 2 or 4 ranks) is split unevenly:
-FSDP2 gives ceil-sized pieces and a shorter (or empty) last one, FSDP x TP nests two such
-splits. Such a parameter is "ragged": its layout keeps each rank's (offset, length) and
-the grouping gathers it whole (grouping.py), so no method needs equal chunks for it.
-
-Pipeline stages (p > 1): a rank holds only its stage's parameters (engines/train/pipeline.py
-keeps the Hugging Face names), so the ranks fall into p blocks of N / p consecutive ranks
-(the training mesh has pp outermost) with disjoint parameter sets. Each parameter's layout
-is then read over its own stage's ranks: `ParamLayout.stage` names the block and its
-`chunks` are indexed by the rank's position inside it. With p = 1 that position is the
-global rank.
-
-`TrainingLayout.from_named_parameters` is collective: every rank computes its own chunk
-index from its DTensor and one small all-gather of (name, shape, piece) lists shares them.
-"""
+"""Where each training rank's shard of every parameter sits in the full tensor."""
 
 from __future__ import annotations
 

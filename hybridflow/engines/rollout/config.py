@@ -42,7 +42,7 @@ class RolloutConfig:
     # there (see gemm.py). A concrete mode after construction.
     matmul: str = "auto"
     # "host": every token read back, finished rows leave at once (the faster on CPUs:
-    # benchmarks/results/rollout_decode_loop.json); "device": fixed-shape steps with sampling
+    # benchmarks/engines/results/rollout_decode_loop.json); "device": fixed-shape steps with sampling
     # and stop ids on the device, state read back every `readback_every` steps
     # (device_loop.py); "auto": "device" on GPUs, "host" on CPUs. Concrete after construction.
     decode_loop: str = "auto"

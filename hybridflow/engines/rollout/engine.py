@@ -2,26 +2,6 @@
 
     engine = NativeRolloutEngine.from_pretrained(model_dir, RolloutConfig(dtype="auto"))
     out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=256, n=4))
-
-Input DataProto: `input_ids`, `attention_mask` (LEFT-padded prompts), optional
-`position_ids`; non-tensor arrays are passed through (repeated for n > 1).
-Output DataProto, one row per sample, samples of one prompt adjacent (like
-`DataProto.repeat(n, interleave=True)`):
-- `prompts` [N, P]: the input ids; `responses` [N, R]: right-padded with the pad id, R =
-  the largest max_new_tokens of the call; `response_mask` [N, R];
-- `input_ids`, `attention_mask`, `position_ids` [N, P+R]: prompt followed by response,
-  response positions continuing from the prompt's last position;
-- `rollout_log_probs` [N, R] fp32 (0 on padding): see sampling.py for which distribution;
-- non-tensor `finish_reason`: "stop" (stop id, eos, or stop string) or "length".
-The stop token / completing token is kept in the response.
-
-Randomness: every sample owns a generator seeded from (seed, prompt row, sample index)
-when SamplingParams.seed is set, else from (config.seed, call number, row, sample). Results
-therefore do not depend on batch composition, slot count or tensor-parallel size.
-
-Decode loop (`config.decode_loop`): "host" (scheduler.py) reads each step's tokens back;
-"device" (device_loop.py) samples and stops on the device and reads back every few steps,
-with the same tokens.
 """
 
 from __future__ import annotations

@@ -2,31 +2,6 @@
 
     problem = check_external_backend("vllm", tp_size=2, reshard_method="plain", log_prob_mode="processed",
                                      temperature=1.0, top_k=-1, top_p=0.9)   # None, or the key and why
-
-`rollout.name: vllm` / `sglang` select the adapters in vllm_backend.py / sglang_backend.py.
-Neither package is a dependency of hybridflow (each pulls its own CUDA build of torch), so
-the config is checked here, before torch or the package is imported: the package must be
-importable (`is_installed`: found by `importlib.util.find_spec`, nothing imported; the
-registry checks it), the generation layout
-must be one the engine can form, and the log-probs the engine returns must be the ones
-`rollout.log_prob_mode` promises (`log_prob_mismatch`). `require_gpu` is the check of the
-run config (validation.py): both engines generate on CUDA devices only.
-
-Log-prob semantics (what each engine returns for the sampled token, next to ours;
-engines/rollout/sampling.py defines "scaled" and "processed"):
-- vLLM 0.32.0, built with `logprobs_mode="processed_logprobs"`: log_softmax of the logits
-  after temperature and top-k/top-p masking (vllm/v1/sample/sampler.py and
-  ops/topk_topp_sampler.py), i.e. our "processed" exactly; equal to "scaled" only when
-  nothing is truncated (top_k off, top_p = 1). Greedy rows: log_softmax(logits), like ours.
-  (vLLM's default, "raw_logprobs", is log_softmax(logits) before temperature.)
-- SGLang 0.5.21 (sglang/srt/layers/sampler.py, Sampler.forward): log of softmax(logits / T)
-  over the whole vocabulary, for every top-k / top-p: the top-k/top-p sampler works on a
-  sorted copy of the probabilities (top_k_top_p_min_p_sampling_from_probs_torch) and the
-  returned log-probs are taken from the untruncated ones (with deterministic inference,
-  log_softmax(logits / T)). That is our "scaled" always, and "processed" only when nothing
-  is truncated (top_k off, top_p = 1). Greedy rows: log_softmax(logits).
-A combination outside these is refused (config validation for the rollout defaults,
-generate() for a call's meta_info), never silently reported under the other meaning.
 """
 
 from __future__ import annotations

@@ -1,31 +1,4 @@
-"""`ExternalRolloutEngine`: what the vLLM and SGLang adapters share behind `RolloutEngine`.
-
-An adapter subclasses it and talks to its engine in eight methods: `_start_engine` (build
-it from the model directory, weights not loaded), `_engine_generate` (requests in, per
-request (token ids, log-probs) out), `_engine_begin_load` / `_engine_load` (one bucket of
-full Hugging Face tensors) / `_engine_end_load` (the engine's weight-update session: opened
-before the first bucket, closed before the next generate or release, which post-processes
-the new weights and forgets cached prefixes), `_engine_release` / `_engine_resume` (the
-engine's sleep / wake-up) and `_engine_weight_bytes`. Everything
-the contract asks beyond the engine calls lives here, once, with the same helpers as the
-built-in backends (batch_io.py): reading prompts, refusing bad input with the same errors,
-the per-sample seeds, cutting at stops, the output DataProto, the weight-name and shape
-checks, and which parameters were loaded. (tests/engines/rollout/external_reference.py
-plugs the native engine into these hooks, so the contract suite runs this shared code on
-a CPU.)
-
-Weights arrive by Hugging Face name from the HybridEngine, in buckets of several parameters
-(`sync_bucket_bytes`, already in the rollout dtype), each rank with its generation
-tensor-parallel piece (`sharded=True`) or the full tensor. Both
-engines' loaders take full tensors and cut their own piece (vLLM's weight_loader narrows
-by its TP rank), so a piece is all-gathered over the engine's TP group first: one
-parameter is whole at a time on each rank, never the model (`_full_tensor`). Tensors are
-then sent under their checkpoint names (fused MoE experts split per expert,
-`external_io.to_checkpoint`) in buckets of `bucket_bytes`.
-
-Neither engine runs on a CPU: building an adapter without CUDA raises with the fix (the
-run config refuses it earlier, config/validation.py).
-"""
+"""`ExternalRolloutEngine`: what the vLLM and SGLang adapters share behind `RolloutEngine`."""
 
 from __future__ import annotations
 

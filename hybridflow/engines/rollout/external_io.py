@@ -3,29 +3,6 @@
 Pure functions on plain data, so they are tested without either package
 (tests/engines/rollout/test_external_backends.py); the adapters (vllm_backend.py,
 sglang_backend.py) only call the engines with what these produce.
-
-- `expand_requests`: one engine request per (prompt row, sample): the n samples of a
-  prompt are separate requests with n=1, each seeded from (seed, row, sample index) like
-  the native engine's streams, so a sample does not depend on the other rows of the batch.
-  Both engines share the prompt prefix across them (prefix caching / radix cache).
-- `vllm_sampling_kwargs` / `sglang_sampling_dict`: our `SamplingParams` as the engine's.
-  Stop token ids (eos included unless ignore_eos) are given explicitly and the engine's own
-  eos is switched off where it can be, so both stop on exactly `batch_io.stop_ids_for`.
-  Stop strings are NOT given to the engines (they would need its tokenizer and trim the
-  text): the response is cut afterwards at the token that completes the string, with the
-  caller's tokenizer (`batch_io.cut_at_stop`), as the native engine stops.
-- `vllm_parallel_kwargs`: how t_g / d_g become vLLM's parallel settings.
-- `check_reply`: an SGLang control call's (success, message) reply, raised on failure.
-- `vllm_completion_tokens` / `sglang_output_tokens`: the (token ids, log-probs) of one
-  engine output; `finish` turns them into a `batch_io.Sample` for `pack_output`.
-- `expected_weights` / `check_weight`: the Hugging Face parameter names and shapes the
-  engines load, checked before anything is sent (the engines' own errors are deep inside
-  their workers); `to_checkpoint` splits transformers' fused MoE experts back into the
-  per-expert checkpoint tensors the engines read; `engine_weight_names` drops what the
-  engines do not take;
-  `gather_tp_piece` rebuilds a whole parameter from the TP ranks' pieces (the engines' loaders
-  cut their own piece from a whole tensor); `weight_buckets` groups tensors into bounded
-  transfers.
 """
 
 from __future__ import annotations

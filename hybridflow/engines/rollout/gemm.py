@@ -1,23 +1,4 @@
-"""Matrix products of the generation model: the stock kernel, or fp32 panels for bf16 on CPUs.
-
-`RolloutConfig.matmul` picks how `x @ w` runs:
-- "auto" (default): "fp32_panels" for bf16 on a CPU without native bf16, else "native"
-  (`resolve_matmul`).
-- "native": torch's own kernel in the compute dtype (`torch.mm` / `F.linear`).
-- "fp32_panels": for bf16 weights on CPUs *without* native bf16 instructions (no
-  AVX512_BF16/AMX), where torch's bf16 GEMM is emulated at ~1/4 of the fp32 rate. The
-  weight is converted to fp32 one column panel at a time into a small reused buffer (2 MiB,
-  cache-resident) and multiplied with fp32 sgemm; the result is rounded to the
-  activation dtype. Weights, activations and the KV cache stay bf16, and the arithmetic is
-  that of a bf16 GEMM (a product of two bf16 numbers is exact in fp32, the sum is
-  accumulated in fp32, the output rounded to bf16); only the summation order differs from
-  the stock kernel. No fp32 copy of the weights is kept. On GPUs or CPUs with native bf16
-  it is slower than "native": do not use it there.
-
-Products with fewer than 8 rows, and fp32 tensors, use the native kernel.
-The buffers (input, output and panel) grow to the largest shape seen and are reused:
-freshly allocated pages are expensive on the CPUs we run on.
-"""
+"""Matrix products of the generation model: the stock kernel, or fp32 panels for bf16 on CPUs."""
 
 from __future__ import annotations
 

@@ -2,46 +2,6 @@
 
     engine = HFRolloutEngine.from_pretrained(model_dir, RolloutConfig(dtype="fp32"))
     out = engine.generate(batch, SamplingParams(temperature=1.0, max_new_tokens=64, n=4))
-
-Select it with `rollout.name=hf`. The model is `transformers.AutoModelForCausalLM` built
-from the config, so any family transformers knows works, including ones the native
-engine lacks; it is fed weights by Hugging Face name like every backend, and decodes
-with `model.generate`. Slower than the native engine (no continuous batching: a batch
-decodes until its longest row is done), but an independent implementation of the same
-contract: the output DataProto is built by the same code (batch_io.pack_output: keys,
-layout, finish reasons and stop rules are the native engine's).
-
-How SamplingParams map:
-- temperature, top_k, top_p: one logits processor of ours applies transformers' own
-  warpers (temperature, then top-k, then top-p; generate's are switched off) and records
-  `rollout_log_probs` in the engine's log_prob_mode ("scaled": softmax(logits / T) over
-  the full vocabulary; "processed": the truncated distribution sampled from). Greedy
-  (temperature 0) takes the argmax and reports log softmax(logits).
-- stop_token_ids and eos (unless ignore_eos) end a row inside generate. Stop strings are
-  checked afterwards: the row decodes on until a stop id or its budget, then is cut at the
-  token that completes the string, as the native engine would have stopped.
-- n: every prompt is repeated n times, its samples adjacent in the output.
-- max_new_tokens and the other settings may differ per row: rows are grouped by their
-  SamplingParams and each group is one `generate` call (max_num_seqs rows at most), so
-  every row gets exactly its own budget.
-
-What it cannot do like the native engine:
-- tensor parallelism: t_g = 1 only (use rollout.name=native, or
-  rollout.tensor_model_parallel_size=1);
-- batch-independent randomness: `generate` samples from torch's global generator, so a
-  sample depends on the rows generated with it, not on (seed, row, sample) alone. A call
-  is reproducible for the same batch and seed (each group call is seeded from the request
-  seed, or from RolloutConfig.seed and the call number); the caller's RNG state is left
-  untouched;
-- keeping the KV cache between calls: keep_kv_cache=True is refused; multi-turn rollouts
-  (`turn_engine`) regenerate every turn from the whole prefix; prefill_token_budget
-  and matmul have no effect (generate allocates its cache per call and uses torch's
-  kernels).
-
-Families: the backend itself runs any causal LM transformers builds from the config it is
-given (tests/engines/rollout/test_hf_backend.py runs GPT-2 and Phi-3, which the native
-engine refuses). Inside `hybridflow train` the model must still be one the training engine
-loads (engines/models.py SUPPORTED_FAMILIES).
 """
 
 from __future__ import annotations

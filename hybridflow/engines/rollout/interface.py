@@ -4,31 +4,6 @@ Workers and `engines/reshard` talk to generation only through `RolloutEngine`, s
 backend (vLLM, SGLang, ...) is one new module in engines/rollout: a subclass registered
 with `@register_rollout_backend("name")` (registry.py) and selected by `rollout.name`.
 Built in: "native" (engine.py) and "hf" (hf_backend.py, transformers `generate`).
-
-A backend is built as `cls(hf_config, rollout_config, process_group=..., tokenizer=...,
-model_path=...)` with no weights, then fed weights by `load_weights`. It provides:
-
-- `tp_size` / `tp_rank` / `shard_dim(name)`: its tensor-parallel layout. The HybridEngine
-  hands each rank the piece of a weight it owns along `shard_dim(name)`, so a backend
-  must split weights like `weights.tp_shard_dim` (Megatron convention) or refuse TP
-  (`supports_tensor_parallel = False`: then it only ever gets full tensors).
-- `load_weights(named_tensors, sharded=...)`: weights by Hugging Face parameter name,
-  either full tensors (the engine cuts its tensor-parallel piece) or pieces the caller
-  already cut along `shard_dim(name)`; may be called repeatedly (weight sync each step).
-- `generate(prompts, sampling_params)`: left-padded prompts in a DataProto in; a DataProto
-  with `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`,
-  `position_ids`, `rollout_log_probs` and non-tensor `finish_reason` out (layout in
-  engine.py; `batch_io.pack_output` builds it).
-- `turn_engine(slots)` (optional): multi-turn generation for the agent loop; the native
-  engine continues from its KV cache (turns.py), the hf backend regenerates from the
-  prefix (regen_turns.py). At t_g > 1 the backend also returns its group from `tp_group`
-  and its turn engine agrees on each step's sampled tokens across the group.
-- `release_memory(keep_weights=...)` / `resume_memory()`: give the device memory back
-  between rollouts (colocated training needs it) and take it again.
-- `weight_storage_bytes()`: bytes of weight storage held right now; the HybridEngine's
-  memory accounting reads it (it must drop to 0 after `release_memory()`).
-
-tests/engines/rollout/test_backend_contract.py runs the same checks on every backend.
 """
 
 from __future__ import annotations

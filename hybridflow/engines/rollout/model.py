@@ -1,16 +1,4 @@
-"""Compact decoder for generation: RMSNorm, RoPE, GQA attention over a KV cache, SwiGLU.
-
-One implementation serves llama, qwen2 (q/k/v bias), qwen3 (per-head q/k RMSNorm) and
-mistral (sliding window), reading weights by their Hugging Face names (see weights.py).
-Two entry points:
-- `prefill`: a batch of right-padded prompts, written into chosen cache slots; returns the
-  logits of each prompt's last token.
-- `decode`: one token for each of the first `rows` slots at per-slot positions; returns
-  their logits.
-Under tensor parallelism (a process group of size t_g) attention heads, the MLP and the
-vocabulary are split across ranks; o_proj/down_proj outputs and the embedding are
-all-reduced and the logits all-gathered, so every rank sees the full logits.
-"""
+"""Compact decoder for generation: RMSNorm, RoPE, GQA attention over a KV cache, SwiGLU."""
 
 from __future__ import annotations
 

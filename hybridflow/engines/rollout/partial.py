@@ -6,25 +6,6 @@
     stream.load_weights(new_weights, version=1)   # in-flight sequences keep their tokens
     stream.run()                              # ...and continue under the new weights
     groups = stream.pop_finished()            # DataProtos of whole prompt groups
-
-Used by the rollout worker of the asynchronous trainer (workers/rollout.py, docs/async.md).
-It reuses the native engine's continuous-batching scheduler (scheduler.py) but keeps its
-waiting queue, live slots and KV cache between `run` calls, so a weight sync is a pause,
-not a restart.
-
-KV cache after a weight change: **recomputed**. The keys and values of the tokens already
-generated were computed by the old weights; continuing to attend to them would mix two
-policies inside one forward pass. So the first iteration after `load_weights` re-prefills
-every live sequence (prompt + generated tokens but the last) under the new weights into
-its own slot, then decoding continues from the last sampled token. The tokens already
-sampled, their `rollout_log_probs` and their random streams are kept: a sequence continues,
-it is not resampled. Each response token records the weight version that sampled it
-(`policy_version`, [N, R] int64, -1 on padding), so the trainer sees exactly how stale every
-token is, and the behaviour log-prob of each token is the one of the policy that sampled it.
-
-Sampling matches `NativeRolloutEngine.generate`: each sample's generator is seeded from
-(seed, prompt row, sample index) and iterations run in the same order, so a stream that
-is never paused produces the same tokens as one `generate` call with the same seed.
 """
 
 from __future__ import annotations

@@ -5,19 +5,6 @@
     while turns.busy:
         for done in turns.step():                 # every open turn runs to its end
             turns.extend(done.key, observation_ids, max_new_tokens=32)   # or turns.close(key)
-
-The same interface as `TurnEngine` (turns.py), for backends whose `generate` allocates its
-KV cache per call (the `hf` backend: transformers' `generate`). Each `step` is one
-`engine.generate` call over every sequence with a turn to run (up to `slots` of them);
-the prompt of a call is the sequence's whole context so far (prompt, earlier turns,
-observations), so the prefix is prefilled again every turn: O(turns x context) prefill
-work where the native engine's continuation does O(context). A turn ends on the backend's
-stop rules (stop ids, eos, stop strings) or its budget, exactly as a one-turn call.
-
-Randomness is the backend's: the hf backend samples a call's rows from one generator, so
-a trajectory's samples depend on which others share its call (async and sync modes give
-the same trajectories only greedily or with a deterministic schedule). Greedy turns equal
-the native engine's continuation up to floating-point ties (tested).
 """
 
 from __future__ import annotations

@@ -5,17 +5,6 @@
 
     engine = build_rollout_engine("mine", hf_config, RolloutConfig(dtype="auto"),
                                   process_group=None, tokenizer=None, model_path=None)
-
-Built in: "native" (engine.py, hybridflow's own engine), "hf" (hf_backend.py,
-transformers `generate`) and the adapters of two external engines, "vllm" (vllm_backend.py)
-and "sglang" (sglang_backend.py), whose packages are not dependencies (external.py checks
-that they are installed), declared here by name (with whether they run tensor parallel)
-so that `check_rollout_backend` validates a config without importing torch; their
-modules register the classes when first built. A
-backend that lives outside hybridflow is named "package.module:name": the module is
-imported first (which runs its `register_rollout_backend`), in the controller when the
-config is checked and in every worker process when the engine is built, so it must be
-importable there (installed, or on PYTHONPATH). docs/extending.md walks through it.
 """
 
 from __future__ import annotations

@@ -1,27 +1,4 @@
-"""Sampling parameters and the batched sampler with per-row settings.
-
-Distribution used for sampling, row by row:
-1. logits / temperature (greedy rows: temperature treated as 1);
-2. top-k: keep the k most likely tokens (k <= 0: off);
-3. top-p: of what is left, renormalised, keep the smallest most-likely-first prefix whose
-   mass reaches top_p (the most likely token is always kept);
-4. sample from the renormalised survivors by inverse CDF with one uniform number per row
-   drawn from the request's own seeded generator. Greedy rows take the argmax.
-
-Cost matters at vocab 32k-150k: the inverse CDF is two-level (block masses, then a cumsum
-inside one block) rather than a float64 cumsum over the vocabulary, and top-p searches the
-nucleus among the 1024 most likely tokens first (a full sort is ~30x dearer), widening to
-the whole vocabulary only for rows whose nucleus is larger. That widening reads a flag on
-the host; `host_sync=False` (the device decode loop, device_loop.py) skips it and sorts
-the whole vocabulary whenever a truncating row has no top-k, so nothing waits for the host.
-
-`rollout_log_probs` (mode "scaled", the default) is the log-probability of the chosen token
-under softmax(logits / temperature) over the FULL vocabulary, i.e. before top-k/top-p
-truncation. That is what the actor recomputes as `old_log_probs` from the same logits and
-temperature, so the two agree up to numerics. Mode "processed" returns it under the
-truncated, renormalised distribution actually sampled from (step 3). Greedy rows report
-log softmax(logits) (temperature 1) in both modes.
-"""
+"""Sampling parameters and the batched sampler with per-row settings."""
 
 from __future__ import annotations
 

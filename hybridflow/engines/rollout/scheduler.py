@@ -5,10 +5,6 @@ into free slots (one batched prefill, n samples of a prompt prefilled once) or r
 decode step over the live slots. When sequences finish, survivors from the tail move into
 the holes (one cache copy per move), so the next step decodes exactly the live rows: a
 batch of mixed lengths never decodes padding, and a freed slot is refilled immediately.
-
-Every rank of a tensor-parallel group runs this loop; sampled tokens are broadcast from
-the group's first rank so all ranks take identical decisions (same shapes, same
-collectives) even if their logits differed in the last bit.
 """
 
 from __future__ import annotations

@@ -2,40 +2,8 @@
 
     rollout:
       name: sglang                     # resources.use_gpu: true; `pip install 'hybridflow[sglang]'`
-      tensor_model_parallel_size: 1    # one engine per rank (see below)
+      tensor_model_parallel_size: 1    # one engine per rank
       log_prob_mode: scaled            # what SGLang returns, for every top_k / top_p (external.py)
-
-NEVER RUN HERE: no GPU and no SGLang were available in the session that wrote it; the
-contract suite runs it where both are. `sglang` is imported only when an engine is built;
-a missing package is a ConfigError at config validation (external.py). The translation
-code it uses is in external_io.py and tested without the package.
-
-How it maps onto SGLang (docs/rollout_backends.md):
-- Layout: one `sglang.Engine` per rank, on this rank's GPU (base_gpu_id), tp_size=1: d_g =
-  world engines, t_g = 1. An Engine with tp_size > 1 starts its own scheduler process per
-  GPU, on GPUs the colocated training ranks hold; that layout is refused at config
-  validation rather than half-supported.
-- Weights: built with load_format="dummy", then one weight-update session per sync:
-  `Engine.begin_weight_update()`, `Engine.update_weights_from_tensor(named_tensors=[(HF
-  name, tensor), ...], flush_cache=False)` per bucket, `Engine.end_weight_update()` (which
-  finalises quantised weights into their kernel layout), then `Engine.flush_cache()`
-  before the next generate. Since 0.5.21 an update outside a session answers (False,
-  "update_weights_from_tensor must run between begin_weight_update() and
-  end_weight_update()") and loads nothing (sglang/srt/managers/scheduler_components/
-  weight_updater.py); every reply is checked (external_io.check_reply). Tensors pass to
-  the scheduler process through CUDA IPC (SGLang serialises handles, not bytes).
-- Memory: enable_memory_saver=True; release_memory() is `release_memory_occupation()`
-  (weights and KV cache), resume_memory() `resume_memory_occupation()`; the weights are then
-  reloaded. keep_weights=True releases the KV cache only (tags=["kv_cache"]): the weights
-  stay on the device, so `weight_storage_bytes` stays as it was.
-- Sampling: one request per sample, seeded per sample (`sampling_seed`). SGLang reads
-  sampling_seed only when the engine runs with enable_deterministic_inference=True
-  (sglang/srt/sampling/sampling_batch_info.py; otherwise every seed is ignored), so the
-  engine is built with it: the pytorch sampling backend and batch-invariant kernels, the
-  price of reproducible samples. Log-probs from return_logprob=True (external.py has
-  their meaning). A request that ignores eos but has
-  stop ids decodes to its budget and is cut afterwards (external_io.sglang_sampling_dict).
-- Not supported: tensor parallelism, multi-turn rollouts, keep_kv_cache.
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""Architecture description of a supported decoder, read from a Hugging Face config.
-
-`DecoderSpec` is everything the generation model needs to know about a checkpoint of a
-supported family (llama, qwen2, qwen3, mistral): sizes, head_dim (taken from the config
-when it has one: Qwen3's head_dim is not hidden/heads), which projections carry a bias,
-whether queries and keys are RMS-normed per head (Qwen3), per-layer sliding windows, and
-the rotary embedding with its scaling. `rope_inv_freq` turns the rope description into
-inverse frequencies; the supported scalings are the ones these families ship with
-("default", "linear", "llama3"); anything else raises instead of silently decoding with
-wrong positions.
-"""
+"""Architecture description of a supported decoder, read from a Hugging Face config."""
 
 from __future__ import annotations
 

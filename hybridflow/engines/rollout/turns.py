@@ -5,23 +5,6 @@
     while turns.busy:
         for done in turns.step():        # TurnOutput: a sequence whose turn ended
             turns.extend(done.key, observation_ids, max_new_tokens=32)   # or turns.close(key)
-
-A sequence keeps one cache slot from `open` to `close`. A turn ends on a stop token (or
-stop string) or after the turn's `max_new_tokens`; the sequence then pauses with its KV
-cache intact. `extend` appends tokens (an environment's observation) and resumes: the
-last sampled token and the new tokens are prefilled at the sequence's next positions,
-attending to the cached prefix, so nothing before them is recomputed. Paused sequences
-take no part in decode steps, so the others keep generating while one waits (the agent
-loop's asynchronous mode relies on that).
-
-Each step either prefills pending chunks (new prompts, continuations) or runs one decode
-step over the generating sequences; all go through `DecoderModel.extend`, which reads
-slots in any order. Randomness is per sequence (its own generator, as in the one-turn
-engine), so results do not depend on which other sequences share a step.
-Under tensor parallelism (t_g > 1) every rank of the generation group runs the same calls
-in the same order (the agent loop's lockstep, envs/agent/lockstep.py); each step's sampled
-tokens are broadcast from the group's rank 0, as in the one-turn scheduler, so all ranks
-hold the same sequences and take the same shapes into every forward's collectives.
 """
 
 from __future__ import annotations

@@ -5,42 +5,6 @@
       tensor_model_parallel_size: 2    # t_g: vLLM's tensor_parallel_size
       reshard_method: plain            # consecutive TP groups, as vLLM forms them
       log_prob_mode: processed         # what vLLM returns (external.py)
-
-NEVER RUN HERE: no GPU and no vLLM were available in the session that wrote it; the
-contract suite (tests/engines/rollout/test_backend_contract.py) runs it where both are.
-`vllm` is imported only when an engine is built; a missing package is a ConfigError at
-config validation (external.py). Everything that does not need vLLM (sampling
-translation, output conversion, weight checks and buckets) is in external_io.py and tested.
-
-How it maps onto vLLM (docs/rollout_backends.md has the full table):
-- Layout: one `vllm.LLM` per rank. Inside the workers' torch.distributed world the engine
-  joins it (distributed_executor_backend="external_launcher") with tensor_parallel_size =
-  t_g and data_parallel_size 1: the world / t_g engines are independent replicas (vLLM's
-  "external DP"), each TP group t_g consecutive ranks (external_io.vllm_parallel_kwargs),
-  and no rank waits for another's dummy batches. Each worker must see one GPU. Outside a
-  world (one process) it is a single-process engine. The engine core runs in this process
-  (VLLM_ENABLE_V1_MULTIPROCESSING=0) so weights reach the model without serialisation.
-- Weights: built with load_format="dummy" (nothing read from disk), then fed by Hugging
-  Face name through `LLM.collective_rpc` on this rank's worker, as vLLM's own in-place
-  reload does it (vllm/model_executor/model_loader/reload/inplace.py, and the CUDA IPC
-  weight-transfer engine's start/update/finish): `initialize_layerwise_reload(model)`
-  once per sync, `model.load_weights(bucket)` per bucket (vLLM maps q/k/v and gate/up
-  onto its fused parameters and cuts its TP piece), `finalize_layerwise_reload(model,
-  model_config)` before the next generate. The layer-wise reload runs each layer's
-  `process_weights_after_loading` once its weights are in, so derived tensors are rebuilt
-  from the new ones (DeepSeek MLA's W_UK/W_UV from kv_b_proj, MoE kernel layouts,
-  quantised repacking); a bare `load_weights` would leave them from the dummy weights.
-  vLLM's own start/update/finish_weight_update worker API needs a weight_transfer_config
-  (NCCL or CUDA IPC from a trainer in another process); here the tensors are already in
-  the engine's process, so the same three steps are called directly. The prefix cache
-  is reset after the reload (its KV was computed with the old weights).
-- Memory: enable_sleep_mode=True; release_memory() is `LLM.sleep(level=2)` (weights and KV
-  cache discarded: they are reloaded each step anyway), keep_weights=True is level 1
-  (weights offloaded to host memory). resume_memory() wakes the weights only; the KV cache
-  is woken by the next generate, so loading weights never coexists with the KV cache.
-- Sampling: one request per sample (external_io.expand_requests), seeded per sample; stop
-  ids explicit; log-probs with logprobs=0 and logprobs_mode="processed_logprobs".
-- Not supported: multi-turn rollouts (turn_engine), keep_kv_cache.
 """
 
 from __future__ import annotations

@@ -6,21 +6,6 @@ large matmul is faster than three small ones, and stores layer matrices transpos
 way (measured on the dev CPU; no difference in bf16 or on GPU). Every HF parameter name
 still maps 1:1 onto a view of those buffers. Loading is therefore `view.copy_(tensor)`: in place, no
 reallocation, dtype converted on the way (fp32 training weights -> bf16 decode weights).
-
-Tensor parallelism follows the Megatron / DTensor convention so the resharder can hand us
-pieces it already owns:
-- column parallel, split on dim 0: q/k/v/gate/up projections (weight and bias), and the
-  vocabulary dimension of embed_tokens and lm_head;
-- row parallel, split on dim 1: o_proj and down_proj weights (their biases are replicated
-  and added once, after the all-reduce);
-- replicated: every RMSNorm weight.
-`tp_shard_dim(name)` states the rule; `shard_for_rank` cuts a full tensor accordingly. A
-caller passes full tensors (`sharded=False`, we cut them) or its rank's shard
-(`sharded=True`, shapes must already match).
-Heads and MLP width must divide by the TP size; the vocabulary need not: its pieces are
-ceil(vocab / tp) rows (`tp_piece`), the last one shorter, and every rank stores ceil rows
-with the missing ones zero, so the embedding lookup and the logits all-gather stay
-uniform (the model drops the padded logit columns).
 """
 
 from __future__ import annotations

@@ -1,23 +1,4 @@
-"""Cutting a rank's batch into mini- and micro-batches, and packing away padding.
-
-A batch here is a plain `dict[str, Tensor]` whose tensors share the first (sequence)
-dimension: the `.batch` of a DataProto. Three things live here:
-
-- micro-batches by count, or by a token budget ("dynamic batch size"): sequences are
-  spread over the fewest parts that fit the budget with the balanced (Karmarkar-Karp)
-  partition, so parts have similar token counts. FSDP and TP run collectives in every
-  forward, so all ranks of the mesh must run the same number of micro-batches: the
-  count is agreed on with an all-reduce (max) before partitioning.
-- `pack` / `unpack`: the valid tokens of a micro-batch as one row, with position ids
-  restarting at 0 per sequence. Hugging Face attention (sdpa/eager) detects the
-  restarts and builds a block-diagonal causal mask when no attention mask is given
-  and no KV cache is used, so packed log-probs equal the padded ones.
-- `dp_balanced_order`: a permutation of a global batch after which the contiguous
-  per-rank chunks that dispatch hands to the dp ranks carry near-equal token counts
-  (the trainer applies it before each dp-split call; `trainer.balance_batch`). It only
-  swaps rows between ranks at the same position in their chunk, so every optimizer step
-  trains on the same set of samples as without it (see the function).
-"""
+"""Cutting a rank's batch into mini- and micro-batches, and packing away padding."""
 
 from __future__ import annotations
 

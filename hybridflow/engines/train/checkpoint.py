@@ -1,33 +1,4 @@
-"""Sharded, atomic training checkpoints with torch.distributed.checkpoint (DCP).
-
-Layout under a checkpoint root (a filesystem every rank can write, e.g. shared storage):
-
-    root/global_step_<n>/          one complete checkpoint
-        .metadata, __*_*.distcp    DCP shards: model + optimizer state
-        engine_state.pt            global step, lr-scheduler state (rank 0)
-        rng_rank<r>.pt             torch / CUDA / shuffle RNG states of rank r
-        extra_rank<r>.pt           the caller's state of rank r (optional; a worker's counters)
-    root/latest_checkpointed_step.txt   the step of the newest complete checkpoint
-
-Atomicity: a checkpoint is written into `root/.tmp-global_step_<n>` and renamed into
-place only after every rank has finished writing, and the `latest` pointer is replaced
-with os.replace afterwards; both are atomic on POSIX filesystems. A crash at any moment
-therefore leaves the previous checkpoint and pointer intact; a stale `.tmp-*` directory
-is ignored by loading and removed by the next save. `write_checkpoint` writes the same
-files into an exact directory for callers that make a bigger checkpoint atomic themselves
-(the RL trainer's <run>/checkpoints/global_step_<n>/<role>).
-
-The directory protocol itself (`begin_atomic_dir`, `publish_atomic_dir`,
-`prune_atomic_dirs`, `write_text_atomically`) is shared with those callers: the RL
-trainer's run checkpoints (trainer/run/checkpointing.py) write, swap in and prune the same way.
-
-Loading reads only tensors and plain data (`load_plain`: torch.load with weights_only=True;
-DCP through dcp_reader.py: `.metadata` with DCP's own classes only, the shards' non-tensor
-entries with weights_only=True), so a checkpoint from elsewhere cannot run code.
-
-DCP stores tensors by name with their global shapes, so a checkpoint can be loaded
-with another dp x tp layout; RNG states are restored only when the world size matches.
-"""
+"""Sharded, atomic training checkpoints with torch.distributed.checkpoint (DCP)."""
 
 from __future__ import annotations
 

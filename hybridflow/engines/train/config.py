@@ -1,21 +1,4 @@
-"""Typed configuration of the training engine, validated when built.
-
-One definition per setting, in three layers, so a setting is declared once and every user
-of it (the engine, the workers, the run config's YAML) sees the same name and default:
-
-    EngineSettings        what any engine reads, frozen or trained: precision, tensor
-                          parallelism, parameter offload, micro-batches, attention
-    TrainEngineSettings   + what only a trained engine reads: optimizer, LoRA, gradient
-                          checkpointing, optimizer offload
-    TrainEngineConfig     + the model path and seed: what one engine is built from
-
-The run config's role sections (actor, critic, reward_model, ...) subclass the settings
-classes, so a new engine setting reaches the YAML without a second declaration. The loss
-settings of the actor and critic live in `ActorLossConfig` / `CriticLossConfig` and are
-passed to those engines separately. Every check raises `ConfigError` keyed relative to the
-class that holds the setting (the YAML loader puts the section in front); the checks that
-need the world size run in `EngineSettings.check_parallel`.
-"""
+"""Typed configuration of the training engine, validated when built."""
 
 from __future__ import annotations
 
@@ -216,7 +199,7 @@ class EngineSettings:
         (engines/train/vocab_head.py); needs tp_size = pp_size = 1 and a plain Linear head.
     compile_kernels: torch.compile each decoder layer (fusing RMSNorm, rotary and SwiGLU
         into few kernels) and the fused head's per-chunk vocabulary math. Off by default:
-        compiling costs minutes on CPUs and is measured on GPUs by benchmarks/gpu_check.py.
+        compiling costs minutes on CPUs and is measured on GPUs by benchmarks/gpu/gpu_check.py.
     attn_implementation: the Hugging Face attention kernel ("sdpa", "eager", ...).
     peak_flops_per_device: for the MFU metric; None uses a known-GPU table, or a
         measured bf16/fp32 matmul rate on CPU.

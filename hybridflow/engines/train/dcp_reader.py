@@ -1,24 +1,4 @@
-"""Reading DCP checkpoints without running code planted in them.
-
-torch.distributed.checkpoint reads a checkpoint's `.metadata` with `pickle.load`, and the
-non-tensor entries of its shards (an optimizer's learning rate, betas, flags) with
-a full `torch.load` (any Python object): a payload planted in either runs on load. Here:
-
-- `SafeFileSystemReader.read_metadata` unpickles `.metadata` admitting only DCP's own
-  metadata classes (hybridflow/restricted_pickle.py: DCP_METADATA_GLOBALS);
-- `PlainBytesLoadPlanner.load_bytes` reads the non-tensor entries with `weights_only=True`
-  (tensors and plain data only; tensor entries already are).
-
-    load_dcp(state, path)          # dcp.load with both
-    verify_dcp(path)               # every entry checked on the controller, before any worker starts
-
-Anything else ends with a `CheckpointSecurityError` (a UserInputError) naming the file.
-`verify_dcp` reads `.metadata` that way and, for every entry it lists, the entry's place in
-its shard file (inside the file, a plain file name beside `.metadata`) and the entry's own
-header: a tensor's dtype, shape and byte count as the metadata says (its data is not read),
-a non-tensor entry loaded as data; a damaged or cut shard is a `CheckpointFileError`
-naming the file and the entry, in one line.
-"""
+"""Reading DCP checkpoints without running code planted in them."""
 
 from __future__ import annotations
 

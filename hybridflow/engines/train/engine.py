@@ -1,17 +1,4 @@
-"""TrainEngine: one model loaded, sharded over a (dp, tp) or (pp, dp, tp) mesh, and optionally trained.
-
-Build order (each step needs the previous one):
-  1. load the Hugging Face model on every rank (same seed, so newly initialised heads
-     are identical), fp32 if trained, else in the compute dtype; with pp_size > 1 keep
-     only this rank's pipeline stage (engines/train/pipeline.py);
-  2. LoRA adapters (actor only), activation checkpointing;
-  3. tensor parallel over "tp", then FSDP2 over "dp" with the mixed-precision policy;
-  4. optimizer and lr schedule, right after sharding (DEVELOPERS.md: FSDP2 trap).
-
-Role engines (`ActorEngine`, `CriticEngine`, `RewardModelEngine`) add the operations
-workers call; this class owns what they share: micro-batching, checkpoints, export,
-CPU offload, and access to the sharded parameters for resharding to the rollout engine.
-"""
+"""TrainEngine: one model loaded, sharded over a (dp, tp) or (pp, dp, tp) mesh, and optionally trained."""
 
 from __future__ import annotations
 
@@ -137,7 +124,7 @@ class TrainEngine:
                        shard_placement_fn=self._shard_placement_fn(model))
         else:
             # FSDP2 puts its shards on the mesh's device; the plain module must be moved
-            # (found by benchmarks/gpu_check.py: a lone bf16 reference stayed on the host).
+            # (found by benchmarks/gpu/gpu_check.py: a lone bf16 reference stayed on the host).
             model.to(self.device)
         return model
 
@@ -145,7 +132,7 @@ class TrainEngine:
         """FSDP2 only where it does something: sharding over dp > 1, tensor parallelism,
         casting to a lower compute dtype, or offloading. A lone full-precision replica runs
         as the plain module: FSDP2's hooks and DTensor parameters cost it 15-25% of a small
-        model's update on CPU (benchmarks/bench_vs_trl.py) and buy nothing. Everything
+        model's update on CPU (benchmarks/rl/bench_vs_trl.py) and buy nothing. Everything
         downstream (optimizer, gradient norm, checkpoints, resharding, export) takes plain
         parameters as well as DTensors."""
         return self.dp_size > 1 or self.config.tp_size > 1 or mixed or self.config.param_offload

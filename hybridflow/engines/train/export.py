@@ -1,14 +1,4 @@
-"""Export a trained engine's model to a Hugging Face directory (safetensors + config + tokenizer).
-
-The full state dict is gathered to rank 0 on the CPU (collective over all ranks), LoRA
-adapters are merged into their base weights, and the tensors are assigned to an empty
-(meta-device) Hugging Face model of the right class, which `save_pretrained` writes.
-A pipeline-parallel engine (each rank one stage, parameters under their HF names) gathers
-each stage's tensors inside the stage, and the stages' first ranks send them to rank 0.
-Tokenizer and generation files are copied from the source model directory. The export
-is written to a temporary directory and renamed into place, so a crash never leaves a
-half-written model at the destination.
-"""
+"""Export a trained engine's model to a Hugging Face directory (safetensors + config + tokenizer)."""
 
 from __future__ import annotations
 

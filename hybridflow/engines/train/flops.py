@@ -5,14 +5,6 @@ Training FLOPs of one sequence of s tokens through a decoder with N matmul param
 hidden size d (Kaplan et al. 2020; Chowdhery et al. 2022, appendix B):
 
     forward + backward = 6 N s + 12 L d s^2
-
-The first term is the weight matmuls (2 FLOPs per multiply-add, x3 for backward), the
-second the attention score and value matmuls, counted without the causal halving as is
-customary. A forward alone is a third of this. MFU = achieved FLOP/s / peak FLOP/s.
-
-The peak belongs to the device a rank runs on, so it is taken there: each worker reports
-`FlopFacts` (its model's N, L, d and its own peak, measured once per process in its own
-threads or configured) and the controller only adds them up (trainer/observe/metrics.py).
 """
 
 from __future__ import annotations

@@ -6,14 +6,6 @@ the logits at t - 1, so the response tokens (positions S-R .. S-1) use the logit
 positions S-R-1 .. S-2. Only those R positions go through the lm_head (never the full
 [B, S, V]), and log-softmax / entropy upcast them to fp32 `chunk_size` rows at a time.
 Values follow the same shift (the value of the state before each response token).
-
-With `fused_head` the lm_head's product, log-softmax and entropy run together a chunk
-of rows at a time (vocab_head.py): no [tokens, vocab] logits at all, in any dtype.
-
-A padded micro-batch first drops the columns that are padding in every row (`trim`):
-responses are padded to the generation's max_new_tokens and prompts to the batch's
-longest, so a micro-batch whose sequences all end early computed on nothing. The outputs
-are padded back to R with zeros (masked downstream), so nothing else sees the difference.
 """
 
 from __future__ import annotations

@@ -2,14 +2,6 @@
 
 The optimizer must be built right after `fully_shard` (see DEVELOPERS.md): it then
 holds the sharded DTensor parameters, and its state is sharded like them.
-
-Gradient norm: after FSDP2 (and TP) every gradient is a DTensor, but not all on the
-same mesh (dp-only for parameters TP left alone, (dp, tp) for TP-sharded ones), so
-`torch.nn.utils.clip_grad_norm_` cannot stack them. We sum the squares of each rank's
-local shards per (mesh, placements) group and all-reduce that one number over the mesh
-dimensions the group is sharded on (its replicated dimensions hold copies: reducing over
-them would count a shard twice). The norm of a sharded DTensor itself would be reduced
-tensor by tensor: one collective per gradient (40 per update of a 4-layer model).
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
 """Attention for packed batches: causal SDPA per sequence instead of one masked SDPA over
 the whole pack.
-
-A packed micro-batch is one row of several sequences whose position_ids restart at 0
-(batching.pack). Given such a row, Hugging Face builds a block-causal mask of the whole
-row and SDPA computes every query against every key of the row: for k sequences of
-length l that is (k l)^2 scores instead of k l^2 / 2, and with an explicit mask the CPU
-kernel cannot skip the blocks above the diagonal. Measured on the SmolLM2 GRPO update (16
-sequences of ~150 tokens, micro-batches of 4 packed, 2 threads): the masked attention was
-2.4 of 12.3 s; per sequence the update took ~2 s less.
-
-`for_packing("sdpa")` registers this kernel with transformers (AttentionInterface, and
-sdpa's mask builder for the batches that are not packed) and returns its name, which the
-training engine loads models with when `pack_sequences` is on. Any call that is not a
-packed row (a padded batch of several rows, a decode step against a KV cache, a row
-without restarts), that a sliding window shorter than a sequence limits, that runs off
-the CPU or with an option the per-sequence calls do not carry (_PLAIN_ONLY) goes to
-transformers' own sdpa unchanged.
 """
 
 from __future__ import annotations

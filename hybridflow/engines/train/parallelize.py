@@ -1,28 +1,4 @@
-"""How a model is parallelised: tensor-parallel plans, FSDP2 sharding, activation checkpointing.
-
-Model code (Hugging Face modules, `TokenScoreModel`) is untouched; this module only
-annotates it, torchtitan-style. The dense families (llama, qwen2, qwen3, mistral, gemma2,
-gemma3_text) share one decoder layout, so one plan covers them (mixture-of-experts
-families are refused: their fused expert tensors have no plan here):
-
-- attention q/k/v and MLP gate/up: column-wise (output features, i.e. heads, sharded);
-  o_proj and down_proj: row-wise, so each block ends in one all-reduce. Activations
-  between blocks are plain replicated tensors, which keeps the HF code unaware of TP.
-  Qwen2's q/k/v biases are sharded with their weights.
-- Qwen3's (and Gemma 3's) per-head q/k RMSNorm sees only the local heads; its weight is a replicated
-  DTensor and its input is marked as sharded on the head axis, so the weight gradient
-  (a sum over all heads) is reduced over tp by DTensor instead of silently differing.
-- Embedding: vocabulary-parallel (row-wise). lm_head: column-wise with the logits
-  gathered to a replicated tensor, so log-prob code sees full-vocabulary rows.
-- Tied embeddings (SmolLM2...): both plans shard the shared [vocab, hidden] weight on
-  dim 0 into the same row blocks, so after sharding lm_head points at the embedding's
-  DTensor again; one parameter, its gradient the sum of both uses, as in the HF model.
-- LoRA (peft) on a sharded Linear: the plan moves to the wrapped `base_layer`, and the
-  adapter follows the Megatron split of W + B A. Column-wise W: A replicated, B
-  column-wise (B's input-gradient all-reduce makes A's gradient whole on every rank).
-  Row-wise W: A row-wise (its rank-r output all-reduced), B replicated. Adapters on the
-  embedding or lm_head under TP are refused.
-"""
+"""How a model is parallelised: tensor-parallel plans, FSDP2 sharding, activation checkpointing."""
 
 from __future__ import annotations
 

@@ -1,41 +1,5 @@
 """Pipeline parallelism for the training engine: stages of a Hugging Face causal LM (or of a
 critic: the same decoder with a value head) run by torch.distributed.pipelining's 1F1B schedule.
-
-Cutting the model (`build_stage`): every rank loads the whole model (same seed), then
-keeps only its stage. The decoder layers are split into `pp` contiguous runs; a layer
-outside the run is replaced by `SkippedLayer`, a parameter-free pass-through, so the
-ModuleList keeps its length and every kept parameter keeps its Hugging Face name
-(`model.layers.3.mlp.up_proj.weight` on whichever stage holds layer 3). That is what lets
-a DCP checkpoint written at pp=2 load at dp=2 and back: the names and global shapes are
-the same on every layout. Stage 0 keeps the embedding, the last stage the final norm and
-the head (lm_head, or a critic's `score`); elsewhere the norm is an Identity (the hidden state passed on is un-normed) and
-the embedding is dropped (HF skips it when given `inputs_embeds`).
-
-Running a stage reuses the family's own decoder forward (`model.model(...)`): stage 0
-feeds token ids, later stages feed the received hidden state as `inputs_embeds`. Every
-family here scales its embedding inside the embedding module (Gemma's
-`...ScaledWordEmbedding`), so a later stage never repeats the scaling, and per-layer
-attention types (Gemma's sliding windows) are looked up by layer index, which the
-placeholders preserve. The last stage runs lm_head on the R response positions only,
-applies the family's final soft-cap, and returns fp32 log-probs [B, R] (and entropy); a
-critic's last stage returns its fp32 values [B, R] at the same positions (forward.py's
-shift: the state before each response token).
-
-What travels between stages is one tensor, the hidden state [mb, S, H]. Masks, positions
-and labels do not travel: every rank of a pipeline holds the same batch (dispatch splits
-by dp rank only), so they are passed to each stage's `step` as keyword tensors that the
-schedule cuts into the same micro-batches.
-
-Split invariance: the schedule's own gradient scaling is off (`scale_grads=False`); each
-micro-batch loss is normalised by the whole mini-batch (`AggregationScale`, the same as
-without pipelining), so accumulated gradients equal the full batch's whatever the
-micro-batch count. The loss needs per-token tensors (advantages, old log-probs, mask...);
-they go to the last stage as the schedule's `target`, stacked into one fp32 tensor
-[B, R, k] that the schedule cuts like the inputs.
-
-Shapes are inferred from the first micro-batch, so all micro-batches of a call must have
-one shape: fixed-count micro-batches without sequence packing (config checks say so), and
-a fresh stage and schedule per call, because the padded length changes between batches.
 """
 
 from __future__ import annotations

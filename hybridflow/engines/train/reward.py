@@ -6,13 +6,6 @@ position ids counted over valid tokens; `PairwiseDataset.collate` makes them):
 
     chosen_input_ids, chosen_attention_mask, chosen_position_ids
     rejected_input_ids, rejected_attention_mask, rejected_position_ids
-
-A pair is one row, so the shared update loop (`Update`: mini-batches, micro-batches,
-global loss normalisation, optimizer steps) never separates the two halves of a pair.
-Each micro-batch runs one forward over its 2b sequences. For that loop and for token
-budgets, `with_pair_masks` adds two derived tensors: `attention_mask` = both halves' masks
-side by side (the pair's token cost), and `response_mask` = [B, 1] ones (one loss unit per
-pair, so losses are averaged over pairs).
 """
 
 from __future__ import annotations

@@ -1,16 +1,4 @@
-"""Environments for language agents: multi-turn conversations and tool calls (docs/agents.md).
-
-- base.py: `AgentEnv` (reset(row) -> messages; step(turn) / async astep -> `StepResult`),
-  `register_agent_env`, `resolve_agent_env` (registered names or import paths);
-- builtin.py: `tools` (calculator, Python sandbox) and `guess_number` environments;
-- tools.py, toolcall.py, sandbox.py: tool schemas and functions (`register_tool`: a
-  function as a tool), tool-call parsing
-  (Hermes `<tool_call>` JSON, compact `@name[arg]`), the Python sandbox;
-- guard.py: `EnvRunner` (timeouts, wrong types and exceptions become recorded failures);
-- render.py: chat-template rendering of prompts and observations to tokens;
-- loop.py: `AgentLoop`, the sync / async multi-turn rollout on the native engine;
-- config.py: `AgentConfig` (`rollout.agent`).
-"""
+"""Environments for language agents: multi-turn conversations and tool calls (docs/agents.md)."""
 
 from __future__ import annotations
 

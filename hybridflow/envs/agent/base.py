@@ -1,22 +1,6 @@
 """The environment interface for language agents, and its registry.
 
     from hybridflow.envs.agent import AgentEnv, StepResult, register_agent_env
-
-    @register_agent_env("echo")
-    class Echo(AgentEnv):
-        def reset(self, row):                       # row: the data row (prompt, ground_truth, extra_info, ...)
-            return [{"role": "user", "content": row["raw_prompt"]}]
-        def step(self, turn):                       # turn: the model's text of this turn
-            return StepResult([{"role": "user", "content": turn.upper()}], reward=0.0, done=len(turn) > 3)
-
-One instance per trajectory: `reset` gives the first messages (the conversation the model
-continues), then `step` answers each model turn with observation message(s), a turn
-reward, whether the episode is done, and an info dict. Environments that wait on I/O
-override `astep` (a coroutine); the default `astep` runs `step` in a worker thread.
-Data rows name their environment in `extra_info["env"]` (a registered name or an import
-path "package.module:Class") with keyword arguments in `extra_info["env_kwargs"]`; rows
-without one are single-turn. What the loop does when an environment misbehaves (raises,
-hangs, returns the wrong type) is in guard.py.
 """
 
 from __future__ import annotations

@@ -3,14 +3,6 @@
 Data rows choose them with `extra_info = {"env": "tools", "env_kwargs": {"tools": ["calculator"]}}`
 (or `"env": "guess_number"`); `agent.default_env` in the config applies one to every row
 that names none.
-
-- `tools` (ToolEnv): the row's prompt is the first message; every model turn with tool
-  calls gets the tools' answers as observations; a turn without a tool call is the final
-  answer and ends the episode (its reward comes from the row's scorer). Malformed calls,
-  unknown tools and failing tools answer with an "error: ..." observation.
-- `guess_number` (GuessNumberEnv): find a secret integer in [low, high] (the row's
-  ground_truth, or drawn from `seed`); each guess is answered "higher" or "lower"; a
-  correct guess ends the episode with reward 1.
 """
 
 from __future__ import annotations

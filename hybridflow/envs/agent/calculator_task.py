@@ -2,20 +2,6 @@
 
     python -m hybridflow.envs.agent.calculator_task --out data/calc     # train/test/sft .jsonl
     hybridflow train --config examples/agent_calculator.yaml
-
-A ~1M-parameter character model cannot multiply 3-digit numbers itself; with the
-calculator (compact form, `@calculator[123*456]`, answered in a user turn) it only has to
-copy. RL rows name the `tools` environment in `extra_info`; the reward is the arithmetic
-scorer on the final turn (exact answer).
-
-The SFT pairs come from an imperfect teacher (like the built-in addition task's): in
-`direct_rate` of them it answers without the tool (a wrong number of the right size), in
-`wrong_op_rate` it calls the calculator with "+" instead of "*" and reports that result,
-and only in the rest does it use the tool correctly. With the defaults (0.2, 0.45) the
-SFT model's greedy answer takes the majority path, "+", so it starts near 0% held-out
-accuracy; sampling finds the correct path in ~35% of tries, which RL reinforces. The SFT
-responses include the observation text (`</s><|user|>56088<|assistant|>`); SFT trains on
-it, RL never does (response_mask 0).
 """
 
 from __future__ import annotations

@@ -1,14 +1,4 @@
-"""`rollout.agent`: multi-turn rollouts with environments (see docs/agents.md).
-
-    rollout:
-      response_length: 256        # every trajectory's budget: model turns + observations
-      agent:
-        enable: true
-        mode: async               # async: others keep generating while one waits; sync: turn by turn
-        max_turns: 4
-        default_env: tools        # for rows whose extra_info names no env (null: single-turn)
-        env_kwargs: {tools: [calculator], tool_format: compact}
-"""
+"""`rollout.agent`: multi-turn rollouts with environments (see docs/agents.md)."""
 
 from __future__ import annotations
 

@@ -3,21 +3,6 @@
     python -m hybridflow.envs.agent.gsm8k_task --input ../shared/data/gsm8k/train.jsonl \
         --out data/gsm8k_agent --limit 256 --model-dir MODEL_DIR      # train.jsonl + sft.jsonl
     hybridflow train --config examples/agent_gsm8k_smollm2.yaml
-
-RL rows (`train.jsonl`) are the verl GSM8K rows (`hybridflow.data.preprocess.gsm8k_record`:
-data source openai/gsm8k, ground truth after '####') whose `extra_info` names the `tools`
-environment with the calculator in the Hermes form
-(`<tool_call>{"name": "calculator", "arguments": {"expression": "48/2"}}</tool_call>`).
-SmolLM2's template ignores `tools=`, so the renderer lists the tool in a system message.
-
-SFT rows (`sft.jsonl`, needs the model's tokenizer): a warm start on GSM8K's own calculator
-annotations (`<<48/2=24>>` in the reference solutions). The teacher's first turn calls the
-calculator once per annotation (at most MAX_CALLS), the tool messages answer with the
-calculator's own results, and the final turn is the reference solution without the
-annotations, ending in '#### answer'. Prompt and response are rendered with the model's
-chat template exactly as the agent loop renders them (the same tool listing, the template's
-text between turns), so SFT trains the token layout RL samples. SmolLM2-135M-Instruct
-does not call a tool from the listing alone (probed: it answers in prose), hence the warm start.
 """
 
 from __future__ import annotations

@@ -3,17 +3,6 @@
     runner = EnvRunner(timeout_s=10)
     future = runner.reset(env, row)        # concurrent.futures.Future -> list[Message] | EnvFailure
     future = runner.step(env, turn_text)   # -> StepResult | EnvFailure
-
-Every call runs as a coroutine on one background event loop: `astep` directly (async
-environments overlap their waits there), synchronous `step` / `reset` in the loop's
-thread pool. Each call is bounded by `timeout_s`; an exception, a timeout or a result of
-the wrong type comes back as an `EnvFailure` (kind "error", "timeout" or "bad_result" and
-a message), which the agent loop records as the trajectory's error.
-
-A synchronous environment that hangs keeps its pool thread (Python cannot stop a
-thread); the pool is large (`max_threads`) so a few hung environments do not stall the
-others, and `close()` does not wait for them. Environment code that must be killable
-belongs in a subprocess (like the Python tool's sandbox).
 """
 
 from __future__ import annotations

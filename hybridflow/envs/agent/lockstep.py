@@ -2,25 +2,6 @@
 
     sync = Lockstep(engine.tp_group)                  # None or a group of size 1: no messages
     notes, pending = sync.share(lambda: decide())     # decide() runs on group rank 0 only
-
-At t_g > 1 every rank of a generation group runs the agent loop on the same prompts, and
-every forward holds collectives, so all ranks must open, extend, close and step the same
-sequences in the same order. Environments live on the group's rank 0 only (they are
-created, reset, stepped and closed there: side effects happen once). Whatever rank 0 learns
-from them that changes the schedule -- a trajectory's rendered prompt, an answer's
-observation tokens, its reward and tool counts, why a trajectory stopped and its error --
-is a `Note`, and `share` broadcasts rank 0's notes plus one flag (async mode: "answers are
-still pending") to the group. Every rank then applies the same notes, so the turn engine's
-state stays identical; the turn engine broadcasts each step's sampled tokens the same way
-(turns.py), so the decode steps agree too.
-
-Wire format (torch.distributed.broadcast from group rank 0; CPU tensors on gloo, the
-current CUDA device on NCCL): a 3-int64 header (number of notes, payload length, flag) and,
-when there are notes, one int64 payload: per note 8 fields (key, stop code, tool calls,
-malformed calls, single-turn, token count, error byte count or -1, reward as float64 bits),
-then its tokens, then its error text as UTF-8 bytes. No pickles. If rank 0's side raises
-(a bug outside the environment guard), the header carries -1 and the message, and every
-rank raises instead of waiting in the next collective.
 """
 
 from __future__ import annotations

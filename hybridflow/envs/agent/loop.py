@@ -2,35 +2,6 @@
 
     loop = AgentLoop(engine, tokenizer, AgentConfig(enable=True, default_env="tools"), response_length=256)
     out = loop.run(prompts, SamplingParams(temperature=1.0, n=4, seed=0))
-
-Every prompt row x sample is a trajectory with its own environment instance (the row's
-`extra_info["env"]`, else `default_env`, else single-turn). A model turn ends at a stop
-token; the environment answers (EnvRunner, guard.py), its observation is rendered with the
-chat template (render.py) and appended, and the sequence continues: from its KV cache on
-the native engine (engines/rollout/turns.py), regenerated from the prefix on the hf
-backend (regen_turns.py); `engine.turn_engine` picks.
-
-Modes: "async" hands a finished turn to its environment and keeps decoding the others;
-an answered trajectory rejoins at the next step. "sync" runs every trajectory to the end
-of its turn, then steps all environments together and waits for all of them. With a
-deterministic environment both give the same trajectories (sampling is per trajectory).
-
-Tensor-parallel generation (t_g > 1): every rank of the generation group runs this loop
-on the same prompts; environments exist on the group's rank 0 only, and what they decide
-(rendered prompts, observations, rewards, stops, errors) reaches the other ranks as
-`Note`s broadcast once per loop iteration (lockstep.py), so all ranks drive the turn
-engine identically. At t_g = 1 the same code runs with no messages. Everything that
-touches an environment or the renderer runs inside `Lockstep.share` on rank 0.
-
-Output: the one-turn engine's layout (engine.py) with the response holding all turns and
-observations: `response_mask` is 1 on model tokens, 0 on observation tokens and padding;
-`rollout_log_probs` 0 on observations; `env_rewards` [N, R] holds each turn's reward on
-the last token of that turn. Non-tensors: `final_turn_start` (response index of the
-last model turn, which the scorer reads), `score_override` (error_score for a failed
-environment, NaN otherwise), `agent_stop` (why it ended: done, max_turns, max_total_tokens,
-max_obs_tokens, turn_length, env_error, env_timeout, env_bad_result, render_error),
-`agent_error`, `num_turns`, `num_tool_calls`, `num_malformed_calls` (calls the environment
-could not parse, its info["tool_malformed"]). meta_info["metrics"] gets agent/* means.
 """
 
 from __future__ import annotations

@@ -3,14 +3,6 @@
     r = ChatRenderer(tokenizer)
     ids = r.prompt(messages, tools)                       # first prompt, generation prompt included
     ids = r.observation(messages, turn_ids, obs, tools)   # tokens to append after the model's turn
-
-The observation's tokens are the text the template adds after the model's turn when the
-observation messages and a new generation prompt are appended: the conversation is
-rendered with and without them and the difference taken from the end of the model's
-last token (the template may add text after the stop token, e.g. a newline after
-`<|im_end|>`, which the model never generated; it belongs to the observation). The
-sequence the model trains on is therefore exactly prompt + turn + observation + turn ...
-token for token, and it is what the template renders up to tokenization boundaries.
 """
 
 from __future__ import annotations

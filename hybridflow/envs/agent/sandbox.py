@@ -6,34 +6,6 @@
 Each call makes a fresh temporary directory, starts `python -I` on _sandbox_child.py with
 a cleared environment (HOME and TMPDIR point into the temp dir), and the child restricts
 itself before the code runs. The temp dir is deleted afterwards.
-
-What it protects against (each one tested in tests/envs/agent/test_sandbox.py):
-- running long: RLIMIT_CPU (CPU seconds) and a wall-clock timeout after which the parent
-  kills the process (sleeping or blocked code) -> status "timeout";
-- memory: RLIMIT_AS (address space) -> MemoryError inside the code, status "error";
-- running programs: Landlock handles "execute" and allows it nowhere, so exec of any
-  program (a shell, `subprocess.run`) fails; the code runs as PID 1 of its own PID
-  namespace, so processes it forks (even ones that call setsid) die with it, and the
-  parent kills the process group at the end too (RLIMIT_NPROC = 0 also stops forks for
-  non-root users; root ignores it);
-- the network: a new (unprivileged) user + network namespace where only an unconfigured
-  loopback exists; with Landlock ABI >= 4 also TCP bind/connect are denied by the kernel;
-- writing files outside the temp dir: Landlock (Linux >= 5.13) allows file creation,
-  writes, removal and renames only beneath the temp dir; RLIMIT_FSIZE caps each file;
-- reading files outside the allowed trees (the Python installation: sys.prefix and
-  sys.base_prefix, /usr, /lib, /lib64, /dev/null, /dev/urandom): Landlock denies it,
-  so a user's home directory and the project are unreadable;
-- signals to processes outside the sandbox and abstract unix sockets: Landlock ABI >= 6.
-`SandboxResult.protections` records which layers were in force on this kernel; with
-`require_isolation=True` (the default) a kernel without Landlock or user namespaces makes
-`run_python` refuse to run code at all rather than run it weaker.
-
-What it does NOT protect against: kernel or Python-interpreter exploits; reading the files
-in the allowed trees (the interpreter and installed packages, which are public); filling
-the disk with many files each under the size cap (no quota: the temp dir lives on the
-host's /tmp); CPU and memory-bandwidth contention with the rest of the machine (use a
-cgroup or container for hard isolation); timing side channels. It is a seatbelt for
-model-written code, not a boundary for adversaries.
 """
 
 from __future__ import annotations

@@ -5,13 +5,6 @@ Hermes (Qwen2.5, SmolLM2, ... chat templates rendered with `tools=`): each call 
     <tool_call>
     {"name": "calculator", "arguments": {"expression": "123*456"}}
     </tool_call>
-
-and a turn may hold several; one tag may also hold a JSON list of calls (SmolLM2's form). Compact (the built-in character-level model, which pays one
-position per character): `@name[argument]`, e.g. `@calculator[123*456]`; the single argument is
-passed as the tool's first parameter. Several may appear in one turn.
-
-`parse_tool_calls` never raises on model text: a call it cannot read becomes a
-`ToolCallError` (the environment shows its message to the model as the tool's answer).
 """
 
 from __future__ import annotations

@@ -2,25 +2,6 @@
 
     CALCULATOR.schema      # {"type": "function", "function": {"name": "calculator", ...}}
     CALCULATOR.call({"expression": "123*456"})  -> "56088"
-
-Built-ins: `calculator` (arithmetic on numbers: + - * / // % ** and parentheses, evaluated
-on the parsed expression tree, never with eval) and `python` (runs code in the sandbox,
-sandbox.py, and answers with its output). A tool answers with text; a tool that fails
-answers with an "error: ..." text, which the model reads as the observation.
-
-Your own tool is one function (docs/agents.md):
-
-    @register_tool
-    def lookup(key: str) -> str:
-        "Look a word up in the dictionary."         # the docstring: the description the model sees
-        return DICTIONARY.get(key, "not found")
-
-Its schema comes from the signature (str/int/float/bool/list/dict parameters; those
-without a default are required) and the docstring's first paragraph. The built-in `tools`
-environment then takes it by name (`env_kwargs: {tools: [lookup]}`) in any process that
-imported the module that registers it, or by import path (`my_tools:lookup`) anywhere:
-the rollout workers that run environments are other processes, so a tool registered in a
-script (`__main__`) is reached through its import path.
 """
 
 from __future__ import annotations

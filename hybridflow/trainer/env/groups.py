@@ -2,19 +2,6 @@
 
     groups = build_env_groups(cfg, collector_spec, learner_spec)
     groups["runners"].rollout(128).get(); groups["learner"].ppo_update(batch)
-
-With distributed.num_workers >= 1 both roles are Ray `WorkerGroup`s: num_workers env runners
-placed by distributed.placement_strategy, and num_learners learner ranks. With num_workers 0
-each role is placed in the controller's process (`IN_PROCESS`, controller/local_group.py):
-the same worker class and group, so the programs do not know where their ranks run. The
-roles are named "runners" and "learner" (what a failure report, the live status and
-HYBRIDFLOW_FAULT call them).
-
-Placement strategies map onto `ResourcePool` entries (one placement group per node):
-pack = all runners in one entry (one node); spread = the runners dealt round-robin over
-the alive nodes (on one node: one entry, since spreading is a preference); strict_spread
-= one runner per node, refused when the cluster has fewer nodes than runners. A restart
-places them again on the nodes alive then.
 """
 
 from __future__ import annotations

@@ -3,15 +3,6 @@
     trainer = RLTrainer({"algorithm": "ppo", "env": "CartPole-v1"})
     result = trainer.train(steps=100_000)     # environment steps
     RLTrainer(resume="runs/CartPole-v1-ppo-20260101-120000").train()   # on to trainer.total_env_steps
-
-A step is one iteration of the algorithm's program (trainer/programs/algorithms.py: env_ppo,
-env_sac) over the env runners and the learner; `train` runs them until `steps` more
-environment steps were consumed (the last iteration may pass the mark), or until the rolling
-mean return reaches trainer.target_return. Records: records.py. Checkpoints (every
-trainer.save_freq environment steps) hold the learner ranks' states, every runner's
-environments and RNG, batches still in flight (async sampling) and the controller's
-counters, so a resumed or restarted run continues exactly as the uninterrupted one would
-have (environments that cannot be pickled, such as MuJoCo ones, restart their episodes).
 """
 
 from __future__ import annotations

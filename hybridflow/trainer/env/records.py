@@ -1,19 +1,4 @@
-"""Metrics records and console progress of environment runs.
-
-One "rl" record (metrics.jsonl, TensorBoard, W&B) per trainer.log_freq environment steps,
-its `step` the iteration number (checkpoints are numbered the same way). Keys:
-
-    env/steps                 environment steps so far (the x-axis of the plots)
-    env/steps_per_s           environment steps since the previous record / its wall time
-    episode/return_mean|min|max, episode/length_mean, episode/count
-                              episodes finished since the previous record (raw rewards)
-    episode/return_mean_window   mean return of the last trainer.return_window episodes
-    episode/total             episodes finished so far
-    policy/lag_mean|max       learner version minus the version that collected the data
-    ppo/*, sac/*              the learner's metrics, averaged over the record's iterations
-    timing_s/<phase>          controller wall time per phase, summed over the record's iterations
-    perf/iterations           iterations in the record
-"""
+"""Metrics records and console progress of environment runs."""
 
 from __future__ import annotations
 

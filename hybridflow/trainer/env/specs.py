@@ -4,12 +4,6 @@
     network = network_spec(cfg)                 # probes one environment for its spaces
     collector_spec(cfg, network, program)       # each env runner's Collector
     learner_spec(cfg, network, program)         # each learner rank's learner
-
-Per-rank sizes are the config's totals divided by distributed.num_learners (the row's
-check made sure that they divide): each learner rank trains on its slice of every
-minibatch and keeps its share of the replay buffer. What depends on the algorithm comes
-from the `environment` part of its row (config/env_algorithms.py) and its program
-(trainer/programs/algorithms.py: EnvProgram), never from comparing its name.
 """
 
 from __future__ import annotations

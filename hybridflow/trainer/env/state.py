@@ -3,19 +3,6 @@ it back cannot run code planted in it.
 
     save_env_state(checkpoint_dir, runner_states, pending)       # EnvironmentPart.save
     runner_states, pending, note = load_env_state(checkpoint_dir)  # EnvironmentPart.load
-
-- `runners.json` + `runners.safetensors`: every env runner's state (observations, RNG,
-  reward-scaling statistics, episode counters) as JSON and tensors
-  (protocol/plain_state.py), no pickle;
-- `pending/<i>.dataproto`: the batches collected but not yet trained on, as DataProto
-  files (their reader admits numpy arrays and plain data only, protocol/serialization.py);
-- `envs_rank<r>.pkl`: the environment objects themselves, when they can be pickled. An
-  environment is arbitrary Python (a Gymnasium class with its own internals), so there is
-  no data format for it; the file is signed with an HMAC-SHA256 under a per-user key kept
-  outside the run directory (`HYBRIDFLOW_STATE_KEY` names the key file; default
-  `~/.config/hybridflow/state.key`, created 0600 on first use). It is unpickled only when
-  the signature verifies; otherwise (a checkpoint from another user or machine, or edited)
-  it is not read at all and those environments restart their episodes, which `note` says.
 """
 
 from __future__ import annotations

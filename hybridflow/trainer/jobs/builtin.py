@@ -1,15 +1,4 @@
-"""Warm-start data of the built-in arithmetic task: answers from an imperfect teacher.
-
-The built-in demo shows what RL with a checkable reward adds to imitation. Its warm start
-imitates a teacher who knows the answer format and digit-wise addition but often forgets
-to carry: in `carry_drop_rate` of its answers to addition problems it writes the sum
-without carries (17+25 -> "032" instead of "042"). Fine-tuned on these pairs, the policy
-puts most of its probability on the carry-less answer wherever a carry occurs, so greedy
-decoding is right mainly on carry-free problems (about 30% of 2-digit additions), while
-the right answer keeps the rest of the probability mass. GRPO, rewarded by the exact
-checker, then has a consistent signal to learn from and raises held-out greedy accuracy
-far above the teacher. With carry_drop_rate 0 the pairs are the task's exact answers.
-"""
+"""Warm-start data of the built-in arithmetic task: answers from an imperfect teacher."""
 
 from __future__ import annotations
 

@@ -4,15 +4,7 @@
     source = resolve_source("runs/grpo-20260101-120000")         # run dir: its newest checkpoint
     report = evaluate_source(source, ["test.parquet"])           # None: the run's held-out prompts
     report.metrics["val/accuracy"], report.metrics["val/gsm8k/accuracy"]
-    export_source(resolve_source("runs/.../checkpoints/global_step_20", reward=False), "exported/")
-
-A source is a run directory (its newest complete checkpoint, else its final_model/), a
-checkpoint directory (`<run>/checkpoints/global_step_<N>`: scored with its run's config.yaml,
-so eval repeats the run's own evaluation at step N) or a Hugging Face model directory (the
-settings saved next to its weights, config/model_presets.py, else the defaults). A run's
-config.yaml is data: its settings that name code or loosen the reward workers' confinement
-(`RUN_CODE_SETTINGS`) are used only when the command line names them; export loads no
-reward, eval's runs in the confined reward workers. `settings_lines` says what was used.
+    export_source(resolve_source("runs/.../checkpoints/global_step_20"), "exported/")
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Reward-model training on preference pairs (`hybridflow rm`): the Bradley-Terry loss
--log sigmoid(r_chosen - r_rejected) on a `RewardModelWorker` group built trainable, run by the
-one lifecycle (trainer/task.py) with the part below: checkpoints every trainer.save_freq
-steps, and a failed worker restarts from the newest one (trainer.max_restarts).
+-log sigmoid(r_chosen - r_rejected) on a `RewardModelWorker` group built trainable.
 
     result = run_rm_job(load_rm_config("examples/rm_hh_rlhf.yaml"))
     result.accuracy_before, result.accuracy_after      # held-out pairwise accuracy
     result.model_dir                                   # <run>/reward_model, for reward_model.path in PPO
-
-The run directory (same rules as the RL trainer's: never reused):
-
-    <run>/config.yaml             the resolved config
-    <run>/metrics.jsonl           {"phase": "rm", ...} per step, {"phase": "rm_eval", ...} per evaluation
-    <run>/checkpoints/            with trainer.save_freq: global_step_<N> (the model, optimizer, data position)
-    <run>/model/                  the built-in tiny causal LM (model.path: null)
-    <run>/init_reward_model/      the start model with its new score head (from a causal LM)
-    <run>/held_out_scores.jsonl   the final model's scores of each held-out pair
-    <run>/reward_model/           the trained *ForSequenceClassification (num_labels=1) + tokenizer
 """
 
 from __future__ import annotations

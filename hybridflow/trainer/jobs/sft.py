@@ -1,16 +1,5 @@
 """Supervised fine-tuning on prompt/response pairs (`hybridflow sft`, and the warm start
 before RL when sft.steps > 0).
-
-SFT runs on the same actor worker as RL, through the same update: with the "gpg" policy
-loss, l = -A log pi, and A = 1 on every response token (0 elsewhere), the token-mean loss
-is exactly the negative log-likelihood of the responses, and its gradient the SFT
-gradient. So an SFT step is one `update_actor` call on a batch whose advantages are the
-response mask (old_log_probs only feed gpg's KL metric; they are set to 0, which makes
-that metric the NLL too). The result is exported as a Hugging Face model directory.
-
-    result = run_sft(ctx)            # the warm start before RL (ctx: setup.RunContext)
-    result = run_sft_job(cfg)        # `hybridflow sft`: the one lifecycle with SFTPart (restarts
-    result.model_dir                 #   from its checkpoints, trainer.max_restarts); <run>/sft_model
 """
 
 from __future__ import annotations

@@ -4,17 +4,6 @@ reward function, reported overall and per data source.
     metrics = evaluate(actor, prompts, reward_manager, generation_groups, cfg.trainer.validation)
     metrics["val/accuracy"], metrics["val/score"]                     # all prompts
     metrics["val/arithmetic/accuracy"], metrics["val/arithmetic/score"]   # per data_source
-
-    metrics, responses = evaluate_responses(actor, prompts, reward_manager, generation_groups, sampling)
-    responses[0]   # {"prompt", "response", "ground_truth", "score", "correct", "length", ...}
-
-Greedy by default (trainer.validation: do_sample false, n 1); with n > 1 every response
-counts. val/accuracy is the share of responses scoring >= 1 (exactly right for 0/1
-rule-based tasks such as the built-in arithmetic); val/score is the mean score;
-val/response_length the mean model tokens of a response, val/clip_ratio the share cut
-by rollout.response_length. Multi-turn (agent) batches add val/tool_call_rate (share of
-responses with at least one tool call), val/num_tool_calls_mean and val/num_turns_mean.
-docs/eval.md explains each number.
 """
 
 from __future__ import annotations

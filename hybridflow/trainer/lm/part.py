@@ -3,12 +3,6 @@
     with RLTrainer("examples/grpo_arithmetic.yaml") as trainer:
         result = trainer.train(steps=5)          # SFT warm start (sft.steps > 0) first, once
     print(result.accuracy_before, result.accuracy_after, result.run_dir)
-
-A step is one RL step of the configured algorithm (programs/algorithms.py) over a batch of
-prompts (in one_step_off / async: the batch the rollout pool generated, modes/). Around the
-steps: the greedy held-out evaluation before and after (and every trainer.test_freq steps),
-the policy's export to <run>/final_model and the plots. A checkpoint holds every trained
-role, the data position, the algorithm state and the model it trained.
 """
 
 from __future__ import annotations

@@ -1,39 +1,4 @@
-"""The asynchronous trainer modes: generation on its own pool, overlapped with training.
-
-`trainer.mode` (docs/async.md):
-
-- one_step_off: the rollout pool generates batch k+1 while the actor trains on batch k;
-  weights move once per step (every sample is exactly one version stale after the first).
-- async: the rollout pool streams finished prompt groups (the rollout.n samples of one
-  prompt, kept together) into a bounded `RolloutBuffer`; the trainer takes a batch as
-  soon as data.train_batch_size fresh groups are there. Generation calls run at most
-  async_rl.steps_per_call scheduler iterations, so new weights reach in-flight sequences
-  between calls (partial rollouts: they continue under the new weights, KV recomputed).
-
-What bounds staleness: admission control and a drop rule. New prompts are sent to the
-rollout pool only while the groups sent so far (less those dropped) would all be trained
-within max_staleness versions if they finish in order (sent <= (version + s + 1) * batch) and
-the buffer plus the groups in flight fit async_rl.buffer_size. A group that finishes
-late (long tail) and whose oldest token is more than s versions behind the update that
-would train it is dropped and counted (async/dropped_groups). With s = 0 the pool only
-ever generates the next batch with the current weights, as the synchronous loop does,
-and a run reproduces sync mode's metrics for the same seed (tests/trainer/test_async_modes.py).
-
-The controller steers and carries neither weights nor batches: generation calls and weight
-syncs are non-blocking worker-group calls (CallFutures); weights go from training rank 0
-to the rollout ranks over a WeightBridge, received there in a background thread, so the
-rollout pool runs as far ahead as admission control allows (workers/rollout.py). The
-controller decides by each finished group's steering record (uid, oldest token's policy
-version, whether its scores differ) and hands the refs of a step's groups (scored on the
-pool, kept in Ray's object store) to the algorithm's own program (stream_step.py). DAPO's
-dynamic sampling is a steering decision: a group whose scores are all equal is discarded
-when it arrives (counted in dapo/*), and its place goes to new prompts.
-
-Every generation call names the policy version it generates with (the newest one whose
-sync was started when it was issued), and the controller decides from the results in issue
-order, so the schedule (which prompts go in which call with which version, hence every
-token's staleness) is a function of the config and seed, not of timing.
-"""
+"""The asynchronous trainer modes: generation on its own pool, overlapped with training."""
 
 from __future__ import annotations
 

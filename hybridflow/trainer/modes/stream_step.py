@@ -1,35 +1,4 @@
-"""The asynchronous modes' step: the algorithm's own program, run next to the data.
-
-trainer.mode one_step_off / async do not describe an algorithm again: each step runs the
-function on the algorithm's registry row, the one sync mode runs (programs/algorithms.py, or a
-user's `@register_algorithm` program). What changes is where its phases get their input:
-
-1. The rollout pool generates, scores each finished prompt group with the run's
-   rule-based reward and cost functions (workers/rollout.py, right after generation),
-   serves the capabilities of the row that belong to generation (a greedy baseline per
-   prompt, dynamic sampling's filter: `SERVED_BY_STREAM`) and puts every group into Ray's
-   object store. The controller receives refs and a steering record per group and admits,
-   buffers and drops groups by them (modes/async_trainer.py).
-2. For a step the controller hands the refs of the chosen groups, with the program's row,
-   the run config, the worker groups and the algorithm state, to `_run_program`: a Ray task
-   with no CPU reserved, in a Ray worker process beside the pools. There the program runs
-   top to bottom exactly as in sync mode, calling the training pool's worker groups: its
-   generate phase takes the groups (`Step.streamed`), its rule-based scorers are the scores
-   the groups arrived with (`StreamScores`), and the phases of the served capabilities only
-   report what the pool did (trainer/programs/phases.py). Reward models, log-probs, values,
-   advantages, the user's own phases and the updates run as they do in sync mode: the
-   program's `concurrently` blocks submit the training pool's independent calls (log-probs
-   beside values, the updates) together, as futures (trainer/programs/concurrent.py).
-3. The task streams each phase's name to the controller as the program starts it (the
-   live status and a failure's phase, as in sync mode: observe/live_status.py), then
-   returns the step's metrics, the batch's data metrics and sequence lengths
-   (`BatchSummary`) and the algorithm's cross-step state (KL controller, Lagrange
-   multiplier), which the controller loads into its own.
-
-So the controller fetches no tensor of the batch (`controller/fetched_tensor_bytes` = 0,
-tests/trainer/test_async_dataflow.py), and max_staleness=0 reproduces sync mode's metrics
-exactly (tests/trainer/test_async_modes.py): it is the same program on the same batches.
-"""
+"""The asynchronous modes' step: the algorithm's own program, run next to the data."""
 
 from __future__ import annotations
 

@@ -1,26 +1,4 @@
-"""What a running job is doing now, for `hybridflow monitor` and for failure reports.
-
-Two files in the run directory:
-
-- <run>/timeline.jsonl: one line per phase start and per change of state,
-  {"t": unix time, "step": n, "phase": name or null, "state": ...}; the exact phase
-  timeline `hybridflow monitor --profile` reports on. Appended through an open,
-  line-buffered file: ~15 us per phase.
-- <run>/status.json, replaced atomically (a reader sees the old or the new file):
-      {"pid": controller pid, "host": its host name,
-       "state": "starting" | "training" | "restarting" | "finished" | "failed",
-       "step": global step in flight, "phase": current phase, "phase_start": unix time,
-       "started": unix time of the run, "steps_done": steps finished by this process, "restarts": n,
-       "workers": [{"role": "actor", "rank": 0, "pid": 1234, "node": "10.0.0.1", "node_id": "..."}, ...]}
-  Written at once when the state or the workers change, otherwise at most every
-  STATUS_EVERY_S (a rename costs milliseconds on a busy filesystem; measured in
-  benchmarks/bench_monitor.py). `read_status` completes it with the newest timeline line.
-
-A third, <run>/trace_request.json, is written by `hybridflow monitor --trace` and read by
-the worker processes (controller/tracing.py).
-
-The trainer updates both as each phase of a step starts (programs/phases.py calls `LiveStatus.phase`).
-"""
+"""What a running job is doing now, for `hybridflow monitor` and for failure reports."""
 
 from __future__ import annotations
 

@@ -4,16 +4,6 @@ named in `trainer.loggers`.
     loggers = build_loggers(cfg, run_dir, display)     # RunContext.open does this
     loggers.write("rl", 3, {"score/mean": 0.4, ...})   # one call per record
     loggers.close()
-
-A record is (phase, step, metrics). Phases: "rl" (one per RL step; mid-run evaluations
-are merged into it), "eval" (evaluation before and after training), "sft" / "sft_eval"
-(supervised warm start). Loggers:
-
-    console       evaluation records as a line per evaluation (overall and per data
-                  source); per-step progress is the RunDisplay's (trainer.console)
-    jsonl         <run>/metrics.jsonl (run_dir.MetricsLog), read by `hybridflow plot`
-    tensorboard   <run>/tensorboard (torch.utils.tensorboard); `tensorboard --logdir runs`
-    wandb         Weights & Biases, if installed; WANDB_MODE=offline writes <run>/wandb
 """
 
 from __future__ import annotations

@@ -1,24 +1,4 @@
-"""Per-step metrics computed on the controller from the step's final batch.
-
-Names (all floats):
-- score/{mean,std,max,min}: the task score of each response (sum of token_level_scores);
-- reward/{mean,max,min}: the reward optimised (score minus the KL penalty when in reward),
-  plus the reward manager's reward/{errors,timeouts,empty_responses,worker_restarts};
-- adv/{mean,std,max,min}, returns/{mean,max,min}, values/{mean,max,min} over response tokens;
-- actor/entropy (token mean under the rollout policy), actor/ref_kl (k1, when a reference exists);
-- response_length/{mean,max,min,clip_ratio} (clip_ratio: share stopped by the length limit),
-  prompt_length/{mean,max};
-- perf/tokens_per_s (prompt + response tokens of the step / step wall time) and perf/mfu:
-  the step's estimated model FLOPs (perf/step_flops: generation and scoring forwards 2N per
-  token, updates 6N per token, plus attention, see engines/train/flops.py) over step time x
-  the summed peak FLOP/s of the processes running the step. N, L, d and each peak are
-  reported by the workers (`flop_facts`, measured on their own devices); `flop_model`
-  only combines them. Update-only numbers from the engines are perf/{actor,critic}_update_*.
-- timing_s/<phase>: controller wall time of each phase (gen, reward, old_log_prob, ref,
-  values, kl_reward, adv, update_critic, update_actor) and of the step; the workers add
-  timing_s/generate and timing_s/reshard_to_generation (the weight sync into the rollout
-  engine) and timing_s/update_*_in_worker.
-"""
+"""Per-step metrics computed on the controller from the step's final batch."""
 
 from __future__ import annotations
 

@@ -4,18 +4,6 @@
     sampler = Sampler(workers)
     rows = sampler.sample()                       # CPU %, RSS, GPU per worker, now
     report = profile("runs/grpo-...", duration_s=60, interval_s=0.5, out_dir=Path("runs/grpo-.../profile"))
-
-`attach` reads the run directory the trainer keeps current (state, step, phase, worker
-pids per role/rank/node), or, given a Ray address instead, lists the job's WorkerHost
-actors from Ray's actor table (their names carry role and rank; phase and step live in
-the run directory). Samples of a worker come from psutil when its process is
-on this machine, else from a zero-CPU Ray task pinned to its node. GPUs (when CUDA is
-present) are sampled per device: utilisation and memory in use.
-
-`profile` samples for a duration, reads the exact phase timeline the trainer wrote
-(<run>/timeline.jsonl) and writes report.json, report.md (time per phase and the CPU/GPU
-use of every role in it; busy and idle time per worker and device) and timeline.png
-(phases per worker, grey where the worker sat idle).
 """
 
 from __future__ import annotations

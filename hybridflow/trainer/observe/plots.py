@@ -2,14 +2,6 @@
 over RL steps (reward, KL, entropy, response length, held-out accuracy), an environment
 run's over environment steps (episode return and length, the algorithm's losses,
 throughput, policy lag).
-
-    hybridflow plot runs/arithmetic-grpo-20260101-120000      # -> <run>/plots/*.png
-    hybridflow plot runs/CartPole-v1-ppo-20260101-120000      # an environment run's
-    paths = plot_run(run_dir)                                 # the same from Python
-    plot_return_curves({"seed 0": run0, "seed 1": run1}, "curve.png", "CartPole", threshold=475)
-
-A training run draws them itself when it ends (with the "jsonl" logger). A plot whose
-metrics the run never logged (e.g. KL without a reference policy) is left out.
 """
 
 from __future__ import annotations

@@ -7,10 +7,6 @@ actor/skipped_no_signal), or, with that off, steps on nothing. `SignalWatch` pri
 line for each such step saying which happened, counts the run of them in the metric
 adv/no_signal_steps, and stops the run cleanly (evaluation and export still happen) after
 trainer.max_no_signal_steps of them in a row.
-
-    watch = SignalWatch(cfg.trainer.max_no_signal_steps, display.message)
-    if watch.stop_reason(step, metrics):   # after each step's metrics
-        break
 """
 
 from __future__ import annotations

@@ -1,30 +1,4 @@
-"""RL algorithms as short programs over worker groups (HybridFlow paper, Figure 4).
-
-Each function runs one step, top to bottom: generate -> reward -> old and reference
-log-probs -> values -> advantages -> critic update -> actor update; the log-probs and
-values, and the updates, are `P.concurrently` blocks (programs/concurrent.py). The actor's
-new weights reach the generation engine at the start of the next step's generate (weight
-sync by resharding). Which program an `algorithm.name` runs, and everything else the name
-implies (roles, estimator, presets, checks), is its row in the algorithm registry
-(`hybridflow.config.algorithm`); `step_program` finds the function of a row, and
-docs/algorithms.md lists the rows.
-
-- critic_free: grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, drgrpo; they
-  differ only in the estimator and the presets (Dr.GRPO: no std, seq-mean-token-sum-norm).
-- remax: one extra greedy response per prompt; its reward is the baseline.
-- dapo: dynamic sampling (informative groups only, more prompts until the batch is full),
-  overlong shaping; clip-higher and the token-mean loss are presets.
-- ppo: GAE with a learned critic.
-- safe_rlhf: PPO on reward and cost (two critics) under a Lagrange multiplier.
-
-Environment tasks run programs of the same shape (`env_ppo`, `env_sac`: runners collect,
-the controller computes GAE, the learner updates, weights sync; programs/env_phases.py).
-
-Any of them can take its reward from a reward model (`reward_model.path`) instead of, or
-in addition to, the rule-based function. `generate_and_score`, `sample_groups` (with
-algorithm.exploration), `log_probs`, `shaped_rewards` and `train_critic_free` are the
-building blocks the programs share; a program of your own (docs/extending.md) may use them too.
-"""
+"""RL algorithms as short programs over worker groups (HybridFlow paper, Figure 4)."""
 
 from __future__ import annotations
 

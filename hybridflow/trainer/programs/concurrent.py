@@ -3,46 +3,6 @@
     with P.concurrently(step):          # trainer/programs/algorithms.py: ppo
         log_probs(step, roles, cfg)     # the actor's old and reference log-probs
         P.compute_values(step, roles.critic)
-
-Inside the block each phase's worker-group call (`dp_call` in phases.py) is submitted
-without waiting for the one before. What a phase does with its result (the `then` it hands
-to dp_call: add the outputs to step.batch, record the worker's metrics) waits until the
-block ends, and then runs call by call in program order, with the phases' own metrics in
-between, so step.batch and step.metrics end exactly as if the phases had run one after
-another (same values, same key order).
-
-**Where it overlaps.** Calls to worker groups on different processes run at the same time:
-with `resources.placement: split` the actor's pool works beside the critics' pool (the
-actor's log-probs beside the critic's values, the actor's update beside the critics'). Calls
-to one set of processes run there one after another in the order they were submitted (a
-Ray actor runs one call at a time, in its caller's order): colocated roles (the default
-placement: actor and critic in the same processes), the actor's old and reference
-log-probs, the critic and the cost critic (which share the critic pool). There the block
-only saves the controller's turn between the calls. Concurrent ranks do not oversubscribe
-the cores: each rank's threads are its own share of them (resources.threads_per_rank).
-With `step.concurrent` False (`trainer.concurrent_phases: false`) each call is waited for
-as soon as it is submitted: the same results and checks, nothing overlaps.
-
-**Rules, checked** (a break raises `ConcurrencyError` naming the phases and the key):
-- a phase must not read what another phase of the same block writes, in step.batch or in
-  step.metrics: the block records each read and which keys each result changed. (Writes
-  win in program order; a read of a key a *later* phase writes sees the old value in
-  both orders, and is fine.)
-- inside a block a phase changes step.batch only through its results (`then`); a direct
-  write, or replacing step.batch (as generate does), raises at once;
-- dp_call inside a block needs `then` (there is no result to return yet).
-A block inside a block is part of the outer one. A phase inside a phase is part of the
-outer phase. A call that fails raises when the block ends, and nothing of the block is
-applied; other calls of the block may still finish on their workers. The error names the
-call that failed first (`controller.futures.gather_calls`: a death before an exception, then
-the lowest rank; on one process, the earliest of its calls, the one it failed in, since a
-call starts there only after the controller has the result of the one before,
-`controller.worker_group.HostSet.submit`), and the live status's phase becomes that call's.
-
-**Timing.** timing_s/<phase> of a phase in a block is the phase's own time: its submission
-work, plus the time from its call's start (its submission, or, where an earlier call of
-the block occupies the same processes, that call's end) to its result, plus handling the
-result. Where phases overlapped they add up to more than the block's wall time.
 """
 
 from __future__ import annotations

@@ -3,13 +3,6 @@
     collect(step, run, request)      # the env runners' next batch (in flight already with async sampling)
     compute_env_gae(step, cfg, lr)   # on the controller: GAE on the [envs, time] segment, flat rows
     update_learner(step, learner, "ppo_update", run)   # the learner's update, then its weights to the runners
-
-`EnvRun` is the state these programs carry across steps (the LM programs' AlgoState): the
-counters, the `Sampler` of collections in flight, and the learner's newest weights, which go
-to the runners with the next collection call (a future: nobody waits, Ray hands it from
-learner to runners). Sync sampling collects with the newest weights; async keeps
-distributed.max_policy_lag collections in flight, so the data of an update is at most that
-many policy versions old (policy/lag_mean, policy/lag_max).
 """
 
 from __future__ import annotations

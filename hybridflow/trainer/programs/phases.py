@@ -3,29 +3,6 @@
 A phase reads what earlier phases put into `step.batch` (names from ARCHITECTURE.md),
 adds its own keys, and records its metrics and wall time (`timing_s/<phase>`) in
 `step.metrics`. Algorithms (programs/algorithms.py) are short sequences of these calls.
-
-Besides the common phases (generate, reward, log-probs, values, advantages, updates):
-ReMax's greedy baseline, Safe-RLHF's cost / cost values / cost advantages / cost critic,
-DAPO's overlong shaping and dynamic sampling (`sample_informative_groups`, which runs
-generate + reward once per round), exploration (`explore_silent_groups`: the prompts whose
-group scored all alike sampled again, with DAPO's filter). Keys they add:
-baseline_rewards, token_level_costs, cost_values, cost_advantages, cost_returns.
-
-Every call that splits the batch across data-parallel ranks (log-probs, values, updates)
-goes through `dp_call`, which balances the ranks' token counts when `step.balance_dp`
-(trainer.balance_batch) and hands per-sample outputs back in the batch's own order, to
-the phase's `then` (what it does with them). Independent phases run at once inside
-``with concurrently(step):`` (programs/concurrent.py: its rules, and why the step ends
-as if they had run one after another).
-
-Every trainer.mode runs the same phases: in one_step_off / async (trainer/modes/stream_step.py)
-`generate` takes the groups the rollout pool generated (`Step.streamed`), and the phases of
-the capabilities that pool served (`Step.served`: ReMax's greedy responses, DAPO's filter)
-use what came with the groups instead of calling the actor.
-
-Weight sync has no phase of its own: the actor's updated weights reach the generation
-engine inside the next `generate_sequences` call (3D-HybridEngine reshard), timed by the
-worker as `timing_s/reshard_to_generation`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,6 @@
 """Run-level checkpoints of the RL loop: where they live, how to find, write and read them,
 and how a run directory is reopened to continue after one (which checkpoint a run resumes,
 with which config, is decided in run/lifecycle.py).
-
-A run directory holds its checkpoints under `checkpoints/`:
-
-    <run>/checkpoints/
-        global_step_<N>/           one complete checkpoint of step N
-            actor/                 the actor's engine checkpoint (DCP model + optimizer,
-                                   lr schedule, per-rank RNG, worker state such as the
-                                   generation seed counter)
-            critic/                the critic's, with a critic (PPO)
-            trainer_state.json     step, data-loader position, AlgoState, controller RNG
-        .tmp-global_step_<N>/      a checkpoint being written (ignored; removed by the next save)
-
-Atomicity: every part of step N is written into `.tmp-global_step_<N>` and the directory
-is renamed to `global_step_<N>` only when all roles and the trainer state are on disk
-(rename is atomic on POSIX filesystems; the protocol is the engine checkpoints' own,
-engines/train/checkpoint.py). A crash during a save therefore leaves the previous
-checkpoint as the newest complete one, and `find_checkpoint` never returns a half-written one.
-
-Public API (used by `hybridflow eval` / `hybridflow export` too):
-
-    ckpt = find_checkpoint("runs/arithmetic-grpo-20260101-120000")   # newest complete one
-    actor.load_checkpoint(actor_checkpoint_path(ckpt))                # ActorRolloutRefWorker
-    cfg = load_config(RunConfig, run_config_path(ckpt))               # the run's config.yaml
 """
 
 from __future__ import annotations

@@ -2,15 +2,6 @@
 
     wait_for_lost_node(node_id)          # a dead rank's node: alive, or declared dead by Ray
     cfg = fitting_config(cfg, slots)     # resources.* for the slots per node the cluster holds now
-
-With resources.min_world_size set, a restart (run/recovery.py) does not insist on the run's
-world size: it takes the largest world size from max_world_size (default: the run's
-first world size) down to min_world_size that (a) the cluster's alive nodes hold, at most
-the configured resources.ranks_per_node on each, and (b) passes the run's config checks
-(batch sizes divide by the data-parallel size). Every role is then placed on that many
-ranks, and the checkpoint loads resharded (DCP stores global tensors; the data position
-and the algorithm state live on the controller and do not depend on the world size).
-Without min_world_size, the config is returned unchanged.
 """
 
 from __future__ import annotations

@@ -1,23 +1,4 @@
-"""Where a run starts from, decided in one place for every entry point.
-
-Which model the policy starts from (the trainer, SFT, `hybridflow eval` and `hybridflow
-export` all ask here):
-
-    base_model_path(cfg, run_dir, write_builtin=True)   # model.path | model.pretrained's cache
-                                                        # dir | the built-in <run>/model
-    policy_start_path(cfg, run_dir)                     # <run>/sft_model after an SFT warm
-                                                        # start, else the base model
-
-Which checkpoint a resumed run continues from, and with which config (`hybridflow train
---resume` and `RLTrainer(resume=...)`):
-
-    point = resume_point("runs/grpo-20260101-120000")   # or a checkpoint dir, or True
-    point.checkpoint, point.step, point.cfg
-    check_steps_left(point.step, point.cfg.trainer.total_steps)
-
-A checkpoint records the model it trained (`model_record`: the model section and a
-manifest of the model directory); `resume_point` refuses a resume whose model changed.
-"""
+"""Where a run starts from, decided in one place for every entry point."""
 
 from __future__ import annotations
 

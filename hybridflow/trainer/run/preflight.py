@@ -2,22 +2,6 @@
 before Ray starts: the model directories, the data files and the reward file.
 
     preflight(cfg)          # raises ConfigError keyed by the setting to change
-
-Each problem a new user meets (a typo in a path, a truncated download, a jsonl line cut
-short, a prompt column under another name, too few rows for one batch, a reward file that
-does not import) is reported here in one message that names the file and the fix, instead
-of as a traceback from a worker a minute later. Only the standard library, PyYAML and
-pyarrow are used: no model is loaded, so the checks take well under a second for the
-model and reward file (the data files are read once, as the run reads them anyway).
-
-A model directory is checked from its files alone: config.json parses; it names no code to
-run (an `auto_map` in config.json or tokenizer_config.json: refused unless
-model.trust_remote_code) and a model_type the engines support; a reward or cost model is a
-one-label sequence classifier; its weights exist and every safetensors file is complete
-(its header's tensors end where the file ends); the embedding and the number of decoder
-layers in the weights agree with config.json; a tokenizer file is there (policy only). `model_manifest` (a fingerprint of config.json and
-the weight files) is recorded with each checkpoint so a resume can tell that the model
-changed (run/lifecycle.py).
 """
 
 from __future__ import annotations

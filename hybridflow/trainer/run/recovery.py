@@ -2,27 +2,6 @@
 
     metrics = supervise(run_steps, restart, describe, max_restarts=cfg.trainer.max_restarts,
                         report=display.message)
-
-`run_steps` is the trainer's loop; when it raises a `WorkerError` (a rank raised, its
-process or node died, or a call outlived trainer.call_timeout_s: `CallTimeoutError`),
-the failure is reported in one paragraph (role, rank, node, pid, cause, phase, step),
-then `restart` tears every worker group down (killing hung processes), starts them
-again, loads the newest complete checkpoint (the `--resume` path: same run directory,
-metrics after the checkpoint set aside) and `run_steps` continues from there. Because a
-resumed run reproduces an uninterrupted one, the metrics after a restart are those the
-run would have logged without the failure.
-
-The stop rule: `max_restarts` is a budget per step. A failure at the same RL step as the
-previous failure, or at an earlier one (the run did not get past the step that failed),
-is a repeat: a deterministic crash or an out-of-memory comes back at the same step, so
-after `max_restarts` repeats the run stops with the last failure's own error instead of
-looping. A failure at a later step than the previous failure means the restart made
-progress: the run gets a fresh budget of `max_restarts` for that step. The number of
-restarts is therefore bounded (each fresh budget needs a later step, and there are
-trainer.total_steps of them) and a long run that loses a node now and then keeps going.
-The run also stops when there is no checkpoint to go back to (`restart` raises
-`CannotRestart`). Errors of the controller's own code (config, data, a bug in the loop)
-are never retried.
 """
 
 from __future__ import annotations

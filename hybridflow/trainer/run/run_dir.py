@@ -1,18 +1,4 @@
-"""The run directory: where a run's config, metrics, checkpoints and models go.
-
-    runs/<name>-<YYYYmmdd-HHMMSS>/
-        config.yaml          the resolved config (every default written out)
-        metrics.jsonl        one JSON object per line: {"phase": "rl"|"sft"|"eval", "step": n, ...}
-        tensorboard/         TensorBoard event file (trainer.loggers has "tensorboard")
-        plots/               reward, KL, entropy, response length over steps (PNG, observe/plots.py)
-        model/               the built-in tiny model (model.path: null)
-        sft_model/           the warm-started policy (sft.steps > 0), Hugging Face format
-        checkpoints/         global_step_<N>/ every trainer.save_freq steps (run/checkpointing.py)
-        final_model/         the trained policy (trainer.save_final_model)
-
-A run never overwrites another: an existing directory is an error for an explicit
-trainer.run_dir, and a timestamp collision gets a numeric suffix.
-"""
+"""The run directory: where a run's config, metrics, checkpoints and models go."""
 
 from __future__ import annotations
 

@@ -5,19 +5,6 @@ SIGINT (Ctrl-C), for every task kind (language-model runs, environment tasks).
     with STOP.deferred():          # while steps run: finish the current one first
         ...                        # the loop checks STOP.received after each step
     raise RunTerminated(...)       # the CLI prints its one line and exits 128 + the signal
-
-Outside `deferred` (setting up, evaluating) a SIGTERM abandons what is running at once by
-raising `RunTerminated` in the main thread (a SIGINT there is Python's KeyboardInterrupt, as
-in any program). Inside it, the first signal only records itself: the step finishes, the
-trainer writes a checkpoint if `trainer.save_on_signal` (the newest complete one is kept
-either way) and then raises; a second signal abandons the step. Either way the trainer's
-`close` shuts the workers down on the way out, and the CLI (cli/__init__.py) reports any
-failure that follows the signal as the stop it is, with exit status 128 + the signal (143
-for SIGTERM, 130 for SIGINT), the shell's status of a process ended by that signal.
-
-`RunTerminated` is a `SystemExit`: code that catches `Exception` lets it through, and a
-script that does not catch it (`RLTrainer(...).train()` in a user's file) ends with that
-exit status and, instead of a traceback, its one line on stderr (printed at exit).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Benchmark scripts by subject; `python -m benchmarks.report` writes benchmarks/README.md."""
