@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hybridflow-installed
 
-.PHONY: venv demo test bench clean-venv
+.PHONY: venv demo test bench hooks clean-venv
 
 # Installs torch==2.13.0 explicitly first (an unpinned torch pulls GBs of CUDA wheels),
 # then the package with its extras. Re-runs only when pyproject.toml or this file changes.
@@ -30,6 +30,10 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q -m "not slow"
 	$(PY) -m pytest -q -m slow
+
+# The commit-message check kept in the repository (.githooks/commit-msg).
+hooks:
+	git config core.hooksPath .githooks
 
 clean-venv:
 	rm -rf $(VENV)
