@@ -1,6 +1,6 @@
-"""Every link in the README, DEVELOPERS.md, docs/ and benchmarks/README.md resolves inside a
+"""Every link and image in the README, DEVELOPERS.md, docs/ and benchmarks/README.md resolves inside a
 fresh clone: relative file links name a file or folder of the repository, and anchors name a
-heading of their page (GitHub's heading slugs)."""
+heading of their page (GitHub's heading slugs); the README's index names every docs page."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted(p for p in [ROOT / "README.md", ROOT / "DEVELOPERS.md", ROOT / "benchmarks" / "README.md",
                            *(ROOT / "docs").glob("*.md")] if p.exists())
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 
@@ -73,3 +73,9 @@ def test_the_checker_finds_a_broken_link_and_a_missing_anchor(tmp_path, monkeypa
                                    "[out](../x.md)\n\n```\n[code](c.md)\n```\n")
     assert broken_links(tmp_path / "a.md") == ["b.md (no such file)", "#nope (no heading #nope in a.md)",
                                                "../x.md (leaves the repository)"]
+
+
+def test_the_readme_indexes_every_docs_page():
+    index = (ROOT / "README.md").read_text(encoding="utf-8").split("## Documentation", 1)[1]
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", index))
+    assert linked == {p.name for p in (ROOT / "docs").glob("*.md")}
