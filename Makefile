@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hybridflow-installed
 
-.PHONY: venv demo test test-cluster bench clean-venv
+.PHONY: venv demo test test-cluster bench hooks clean-venv
 
 # Installs torch==2.13.0 explicitly first (an unpinned torch pulls GBs of CUDA wheels),
 # then the package with its extras. Re-runs only when pyproject.toml or this file changes.
@@ -34,6 +34,10 @@ test: venv
 # The cluster runs and faults beyond the representative ones in `make test` (root; ~30 min).
 test-cluster: venv
 	$(PY) -m pytest -q -m cluster_extended
+
+# The commit-message check kept in the repository (.githooks/commit-msg).
+hooks:
+	git config core.hooksPath .githooks
 
 clean-venv:
 	rm -rf $(VENV)

@@ -150,7 +150,7 @@ def test_every_example_config_validates_and_says_how_to_run_it():
 
 
 def test_null_layout_on_cpu_is_one_rank_with_every_core():
-    # 1 rank x all cores beat one rank per core on both vs-TRL workloads (README); the
+    # 1 rank x all cores beat one rank per core on both vs-TRL workloads (docs/performance.md); the
     # resolved values are what the run saves and what the ranks' CPU slots get.
     from hybridflow.config.sections.resources import local_cores
     from hybridflow.trainer.run.setup import placement
