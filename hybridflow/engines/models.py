@@ -255,13 +255,18 @@ def hf_model_for_export(model: torch.nn.Module, *, trust_remote_code: bool) -> t
 
 
 def backbone_shapes(path: str | Path, *, trust_remote_code: bool) -> dict[str, list[int]]:
-    """Parameter name -> shape of the decoder backbone (AutoModel: no head) that the config.json
-    of `path` describes, built on the meta device (no memory, no weights read). Checkpoint
-    names carry a "model." prefix the backbone's lack (pre-flight compares the two)."""
+    """Parameter name -> shape of the decoder backbone (AutoModel) that the config.json of
+    `path` describes, built on the meta device (no memory, no weights read), and of a causal
+    LM's `lm_head.weight`. Checkpoint names carry a "model." prefix the backbone's lack
+    (pre-flight compares the two)."""
     config = load_hf_config(path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-    return {name: list(t.shape) for name, t in model.state_dict().items()}
+    shapes = {name: list(t.shape) for name, t in model.state_dict().items()}
+    vocab, hidden = getattr(config, "vocab_size", None), getattr(config, "hidden_size", None)
+    if vocab and hidden:  # an untied causal LM's head: a wrong shape would be re-initialised silently
+        shapes["lm_head.weight"] = [vocab, hidden]
+    return shapes
 
 
 def model_family(model: torch.nn.Module) -> str:

@@ -105,6 +105,24 @@ def test_model_directory_damage_the_load_would_meet_is_found_before_ray(model, d
     assert message in short(err) and err.value.key == "model.path"
 
 
+def test_an_untied_head_of_the_wrong_shape_is_found_before_ray(tmp_path):
+    # transformers loads a head whose shape disagrees with config.json by initialising it
+    # afresh (a warning only): the model would train from a random head.
+    from hybridflow.engines.models import save_tiny_model
+    from hybridflow.trainer.run.preflight import preflight
+
+    model = save_tiny_model(tmp_path / "untied", tie_word_embeddings=False)
+
+    def transpose_head(header: dict) -> None:
+        header["lm_head.weight"]["shape"] = header["lm_head.weight"]["shape"][::-1]  # same bytes
+
+    rewrite_safetensors_header(model / "model.safetensors", transpose_head)
+    cfg = load_run_config(None, [f"model.path={model}"])
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg)
+    assert "lm_head.weight" in short(err) and err.value.key == "model.path"
+
+
 def test_a_chat_message_the_template_refuses_is_a_config_error(tmp_path):
     """The built-in chat template raises jinja2's TemplateError on an unknown role; that was
     a traceback (exit 1) after Ray started."""
