@@ -20,11 +20,11 @@ from hybridflow.workers.generation import rollout_engine_config
 def test_the_settings_reach_the_rollout_engine():
     cfg = load_run_config(None, ["rollout.decode_loop=device", "rollout.readback_every=3",
                                  "rollout.compile_decode=true"])
-    engine = rollout_engine_config(cfg.rollout, torch.device("cpu"))
+    engine = rollout_engine_config(cfg.rollout, torch.device("cpu"), trust_remote_code=False)
     assert (engine.decode_loop, engine.readback_every, engine.compile_decode, engine.cuda_graphs) == (
         "device", 3, True, False)
     default = load_run_config(None, [])
-    assert rollout_engine_config(default.rollout, torch.device("cpu")).decode_loop == "host"
+    assert rollout_engine_config(default.rollout, torch.device("cpu"), trust_remote_code=False).decode_loop == "host"
     assert run_decode_loop(default) == "host"
     assert run_decode_loop(load_run_config(None, ["resources.use_gpu=true"])) == "device"
 
