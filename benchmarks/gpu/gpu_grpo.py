@@ -123,7 +123,7 @@ def ours_step(path: Path, args, sync: Callable[[], None]) -> dict[str, Any]:
         train_batch = {k: out.batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses",
                                                  "response_mask")}
         train_batch["advantages"] = adv
-        metrics = _timed(phases, "update", sync, lambda: actor.update_policy(train_batch))
+        metrics = _timed(phases, "update", sync, lambda: actor.update_policy(train_batch, fused_old_log_probs=True))
 
         def weight_sync() -> None:
             rollout.load_weights((name, full_tensor(p).detach()) for name, p in actor.named_sharded_parameters())
