@@ -50,7 +50,7 @@ class ConsoleLogger:
         self.display = display
 
     def write(self, phase: str, step: int, metrics: Mapping[str, Any]) -> None:
-        if phase.endswith("eval") and "val/accuracy" in metrics:
+        if phase.endswith("eval") and "val/score" in metrics:  # a policy's held-out record (not an RM's)
             where = "SFT step" if phase.startswith("sft") else "step"
             self.display.message(f"{where} {step}: {eval_summary(metrics)}")
 
