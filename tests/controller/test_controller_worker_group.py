@@ -393,3 +393,40 @@ def test_a_group_sent_to_a_ray_task_calls_the_same_workers_and_cannot_shut_them_
     assert out.batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert refused is not None and "owner" in refused
     assert groups["actor"].whoami()[0]["rank"] == 0  # still alive for its owner
+
+
+def _produce_group():
+    import ray
+
+    # 1 MiB goes to the object store (not inlined): the object lives and dies with this process
+    return [ray.put(torch.zeros(1 << 18))]
+
+
+def test_groups_lost_with_the_process_that_made_them_fail_the_step_as_that_process(ray_local):
+    """A step program's task whose input groups died with the rollout rank that generated
+    them: the error is the workers' (the trainer then names the dead pool), never passed
+    off as the program's own exception."""
+    import ray
+    from ray.exceptions import ObjectLostError
+
+    from hybridflow.controller.futures import RankInfo, gather
+    from hybridflow.trainer.modes.stream_step import _program_error
+
+    producer = ray.remote(num_cpus=0)(type("Producer", (), {"make": lambda self: _produce_group()})).remote()
+    (group,) = ray.get(producer.make.remote())
+    ray.kill(producer)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(producer.make.remote(), timeout=60)
+    program = ray.remote(num_cpus=0, max_retries=0)(lambda g: float(g.sum()))
+    owner = [RankInfo("step_program", 0, "127.0.0.1", None)]
+    deadline = time.monotonic() + 60
+    while True:  # the object store lets the objects go a moment after Ray declares the death
+        try:
+            gather([program.remote(group)], owner, "step_program")
+        except WorkerError as err:
+            lost = err
+            break
+        assert time.monotonic() < deadline, "the dead producer's group stayed readable for 60 s"
+        time.sleep(0.5)
+    assert isinstance(lost.__cause__.cause, ObjectLostError)
+    assert _program_error(lost) is lost

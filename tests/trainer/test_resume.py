@@ -62,7 +62,7 @@ from pathlib import Path
 from hybridflow import RLTrainer
 from hybridflow.config import load_config
 from hybridflow.config.schema import RunConfig
-from hybridflow.trainer.lm import task as rl_trainer
+from hybridflow.trainer import task as rl_trainer
 from hybridflow.trainer.run import checkpointing
 
 def commit_or_die(tmp, state, keep_last):

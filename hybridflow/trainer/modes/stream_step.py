@@ -142,6 +142,9 @@ def _program_error(err: WorkerError) -> Exception:
     """What the task raised, as sync mode raises it: the WorkerError of a worker-group call
     inside it (it names the role and rank), or the program's own exception (a bug in its
     code is no worker failure: trainer.max_restarts does not retry it, run/recovery.py);
-    `err` where the task's process itself failed."""
+    `err` where the task's process itself failed, or where its inputs were lost (the
+    process that produced the groups died: the caller names that death)."""
     cause = getattr(err.__cause__, "cause", None)
+    if isinstance(cause, ray.exceptions.ObjectLostError):
+        return err
     return cause if isinstance(cause, Exception) else err
