@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.hybridflow-installed
 
-.PHONY: venv demo test test-cluster bench hooks clean-venv
+.PHONY: venv demo test test-extended hooks clean-venv
 
 # Installs torch==2.13.0 explicitly first (an unpinned torch pulls GBs of CUDA wheels),
 # then the package with its extras. Re-runs only when pyproject.toml or this file changes.
@@ -25,15 +25,16 @@ venv: $(STAMP)
 demo: venv
 	$(VENV)/bin/hybridflow train
 
-# Two stages: everything but the tests marked slow (1565 tests, 14 min on 2 cores at load ~2),
-# then the 81 slow ones (23 min); a failure in the first stage stops before the second.
+# Two stages: the fast tests, then the slow ones (a failure in the first stops before the
+# second); one representative case per mechanism. About 45 min on 2 quiet cores.
 test: venv
-	$(PY) -m pytest -q -m "not slow"
-	$(PY) -m pytest -q -m "slow and not cluster_extended"
+	$(PY) -m pytest -q -m "not slow and not extended"
+	$(PY) -m pytest -q -m "slow and not extended"
 
-# The cluster runs and faults beyond the representative ones in `make test` (root; ~30 min).
-test-cluster: venv
-	$(PY) -m pytest -q -m cluster_extended
+# The cases beyond the representative ones: more algorithms, modes, faults and cluster runs
+# (root for the cluster ones).
+test-extended: venv
+	$(PY) -m pytest -q -m extended
 
 # The commit-message check kept in the repository (.githooks/commit-msg).
 hooks:

@@ -69,9 +69,9 @@ def lose_node_when(cluster, fired: Path) -> None:
 
 
 @pytest.mark.parametrize(("method", "phase"), [
-    pytest.param("generate_sequences", "gen", marks=pytest.mark.cluster_extended),
+    pytest.param("generate_sequences", "gen", marks=pytest.mark.extended),
     ("update_actor", "update_actor"),
-    pytest.param("write_checkpoint", "save_checkpoint", marks=pytest.mark.cluster_extended),
+    pytest.param("write_checkpoint", "save_checkpoint", marks=pytest.mark.extended),
 ])
 def test_a_node_lost_in_a_phase_restarts_from_the_newest_checkpoint(healthy, tmp_path, method, phase):
     run_dir, fired = tmp_path / "run", tmp_path / "fired"
@@ -90,7 +90,7 @@ def test_a_node_lost_in_a_phase_restarts_from_the_newest_checkpoint(healthy, tmp
     assert [checkpoint_step(c) for c in complete_checkpoints(run_dir / "checkpoints")] == [1, 2]
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_a_node_lost_while_rewards_are_scored_restarts_from_the_newest_checkpoint(healthy, tmp_path):
     """The controller scores rewards itself; the lost rank is found at the next call (old_log_prob)."""
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
@@ -130,7 +130,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     assert [r["step"] for r in rl_records(run_dir)] == [1, 2]
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_a_node_lost_during_the_sft_warm_start_stops_with_one_line(healthy, tmp_path):
     """Nothing is saved before the warm start ends, so there is nothing to restart from: the run
     stops with one line that names the node and what to do."""
@@ -146,7 +146,7 @@ def test_a_node_lost_during_the_sft_warm_start_stops_with_one_line(healthy, tmp_
     assert "run the same command again" in report and "--resume" not in report  # there is no checkpoint
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_a_slow_link_only_slows_the_run(healthy, tmp_path, grpo_reference):
     """50 ms each way and 100 Mbit/s between the nodes for the whole run, every connection on it
     (the round trip shows it): the run computes what the same run on one machine computes."""
@@ -162,7 +162,7 @@ def test_a_slow_link_only_slows_the_run(healthy, tmp_path, grpo_reference):
     assert [comparable(r) for r in rl_records(run_dir)] == [comparable(r) for r in rl_records(grpo_reference)]
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_a_slow_link_unplugged_for_20_s_mid_step(healthy, tmp_path, grpo_reference):
     """50 ms each way and 100 Mbit/s between the nodes, and the cable out for 20 s from the start of
     step 2: the run waits it out and computes what the undisturbed run on one machine does."""

@@ -56,7 +56,7 @@ def test_grpo_trains_across_both_nodes_as_on_one_machine(grpo_run, grpo_referenc
     assert [comparable(r) for r in cluster_records] == [comparable(r) for r in local_records]
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_eval_and_export_of_the_cluster_run(grpo_run, cluster):
     root, _ = grpo_run
     run = root / "cluster"
@@ -68,7 +68,7 @@ def test_eval_and_export_of_the_cluster_run(grpo_run, cluster):
     assert list((root / "exported").glob("*.safetensors"))
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_ppo_split_puts_the_actor_and_the_critic_on_different_nodes(cluster, tmp_path):
     common = ["algorithm.name=ppo", "trainer.total_steps=2", "resources.placement=split", "resources.critic_ranks=1",
               f"reward.custom_fn_path={reward_file(tmp_path)}"]
@@ -110,7 +110,7 @@ def test_worker_processes_listen_on_their_node_address_only(cluster):
     assert report["ranks"][1]["received"] == [[0.0, 1.0, 2.0, 3.0]]
 
 
-@pytest.mark.cluster_extended
+@pytest.mark.extended
 def test_environment_ppo_spreads_its_runners_over_the_nodes(cluster, tmp_path):
     """Two env runners with placement_strategy spread: one on each node (each records where its
     environments were built), the learner's numbers those of the same run on one machine."""

@@ -37,7 +37,8 @@ def _train_two_steps(cfg) -> tuple[list[dict], set[str]]:
     return records, roles
 
 
-@pytest.mark.parametrize("algorithm, backend", [("grpo", "native"), ("ppo", "native"), ("grpo", "hf")])
+@pytest.mark.parametrize("algorithm, backend", [("grpo", "native"), pytest.param("ppo", "native", marks=pytest.mark.extended),
+                                                pytest.param("grpo", "hf", marks=pytest.mark.extended)])
 def test_multi_turn_training_runs_two_steps(algorithm, backend, tiny_config, turn_model_dir, ray_local):
     """hf: transformers' generate, each turn regenerated from the prefix (regen_turns.py)."""
     cfg = _guess_number_config(tiny_config, turn_model_dir, f"algorithm.name={algorithm}", f"rollout.name={backend}",
@@ -97,6 +98,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+@pytest.mark.extended  # dynamic sampling: test_algorithms_e2e.py; multi-turn: test_multi_turn_training_runs_two_steps
 def test_dapo_dynamic_sampling_on_a_multi_turn_task(tiny_config, turn_model_dir, ray_local, tmp_path):
     """DAPO generates more prompts (more agent-loop rounds) until the batch holds
     train_batch_size informative groups, on the multi-turn guess_number task."""

@@ -81,9 +81,9 @@ def _train(cfg) -> tuple[RLTrainer, list[dict], set[str]]:
 @pytest.mark.parametrize("name, extra", [
     ("rloo", ["actor.loss.policy.loss_mode=gspo", "actor.loss.policy.clip_ratio_low=0.0003",
               "actor.loss.policy.clip_ratio_high=0.0004", "actor.loss.policy.loss_agg_mode=seq-mean-token-mean"]),
-    ("reinforce_plus_plus", ["actor.loss.policy.loss_mode=cispo"]),
-    ("reinforce_plus_plus_baseline", []),
-    ("drgrpo", []),
+    pytest.param("reinforce_plus_plus", ["actor.loss.policy.loss_mode=cispo"], marks=pytest.mark.extended),
+    pytest.param("reinforce_plus_plus_baseline", [], marks=pytest.mark.extended),
+    pytest.param("drgrpo", [], marks=pytest.mark.extended),
     ("remax", ["reward_model.add_rule_reward=true"]),  # and the reward model's score added to the rule's
 ])
 def test_critic_free_algorithms_two_steps(ray_local, tiny_config, reward_file, reward_model_dir, name, extra):
@@ -151,6 +151,7 @@ def test_ppo_with_a_reward_model_as_the_reward(ray_local, tiny_config, reward_mo
         assert "reward/errors" not in record
 
 
+@pytest.mark.extended  # Safe-RLHF's mechanism: test_safe_rlhf_multiplier_rises_above_the_cost_limit_and_falls_below
 def test_safe_rlhf_with_a_reward_model_and_a_cost_model(ray_local, tiny_config, reward_model_dir, tmp_path):
     import shutil
 

@@ -40,7 +40,7 @@ from trainer_helpers import assert_finite, rl_records
 pytestmark = pytest.mark.slow  # each run starts two pools of tiny-model processes
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+@pytest.mark.parametrize("mode", ["one_step_off", pytest.param("async", marks=pytest.mark.extended)])
 def test_dapo_dynamic_sampling_on_the_stream(tiny_config, ray_local, tmp_path, mode):
     reward = tmp_path / "half_uniform.py"
     reward.write_text(HALF_UNIFORM_REWARD, encoding="utf-8")
@@ -87,7 +87,7 @@ def test_safe_rlhf_costs_cost_critic_and_multiplier_in_one_step_off(tiny_config,
     assert [r["cost/mean"] for r in records] == [1.0, 0.0]  # whole loader batches in order: prompts 0-3, then 4-7
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+@pytest.mark.parametrize("mode", [pytest.param("one_step_off", marks=pytest.mark.extended), "async"])
 def test_remax_greedy_baselines_from_the_rollout_pool(tiny_config, ray_local, tmp_path, mode):
     (tmp_path / "reward.py").write_text(VARIED_REWARD, encoding="utf-8")
     extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=3", "async_rl.max_staleness=1") \

@@ -17,7 +17,7 @@ from hybridflow.trainer.run.run_dir import read_metrics
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("victim", ["rollout", "actor"])
+@pytest.mark.parametrize("victim", ["rollout", pytest.param("actor", marks=pytest.mark.extended)])
 def test_a_dead_pool_stops_the_run(tiny_config, ray_local, victim):
     cfg = tiny_config("resources.world_size=1", "async_rl.rollout_ranks=1", "trainer.val_before_train=false",
                       "trainer.mode=one_step_off")

@@ -73,7 +73,12 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+# make test runs one critic-free, one critic-and-reward-model and one multi-turn case; the rest: make test-extended
+REPRESENTATIVE = ("grpo", "ppo", "agent")
+
+
+@pytest.mark.parametrize("algorithm", [a if a in REPRESENTATIVE else pytest.param(a, marks=pytest.mark.extended)
+                                       for a in ALGORITHMS])
 def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_path, reward_model_dir, turn_model_dir,
                                                  algorithm):
     """The controller-free data path computes what the synchronous program computes, and the
@@ -106,7 +111,7 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
     assert asyn[-1]["weight_sync/bytes"] > 0
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+@pytest.mark.parametrize("mode", ["one_step_off", pytest.param("async", marks=pytest.mark.extended)])  # async: the staleness tests
 def test_two_steps_of_each_mode(tiny_config, ray_local, mode):
     extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=3", "async_rl.max_staleness=1") if mode == "async" else ()
     records = _run(tiny_config("async_rl.rollout_ranks=1", "trainer.val_before_train=false", f"trainer.mode={mode}",
@@ -169,6 +174,7 @@ def test_async_checkpoint_resumes_version_seeds_and_prompts(tiny_config, ray_loc
     assert records[-1]["async/policy_version"] == 3 and records[-1]["staleness/max"] <= 2
 
 
+@pytest.mark.extended  # a critic in the asynchronous data path: test_max_staleness_0_reproduces_sync_metrics[ppo]
 def test_ppo_with_a_critic_in_one_step_off(tiny_config, ray_local):
     records = _run(tiny_config("async_rl.rollout_ranks=1", "trainer.val_before_train=false", "trainer.mode=one_step_off",
                                "algorithm.name=ppo", "resources.world_size=1"), steps=2)

@@ -296,7 +296,8 @@ def test_the_calls_of_a_block_run_at_once_on_processes_of_their_own(split_groups
 
 
 @pytest.mark.slow  # four tiny Safe-RLHF runs on 2 + 1 processes
-@pytest.mark.parametrize("mode", [(), ("trainer.mode=async", "async_rl.max_staleness=0", "async_rl.rollout_ranks=1")],
+@pytest.mark.parametrize("mode", [(), pytest.param(("trainer.mode=async", "async_rl.max_staleness=0",
+                                                      "async_rl.rollout_ranks=1"), marks=pytest.mark.extended)],
                          ids=["sync", "async"])
 def test_safe_rlhf_split_logs_the_same_numbers_with_and_without_concurrent_phases(mode, ray_local, tiny_config,
                                                                                    tmp_path):
@@ -363,7 +364,7 @@ def update_second(step: P.Step, group) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("dying, phase", [("actor", "update_actor"), ("critic", "update_critic")])
+@pytest.mark.parametrize("dying, phase", [("actor", "update_actor"), pytest.param("critic", "update_critic", marks=pytest.mark.extended)])
 def test_a_process_killed_in_a_blocks_call_is_reported_with_that_call_and_phase(dying, phase, ray_local):
     """The recovery test's case (tests/trainer/test_resume.py) in small: critic and actor
     share two processes, the block submits the critic's update then the actor's, and rank 1

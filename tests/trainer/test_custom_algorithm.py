@@ -43,8 +43,8 @@ MODES = {"sync": (), "one_step_off": ("trainer.mode=one_step_off", "resources.wo
                    "async_rl.chunk_prompts=2", "async_rl.steps_per_call=3")}
 
 
-@pytest.mark.parametrize("mode", ["sync", pytest.param("one_step_off", marks=pytest.mark.slow),
-                                  pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", ["sync", pytest.param("one_step_off", marks=(pytest.mark.slow, pytest.mark.extended)),
+                                  pytest.param("async", marks=(pytest.mark.slow, pytest.mark.extended))])
 def test_custom_algorithm_trains_two_steps(ray_local, tiny_config, mode):
     cfg = tiny_config("algorithm.name=grpo_brevity", f"algorithm.module={EXAMPLE / 'grpo_brevity.py'}",
                       "trainer.val_before_train=false", *MODES[mode])

@@ -52,6 +52,7 @@ def test_the_reward_is_the_exact_last_number_only():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the recipe file is validated in test_config_validation.py; learning: test_learning.py
 @pytest.mark.skipif(not HAVE_MODEL, reason=f"needs the {SPEC.distribution} wheel and gguf: {SPEC.install_hint}")
 def test_the_recipe_config_trains_one_step(ray_local, tmp_path):
     held, train = _data_script().word_rows(0, "1", 4, 64, "direct")

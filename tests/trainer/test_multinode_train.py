@@ -34,6 +34,7 @@ def run_scenario(mode: str, out: Path) -> dict:
 
 # Each starts a 2-node cluster and 2-rank GRPO workers (the elastic one twice): ~60-90 s.
 @pytest.mark.slow
+@pytest.mark.extended  # in make test: tests/cluster, on real network namespaces (root)
 @pytest.mark.timeout(600)
 def test_hybridflow_train_spans_two_nodes(tmp_path):
     report = run_scenario("span", tmp_path)
@@ -48,6 +49,7 @@ def test_hybridflow_train_spans_two_nodes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # in make test: tests/cluster, on real network namespaces (root)
 @pytest.mark.timeout(600)
 def test_losing_a_node_mid_run_continues_elastically_on_the_rest(tmp_path):
     report = run_scenario("elastic", tmp_path)

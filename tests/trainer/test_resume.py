@@ -251,6 +251,7 @@ def test_controller_rng_round_trips_through_json():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # automatic restart: in make test by test_async_failures.py and tests/cluster
 def test_a_worker_killed_mid_run_is_restarted_from_the_checkpoint_with_the_uninterrupted_metrics(
         reference, tiny_config, tmp_path, monkeypatch):
     """Actor rank 1 is SIGKILLed in its second update (step 2, after the step-1 checkpoint):

@@ -65,7 +65,7 @@ def test_grpo_two_steps_with_kl_loss_and_a_reward_function_that_raises_and_hangs
     assert [r["step"] for r in evals] == [0, 2] and 0.0 <= evals[-1]["val/accuracy"] <= 1.0
 
 
-@pytest.mark.parametrize("placement", ["colocated", "split"])
+@pytest.mark.parametrize("placement", ["colocated", pytest.param("split", marks=pytest.mark.extended)])
 def test_ppo_two_steps_with_kl_in_reward(ray_local, tiny_config, placement):
     extra = ["resources.world_size=3", "resources.placement=split", "resources.critic_ranks=1"] \
         if placement == "split" else []

@@ -25,10 +25,10 @@ N_SAMPLES = 2
 
 
 @pytest.mark.parametrize("vocab, world, gen_tp, train_tp", [
-    (69, 2, 1, 1),
+    pytest.param(69, 2, 1, 1, marks=pytest.mark.extended),
     (69, 2, 2, 1),
-    (67, 4, 2, 1),
-    (69, 4, 2, 2),  # FSDP x TP: the vocabulary is split 35 | 34, then each half over dp
+    pytest.param(67, 4, 2, 1, marks=pytest.mark.extended),
+    pytest.param(69, 4, 2, 2, marks=pytest.mark.extended),  # FSDP x TP: the vocabulary is split 35 | 34, then each half over dp
 ], ids=lambda v: str(v))
 def test_odd_vocabulary_trains_and_generates(ray_local, tmp_path, vocab, world, gen_tp, train_tp):
     model_dir = save_tiny_model(tmp_path / "model", "llama", vocab_size=vocab)

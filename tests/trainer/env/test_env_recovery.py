@@ -36,7 +36,8 @@ def uninterrupted(ray_local, tmp_path_factory):
     return _run(_config(tmp_path_factory.mktemp("reference"), "reference"))
 
 
-@pytest.mark.parametrize("target, role", [("runners.rollout", "runners"), ("learner.ppo_update", "learner")])
+@pytest.mark.parametrize("target, role", [("runners.rollout", "runners"),
+                                          pytest.param("learner.ppo_update", "learner", marks=pytest.mark.extended)])
 def test_a_killed_runner_or_learner_restarts_from_the_newest_checkpoint(uninterrupted, tmp_path, monkeypatch,
                                                                         target, role):
     # Killed in iteration 5 (its 5th call), after the checkpoint of iteration 4.
