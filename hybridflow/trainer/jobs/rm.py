@@ -30,6 +30,7 @@ from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.observe.loggers import RunLoggers, build_loggers
 from hybridflow.trainer.programs.phases import Roles, Step
 from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
+from hybridflow.trainer.run.elastic import restart_config
 from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, ResumePoint, check_steps_left, write_builtin_model
 from hybridflow.trainer.run.preflight import check_model_dir
 from hybridflow.trainer.run.run_dir import create_run_dir
@@ -176,7 +177,7 @@ class RewardModelPart:
         return RMContext.open(cfg, resume_from)
 
     def restart_config(self, cfg: RunConfig, lost_node: str | None) -> RunConfig:
-        return cfg
+        return restart_config(cfg, lost_node, validate_rm_config)
 
     def start(self, task: Task) -> None:
         cfg, ctx, run_dir = task.config, task.ctx, task.run_dir
