@@ -100,9 +100,9 @@ def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
     recorded = state.get("kind")
     found = next((kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded), None)
     if found is None:
-        if isinstance(recorded, str) and recorded:  # a job's checkpoint (sft, ...): it restarts itself
-            raise ConfigError(f"the checkpoint is one of a {recorded!r} job (`hybridflow {recorded}`), which restarts "
-                              "by itself but is not continued by `hybridflow train`; start it again, or train from "
+        if isinstance(recorded, str) and recorded:  # a job's checkpoint (sft, ...): its own command continues it
+            raise ConfigError(f"the checkpoint is one of a {recorded!r} job, which `hybridflow train` does not "
+                              f"continue: resume it with `hybridflow {recorded} --resume RUN_DIR`, or train from "
                               "its model")
         raise UserInputError(f"trainer_state.json names a checkpoint kind {recorded!r} that no task kind writes "
                              f"(known: {sorted(str(k.checkpoint_kind) for k in TASK_KINDS.entries.values())}): the "
