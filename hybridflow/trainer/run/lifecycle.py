@@ -160,7 +160,7 @@ def job_resume_point(kind: TaskKind, checkpoint_kind: str, resume: str | Path | 
     saved = kind.resolve(kind.build(copy.deepcopy(run.tree)))
     cfg = saved if config is None else unchanged_but(run.checkpoint, saved, kind.resolve(config), resumable,
                                                      f"drop these overrides (a resumed run may change "
-                                                     f"{', '.join(resumable)})")
+                                                     f"{', '.join(k + '*' if k.endswith('.') else k for k in resumable)})")
     return ResumePoint(run.checkpoint, int(state["global_step"]), cfg, run)
 
 
