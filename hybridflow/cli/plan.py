@@ -44,9 +44,10 @@ def run_plan(args: argparse.Namespace) -> int:
         print(report)
         print(f"stored: {path}")
         return 0
-    cfg = load(args)
-    if cfg is None:
+    loaded = load(args)
+    if loaded is None:
         return 2
+    cfg = loaded[1]
     from hybridflow.planner import LLAMA, Capabilities, Cluster, problem_from_config, search
     from hybridflow.planner.apply import local_device
 

@@ -65,6 +65,14 @@ def rm_config_from_tree(tree: dict[str, Any]) -> RunConfig:
     return cfg
 
 
+def rm_runs_config(tree: dict[str, Any]) -> RunConfig:
+    """The name and trainer.* of a reward-model tree, unchecked: where its runs are (`hybridflow
+    rm --resume` without PATH nor --config, whose config is then the run's own)."""
+    nested = moved_keys(nest_dotted(tree))
+    nested.setdefault("name", RM_NAME)
+    return _build(RunConfig, nested)
+
+
 def load_rm_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Load a reward-model run config (YAML file + dotted overrides) and validate it."""
     return rm_config_from_tree(user_tree(path, list(overrides)))

@@ -52,13 +52,13 @@ class TaskKind:
 
 _LM_ALGORITHM_KEYS = tuple(f"algorithm.{f.name}" for f in dataclasses.fields(AlgorithmSection)
                            if f.name not in ("name", "module"))
-_LM_RESOURCE_KEYS = ("resources.placement", "resources.critic_ranks", "resources.min_world_size",
-                     "resources.max_world_size")
+_LM_RESOURCE_KEYS = ("resources.placement", "resources.critic_ranks")
+_ELASTIC_KEYS = ("resources.min_world_size", "resources.max_world_size")  # restart on fewer nodes (run/elastic.py)
 TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambda kind: kind.name)
 TASK_KINDS.add("language_model", TaskKind(
     "language_model", None,
     ("resources", "model", "data", "algorithm", "actor", "rollout", "critic", "reward", "reward_model", "cost_model",
-     "sft", "async_rl", *_LM_RESOURCE_KEYS, "trainer.total_steps", "trainer.test_freq", "trainer.save_final_model", "trainer.val_before_train",
+     "sft", "async_rl", *_LM_RESOURCE_KEYS, *_ELASTIC_KEYS, "trainer.total_steps", "trainer.test_freq", "trainer.save_final_model", "trainer.val_before_train",
      "trainer.validation", "trainer.balance_batch", "trainer.concurrent_phases", "trainer.mode",
      "trainer.max_no_signal_steps", *_LM_ALGORITHM_KEYS),
     run_config_from_tree, resolve_run_config, language_model=True))
@@ -71,7 +71,7 @@ TASK_KINDS.add("environment", TaskKind(
                          "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
                          "distributed.ray_address (the cluster)"}))
 TASK_KINDS.add("reward_model", TaskKind(
-    "reward_model", "rm", ("rm", "model", "resources"), rm_config_from_tree, resolve_rm_config, checkpoint_kind="rm"))
+    "reward_model", "rm", ("rm", "model", "resources", *_ELASTIC_KEYS), rm_config_from_tree, resolve_rm_config, checkpoint_kind="rm"))
 
 
 def task_kind_of(tree: dict[str, Any]) -> TaskKind:
@@ -100,9 +100,9 @@ def task_kind_of_checkpoint(state: dict[str, Any]) -> TaskKind:
     recorded = state.get("kind")
     found = next((kind for kind in TASK_KINDS.entries.values() if kind.checkpoint_kind == recorded), None)
     if found is None:
-        if isinstance(recorded, str) and recorded:  # a job's checkpoint (sft, ...): it restarts itself
-            raise ConfigError(f"the checkpoint is one of a {recorded!r} job (`hybridflow {recorded}`), which restarts "
-                              "by itself but is not continued by `hybridflow train`; start it again, or train from "
+        if isinstance(recorded, str) and recorded:  # a job's checkpoint (sft, ...): its own command continues it
+            raise ConfigError(f"the checkpoint is one of a {recorded!r} job, which `hybridflow train` does not "
+                              f"continue: resume it with `hybridflow {recorded} --resume RUN_DIR`, or train from "
                               "its model")
         raise UserInputError(f"trainer_state.json names a checkpoint kind {recorded!r} that no task kind writes "
                              f"(known: {sorted(str(k.checkpoint_kind) for k in TASK_KINDS.entries.values())}): the "

@@ -107,7 +107,8 @@ def read_config(config: Any, resume: Any = None) -> tuple[TaskKind, Any]:
             raise TypeError(f"resume is a run directory, a checkpoint directory or a resume point, got {resume!r}; "
                             "resume=True (the newest of the config's runs) needs the config")
         return kind, None
-    if isinstance(resume, (str, Path)) and (ran := kind_of_run(resume)) is not kind:
+    run = getattr(resume, "checkpoint", resume)  # a SavedRun: `hybridflow train --resume RUN` read its config.yaml
+    if isinstance(run, (str, Path)) and (ran := kind_of_run(run)) is not kind:
         # Else the run's saved config is read as the other kind's and fails on a key of its own.
         raise ConfigError(f"{str(resume)!r} is a run of task kind {ran.name!r}, the config of kind "
                           f"{kind.name!r}: resume the run with its own config "

@@ -165,6 +165,13 @@ class Task:
         if self.resumed_from is None and self.global_step == 0:
             discard_unused_run_dir(self.run_dir)  # a start that failed leaves no empty run dir
 
+    def just_resumed(self) -> bool:
+        """Whether this start continues a checkpoint of an earlier start of the run (a resume,
+        not a `release` of this one), not yet stepped: its evaluation "before" is the run's
+        step-0 record in metrics.jsonl, not evaluated (and logged) again."""
+        return (self.resumed_from is not None and self.resumed_from != self.released_at
+                and self.global_step == checkpoint_step(self.resumed_from))
+
     # ------------------------------------------------------------------ the loop
 
     def train(self, steps: int | None = None) -> Any:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections import deque
@@ -18,7 +17,8 @@ from typing import Any
 import torch
 
 from hybridflow.config import ConfigError
-from hybridflow.config.env_schema import env_config_from_dict, resolve_env_config
+from hybridflow.config.env_schema import resolve_env_config
+from hybridflow.config.tasks import TASK_KINDS
 from hybridflow.config.schema import RunConfig
 from hybridflow.controller import RayHold
 from hybridflow.protocol import DataProto
@@ -30,9 +30,9 @@ from hybridflow.trainer.observe.loggers import RunLoggers, build_loggers
 from hybridflow.trainer.observe.plots import plot_env_run
 from hybridflow.trainer.programs.env_phases import EnvRun
 from hybridflow.trainer.programs.phases import Roles, Step
-from hybridflow.trainer.run.checkpointing import SavedRun, read_trainer_state, reopen_run_dir, saved_run
+from hybridflow.trainer.run.checkpointing import SavedRun, read_trainer_state, reopen_run_dir
 from hybridflow.trainer.run.elastic import wait_for_lost_node
-from hybridflow.trainer.run.lifecycle import ResumePoint, check_steps_left, checkpoint_of_runs, unchanged_but
+from hybridflow.trainer.run.lifecycle import ResumePoint, check_steps_left, job_resume_point
 from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.stop_signal import STOP
 from hybridflow.trainer.task import TASK_PARTS, Task
@@ -112,11 +112,7 @@ class EnvironmentPart:
         self.reached: int | None = None
 
     def resume_point(self, resume: Any, config: RunConfig | None) -> ResumePoint:
-        if resume is True:  # `--resume` without PATH: the newest checkpoint of the config's runs (as LM runs)
-            resume = checkpoint_of_runs(resolve_env_config(config))
-        run = saved_run(resume)  # the run's config.yaml, read once
-        cfg = resume_config(run, config)
-        return ResumePoint(run.checkpoint, int(read_trainer_state(run.checkpoint)["global_step"]), cfg, run)
+        return job_resume_point(TASK_KINDS["environment"], "env", resume, config, RESUMABLE_KEYS)
 
     def open(self, cfg: RunConfig, resume_from: SavedRun | None) -> EnvContext:
         cfg = resolve_env_config(cfg)
@@ -256,15 +252,6 @@ class EnvironmentPart:
         task.ctx.display.message(f"run saved to [bold]{task.run_dir}[/bold]")
         return EnvTrainResult(task.run_dir, task.state.env_steps, task.global_step, wall, self.acc.window_mean(),
                               self.reached, record)
-
-
-def resume_config(run: SavedRun, config: RunConfig | None) -> RunConfig:
-    """The saved config of the checkpoint's run, or `config` if it changes only RESUMABLE_KEYS."""
-    saved = env_config_from_dict(copy.deepcopy(run.tree))
-    if config is None:
-        return saved
-    return unchanged_but(run.checkpoint, saved, resolve_env_config(config), RESUMABLE_KEYS,
-                         f"drop these overrides (a resumed run may change {', '.join(RESUMABLE_KEYS)})")
 
 
 TASK_PARTS.add("environment", EnvironmentPart)

@@ -25,12 +25,18 @@ from hybridflow.controller import RayHold, RoleSpec, WorkerGroup
 from hybridflow.data import PairwiseDataset, ResumableLoader, load_tokenizer, split_held_out
 from hybridflow.data.rl_dataset import pad_token_id_of
 from hybridflow.engines.models import load_hf_config
-from hybridflow.errors import ConfigError
 from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.observe.loggers import RunLoggers, build_loggers
 from hybridflow.trainer.programs.phases import Roles, Step
-from hybridflow.trainer.run.checkpointing import SavedRun, reopen_run_dir
-from hybridflow.trainer.run.lifecycle import BUILTIN_MODEL_DIR, ResumePoint, check_steps_left, write_builtin_model
+from hybridflow.trainer.run.checkpointing import SavedRun, logged_accuracy, reopen_run_dir
+from hybridflow.trainer.run.elastic import restart_config
+from hybridflow.trainer.run.lifecycle import (
+    BUILTIN_MODEL_DIR,
+    ResumePoint,
+    check_steps_left,
+    job_resume_point,
+    write_builtin_model,
+)
 from hybridflow.trainer.run.preflight import check_model_dir
 from hybridflow.trainer.run.run_dir import create_run_dir
 from hybridflow.trainer.run.setup import endless, start_display, start_run_ray
@@ -126,6 +132,9 @@ def _write_scores(path: Path, ds: PairwiseDataset, chosen: torch.Tensor, rejecte
                                      "rejected_score": float(rejected[i])}) + "\n")
 
 
+RM_EXPORTS = ("reward_model", "held_out_scores.jsonl")  # what a run writes at its end (a resume sets them aside)
+
+
 @dataclass
 class RMContext:
     """A reward-model run's directory, loggers, console and hold on Ray (the `ctx` of its Task)."""
@@ -146,7 +155,7 @@ class RMContext:
         if cfg.model.path is not None:  # before the run directory: refused in one line
             check_model_dir(cfg.model.path, "model.path", tokenizer=True,
                             trust_remote_code=cfg.model.trust_remote_code)
-        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from)
+        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from, (), RM_EXPORTS)
         display = start_display(cfg.trainer.display_mode(), run_dir, dtype_line, cfg.resources, omp_auto)
         log = build_loggers(cfg, run_dir, display)
         return cls(cfg, run_dir, log, display, start_run_ray(cfg.resources, world * threads, ray))
@@ -162,6 +171,12 @@ class RMContext:
             self.ray.close()
 
 
+# What a resumed `hybridflow rm` may change: the name, trainer.* and resources.* (as an RL run),
+# and how long and how often (rm.total_steps, epochs, eval_freq, save_model: trainer.* keys before).
+RM_RESUMABLE_CHANGES = ("name", "trainer.", "resources.", "rm.total_steps", "rm.epochs", "rm.eval_freq",
+                        "rm.save_model")
+
+
 class RewardModelPart:
     """One Bradley-Terry update a step; held-out pairwise accuracy before, every
     rm.eval_freq steps and after; the export to <run>/reward_model."""
@@ -169,14 +184,13 @@ class RewardModelPart:
     unit, phase, checkpoint_kind = "step", "rm", "rm"
 
     def resume_point(self, resume: Any, config: Any) -> ResumePoint:
-        raise ConfigError("a reward-model run restarts by itself from its checkpoints (trainer.max_restarts); "
-                          "continuing one by hand is not supported: start it again")
+        return job_resume_point(TASK_KINDS["reward_model"], self.checkpoint_kind, resume, config, RM_RESUMABLE_CHANGES)
 
     def open(self, cfg: RunConfig, resume_from: SavedRun | None) -> RMContext:
         return RMContext.open(cfg, resume_from)
 
     def restart_config(self, cfg: RunConfig, lost_node: str | None) -> RunConfig:
-        return cfg
+        return restart_config(cfg, lost_node, validate_rm_config)
 
     def start(self, task: Task) -> None:
         cfg, ctx, run_dir = task.config, task.ctx, task.run_dir
@@ -217,7 +231,9 @@ class RewardModelPart:
         return check_steps_left(task.global_step, self.total, "rm.total_steps")
 
     def begin(self, task: Task, steps: int) -> int:
-        self.before = self._evaluate(task, task.global_step)[0]
+        """The held-out accuracy before (right after a resume: the run's own step-0 record)."""
+        logged = logged_accuracy(task.run_dir, 0, "rm_eval") if task.just_resumed() else None
+        self.before = logged if logged is not None else self._evaluate(task, task.global_step)[0]["val/accuracy"]
         self.steps = steps
         return task.global_step + steps
 
@@ -266,23 +282,24 @@ class RewardModelPart:
         run_dir, display, steps = task.run_dir, task.ctx.display, task.global_step
         after, chosen, rejected = self._evaluate(task, steps)
         _write_scores(run_dir / "held_out_scores.jsonl", self.val, chosen, rejected)
-        display.message(f"[bold]held-out pairwise accuracy: {self.before['val/accuracy']:.1%} before -> "
+        display.message(f"[bold]held-out pairwise accuracy: {self.before:.1%} before -> "
                         f"{after['val/accuracy']:.1%} after {steps} steps[/bold] ({len(self.val)} pairs)")
         model_dir = None
         if task.config.rm.save_model:
             model_dir = Path(task.roles.reward_model.export_hf(str(run_dir / "reward_model"))[0])
             display.message(f"reward model saved to [bold]{model_dir}[/bold]; score PPO rollouts with it: "
                             f"reward_model.path={model_dir}")
-        return RMResult(run_dir, model_dir, steps, self.before["val/accuracy"], after["val/accuracy"],
+        return RMResult(run_dir, model_dir, steps, self.before, after["val/accuracy"],
                         record["rm/loss"])
 
 
 TASK_PARTS.add("reward_model", RewardModelPart)
 
 
-def run_rm_job(cfg: RunConfig) -> RMResult:
-    """Train the reward model of `cfg` (a reward-model run's config, rm_schema.py) to the end."""
-    task = Task(TASK_KINDS["reward_model"], cfg)
+def run_rm_job(cfg: RunConfig, resume: Any = None) -> RMResult:
+    """Train the reward model of `cfg` (a reward-model run's config, rm_schema.py) to the end;
+    `resume` continues a stopped run (Task: a run or checkpoint directory, a SavedRun, True)."""
+    task = Task(TASK_KINDS["reward_model"], cfg, resume=resume)
     try:
         return task.train()
     finally:

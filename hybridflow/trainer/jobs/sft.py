@@ -17,14 +17,20 @@ from hybridflow.config.model_presets import write_model_presets
 from hybridflow.config.tasks import TASK_KINDS
 from hybridflow.controller import CallTimeoutError, RoleSpec, WorkerError, WorkerGroup
 from hybridflow.data import ResumableLoader, SFTDataset
-from hybridflow.errors import ConfigError
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.jobs.builtin import teacher_sft_records
 from hybridflow.trainer.lm.evaluate import evaluate
 from hybridflow.trainer.observe.display import RunDisplay
 from hybridflow.trainer.programs.phases import Roles, Step
 from hybridflow.trainer.run.elastic import restart_config
-from hybridflow.trainer.run.lifecycle import SFT_MODEL_DIR, check_steps_left
+from hybridflow.trainer.run.checkpointing import logged_accuracy
+from hybridflow.trainer.run.lifecycle import (
+    RESUMABLE_CHANGES,
+    SFT_MODEL_DIR,
+    ResumePoint,
+    check_steps_left,
+    job_resume_point,
+)
 from hybridflow.trainer.run.setup import RunContext, build_groups, endless, sft_actor_config
 from hybridflow.trainer.task import TASK_PARTS, Task
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
@@ -143,20 +149,26 @@ def _held_out_accuracy(ctx: RunContext, actor: WorkerGroup, step: int, log: bool
     return metrics["val/accuracy"]
 
 
+# What a resumed `hybridflow sft` may change: what an RL run may (lifecycle.py), and how many
+# fine-tuning steps there are and how often it evaluates (its trainer.total_steps and test_freq).
+SFT_RESUMABLE_CHANGES = (*RESUMABLE_CHANGES, "sft.steps", "sft.test_freq")
+
+
 class SFTPart:
     """`hybridflow sft` as a part of the one lifecycle (trainer/task.py): one fine-tuning step a
     step (`update_actor` on an SFT batch), held-out accuracy before, every sft.test_freq steps
     and after, the export to <run>/sft_model; checkpoints every trainer.save_freq steps, from
-    which a failed worker restarts (trainer.max_restarts)."""
+    which a failed worker restarts (trainer.max_restarts) and `hybridflow sft --resume` continues."""
 
     unit, phase, checkpoint_kind = "step", "sft", "sft"
 
-    def resume_point(self, resume: Any, config: Any) -> Any:
-        raise ConfigError("an SFT run restarts by itself from its checkpoints (trainer.max_restarts); continuing "
-                          "one by hand is not supported: start it again")
+    def resume_point(self, resume: Any, config: Any) -> ResumePoint:
+        return job_resume_point(TASK_KINDS["language_model"], self.checkpoint_kind, resume, config,
+                                SFT_RESUMABLE_CHANGES)
 
     def open(self, cfg: Any, resume_from: Any) -> RunContext:
-        return RunContext.open(cfg, resume_from=resume_from, keep_phases=())  # its own "sft" steps are cut too
+        # Its own "sft" steps are cut too, and an earlier attempt's <run>/sft_model set aside.
+        return RunContext.open(cfg, resume_from=resume_from, keep_phases=(), exports=(SFT_MODEL_DIR,))
 
     def restart_config(self, cfg: Any, lost_node: str | None) -> Any:
         return restart_config(cfg, lost_node)
@@ -178,7 +190,9 @@ class SFTPart:
         return check_steps_left(task.global_step, task.config.sft.steps, "sft.steps")
 
     def begin(self, task: Task, steps: int) -> int:
-        self.before = _held_out_accuracy(task.ctx, task.roles.actor, task.global_step)
+        """The held-out accuracy before (right after a resume: the run's own step-0 record)."""
+        self.before = (logged_accuracy(task.run_dir, 0, "sft_eval") if task.just_resumed()
+                       else _held_out_accuracy(task.ctx, task.roles.actor, task.global_step))
         self.steps = steps
         return task.global_step + steps
 
@@ -233,9 +247,10 @@ class SFTPart:
 TASK_PARTS.add("sft", SFTPart)
 
 
-def run_sft_job(cfg: Any) -> SFTResult:
-    """`hybridflow sft`: a run that only fine-tunes (run dir, metrics, <run>/sft_model)."""
-    task = Task(TASK_KINDS["language_model"], cfg, part="sft")
+def run_sft_job(cfg: Any, resume: Any = None) -> SFTResult:
+    """`hybridflow sft`: a run that only fine-tunes (run dir, metrics, <run>/sft_model);
+    `resume` continues a stopped one (Task: a run or checkpoint directory, a SavedRun, True)."""
+    task = Task(TASK_KINDS["language_model"], cfg, resume=resume, part="sft")
     try:
         return task.train()
     finally:

@@ -27,7 +27,7 @@ from hybridflow.trainer.observe.plots import plot_run
 from hybridflow.trainer.observe.signal import SignalWatch
 from hybridflow.trainer.programs.algorithms import build_algo_state, step_program
 from hybridflow.trainer.programs.phases import Roles, Step
-from hybridflow.trainer.run.checkpointing import checkpoint_step, logged_accuracy, role_checkpoint_path
+from hybridflow.trainer.run.checkpointing import logged_accuracy, role_checkpoint_path
 from hybridflow.trainer.run.elastic import restart_config
 from hybridflow.trainer.run.lifecycle import (
     MODEL_KEY,
@@ -144,8 +144,7 @@ class LanguageModelPart:
     def begin(self, task: Task, steps: int) -> int:
         """The held-out accuracy before (right after a resume: the run's own step-0 evaluation
         from metrics.jsonl, not evaluated again); the global step to reach."""
-        if (task.resumed_from is not None and task.resumed_from != task.released_at
-                and task.global_step == checkpoint_step(task.resumed_from)):
+        if task.just_resumed():
             self.before = logged_accuracy(task.run_dir, step=0)
         else:
             self.before = self._held_out_accuracy(task) if task.config.trainer.val_before_train else None

@@ -275,7 +275,8 @@ def set_controller_rng_state(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- resuming in a run directory
 
 
-def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun, keep_phases: tuple[str, ...] = ("sft",)) -> Path:
+def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun, keep_phases: tuple[str, ...] = ("sft",),
+                   exports: tuple[str, ...] = ("final_model",)) -> Path:
     """The run directory of `checkpoint` (a checkpoint directory, or a SavedRun: one whose
     config.yaml was read already), prepared to continue after the checkpoint's step (call
     before the loggers open metrics.jsonl); nothing in it is deleted:
@@ -286,8 +287,9 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun, keep_phases: tup
       `step`, which the resumed run does again) would appear twice; the file keeps the
       records up to `step` (and every record of `keep_phases`: a warm start's "sft" precedes
       RL), and the full original is kept as metrics.before-resume-step<step>[-k].jsonl.
-    - final_model/: the earlier attempt's export (if it finished) moves to
-      final_model.before-resume-step<step>[-k]/; the resumed run exports a new one.
+    - final_model/ (the `exports` of the run's kind: sft_model/ of `hybridflow sft`, ...): the
+      earlier attempt's export (if it finished) moves to final_model.before-resume-step<step>[-k]/;
+      the resumed run exports a new one.
     - checkpoints past `step` (resuming from an older one), which the resumed run would
       write over as it reaches their steps, move to
       checkpoints/global_step_<N>.before-resume-step<step>[-k]/ (no checkpoint to resume).
@@ -311,9 +313,10 @@ def reopen_run_dir(cfg: RunConfig, checkpoint: Path | SavedRun, keep_phases: tup
         if len(kept) != len(lines):
             shutil.copy2(metrics_path, _unused(run_dir, f"metrics.before-resume-step{step}", ".jsonl"))
             write_text_atomically(metrics_path, "".join(kept))
-    final_model = run_dir / "final_model"
-    if final_model.exists():
-        os.replace(final_model, _unused(run_dir, f"final_model.before-resume-step{step}", ""))
+    for name in exports:
+        if (run_dir / name).exists():
+            path = Path(name)
+            os.replace(run_dir / name, _unused(run_dir, f"{path.stem}.before-resume-step{step}", path.suffix))
     for later in complete_checkpoints(run_dir / CHECKPOINTS_DIR):
         if checkpoint_step(later) > step:
             os.replace(later, _unused(later.parent, f"{later.name}.before-resume-step{step}", ""))
@@ -329,12 +332,12 @@ def _unused(directory: Path, stem: str, suffix: str) -> Path:
     raise RuntimeError(f"too many files named {stem}-<k>{suffix} in {directory}")
 
 
-def logged_accuracy(run_dir: Path, step: int) -> float | None:
-    """val/accuracy of the run's "eval" record at `step` in metrics.jsonl (None if absent)."""
+def logged_accuracy(run_dir: Path, step: int, phase: str = "eval") -> float | None:
+    """val/accuracy of the run's `phase` record at `step` in metrics.jsonl (None if absent)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None
     for record in read_metrics(path):
-        if record["phase"] == "eval" and record["step"] == step and "val/accuracy" in record:
+        if record["phase"] == phase and record["step"] == step and "val/accuracy" in record:
             return record["val/accuracy"]
     return None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -58,9 +60,11 @@ def slots_per_node(use_gpu: bool, cpus_per_slot: float = 1.0) -> list[int]:
     return sorted((c for c in counts if c > 0), reverse=True)
 
 
-def fitting_config(cfg: RunConfig, slots: list[int]) -> RunConfig:
+def fitting_config(cfg: RunConfig, slots: list[int],
+                   validate: Callable[[RunConfig], Any] = validate_run_config) -> RunConfig:
     """`cfg` with resources.world_size / nodes / ranks_per_node for a cluster of `slots`
     (per node, largest first); `cfg` itself when it fits or the run is not elastic.
+    `validate`: the kind's cross-section checks (a ConfigError: that size does not fit).
     Raises ConfigError when nothing in min_world_size..max_world_size fits."""
     res = cfg.resources
     if res.min_world_size is None:
@@ -77,7 +81,7 @@ def fitting_config(cfg: RunConfig, slots: list[int]) -> RunConfig:
                                             max_world_size=top)  # keeps the way back to the first size
             candidate = dataclasses.replace(cfg, resources=resources)
             try:
-                validate_run_config(candidate)
+                validate(candidate)
             except ConfigError:
                 continue  # e.g. the batch sizes do not divide by this data-parallel size
             return candidate if (size, nodes, per_node) != (world, res.nodes, res.process_on_nodes()[0]) else cfg
@@ -87,12 +91,13 @@ def fitting_config(cfg: RunConfig, slots: list[int]) -> RunConfig:
         "and batch sizes that divide; add nodes, or lower resources.min_world_size", "resources.min_world_size")
 
 
-def restart_config(cfg: RunConfig, lost_node: str | None) -> RunConfig:
+def restart_config(cfg: RunConfig, lost_node: str | None,
+                   validate: Callable[[RunConfig], Any] = validate_run_config) -> RunConfig:
     """The config a restart continues with: `cfg`, or for an elastic run (min_world_size
     set) the world size the cluster holds once the fate of `lost_node` (the node of a rank
-    that died, if any) is settled."""
+    that died, if any) is settled (`validate`: as in `fitting_config`)."""
     if cfg.resources.min_world_size is None:
         return cfg
     if lost_node is not None:
         wait_for_lost_node(lost_node)
-    return fitting_config(cfg, slots_per_node(cfg.resources.use_gpu))
+    return fitting_config(cfg, slots_per_node(cfg.resources.use_gpu), validate)

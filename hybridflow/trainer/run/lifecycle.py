@@ -15,6 +15,7 @@ from hybridflow.config.dtypes import keep_dtypes
 from hybridflow.config.loader import _build, with_overrides
 from hybridflow.config.schema import RunConfig, load_run_config, resolve_run_config, run_config_from_tree
 from hybridflow.config.sections.model import BuiltinModelSection
+from hybridflow.config.tasks import TaskKind
 from hybridflow.data import make_builtin_model_dir
 from hybridflow.engines.pretrained import pretrained_model_dir
 from hybridflow.trainer.run.checkpointing import (
@@ -140,6 +141,26 @@ def resume_point(resume: str | Path | bool | SavedRun, config: RunConfig | str |
         raise ConfigError(f"{cfg.trainer.mode} cannot resume checkpoint {str(run.checkpoint)!r} of trainer.mode="
                           f"{saved}: only the asynchronous modes' checkpoints hold a rollout pool's state (policy "
                           f"version, prompts sent but not trained); resume with trainer.mode={fix}", "trainer.mode")
+    return ResumePoint(run.checkpoint, int(state["global_step"]), cfg, run)
+
+
+def job_resume_point(kind: TaskKind, checkpoint_kind: str, resume: str | Path | bool | SavedRun, config: Any,
+                     resumable: tuple[str, ...]) -> ResumePoint:
+    """Where a run of `kind` whose checkpoints are `checkpoint_kind`'s continues (environment
+    runs, the `hybridflow sft` and `hybridflow rm` jobs; language-model RL runs check more:
+    `resume_point`). `resume` as in `resume_point`; `config` None: the run's saved config, else
+    that config, which may differ from the saved one only in the `resumable` key prefixes."""
+    if resume is True:  # `--resume` without PATH: the newest checkpoint of the config's runs
+        resume = checkpoint_of_runs(kind.resolve(config))
+    run = saved_run(resume)  # the run's config.yaml, read once
+    state = read_trainer_state(run.checkpoint)
+    if state.get("kind") != checkpoint_kind:
+        raise ConfigError(f"{str(run.checkpoint)!r} is a checkpoint of a {state.get('kind') or 'language-model RL'!r} "
+                          f"run, not of a {checkpoint_kind!r} one; resume it with the command that wrote it")
+    saved = kind.resolve(kind.build(copy.deepcopy(run.tree)))
+    cfg = saved if config is None else unchanged_but(run.checkpoint, saved, kind.resolve(config), resumable,
+                                                     f"drop these overrides (a resumed run may change "
+                                                     f"{', '.join(k + '*' if k.endswith('.') else k for k in resumable)})")
     return ResumePoint(run.checkpoint, int(state["global_step"]), cfg, run)
 
 

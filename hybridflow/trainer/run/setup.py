@@ -70,15 +70,18 @@ class RunContext:
     ray: RayHold
     cost: Any = None  # RewardManager of cost_model.custom_fn_path (safe_rlhf), built with the roles
     keep_phases: tuple[str, ...] = ("sft",)  # metrics.jsonl phases a resume keeps whole (reopen_run_dir)
+    exports: tuple[str, ...] = ("final_model",)  # what a resume sets aside (reopen_run_dir)
     train_data: Any = None  # the training prompts when they were read to count trainer.total_epochs
 
     @classmethod
     def open(cls, cfg: RunConfig, resume_from: Path | SavedRun | None = None,
-             ray_hold: RayHold | None = None, keep_phases: tuple[str, ...] = ("sft",)) -> RunContext:
+             ray_hold: RayHold | None = None, keep_phases: tuple[str, ...] = ("sft",),
+             exports: tuple[str, ...] = ("final_model",)) -> RunContext:
         """Validate, then set everything up; `ctx.cfg` is the resolved config (no nulls that
         stand for a value), the one saved in the run directory. `resume_from`: a checkpoint
         directory (or a SavedRun); the run continues in its run directory instead of a new one
-        (keeping the `keep_phases` records of metrics.jsonl whole: an RL run's warm start).
+        (keeping the `keep_phases` records of metrics.jsonl whole: an RL run's warm start; the
+        earlier `exports` set aside).
         `ray_hold`: the Ray of the context this one replaces (`reopen`)."""
         # Rebuilding the reward sections records a reward function assigned to
         # custom_fn_path after the config was made by its import path (config/sections/rewards.py: reward_reference).
@@ -96,7 +99,8 @@ class RunContext:
         loop_auto = cfg.rollout.decode_loop == "auto"
         cfg = resolve_run_config(cfg)
         layout = validate_run_config(cfg)
-        run_dir = create_run_dir(cfg) if resume_from is None else reopen_run_dir(cfg, resume_from, keep_phases)
+        run_dir = (create_run_dir(cfg) if resume_from is None
+                   else reopen_run_dir(cfg, resume_from, keep_phases, exports))
         reward = None
         try:
             # Without the "console" logger nothing is printed (trainer.console picks the style).
@@ -128,14 +132,15 @@ class RunContext:
                 discard_unused_run_dir(run_dir)
             raise
         return cls(cfg, layout, run_dir, log, display, model_path, tokenizer, val_batch, reward, ray_hold,
-                   keep_phases=keep_phases, train_data=train_data)
+                   keep_phases=keep_phases, exports=exports, train_data=train_data)
 
     def reopen(self, checkpoint: Path, cfg: RunConfig) -> RunContext:
         """The context of this run continuing from `checkpoint` with `cfg` (an automatic
         restart, run/recovery.py; cfg differs at most in resources.*): as `--resume` opens it
         (metrics after the checkpoint set aside), on the same Ray hold."""
         self.close(keep_ray=True)
-        return RunContext.open(cfg, resume_from=checkpoint, ray_hold=self.ray, keep_phases=self.keep_phases)
+        return RunContext.open(cfg, resume_from=checkpoint, ray_hold=self.ray, keep_phases=self.keep_phases,
+                               exports=self.exports)
 
     def close(self, keep_ray: bool = False) -> None:
         self.display.stop()
