@@ -43,8 +43,8 @@ def group_index(uid: np.ndarray | list | Tensor | None, batch_size: int, device:
 class GroupStats:
     """Per-sample statistics of the sample's group (all [B], float64)."""
 
-    count: Tensor  # group size
-    mean: Tensor  # group mean
+    count: Tensor
+    mean: Tensor
     std: Tensor  # unbiased group std (0 for groups of one)
     all_equal: Tensor  # bool: every reward in the group is identical (groups of one included)
 

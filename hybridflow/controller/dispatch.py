@@ -27,7 +27,7 @@ class DispatchContext:
     """What a split/collect function knows about the call it serves."""
 
     label: str  # "role.method", for messages
-    mode: str  # dispatch mode name
+    mode: str
     world_size: int  # number of ranks that run the call
     mesh: tuple[MeshCoord, ...] | None = None  # per rank, for mesh modes
     pad_size: int = 0  # set for collect: padding samples appended by the split

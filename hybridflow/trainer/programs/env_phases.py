@@ -42,7 +42,7 @@ class Sampler:
 class EnvRun:
     """What the environment programs carry across steps; checkpoints save its counters."""
 
-    cfg: Any  # the run's config
+    cfg: Any
     sampler: Sampler = field(default_factory=lambda: Sampler(0))
     horizon: int = 0  # environment steps a linear lr schedule decays over
     version: int = 0  # learner updates done = the policy version the runners catch up to
