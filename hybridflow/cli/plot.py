@@ -1,6 +1,7 @@
 """`hybridflow plot RUN_DIR [--out DIR]`: PNG plots of a run's reward, KL, entropy,
 response length and held-out accuracy over RL steps; of an environment run's return,
-episode length and losses over environment steps (default DIR: <run>/plots)."""
+episode length and losses over environment steps; of an SFT or reward-model job's loss
+and accuracy over its steps (default DIR: <run>/plots)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ class TaskKind:
     validated RunConfig; resolve(config) -> the config as a run saves it. checkpoint_kind:
     trainer_state.json's "kind" of its checkpoints (None: checkpoints without one). advice:
     what to use instead of another kind's key (key -> text). language_model: its runs train a
-    language-model policy (what `hybridflow sft`, `eval` and `export` take)."""
+    language-model policy (what `hybridflow sft`, `eval` and `export` take). offline: where
+    a run of a kind that is not one finds what eval and export give (their refusal says it)."""
 
     name: str
     marker: str | None
@@ -38,6 +39,7 @@ class TaskKind:
     checkpoint_kind: str | None = None
     advice: Mapping[str, str] = field(default_factory=dict)
     language_model: bool = False
+    offline: str = ""
 
     def foreign_keys(self) -> dict[str, TaskKind]:
         """The keys other kinds read and this one does not (what its configs leave out and
@@ -67,11 +69,14 @@ TASK_KINDS.add("environment", TaskKind(
     ("env", "algorithm", "policy", "distributed", "ppo", "sac", "trainer.total_env_steps", "trainer.log_freq",
      "trainer.return_window", "trainer.target_return"),
     env_config_from_dict, resolve_env_config, checkpoint_kind="env",
+    offline="its episode returns are in its metrics.jsonl: hybridflow plot RUN_DIR",
     advice={"resources": "environment tasks place their workers with distributed.num_workers, "
                          "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
                          "distributed.ray_address (the cluster)"}))
 TASK_KINDS.add("reward_model", TaskKind(
-    "reward_model", "rm", ("rm", "model", "resources", *_ELASTIC_KEYS), rm_config_from_tree, resolve_rm_config, checkpoint_kind="rm"))
+    "reward_model", "rm", ("rm", "model", "resources", *_ELASTIC_KEYS), rm_config_from_tree, resolve_rm_config, checkpoint_kind="rm",
+    offline="its held-out pairwise accuracy is in its metrics.jsonl (hybridflow plot RUN_DIR) and its model in "
+            "RUN_DIR/reward_model, a Hugging Face directory already (reward_model.path of a PPO run)"))
 
 
 def task_kind_of(tree: dict[str, Any]) -> TaskKind:

@@ -17,9 +17,12 @@ from hybridflow.data import write_records
 from hybridflow.data.arithmetic import ArithmeticConfig, rl_records
 from hybridflow.data.configs import PromptDataConfig
 from hybridflow.trainer.run.lifecycle import write_builtin_model
+from hybridflow.trainer.observe.live_status import read_timeline
+from hybridflow.trainer.observe.monitor import attach
 from hybridflow.trainer.run.run_dir import read_metrics
 from hybridflow.trainer.jobs.offline import resolve_source, settings_lines
 from hybridflow.workers.config import RolloutWorkerConfig
+from trainer_helpers import profile_in_background
 
 TINY_MODEL = BuiltinModelSection(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
@@ -160,13 +163,23 @@ def test_eval_of_an_agent_task_reports_tool_calls_and_turns(ray_local, tmp_path,
     assert all(r["num_turns"] >= 1 for r in report["responses"])
 
 
-def test_sft_logs_held_out_accuracy_at_test_freq_and_before_and_after(ray_local, tiny_config):
+def test_sft_logs_held_out_accuracy_at_test_freq_and_before_and_after(ray_local, tiny_config, tmp_path, capsys):
     """`hybridflow sft` (jobs/sft.py: train_steps): held-out accuracy before and after as
-    "sft_eval", and at every sft.test_freq steps but the last inside the step's timed "sft" record."""
+    "sft_eval", and at every sft.test_freq steps but the last inside the step's timed "sft" record;
+    `hybridflow monitor` watches the job's actor and `hybridflow plot` draws its loss and accuracy."""
     from hybridflow.trainer.jobs.sft import run_sft_job
 
+    run_dir = tmp_path / "sft"
+    profile = profile_in_background(lambda: run_dir, tmp_path / "profile")
     result = run_sft_job(tiny_config("resources.world_size=1", "sft.steps=3", "sft.test_freq=2", "sft.batch_size=4",
-                                     "sft.micro_batch_size_per_device=2", "trainer.console=plain"))
+                                     "sft.micro_batch_size_per_device=2", "trainer.console=plain",
+                                     f"trainer.run_dir={run_dir}"))
+    assert set(profile()["phases"]) <= {"update_actor"} and [w.label for w in attach(run_dir)] == ["actor/0"]
+    assert {e["phase"] for e in read_timeline(run_dir) if e["state"] == "training"} == {"update_actor"}
+    capsys.readouterr()
+    assert cli_main(["plot", str(run_dir), "--out", str(tmp_path / "plots")]) == 0
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "sft_grad_norm.png", "sft_loss.png", "sft_val_accuracy.png"]
     records = read_metrics(result.model_dir.parent / "metrics.jsonl")
     assert [(r["phase"], r["step"]) for r in records] == [("sft_eval", 0), ("sft", 1), ("sft", 2), ("sft", 3),
                                                           ("sft_eval", 3)]

@@ -30,9 +30,10 @@ def test_monitor_usage_errors_exit_2(tmp_path, capsys):
     assert "give a run directory or --address" in capsys.readouterr().err
     assert main(["monitor", str(tmp_path)]) == 2  # no status.json: not a run (yet)
     assert "has no status.json" in capsys.readouterr().err
-    (tmp_path / "config.yaml").write_text("env: {id: CartPole-v1}\n")  # an environment run's: was "not a run directory"
+    # An environment run writes one as every kind does (was "environment runs write none").
+    (tmp_path / "config.yaml").write_text("env: {id: CartPole-v1}\n")
     assert main(["monitor", str(tmp_path)]) == 2
-    assert "environment runs write none" in capsys.readouterr().err
+    assert "or the run has not started yet" in capsys.readouterr().err
     (tmp_path / "config.yaml").unlink()
     assert main(["monitor", str(tmp_path), "--trace"]) == 2  # a trace is part of a profile
     assert "--trace goes with --profile" in capsys.readouterr().err

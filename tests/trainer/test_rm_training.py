@@ -14,10 +14,14 @@ import pytest
 import torch
 import transformers
 
+from trainer_helpers import profile_in_background
+
 from hybridflow.cli import main
 from hybridflow.data import PairwiseDataConfig, PairwiseDataset, make_builtin_model_dir
 from hybridflow.engines.models import load_model
 from hybridflow.trainer.jobs.rm import init_reward_model_dir
+from hybridflow.trainer.observe.live_status import read_timeline
+from hybridflow.trainer.observe.monitor import attach
 from hybridflow.trainer.run.run_dir import read_metrics
 
 TINY = ["resources.world_size=2", "model.builtin.hidden_size=32", "model.builtin.intermediate_size=64",
@@ -59,9 +63,21 @@ def test_rm_command_learns_the_preference_and_exports_a_hf_reward_model(ray_loca
             # fp32 so the worker's saved scores compare with HF's fp32 forward at 1e-4 (dtype auto
             # is bf16 on CPUs with AVX512_BF16, where scores round to 8 bits of mantissa)
             "rm.engine.dtype=fp32"]
+    profile = profile_in_background(lambda: run, tmp_path / "profile")
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "train pairs: 160 of 160 pairs kept" in out and "held-out pairwise accuracy" in out
+    # `hybridflow monitor` watches the job's ranks, `plot` draws its loss and accuracies, and
+    # `eval` (it samples responses of a policy) refuses it, saying where its accuracy is.
+    assert set(profile()["phases"]) <= {"update_reward_model", "save_checkpoint"}
+    assert sorted(w.label for w in attach(run)) == ["rm/0", "rm/1"]
+    assert "update_reward_model" in {e["phase"] for e in read_timeline(run)}
+    assert main(["plot", str(run), "--out", str(tmp_path / "plots")]) == 0
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["rm_accuracy.png", "rm_loss.png", "rm_margin.png"]
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 2
+    assert "is a run of task kind 'reward_model'; eval and export take language-model runs and models (its " \
+           "held-out pairwise accuracy is in its metrics.jsonl" in capsys.readouterr().err
 
     records = read_metrics(run / "metrics.jsonl")
     evals = [r for r in records if r["phase"] == "rm_eval"]

@@ -3,7 +3,11 @@ test directories' helpers)."""
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hybridflow.config.schema import RunConfig, load_run_config
@@ -59,3 +63,30 @@ def counted_reads(monkeypatch, path: Path) -> list[Path]:
 
     monkeypatch.setattr(Path, "read_text", counting)
     return reads
+
+
+def profile_in_background(find_run_dir: Callable[[], Path | None], out: Path) -> Callable[[], dict]:
+    """`hybridflow monitor RUN_DIR --profile cpu` in a thread from the moment the run (the
+    directory `find_run_dir` gives once it exists) has recorded its workers; the returned
+    call waits for the monitor and gives its report.json. (Which workers and phases the
+    report holds depends on how much of the run the window saw: a short run may end first.)"""
+    from hybridflow.cli.monitor import main as monitor_main
+    from hybridflow.trainer.observe.live_status import read_status
+
+    result: dict = {}
+
+    def watch() -> None:
+        while (run_dir := find_run_dir()) is None or not (read_status(run_dir) or {}).get("workers"):
+            time.sleep(0.05)
+        result["rc"] = monitor_main([str(run_dir), "--profile", "cpu", "--duration", "60", "--interval", "0.1",
+                                     "--out", str(out)])
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+
+    def report() -> dict:
+        thread.join(timeout=120)
+        assert result.get("rc") == 0, result
+        return json.loads((out / "report.json").read_text())
+
+    return report

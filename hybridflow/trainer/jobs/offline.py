@@ -118,7 +118,7 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = (), *, reward: b
     kind = task_kind_of_checkpoint(read_trainer_state(checkpoint))
     if not kind.language_model:  # its config.yaml is not a language-model tree
         raise ConfigError(f"{str(path)!r} is a run of task kind {kind.name!r}; eval and export take language-model "
-                          "runs and models (an environment run's return is in its metrics.jsonl: hybridflow plot)")
+                          f"runs and models ({kind.offline})")
     cfg, not_taken = run_config_as_data(run_config_path(checkpoint), overrides, reward, use_run_reward)
     cfg = _resolved(cfg)
     return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,

@@ -245,6 +245,7 @@ class RewardModelPart:
 
     def step(self, task: Task) -> Step:
         step = Step(task.global_step, next(self.batches), on_phase=task.status.phase)
+        task.status.phase("update_reward_model")  # what `hybridflow monitor` shows and profiles
         start = time.perf_counter()
         step.metrics.update(task.roles.reward_model.update_reward_model(step.batch).meta_info["metrics"])
         step.metrics["timing_s/step"] = time.perf_counter() - start

@@ -204,6 +204,7 @@ class SFTPart:
 
     def step(self, task: Task) -> Step:
         step = Step(task.global_step, as_sft_update(next(self.batches)), on_phase=task.status.phase)
+        task.status.phase("update_actor")  # what `hybridflow monitor` shows and profiles
         start = time.perf_counter()
         step.metrics.update(_sft_metrics(task.roles.actor.update_actor(step.batch)))
         step.metrics["timing_s/step"] = time.perf_counter() - start

@@ -65,9 +65,8 @@ def attach(run_dir: str | Path | None = None, address: str | None = None) -> lis
     if run_dir is not None:
         status = read_status(run_dir)
         if status is None:
-            raise FileNotFoundError(f"{str(run_dir)!r} has no status.json: not a language-model run of hybridflow "
-                                    "train (environment runs write none; `hybridflow plot` draws their metrics), or "
-                                    "the run has not started yet")
+            raise FileNotFoundError(f"{str(run_dir)!r} has no status.json: not the directory of a run or job "
+                                    "(hybridflow train, sft, rm), or the run has not started yet")
         if status.get("host") == socket.gethostname() and not psutil.pid_exists(status["pid"]):
             # Else its workers were sampled as if alive (a Ray started for nothing, TaskUnschedulableError).
             raise RuntimeError(f"{str(run_dir)!r} is not running: its process (pid {status['pid']}) has exited, "

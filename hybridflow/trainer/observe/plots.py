@@ -1,12 +1,14 @@
 """PNG plots of a run's metrics, read from <run>/metrics.jsonl: a language-model run's
 over RL steps (reward, KL, entropy, response length, held-out accuracy), an environment
 run's over environment steps (episode return and length, the algorithm's losses,
-throughput, policy lag).
+throughput, policy lag), an SFT or reward-model job's over its steps (loss, gradient
+norm, held-out accuracy). Each kind of step record (its phase) has its table (RUN_PLOTS).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,49 @@ ENV_PLOTS: PlotTable = (
     ("throughput", "Throughput", "environment steps / s", ("env/steps_per_s",)),
     ("policy_lag", "Policy lag (async sampling)", "policy versions", ("policy/lag_mean", "policy/lag_max")),
 )
+# SFT jobs (and an RL run's SFT warm start): phases "sft" and "sft_eval" (jobs/sft.py).
+SFT_PLOTS: PlotTable = (
+    ("sft_loss", "SFT loss", "response NLL (nats / token)", ("sft/loss",)),
+    ("sft_grad_norm", "SFT gradient norm", "gradient norm", ("sft/grad_norm",)),
+    ("sft_val_accuracy", "SFT held-out accuracy", "accuracy", ("val/accuracy",)),
+)
+# Reward-model jobs: phases "rm" and "rm_eval" (jobs/rm.py).
+RM_PLOTS: PlotTable = (
+    ("rm_loss", "Reward-model loss", "Bradley-Terry loss", ("rm/loss",)),
+    ("rm_accuracy", "Pairwise accuracy", "share of pairs ranked right", ("rm/accuracy", "val/accuracy")),
+    ("rm_margin", "Reward margin", "r(chosen) - r(rejected)", ("rm/margin", "val/margin")),
+)
 # Phases on the RL step axis: per-step records, and the evaluations before and after.
 RL_PHASES = ("rl", "eval")
+
+
+@dataclass(frozen=True)
+class RunPlots:
+    """The plots of one kind of step record: `phases` (the step records' first, then its
+    evaluations'), drawn over `x_key` of each record; a run gets them when a record of
+    phases[0] carries `x_key`."""
+
+    phases: tuple[str, ...]
+    x_key: str
+    xlabel: str
+    table: PlotTable
+    tight: bool  # crop the figure to what it draws (else a fixed 600 x 400 pixels)
+
+    def records(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r.get("phase") in self.phases]
+
+    def applies(self, records: Sequence[dict[str, Any]]) -> bool:
+        return any(r.get("phase") == self.phases[0] and self.x_key in r for r in records)
+
+
+ENV_RUN_PLOTS = RunPlots(("rl",), "env/steps", "environment steps", ENV_PLOTS, tight=True)
+LM_RUN_PLOTS = RunPlots(RL_PHASES, "step", "RL step", PLOTS, tight=False)
+# Environment records also carry "step" (iterations): theirs is the first table that applies.
+RUN_PLOTS: tuple[RunPlots, ...] = (
+    ENV_RUN_PLOTS,
+    RunPlots(("sft", "sft_eval"), "step", "SFT step", SFT_PLOTS, tight=True),
+    RunPlots(("rm", "rm_eval"), "step", "reward-model step", RM_PLOTS, tight=True),
+)
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
@@ -49,24 +92,28 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             "and metrics.jsonl), logged with the 'jsonl' logger (trainer.loggers)"
         )
     records = read_metrics(metrics_file)
-    if any("env/steps" in record for record in records):
-        return plot_env_run(run_dir, out_dir)
-    return plot_records(records, Path(out_dir) if out_dir is not None else run_dir / "plots")
+    out = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    if ENV_RUN_PLOTS.applies(records):
+        return _plot_run(ENV_RUN_PLOTS, records, out)
+    written = [path for plots in RUN_PLOTS[1:] if plots.applies(records) for path in _plot_run(plots, records, out)]
+    return written + plot_records(records, out)
 
 
 def plot_records(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """One PNG per plot of PLOTS that has data; the files written (sorted by PLOTS)."""
-    rl = [r for r in records if r.get("phase") in RL_PHASES]
-    return _plot_table(PLOTS, rl, "step", out_dir, "RL step", tight=False)  # fixed 600 x 400 pixels
+    return _plot_run(LM_RUN_PLOTS, records, out_dir)
 
 
 def plot_env_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """An environment run's plots (ENV_PLOTS) of <run_dir>/metrics.jsonl into out_dir
     (default <run_dir>/plots); the files written."""
     run_dir = Path(run_dir)
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("phase") == "rl"]
-    return _plot_table(ENV_PLOTS, records, "env/steps", Path(out_dir) if out_dir is not None else run_dir / "plots",
-                       "environment steps", tight=True)
+    return _plot_run(ENV_RUN_PLOTS, read_metrics(run_dir / "metrics.jsonl"),
+                     Path(out_dir) if out_dir is not None else run_dir / "plots")
+
+
+def _plot_run(plots: RunPlots, records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
+    return _plot_table(plots.table, plots.records(records), plots.x_key, out_dir, plots.xlabel, plots.tight)
 
 
 def plot_return_curves(curves: Mapping[str, Sequence[tuple[int, float]]], path: str | Path, title: str,

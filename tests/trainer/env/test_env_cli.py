@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainer_helpers import profile_in_background
+
 from hybridflow.cli import main
+from hybridflow.trainer.observe.live_status import read_timeline
+from hybridflow.trainer.observe.monitor import attach
 from hybridflow.trainer.run.run_dir import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -57,9 +61,16 @@ def test_a_misspelt_key_is_a_config_error(tmp_path, capsys):
 
 
 def test_the_commands_given_an_environment_run_read_it_as_one(tmp_path, capsys):
-    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), f"trainer.output_dir={tmp_path / 'runs'}",
+    runs = tmp_path / "runs"
+    profile = profile_in_background(lambda: _run_dir(runs) if runs.is_dir() and any(runs.iterdir()) else None,
+                                    tmp_path / "profile")
+    assert main(["train", "--config", str(EXAMPLES / "ppo_cartpole.yaml"), f"trainer.output_dir={runs}",
                  "trainer.console=none", "trainer.total_env_steps=256", "trainer.save_freq=256"]) == 0
-    run_dir = _run_dir(tmp_path / "runs")
+    run_dir = _run_dir(runs)
+    # `hybridflow monitor` watches its workers (in process here) and names its phases.
+    phases = {e["phase"] for e in read_timeline(run_dir)}
+    assert set(profile()["phases"]) <= phases and {"collect", "update"} <= phases
+    assert {w.role for w in attach(run_dir)} == {"runners", "learner"}
     # A language-model config cannot continue it: its saved config was read as a language-model
     # one ("algorithm: expected a section (mapping), got 'ppo'").
     assert main(["train", "--config", str(EXAMPLES / "grpo_arithmetic.yaml"), "--resume", str(run_dir)]) == 2
