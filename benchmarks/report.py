@@ -83,6 +83,13 @@ def machine_text(record: dict[str, Any]) -> str:
     return ", ".join(p for p in parts if p) or NOT_RECORDED
 
 
+def date_text(record: dict[str, Any]) -> str:
+    """The JSON's "date", else the time it recorded under an older key ("when_utc", machine "time")."""
+    machine = record.get("machine")
+    older = machine.get("time") if isinstance(machine, dict) else None
+    return str(record.get("date") or record.get("when_utc") or older or NOT_RECORDED)
+
+
 def cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -95,7 +102,7 @@ def subject_table(folder: Path) -> list[str]:
             record = {"key_figures": {"entries": len(record)}}
         command = record.get("command") or NOT_RECORDED
         lines.append(f"| [{path.stem}](./{folder.name}/results/{path.name}) | {cell(key_figures(record))} | "
-                     f"`{cell(command)}` | {cell(machine_text(record))} | {cell(record.get('date') or NOT_RECORDED)} |")
+                     f"`{cell(command)}` | {cell(machine_text(record))} | {cell(date_text(record))} |")
     return lines
 
 
