@@ -5,6 +5,7 @@ presets and the command line, never the built-in demo's; the settings printed; -
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -187,3 +188,30 @@ def test_sft_logs_held_out_accuracy_at_test_freq_and_before_and_after(ray_local,
     assert ["val/accuracy" in r for r in steps] == [False, True, False]
     assert all({"sft/loss", "sft/grad_norm", "sft/lr", "timing_s/step"} <= set(r) for r in steps)
     assert result.final_loss == steps[-1]["sft/loss"] and result.accuracy_before == records[0]["val/accuracy"]
+
+
+def test_eval_of_an_sft_job_scores_its_newest_checkpoint_as_the_job_did(ray_local, tiny_config, tmp_path):
+    """`hybridflow eval` of a `hybridflow sft` run (offline.py: POLICY_RUNS): its newest
+    checkpoint's actor on the base model scores the held-out prompts exactly as the job's own
+    last evaluation did; without checkpoints it is the job's sft_model, and an RL run's warm-start
+    sft_model is never taken for the RL policy."""
+    from hybridflow.trainer.jobs.sft import run_sft_job
+    from hybridflow.trainer.run.checkpointing import CheckpointNotFoundError
+
+    run_dir = tmp_path / "sft"
+    run_sft_job(tiny_config("resources.world_size=1", "sft.steps=2", "sft.batch_size=4",
+                            "sft.micro_batch_size_per_device=2", "trainer.save_freq=1", "trainer.console=none",
+                            f"trainer.run_dir={run_dir}"))
+    last = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["phase"] == "sft_eval"][-1]
+    out = tmp_path / "report.json"
+    assert cli_main(["eval", str(run_dir), "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["step"], report["model_path"]) == (2, str(run_dir / "model"))  # the base model, not sft_model
+    assert report["metrics"] == {k: v for k, v in last.items() if k.startswith("val/")}
+    shutil.rmtree(run_dir / "checkpoints")
+    source = resolve_source(run_dir)
+    assert (source.model_path, source.checkpoint) == (str(run_dir / "sft_model"), None)
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:  # as an RL run with a warm start logs
+        f.write(json.dumps({"phase": "rl", "step": 1}) + "\n")
+    with pytest.raises(CheckpointNotFoundError):
+        resolve_source(run_dir)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hybridflow.config.dtypes import resolved_dtypes
 from hybridflow.config.loader import override_keys, user_tree, with_overrides
 from hybridflow.config.model_presets import MODEL_PRESETS_FILE, write_model_presets
 from hybridflow.config.schema import RunConfig, load_run_config, resolved_resources, run_config_from_tree
-from hybridflow.config.tasks import task_kind_of_checkpoint
+from hybridflow.config.tasks import TASK_KINDS, task_kind_of_checkpoint
 from hybridflow.config.validation import validate_run_config
 from hybridflow.controller import RayHold, RoleSpec, WorkerGroup
 from hybridflow.data import RLPromptDataset, load_tokenizer
@@ -38,9 +39,12 @@ from hybridflow.trainer.run.checkpointing import (
     run_config_path,
     run_dir_of,
 )
+from hybridflow.trainer.jobs.sft import SFTPart
 from hybridflow.trainer.lm.evaluate import evaluate_responses, sampling_meta
-from hybridflow.trainer.run.lifecycle import policy_start_path
+from hybridflow.trainer.lm.part import LanguageModelPart
+from hybridflow.trainer.run.lifecycle import SFT_MODEL_DIR, base_model_path, policy_start_path
 from hybridflow.trainer.run.preflight import check_model_dir, check_reward_file, check_scorers
+from hybridflow.trainer.run.run_dir import read_metrics
 from hybridflow.trainer.run.setup import (
     actor_config,
     build_groups,
@@ -52,6 +56,29 @@ from hybridflow.trainer.run.setup import (
 from hybridflow.workers import ActorRolloutRefWorker, shutdown_role_groups
 
 FINAL_MODEL_DIR = "final_model"  # <run>/final_model: the exported policy (run/run_dir.py)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """A kind of run that trains a language-model policy, as eval and export read it.
+    checkpoint_kind: trainer_state.json's "kind" of its checkpoints (their actor/ in one
+    layout); phase: the metrics.jsonl phase of its steps; exported: <run>/<exported>, the
+    policy it exports at its end; start(cfg, run_dir): the model its checkpoints' actor is
+    built from before their weights replace its own."""
+
+    checkpoint_kind: str | None
+    phase: str
+    exported: str
+    start: Callable[[RunConfig, Path], str]
+
+
+# In the order a run directory is matched: an RL run first (its SFT warm start logs "sft"
+# steps and leaves sft_model too); a `hybridflow sft` job's actor starts from the base model.
+POLICY_RUNS = (
+    PolicyRun(TASK_KINDS["language_model"].checkpoint_kind, LanguageModelPart.phase, FINAL_MODEL_DIR,
+              policy_start_path),
+    PolicyRun(SFTPart.checkpoint_kind, SFTPart.phase, SFT_MODEL_DIR, partial(base_model_path, write_builtin=False)),
+)
 
 
 @dataclass
@@ -102,12 +129,11 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = (), *, reward: b
         saved = path / MODEL_PRESETS_FILE
         origin = f"{saved}, defaults" if saved.is_file() else "defaults (the model directory has no saved settings)"
         return _checked(ModelSource(path, _resolved(cfg), str(path), settings_from=origin + with_flags), reward)
-    final_model = path / FINAL_MODEL_DIR
-    if (path / "config.yaml").is_file() and (final_model / "config.json").is_file() and not complete_checkpoints(
-            path / CHECKPOINTS_DIR):
+    exported = exported_policy(path)
+    if exported is not None:
         # A run that saved no checkpoints (trainer.save_freq=0) but exported its policy.
         cfg, not_taken = run_config_as_data(path / "config.yaml", overrides, reward, use_run_reward)
-        return _checked(ModelSource(path, _resolved(cfg), str(final_model), run_dir=path,
+        return _checked(ModelSource(path, _resolved(cfg), str(exported), run_dir=path,
                                     settings_from=f"{path / 'config.yaml'}{with_flags}", not_taken=not_taken), reward)
     try:
         checkpoint = find_checkpoint(path)
@@ -115,15 +141,41 @@ def resolve_source(path: str | Path, overrides: Sequence[str] = (), *, reward: b
         raise CheckpointNotFoundError(
             f"{err}. Give a run directory, a checkpoint directory (checkpoints/global_step_<N>) or a "
             "Hugging Face model directory (with config.json)") from None
-    kind = task_kind_of_checkpoint(read_trainer_state(checkpoint))
-    if not kind.language_model:  # its config.yaml is not a language-model tree
-        raise ConfigError(f"{str(path)!r} is a run of task kind {kind.name!r}; eval and export take language-model "
-                          f"runs and models ({kind.offline})")
+    run = policy_run_of(read_trainer_state(checkpoint), path)
     cfg, not_taken = run_config_as_data(run_config_path(checkpoint), overrides, reward, use_run_reward)
     cfg = _resolved(cfg)
-    return _checked(ModelSource(path, cfg, policy_start_path(cfg, run_dir_of(checkpoint)), checkpoint,
+    return _checked(ModelSource(path, cfg, run.start(cfg, run_dir_of(checkpoint)), checkpoint,
                                 checkpoint_step(checkpoint), settings_from=f"{run_config_path(checkpoint)}{with_flags}",
                                 not_taken=not_taken), reward)
+
+
+def exported_policy(run_dir: Path) -> Path | None:
+    """The policy a run that saved no complete checkpoint exported: the first POLICY_RUNS row's
+    export the run holds, up to the row whose steps the run logged (an RL run without
+    final_model is not read as its warm start's sft_model). None: not such a run."""
+    if not (run_dir / "config.yaml").is_file() or complete_checkpoints(run_dir / CHECKPOINTS_DIR):
+        return None
+    logged: set[str] | None = None  # the phases of metrics.jsonl, read once a row's export is missing
+    for run in POLICY_RUNS:
+        if (run_dir / run.exported / "config.json").is_file():
+            return run_dir / run.exported
+        if logged is None:
+            metrics = run_dir / "metrics.jsonl"
+            logged = {record["phase"] for record in read_metrics(metrics)} if metrics.is_file() else set()
+        if run.phase in logged:
+            return None
+    return None
+
+
+def policy_run_of(state: dict[str, Any], path: Path) -> PolicyRun:
+    """The POLICY_RUNS row of a checkpoint's trainer_state.json; another task kind's
+    checkpoint is a ConfigError saying where its results are."""
+    found = next((run for run in POLICY_RUNS if run.checkpoint_kind == state.get("kind")), None)
+    if found is None:
+        kind = task_kind_of_checkpoint(state)  # a kind no task writes: its own error
+        raise ConfigError(f"{str(path)!r} is a run of task kind {kind.name!r}; eval and export take language-model "
+                          f"runs and models ({kind.offline})")
+    return found
 
 
 # Settings of a run's config.yaml that name code to run, or loosen the reward workers'
