@@ -5,7 +5,7 @@ each way (no sch_netem in this kernel: a userspace forwarder, tests/cluster/dela
 Sync: cluster_sync_probe.py's WeightBridge, head -> other node. Step: GRPO, 2 training ranks
 on the head, the rollout pool on the other node. Needs root. Method: docs/resilience.md.
 
-    sudo PYTHONPATH=.:benchmarks .venv/bin/python benchmarks/bench_cluster_link.py \\
+    sudo .venv/bin/python benchmarks/controller/bench_cluster_link.py \\
         --out benchmarks/controller/results/cluster_link.json
 """
 

@@ -40,7 +40,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "resilience.md"
 # belongs to whoever else runs Ray on this machine), a CPU count that fits this machine, no
 # usage-stats prompt, no dashboard on the head (a web UI nothing here uses).
 TEST_FLAGS = ("--disable-usage-stats",)
-PREFIX = "hfc"  # namespace names: hfc<pid>sw (the switch), hfc<pid>n<i> (node i)
+PREFIX = "hfc"  # namespace names: hfc<pid>[name]sw (the switch), hfc<pid>[name]n<i> (node i)
 VENV_BIN = Path(sys.executable).parent
 # What a node's Ray must not inherit from the test process.
 DROPPED_ENV = ("RAY_", "GLOO_", "NCCL_", "HYBRIDFLOW_")
@@ -100,9 +100,10 @@ class Node:
 class NetnsCluster:
     """`nodes` namespaces on one bridge, a Ray node in each (head first)."""
 
-    def __init__(self, root: Path, nodes: int = 2, cpus_per_node: int = 4) -> None:
+    def __init__(self, root: Path, nodes: int = 2, cpus_per_node: int = 4, name: str = "") -> None:
+        """`name` (letters): tells apart two clusters of one test process."""
         self.root = Path(root)
-        self.tag = f"{PREFIX}{os.getpid()}"
+        self.tag = f"{PREFIX}{os.getpid()}{name}"
         self.switch = f"{self.tag}sw"
         self.cpus = cpus_per_node
         self.nodes = [Node(i, f"{self.tag}n{i}", f"{SUBNET}.{i + 1}", self.root / f"home{i}") for i in range(nodes)]
@@ -356,8 +357,8 @@ def remove_stale() -> None:
     """Namespaces of this module whose owning test process is gone (a killed earlier run)."""
     for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        digits = name[len(PREFIX):].split("n")[0].split("sw")[0]
-        if not (name.startswith(PREFIX) and digits.isdigit()) or Path(f"/proc/{digits}").exists():
+        owner = re.match(rf"{PREFIX}(\d+)", name)
+        if owner is None or Path(f"/proc/{owner.group(1)}").exists():
             continue
         _kill_all(lambda: [int(p) for p in sh("ip", "netns", "pids", name, check=False).stdout.split()])
         sh("ip", "netns", "del", name, check=False)
