@@ -240,11 +240,19 @@ def main() -> None:
     print(f"wrote {out}")
 
 
+def cpu_figures(per_1k_steps: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
+    """The table's key figures (benchmarks/report.py): CPU seconds per 1000 steps, per task and system."""
+    return {f"{task} {system} cpu_s/1k": row["cpu_s"] for task, systems in per_1k_steps.items()
+            for system, row in systems.items()}
+
+
 def write(out: Path, runs: list[dict[str, Any]], tasks: dict[str, Any], wall_s: float) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     plots = plot(runs, out)
+    per_1k = split_table(runs)
     out.write_text(json.dumps(stamp({"machine": machine(), "wall_s": round(wall_s, 1), "tasks": tasks,
-                               "summary": summarize(runs), "per_1k_steps": split_table(runs), "plots": plots,
+                               "key_figures": cpu_figures(per_1k) if per_1k else None,
+                               "summary": summarize(runs), "per_1k_steps": per_1k, "plots": plots,
                                "runs": runs}), indent=1))
 
 
