@@ -42,6 +42,7 @@ def test_overrides_may_follow_the_options_and_other_leftovers_are_refused(capsys
     # An environment task's config given to a language-model-only command (was "env: unknown config key; valid keys")
     (["sft", "env.id=CartPole-v1"], "it is a task of kind 'environment', which `hybridflow train` runs"),
     (["plan", "env.id=CartPole-v1"], "`hybridflow plan` takes language-model configs"),
+    (["sft", "rm.data.train_files=[p.parquet]"], "it is a task of kind 'reward_model', which `hybridflow rm` runs"),
 ])
 def test_config_errors_exit_2_with_the_reason(argv, message, capsys, tmp_path):
     assert main([*argv, f"trainer.output_dir={tmp_path}"]) == 2

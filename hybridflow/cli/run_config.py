@@ -69,7 +69,8 @@ def load(args: argparse.Namespace) -> tuple[Any, RunConfig] | None:
         kind = task_kind_of(tree)
         if not kind.language_model:  # else "env: is a key of 'environment' configs"
             raise ConfigError(f"the config names {kind.marker!r}: it is a task of kind {kind.name!r}, which "
-                              f"`hybridflow train` runs; `hybridflow {args.command}` takes language-model configs")
+                              f"`hybridflow {kind.command}` runs; `hybridflow {args.command}` takes language-model "
+                              "configs")
         return resume, run_config_from_tree(tree)
     except ConfigError as err:
         print(f"hybridflow {args.command}: config error: {err}", file=sys.stderr)

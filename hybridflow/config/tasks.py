@@ -29,7 +29,8 @@ class TaskKind:
     trainer_state.json's "kind" of its checkpoints (None: checkpoints without one). advice:
     what to use instead of another kind's key (key -> text). language_model: its runs train a
     language-model policy (what `hybridflow sft`, `eval` and `export` take). offline: where
-    a run of a kind that is not one finds what eval and export give (their refusal says it)."""
+    a run of a kind that is not one finds what eval and export give (their refusal says it).
+    command: the `hybridflow` command that runs its configs."""
 
     name: str
     marker: str | None
@@ -40,6 +41,7 @@ class TaskKind:
     advice: Mapping[str, str] = field(default_factory=dict)
     language_model: bool = False
     offline: str = ""
+    command: str = "train"
 
     def foreign_keys(self) -> dict[str, TaskKind]:
         """The keys other kinds read and this one does not (what its configs leave out and
@@ -60,7 +62,8 @@ TASK_KINDS: Registry[TaskKind] = Registry("task kind", rows=True, identity=lambd
 TASK_KINDS.add("language_model", TaskKind(
     "language_model", None,
     ("resources", "model", "data", "algorithm", "actor", "rollout", "critic", "reward", "reward_model", "cost_model",
-     "sft", "async_rl", *_LM_RESOURCE_KEYS, *_ELASTIC_KEYS, "trainer.total_steps", "trainer.test_freq", "trainer.save_final_model", "trainer.val_before_train",
+     "sft", "async_rl", *_LM_RESOURCE_KEYS, *_ELASTIC_KEYS, "trainer.total_steps", "trainer.test_freq",
+     "trainer.save_final_model", "trainer.val_before_train",
      "trainer.validation", "trainer.balance_batch", "trainer.concurrent_phases", "trainer.mode",
      "trainer.max_no_signal_steps", *_LM_ALGORITHM_KEYS),
     run_config_from_tree, resolve_run_config, language_model=True))
@@ -74,9 +77,10 @@ TASK_KINDS.add("environment", TaskKind(
                          "distributed.placement_strategy (pack, spread, strict_spread: spread over nodes) and "
                          "distributed.ray_address (the cluster)"}))
 TASK_KINDS.add("reward_model", TaskKind(
-    "reward_model", "rm", ("rm", "model", "resources", *_ELASTIC_KEYS), rm_config_from_tree, resolve_rm_config, checkpoint_kind="rm",
+    "reward_model", "rm", ("rm", "model", "resources", *_ELASTIC_KEYS), rm_config_from_tree, resolve_rm_config,
+    checkpoint_kind="rm",
     offline="its held-out pairwise accuracy is in its metrics.jsonl (hybridflow plot RUN_DIR) and its model in "
-            "RUN_DIR/reward_model, a Hugging Face directory already (reward_model.path of a PPO run)"))
+            "RUN_DIR/reward_model, a Hugging Face directory already (reward_model.path of a PPO run)", command="rm"))
 
 
 def task_kind_of(tree: dict[str, Any]) -> TaskKind:
