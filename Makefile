@@ -26,7 +26,7 @@ demo: venv
 	$(VENV)/bin/hybridflow train
 
 # Two stages: the fast tests, then the slow ones (a failure in the first stops before the
-# second); one representative case per mechanism. About 45 min on 2 quiet cores.
+# second); one representative case per mechanism. About an hour on 2 cores.
 test: venv
 	$(PY) -m pytest -q -m "not slow and not extended"
 	$(PY) -m pytest -q -m "slow and not extended"

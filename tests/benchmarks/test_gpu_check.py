@@ -17,6 +17,7 @@ GOALS = {"smollm2_decode_tok_s_at_batch_256", "llama_1b_decode_fraction_of_hbm_r
 
 
 @pytest.mark.slow  # 165 s at load 15 (2-core EPYC): a GRPO step, two engines and HF's static cache
+@pytest.mark.extended  # a benchmark script: run `make test-extended` (or this file) before a device session
 def test_gpu_check_runs_on_cpu_tiny(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--budget-s", "100000",

@@ -34,6 +34,7 @@ def _script(name: str, *args: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a benchmark script; learning itself: tests/trainer/test_learning.py
 def test_a_trial_is_measured_both_ways_and_summarised(tmp_path):
     train = write_records(rl_records(ArithmeticConfig(), "train", 64), tmp_path / "train.jsonl")
     held = write_records(rl_records(ArithmeticConfig(), "test", 8), tmp_path / "held.jsonl")

@@ -73,8 +73,9 @@ def _algorithm(name: str, tmp_path, score_model, turn_model) -> tuple[str, ...]:
 ONE_MODE_ONLY = ("dapo/rounds", "dapo/filtered_groups_total")
 
 
-# make test runs one critic-free, one critic-and-reward-model and one multi-turn case; the rest: make test-extended
-REPRESENTATIVE = ("grpo", "ppo", "agent")
+# make test runs a critic-free and a critic-and-reward-model case (multi-turn on the stream:
+# test_async_dataflow.py); the rest: make test-extended
+REPRESENTATIVE = ("grpo", "ppo")
 
 
 @pytest.mark.parametrize("algorithm", [a if a in REPRESENTATIVE else pytest.param(a, marks=pytest.mark.extended)
@@ -111,7 +112,9 @@ def test_max_staleness_0_reproduces_sync_metrics(tiny_config, ray_local, tmp_pat
     assert asyn[-1]["weight_sync/bytes"] > 0
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", pytest.param("async", marks=pytest.mark.extended)])  # async: the staleness tests
+# one_step_off: tests/trainer/test_async_dataflow.py; async: the staleness tests
+@pytest.mark.extended
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_two_steps_of_each_mode(tiny_config, ray_local, mode):
     extra = ("async_rl.chunk_prompts=2", "async_rl.steps_per_call=3", "async_rl.max_staleness=1") if mode == "async" else ()
     records = _run(tiny_config("async_rl.rollout_ranks=1", "trainer.val_before_train=false", f"trainer.mode={mode}",

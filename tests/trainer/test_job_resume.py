@@ -54,6 +54,7 @@ def test_a_stopped_sft_run_resumes_with_the_uninterrupted_losses(ray_local, tmp_
 
 
 @pytest.mark.slow  # ~50 s on 2 cores: three reward-model runs of one rank
+@pytest.mark.extended  # the same job_resume_point as the SFT test above
 def test_a_stopped_rm_run_resumes_with_the_uninterrupted_losses(ray_local, tmp_path):
     train = tmp_path / "train.jsonl"
     _write_pairs(train, 80, seed=0)

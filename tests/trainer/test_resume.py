@@ -107,6 +107,7 @@ def reference(ray_local, module_tiny_config):
 # Each Ray test starts 2-rank PPO worker groups (~20 s on 2 cores) once or twice: about
 # 30-45 s (the reference run), 35-60 s and 60-100 s on this machine, hence slow.
 @pytest.mark.slow
+@pytest.mark.extended  # pruning: test_commit_prune_and_find_see_only_complete_checkpoints (no workers)
 def test_keep_last_checkpoints_prunes_older_ones(reference):
     run_dir, records = reference
     assert [r["step"] for r in records] == [1, 2, 3]

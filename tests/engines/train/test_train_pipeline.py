@@ -50,6 +50,7 @@ def test_pp2_x_dp2_fsdp_matches_single_process_llama(four_layer_dirs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # pp with another dimension: test_pp2_x_dp2_fsdp_matches_single_process_llama
 def test_pp2_x_tp2_matches_single_process_llama(four_layer_dirs):
     # 4 ranks: tensor parallelism inside each stage (the embedding plan on stage 0 only,
     # lm_head's on stage 1 only).
@@ -190,6 +191,7 @@ def test_run_config_pipeline_errors_name_their_key(overrides, key, message):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a pipelined critic: test_critic_pp2_matches_single_process; in a run: the actor's test below
 def test_ppo_run_with_a_pipelined_critic_equals_the_dp_critic(ray_local, tmp_path):
     """An RL run (Ray workers, 2 ranks) with critic.pp_size=2 logs the same critic metrics as
     the same run with a dp=2 critic: the worker dispatch, the collect rank and the update

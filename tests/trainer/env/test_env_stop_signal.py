@@ -112,6 +112,7 @@ def _starting_workers(pid: int) -> bool:
 
 
 @pytest.mark.slow  # Ray and the actors start in ~20-40 s on a 2-core machine
+@pytest.mark.extended  # a stop signal with Ray runners: test_sigterm_with_a_ray_runner_shuts_ray_down_and_resumes
 @pytest.mark.timeout(600)
 def test_sigterm_while_ray_workers_start_abandons_the_start_with_143(tmp_path):
     """Ray turns an exception raised by a signal handler while it waits into its own
