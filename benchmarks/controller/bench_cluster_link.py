@@ -148,6 +148,14 @@ def predicted_step_s(run_dir: Path, sync_bytes: float, bandwidth: float | None) 
     return {"generate_s": gen, "train_s": train, "sync_s": sync, "step_s": overlapped_step("one_step_off", gen, train, sync)}
 
 
+def key_figures(rows: list[dict]) -> dict[str, str]:
+    """The RL step and the largest sync on each link, measured / predicted seconds."""
+    largest = max((r["what"] for r in rows if r["what"].startswith("weight sync ") and "MiB" in r["what"]),
+                  key=lambda what: float(what.split()[2]))
+    return {f"{r['what'].split(' (')[0]} {r['link']} s (measured/predicted)": f"{r['measured_s']:.3f}/{r['predicted_s']:.3f}"
+            for r in rows if r["what"] in (largest, "one_step_off RL step (tiny model)")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate-mbit", type=float, default=100.0)
@@ -207,6 +215,7 @@ def main() -> None:
               "emulated": emulated, "netem": netem or "works", "round_trip_ms": rtts,
               "machine": machine(), "load_avg_before": load_before, "load_avg_after": load_average(),
               "when_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "rows": rows, "syncs": syncs, "steps": steps}
+    report["key_figures"] = key_figures(rows)
     if args.out:
         args.out.write_text(json.dumps(stamp(report), indent=2))
         print(f"wrote {args.out}")
