@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 import sys
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the root, for benchmarks.*
 from benchmarks.common.provenance import stamp  # noqa: E402
+from benchmarks.controller.bench_controller import machine  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 # The tests' tiny model (tests/trainer/trainer_helpers.py: TINY), a few more samples per step.
@@ -89,10 +88,12 @@ def main() -> None:
                         print(f"round {round_} | {layout:16s} | {mode:5s} | concurrent={setting:5s} | "
                               f"step {result['step_s']:.3f} s | load {result['load_before']:.2f} -> "
                               f"{result['load_after']:.2f}", flush=True)
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-               "python": platform.python_version(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    Path(args.out).write_text(json.dumps(stamp({"machine": machine, "args": vars(args), "rows": rows}), indent=1) + "\n",
-                              encoding="utf-8")
+    variants = sorted({(r["layout"], r["mode"], r["concurrent"]) for r in rows})
+    median = {f"{layout} | {mode} | concurrent_phases={setting} step_s": round(statistics.median(
+        r["step_s"] for r in rows if (r["layout"], r["mode"], r["concurrent"]) == (layout, mode, setting)), 4)
+        for layout, mode, setting in variants}
+    Path(args.out).write_text(json.dumps(stamp({"machine": machine(), "args": vars(args), "rows": rows,
+                                                "key_figures": median}), indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

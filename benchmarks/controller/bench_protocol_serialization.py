@@ -120,6 +120,9 @@ def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None,
+        "cores": os.cpu_count(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -167,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
         "speedup_vs_torch_pickle": {name: results["torch-pickle"]["round_trip_ms_median"] / r["round_trip_ms_median"]
                                     for name, r in results.items()},
+        "key_figures": {f"{name} speedup vs torch pickle": round(results["torch-pickle"]["round_trip_ms_median"]
+                                                                 / r["round_trip_ms_median"], 2)
+                        for name, r in results.items()},
     })
     print(f"wrote {args.out}")
 

@@ -63,8 +63,11 @@ def main() -> None:
               f"{min(r['load']):.1f}-{max(r['load']):.1f}")
     out = Path(__file__).parent / "results" / f"precision_probe_{socket.gethostname()}.json"
     out.parent.mkdir(exist_ok=True)
+    key = {f"{r['shape']} t{r['threads']} bf16/fp32 GFLOP/s": f"{r['bf16_gflops']:.1f}/{r['fp32_gflops']:.1f}"
+           for r in rows}
     out.write_text(json.dumps(stamp({"machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "seconds": args.seconds, "repeats": args.repeats, "rows": rows}), indent=1))
+                               "seconds": args.seconds, "repeats": args.repeats, "rows": rows,
+                               "key_figures": key}), indent=1))
     print(f"written {out}")
 
 

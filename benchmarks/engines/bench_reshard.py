@@ -235,6 +235,9 @@ def main() -> None:
         "pp": args.pp,
         "rows": rows,
         "machine": machine(),
+        "key_figures": {**{f"world {r['world']} tp1 t_g2 {r['method']} ms": round(r["wall_ms_median"], 1) for r in rows
+                           if (r["world"], r["train_tp"], r["gen_tp"], r["stage"]) == (min(args.worlds), 1, 2, 0)},
+                        "all match formula": all(r["matches_formula"] and r["correct"] for r in rows)},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,13 @@ def run(dtype_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
     return row
 
 
+def key_figures(rows: list[dict]) -> dict[str, str]:
+    """Per dtype: tokens/s, achieved and ceiling GFLOP/s (an MFU over 1 means the ceiling's
+    square matmul is slower than the model's: no native kernel for that dtype)."""
+    return {f"{r['dtype']} tok/s, GFLOP/s achieved/ceiling":
+            f"{r['tokens_per_s_fwd_bwd']:.1f}, {r['achieved_gflops']:.1f}/{r['ceiling_gflops']:.1f}" for r in rows}
+
+
 def machine() -> dict:
     cpu = ""
     if Path("/proc/cpuinfo").is_file():
@@ -207,8 +214,10 @@ def main() -> None:
         "batch": {"sequences": args.batch, "seq_len": args.seq_len},
         "mfu_formula": "(6 N s + 12 L d s^2) per sequence / step time / matmul ceiling of the same dtype; "
                        "mfu_cpu_time uses process CPU seconds for both",
+        "args": vars(args),
         "rows": rows,
         "machine": machine(),
+        "key_figures": key_figures(rows),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -170,9 +170,10 @@ def main() -> None:
         r = rows[-1]
         print(f"compile: eager {r['eager_step_cpu_s']:.3f} CPU s/step, compiled {r['compiled_step_cpu_s']:.3f} "
               f"(first step {r['compiled_first_step_s']} s) speedup {r['speedup_cpu_time']}x", flush=True)
-    record = {"benchmark": "train kernels: fused head, compiled layers", "command": "python " + " ".join(sys.argv),
+    key = {f"{r['case']} {r.get('dtype', '')} CPU-time speedup".replace("  ", " "): r["speedup_cpu_time"] for r in rows}
+    record = {"benchmark": "train kernels: fused head, compiled layers",
               "load_avg_before": load_before, "load_avg_after": load_average(), "machine": machine(),
-              "rows": rows}
+              "rows": rows, "key_figures": key}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(stamp(record), indent=1))
     print(f"wrote {args.out}")

@@ -117,6 +117,9 @@ def main() -> None:
         print(report(result))
         out["files"].append(result)
     out["machine_after"] = machine()
+    out["key_figures"] = {f"{Path(r['file']).stem} within 25 %":
+                          f"{sum(abs(x['error']) <= 0.25 for x in r['leave_one_out'])}/{len(r['leave_one_out'])}"
+                          for r in out["files"]}
     path = args.out_dir / f"planner_block_share_{args.label}.json"
     path.write_text(json.dumps(stamp(out), indent=1))
     print(f"wrote {path}")

@@ -90,8 +90,10 @@ def main() -> None:
         sd = statistics.stdev(after) if len(after) > 1 else float("nan")
         print(f"{name:10} {len(after):>6} {statistics.fmean(before):>11.3f} {statistics.fmean(after):>10.3f} {sd:>9.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(stamp({"machine": machine(), "sft_model": sft_model, "variants": VARIANTS, "runs": runs}),
-                                   indent=2))
+    key = {f"{name} accuracy_after (mean over seeds)": round(statistics.fmean(
+        r["accuracy_after"] for r in runs if r["variant"] == name), 3) for name in args.variants.split(",")}
+    record = {"machine": machine(), "sft_model": sft_model, "variants": VARIANTS, "runs": runs, "key_figures": key}
+    args.out.write_text(json.dumps(stamp(record), indent=2))
     print(f"wrote {args.out}")
 
 

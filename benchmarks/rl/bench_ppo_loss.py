@@ -77,7 +77,9 @@ def main() -> None:
     print(f"{'rows':>6} {'masked us':>10} {'dense us':>10} {'dense/masked':>13}")
     for r in results:
         print(f"{r['rows']:>6} {r['masked_us']:>10} {r['dense_us']:>10} {r['dense_vs_masked']:>13}")
-    Path(args.out).write_text(json.dumps(stamp({"machine": machine(), "reps": args.reps, "results": results}), indent=1) + "\n")
+    key = {f"rows {r['rows']} dense/masked": r["dense_vs_masked"] for r in results}
+    Path(args.out).write_text(json.dumps(stamp({"machine": machine(), "reps": args.reps, "results": results,
+                                                "key_figures": key}), indent=1) + "\n")
 
 
 if __name__ == "__main__":

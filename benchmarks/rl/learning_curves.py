@@ -58,6 +58,15 @@ def summary(trial: dict) -> dict:
     }
 
 
+def common_machine(trials: list[dict]) -> dict | str:
+    """The machine every trial ran on (load averages left out), or a note where they differ."""
+    machines = [t.get("machine") if isinstance(t.get("machine"), dict) else {} for t in trials]
+    described = [{k: v for k, v in m.items() if not k.startswith("load_avg")} for m in machines]
+    if described and described[0] and all(d == described[0] for d in described):
+        return described[0]
+    return "differs between trials: each trial's JSON records its own"
+
+
 def print_table(rows: list[dict]) -> None:
     print("| trial | held-out (run) | hybridflow eval after | eval_plain after | same verdict | distinct / top share "
           "| train wall s | steps s (gen / update) | evals s |")
@@ -83,9 +92,14 @@ def main() -> None:
     parser.add_argument("--summary", type=Path, default=None, help="also print the per-trial table and write it here")
     args = parser.parse_args()
     if args.summary is not None:
-        rows = [summary(json.loads(p.read_text())) for p in args.trials]
+        trials = [json.loads(p.read_text()) for p in args.trials]
+        rows = [summary(t) for t in trials]
         print_table(rows)
-        record = stamp({"rows": rows, "machine": "each trial's JSON records its own"})
+        key = {f"{r['name']} held-out after": r["held_out"][-1][1] for r in rows if r["held_out"]}
+        if rows and rows[0]["held_out"]:
+            key["before"] = rows[0]["held_out"][0][1]
+        record = stamp({"rows": rows, "sources": [str(p) for p in args.trials], "machine": common_machine(trials),
+                        "key_figures": key})
         args.summary.write_text(json.dumps(record, indent=1) + "\n")
     import matplotlib
 
