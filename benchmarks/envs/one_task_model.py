@@ -37,6 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the root, for benchmarks.*
 
+from benchmarks.common.provenance import command_line, stamp  # noqa: E402
 from benchmarks.controller.bench_controller import machine  # noqa: E402
 
 RESULTS = HERE / "results" / "one_task_model.json"
@@ -126,8 +127,19 @@ def sb3_figures(path: Path) -> dict[str, Any]:
     return out
 
 
+def key_figures(results: dict[str, Any], labels: list[str]) -> dict[str, str]:
+    """Files to the loss (LM, env in-process), lines and duplicate pairs, label by label."""
+    def files(r: dict[str, Any], path: str) -> Any:
+        return r.get("loss_path", {}).get(path, {}).get("files")
+    figures = {"files to the loss, LM PPO": [files(results[k], "lm_ppo") for k in labels],
+               "files to the loss, env PPO": [files(results[k], "env_ppo_in_process") for k in labels],
+               "lines trainer/ + config/": [results[k].get("lines", {}).get("total") for k in labels],
+               "duplicate pairs": [results[k].get("duplicates") for k in labels]}
+    return {f"{name} ({' / '.join(labels)})": " / ".join(str(v) for v in values) for name, values in figures.items()}
+
+
 def table(results: dict[str, Any]) -> str:
-    labels = [k for k in results if k != "machine"]
+    labels = [k for k, v in results.items() if isinstance(v, dict) and "tree" in v]
     rows = [("files hybridflow train -> loss (LM PPO)", lambda r: r.get("loss_path", {}).get("lm_ppo", {}).get("files")),
             ("files ... (env PPO in-process)", lambda r: r.get("loss_path", {}).get("env_ppo_in_process", {}).get("files")),
             ("files ... (env PPO, Ray learner)", lambda r: r.get("loss_path", {}).get("env_ppo_ray", {}).get("files")),
@@ -165,9 +177,12 @@ def main() -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     if not args.table:
         tree, skip = Path(args.tree).resolve(), set(args.skip.split(","))
-        entry = results.setdefault(args.label, {})
-        entry["tree"] = str(tree)
-        entry["machine"] = machine()
+        if skip - {""}:
+            entry = results.setdefault(args.label, {})  # --skip keeps the label's figures for what it skips
+        else:
+            entry = results[args.label] = {}  # a full measurement replaces the label
+        entry.update(tree=str(tree), machine=machine())
+        entry.update(command=command_line(), date=stamp({})["date"])  # each label is its own invocation
         for name in args.paths.split(",") if "paths" not in skip else []:
             entry.setdefault("loss_path", {})[name] = loss_path(tree, name)
             RESULTS.write_text(json.dumps(results, indent=1) + "\n")  # each path as soon as it is traced
@@ -182,6 +197,11 @@ def main() -> None:
         if args.suite:
             entry["suite_minutes"] = {k: float(v) for k, v in (part.split("=") for part in args.suite.split(","))}
             entry["suite_note"] = args.suite_note
+        labels = [k for k, v in results.items() if isinstance(v, dict) and "tree" in v]
+        results["command"] = " ; ".join(results[k].get("command", f"({k}: not recorded)") for k in labels)
+        results["date"], results["machine"] = entry["date"], entry["machine"]
+        results.pop("provenance_note", None)
+        results["key_figures"] = key_figures(results, labels)
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
