@@ -60,7 +60,8 @@ def test_grpo_trains_across_both_nodes_as_on_one_machine(grpo_run, grpo_referenc
 def test_eval_and_export_of_the_cluster_run(grpo_run, cluster):
     root, _ = grpo_run
     run = root / "cluster"
-    evaluated = check_ok(cluster.run(0, [HYBRIDFLOW, "eval", str(run), "--max-samples", "4",
+    # --use-run-reward: the run's own reward file, which eval runs only when told (docs/robustness.md)
+    evaluated = check_ok(cluster.run(0, [HYBRIDFLOW, "eval", str(run), "--use-run-reward", "--max-samples", "4",
                                          "--output", str(root / "eval.json")], cwd=REPO, timeout=600))
     assert (root / "eval.json").is_file() and "accuracy" in evaluated
     check_ok(cluster.run(0, [HYBRIDFLOW, "export", str(run), "--out", str(root / "exported")], cwd=REPO, timeout=600))
